@@ -1,0 +1,170 @@
+"""Synthetic shape scenes and their questions, deterministic from a seed (training, eval, tests, app examples).
+
+The scene spec is the contract: canvas sides in [112, 336] px, one light background colour (each channel 200-255),
+1-3 non-overlapping shapes fully inside (circle, axis-aligned square, upward triangle), bounding-box side 25-45 % of
+the shorter canvas side, colours from COLORS with each channel jittered by up to 20.
+"""
+import random
+from dataclasses import dataclass
+
+from PIL import Image, ImageDraw
+
+COLORS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 70, 220), "yellow": (240, 210, 30),
+          "purple": (140, 50, 180), "orange": (245, 140, 20)}
+SHAPES = ("circle", "square", "triangle")
+COUNT_WORDS = ("one", "two", "three")
+QUESTION_TYPES = ("color", "shape", "count", "color_of", "is_there")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One shape: its kind, colour name, the jittered RGB it is drawn with, and its bounding box (x, y, side)."""
+    kind: str
+    color: str
+    rgb: tuple
+    x: int
+    y: int
+    side: int
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A canvas size, a background colour and the shapes on it."""
+    width: int
+    height: int
+    background: tuple
+    shapes: tuple
+
+
+def _jitter(rgb, rng):
+    return tuple(min(255, max(0, c + rng.randint(-20, 20))) for c in rgb)
+
+
+def _overlaps(a, b, gap=2):
+    return not (a[0] + a[2] + gap <= b[0] or b[0] + b[2] + gap <= a[0] or
+                a[1] + a[2] + gap <= b[1] or b[1] + b[2] + gap <= a[1])
+
+
+def random_scene(rng: random.Random, num_shapes: int = None, kinds=None, colors=None) -> Scene:
+    """Draw a scene from the spec; `kinds`/`colors` optionally fix the shapes' kinds and colour names in order."""
+    n = num_shapes or rng.randint(1, 3)
+    if not 1 <= n <= 3:
+        raise ValueError(f"num_shapes must be 1..3, got {n}")
+    while True:  # rejection-sample a canvas on which n boxes fit without overlap
+        width, height = rng.randint(112, 336), rng.randint(112, 336)
+        short = min(width, height)
+        boxes = []
+        for _ in range(200 * n):
+            side = rng.randint(int(0.25 * short + 0.999), int(0.45 * short))
+            box = (rng.randint(0, width - side), rng.randint(0, height - side), side)
+            if not any(_overlaps(box, b) for b in boxes):
+                boxes.append(box)
+                if len(boxes) == n:
+                    break
+        if len(boxes) == n:
+            break
+    shapes = []
+    for i, (x, y, side) in enumerate(boxes):
+        kind = kinds[i] if kinds else rng.choice(SHAPES)
+        color = colors[i] if colors else rng.choice(list(COLORS))
+        shapes.append(Shape(kind, color, _jitter(COLORS[color], rng), x, y, side))
+    background = tuple(rng.randint(200, 255) for _ in range(3))
+    return Scene(width, height, background, tuple(shapes))
+
+
+def render(scene: Scene, supersample: int = 1) -> Image.Image:
+    """Draw the scene as an RGB image; supersample > 1 draws larger and downsizes (anti-aliased edges)."""
+    s = supersample
+    img = Image.new("RGB", (scene.width * s, scene.height * s), scene.background)
+    draw = ImageDraw.Draw(img)
+    for sh in scene.shapes:
+        x0, y0, x1, y1 = sh.x * s, sh.y * s, (sh.x + sh.side) * s - 1, (sh.y + sh.side) * s - 1
+        if sh.kind == "circle":
+            draw.ellipse((x0, y0, x1, y1), fill=sh.rgb)
+        elif sh.kind == "square":
+            draw.rectangle((x0, y0, x1, y1), fill=sh.rgb)
+        else:  # pointing up: apex at the top centre, base along the bottom edge
+            draw.polygon([((x0 + x1) / 2, y0), (x0, y1), (x1, y1)], fill=sh.rgb)
+    return img.resize((scene.width, scene.height), Image.BILINEAR) if s > 1 else img
+
+
+def article(color: str) -> str:
+    """'an' before a vowel sound (orange), else 'a'."""
+    return "an" if color[0] in "aeiou" else "a"
+
+
+def possible_types(scene: Scene):
+    """Question types that are well defined for this scene."""
+    kinds = [s.kind for s in scene.shapes]
+    types = ["count", "is_there"]
+    if len(kinds) == 1:
+        types += ["color", "shape"]
+    if any(kinds.count(k) == 1 for k in SHAPES):
+        types.append("color_of")
+    return [t for t in QUESTION_TYPES if t in types]
+
+
+def ask(scene: Scene, qtype: str, rng: random.Random):
+    """One (question, answer) of type qtype about the scene, exact phrasing, one-word lowercase answer."""
+    kinds = [s.kind for s in scene.shapes]
+    if qtype not in possible_types(scene):
+        raise ValueError(f"question type {qtype!r} is not defined for a scene with shapes {kinds}")
+    if qtype == "color":
+        return "What color is the shape?", scene.shapes[0].color
+    if qtype == "shape":
+        return "What shape is it?", scene.shapes[0].kind
+    if qtype == "count":
+        return "How many shapes are there?", COUNT_WORDS[len(kinds) - 1]
+    if qtype == "color_of":
+        kind = rng.choice([k for k in SHAPES if kinds.count(k) == 1])
+        return f"What color is the {kind}?", next(s.color for s in scene.shapes if s.kind == kind)
+    present = {(s.color, s.kind) for s in scene.shapes}
+    if rng.random() < 0.5:
+        color, kind = rng.choice(sorted(present))
+    else:  # hard negatives: mostly a present colour or a present kind, recombined
+        while True:
+            sh = rng.choice(scene.shapes)
+            r = rng.random()
+            color = sh.color if r < 0.4 else rng.choice(list(COLORS))
+            kind = sh.kind if 0.4 <= r < 0.8 else rng.choice(SHAPES)
+            if (color, kind) not in present:
+                break
+    answer = "yes" if (color, kind) in present else "no"
+    return f"Is there {article(color)} {color} {kind}?", answer
+
+
+def sample(seed: int, qtype: str = None):
+    """A fresh (image, question, answer, qtype) from one integer seed; qtype None picks one the scene allows."""
+    rng = random.Random(seed)
+    num = 1 if qtype in ("color", "shape") else rng.randint(1, 3)
+    scene = random_scene(rng, num)
+    while qtype == "color_of" and "color_of" not in possible_types(scene):
+        scene = random_scene(rng, num)
+    qtype = qtype or rng.choice(possible_types(scene))
+    question, answer = ask(scene, qtype, rng)
+    return render(scene), question, answer, qtype
+
+
+def example_scenes():
+    """The app's example scenes by file name; red_circle and blue_circle differ only in colour (same size and
+    geometry), so a prefix cache keyed on token ids alone (strategy A) confuses them."""
+    def one(name, kind, color):  # fixed geometry and exact palette colour on a 224 x 224 canvas
+        return name, Scene(224, 224, (240, 240, 235), (Shape(kind, color, COLORS[color], 62, 62, 100),))
+    examples = [one("red_circle", "circle", "red"), one("blue_circle", "circle", "blue"),
+                one("green_triangle", "triangle", "green"), one("yellow_square", "square", "yellow")]
+    examples.append(("two_shapes", random_scene(random.Random(5), 2, ["square", "triangle"], ["purple", "orange"])))
+    examples.append(("three_shapes", random_scene(random.Random(6), 3, ["circle", "triangle", "circle"],
+                                                  ["blue", "red", "green"])))
+    return examples
+
+
+if __name__ == "__main__":
+    import argparse
+    import os
+    parser = argparse.ArgumentParser(description="Write the app's example scene images as PNG files.")
+    parser.add_argument("--out", default="assets/examples")
+    out = parser.parse_args().out
+    os.makedirs(out, exist_ok=True)
+    for name, scene in example_scenes():
+        render(scene).save(os.path.join(out, f"{name}.png"))
+        print(name, [(s.kind, s.color) for s in scene.shapes], (scene.width, scene.height))

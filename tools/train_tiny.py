@@ -1,0 +1,190 @@
+"""Train the tiny Qwen3-VL on synthetic shape scenes generated on the fly (seeded, resumable).
+
+    nice -n 10 python -m tools.train_tiny --out runs/tiny --steps 6000
+
+Every batch is a pure function of (seed, step), so a run resumed from its checkpoint sees the same data as an
+uninterrupted one. The loss covers only the assistant answers and their <|im_end|>.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import time
+
+import torch
+from transformers import Qwen3VLForConditionalGeneration
+
+from minivlm.processor import load_processor
+from tools.make_checkpoint import save_processor, tiny_config
+from tools.scenes import QUESTION_TYPES, ask, possible_types, random_scene, render, sample
+from tools.tiny_tokenizer import build_tokenizer
+
+FAMILY = "qwen3_vl"
+PATCH, MIN_PIXELS, MAX_PIXELS = 8, 112 * 112, 128 * 128  # merged token = 16 px; images ~112-128 px a side
+MODEL = dict(hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384,
+             vision_depth=4, vision_hidden=128, vision_heads=4)
+DEEPSTACK = [1, 2]
+# shape questions are the hard part, so they are asked most
+TYPE_WEIGHTS = {"color": 1.0, "shape": 3.0, "count": 1.5, "color_of": 2.5, "is_there": 2.5}
+
+
+def build_model(seed: int):
+    """Tokenizer, config and freshly initialised model of the tiny Qwen3-VL."""
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer()
+    config = tiny_config(FAMILY, tokenizer, patch_size=PATCH, **MODEL)
+    config.vision_config.deepstack_visual_indexes = DEEPSTACK
+    return tokenizer, Qwen3VLForConditionalGeneration(config)
+
+
+def export(model, tokenizer, out_dir: str):
+    """Write an HF-format checkpoint dir: config, safetensors, tokenizer, processor, chat template."""
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    save_processor(out_dir, FAMILY, tokenizer, PATCH, MIN_PIXELS, MAX_PIXELS)
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": model.config.text_config.eos_token_id,
+                   "pad_token_id": model.config.text_config.pad_token_id, "do_sample": False}, f)
+
+
+def conversation(rng: random.Random, step: int, curriculum_steps: int):
+    """One training chat: an image, 1-3 question/answer turns about it (single-shape scenes first)."""
+    num = 1 if step < curriculum_steps or rng.random() < 0.35 else rng.randint(2, 3)
+    scene = random_scene(rng, num)
+    types = possible_types(scene)
+    weights = [TYPE_WEIGHTS[t] for t in types]
+    turns = rng.choice([1, 1, 2, 3])
+    messages = []
+    for i in range(turns):
+        question, answer = ask(scene, rng.choices(types, weights)[0], rng)
+        content = [{"type": "image"}, {"type": "text", "text": question}] if i == 0 else question
+        messages += [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]
+    return render(scene, supersample=rng.choice([1, 2])), messages
+
+
+def answer_labels(input_ids: torch.Tensor, prefix: list, end_id: int) -> torch.Tensor:
+    """Labels that keep only tokens after each assistant prefix, up to and including <|im_end|>."""
+    labels = torch.full_like(input_ids, -100)
+    for b, row in enumerate(input_ids.tolist()):
+        i, k = 0, len(prefix)
+        while i <= len(row) - k:
+            if row[i:i + k] == prefix:
+                j = i + k
+                while j < len(row) and row[j] != end_id:
+                    j += 1
+                labels[b, i + k:j + 1] = input_ids[b, i + k:j + 1]
+                i = j
+            i += 1
+    return labels
+
+
+def make_batch(processor, seed: int, step: int, batch_size: int, curriculum_steps: int):
+    """A padded processor batch with answer-only labels, a pure function of (seed, step)."""
+    rng = random.Random(seed * 1_000_003 + step)
+    images, texts = [], []
+    for _ in range(batch_size):
+        image, messages = conversation(rng, step, curriculum_steps)
+        images.append(image)
+        texts.append(processor.apply_chat_template(messages, tokenize=False))
+    batch = processor(text=texts, images=images, padding=True, return_tensors="pt")
+    tok = processor.tokenizer
+    prefix = tok("<|im_start|>assistant\n").input_ids
+    batch["labels"] = answer_labels(batch["input_ids"], prefix, tok.convert_tokens_to_ids("<|im_end|>"))
+    return batch
+
+
+@torch.no_grad()
+def probe(model, processor, per_type: int = 30):
+    """Teacher-forced accuracy per question type: argmax of the first answer token on fixed held-out scenes."""
+    model.eval()
+    acc = {}
+    for t_index, qtype in enumerate(QUESTION_TYPES):
+        items = [sample(10**9 + 1000 * t_index + i, qtype) for i in range(per_type)]
+        texts = [processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {
+            "type": "text", "text": q}]}], tokenize=False, add_generation_prompt=True) for _, q, _, _ in items]
+        processor.tokenizer.padding_side = "left"
+        batch = processor(text=texts, images=[im for im, _, _, _ in items], padding=True, return_tensors="pt")
+        processor.tokenizer.padding_side = "right"
+        logits = model(**batch).logits[:, -1]
+        want = torch.tensor([processor.tokenizer(a).input_ids[0] for _, _, a, _ in items])
+        acc[qtype] = (logits.argmax(-1) == want).float().mean().item()
+    model.train()
+    return acc
+
+
+def lr_scale(step: int, warmup: int, total: int) -> float:
+    """Linear warmup, then cosine decay to 10 %."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="runs/tiny")
+    p.add_argument("--steps", type=int, default=6000)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--vision-lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--curriculum-steps", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--save-every-s", type=float, default=180)
+    p.add_argument("--probe-every", type=int, default=150)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    tokenizer, model = build_model(args.seed)
+    export(model, tokenizer, os.path.join(args.out, "init"))
+    processor = load_processor(os.path.join(args.out, "init"), FAMILY)
+    processor.tokenizer.padding_side = "right"
+    vision = [p for n, p in model.named_parameters() if ".visual." in f".{n}"]
+    text = [p for n, p in model.named_parameters() if ".visual." not in f".{n}"]
+    opt = torch.optim.AdamW([{"params": vision, "lr": args.vision_lr}, {"params": text, "lr": args.lr}],
+                            weight_decay=0.01, betas=(0.9, 0.98))
+    base_lrs = [args.vision_lr, args.lr]
+    ckpt_path, step, best = os.path.join(args.out, "ckpt.pt"), 0, -1.0
+    if os.path.exists(ckpt_path):
+        state = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step, best = state["step"], state["best"]
+        print(f"resumed at step {step}", flush=True)
+    print(f"params {sum(p.numel() for p in model.parameters()):,} (vision {sum(p.numel() for p in vision):,})",
+          flush=True)
+    model.train()
+    last_save, t0, losses = time.time(), time.time(), []
+    while step < args.steps:
+        for group, base in zip(opt.param_groups, base_lrs):
+            group["lr"] = base * lr_scale(step, args.warmup, args.steps)
+        batch = make_batch(processor, args.seed, step, args.batch_size, args.curriculum_steps)
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        step += 1
+        if step % 25 == 0:
+            print(f"step {step} loss {sum(losses) / len(losses):.4f} {(time.time() - t0) / 25:.2f}s/step", flush=True)
+            losses, t0 = [], time.time()
+        if step % args.probe_every == 0 or step == args.steps:
+            acc = probe(model, processor)
+            mean = sum(acc.values()) / len(acc)
+            print(f"probe step {step} " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()) + f" mean={mean:.3f}",
+                  flush=True)
+            export(model, tokenizer, os.path.join(args.out, "latest"))
+            if mean >= best:
+                best = mean
+                export(model, tokenizer, os.path.join(args.out, "best"))
+        if time.time() - last_save > args.save_every_s or step == args.steps:
+            tmp = ckpt_path + ".tmp"
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "best": best}, tmp)
+            os.replace(tmp, ckpt_path)
+            last_save = time.time()
+
+
+if __name__ == "__main__":
+    main()
