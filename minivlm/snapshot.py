@@ -1,6 +1,7 @@
 """Plain-data views of the engine (safe to hand to another thread): KV block map, stream events, memory."""
 from dataclasses import dataclass, field
 
+from minivlm.block_manager import block_kind
 from minivlm.request import Output
 
 
@@ -55,3 +56,29 @@ class MemoryReport:
     vision_weights_bytes: int = 0
     kv_cache_tokens: int = 0
     max_concurrency: float = 0.0
+
+
+def build_snapshot(bm, running: list, waiting: list, step: int, num_preemptions: int) -> KVSnapshot:
+    """Walk the block manager and the live sequences once; O(num_blocks + tokens held)."""
+    bs = bm.block_size
+    owners: dict[int, list[str]] = {}
+    fill: dict[int, int] = {}
+    kinds: dict[int, str] = {}
+    tables = {}
+    for seq in running + [s for s in waiting if s.block_table]:
+        tables[seq.request_id] = list(seq.block_table)
+        for j, b in enumerate(seq.block_table):
+            owners.setdefault(b, []).append(seq.request_id)
+            n = max(0, min(bs, seq.num_computed - j * bs))
+            if n >= fill.get(b, -1):
+                fill[b] = n
+                kinds[b] = block_kind(seq.token_types[j * bs:j * bs + max(n, 1)] if n else [])
+    blocks = []
+    for blk in bm.blocks:
+        used = blk.ref_count > 0
+        cached = not used and blk.key is not None
+        kind = kinds.get(blk.block_id, "free") if used else blk.kind if cached else "free"
+        blocks.append(BlockInfo(blk.block_id, blk.ref_count, fill.get(blk.block_id, bs if cached else 0),
+                                blk.key[:16] if blk.key else None, owners.get(blk.block_id, []), kind, cached))
+    return KVSnapshot(bs, len(bm.blocks), blocks, tables, step, [s.request_id for s in running],
+                      [s.request_id for s in waiting], num_preemptions, dict(bm.stats))

@@ -1,0 +1,138 @@
+"""Physical KV blocks: a free queue, reference counts, and a hash table that lets freed blocks be revived."""
+from collections import deque
+
+from minivlm.request import CacheHit
+
+
+def block_kind(token_types: list[int]) -> str:
+    """text | image | mixed by the token types a block holds (free when it holds none)."""
+    if not token_types:
+        return "free"
+    return "image" if all(token_types) else "mixed" if any(token_types) else "text"
+
+
+class Block:
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.key: str | None = None       # prefix-cache key under the engine's strategy
+        self.truth: str | None = None     # strategy-C key of the content actually stored here
+        self.token_ids: list[int] = []
+        self.kind = "free"                # text | image | mixed, remembered for cached-but-free blocks
+
+
+class BlockManager:
+    """Allocates blocks to sequences. Full blocks are registered by key; a freed block keeps its key (and KV)
+    until the free queue hands it out again, so an identical prefix arriving later is served from it."""
+
+    def __init__(self, num_blocks: int, block_size: int, caching: bool):
+        self.block_size = block_size
+        self.caching = caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: deque[int] = deque(range(num_blocks))  # left = evicted first
+        self.key_to_block: dict[str, int] = {}
+        self.stats = {"hits": 0, "true_hits": 0, "false_hits": 0, "lookups": 0}
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return (num_tokens + self.block_size - 1) // self.block_size
+
+    def match_prefix(self, seq) -> list[int]:
+        """Leading full blocks of seq already in the cache; at least one token is always left to compute."""
+        if not self.caching:
+            return []
+        hits = []
+        for i, key in enumerate(seq.block_keys[:(len(seq) - 1) // self.block_size]):
+            b = self.key_to_block.get(key)
+            if b is None or self.blocks[b].token_ids != seq.block_tokens(i, self.block_size):
+                break
+            hits.append(b)
+        return hits
+
+    def can_allocate(self, seq) -> bool:
+        hits = self.match_prefix(seq)
+        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        return self.blocks_needed(len(seq)) - len(hits) + revived <= self.num_free
+
+    def allocate(self, seq):
+        """Give seq a block table for all its tokens: cache hits first (shared), fresh blocks for the rest."""
+        assert not seq.block_table
+        hits = self.match_prefix(seq)
+        cache_hits = []
+        for i, b in enumerate(hits):
+            block = self.blocks[b]
+            if block.ref_count == 0:
+                self.free.remove(b)  # revive a cached-but-free block
+            block.ref_count += 1
+            false_hit = block.truth != seq.truth_keys[i]
+            cache_hits.append(CacheHit(b, i, false_hit))
+            seq.block_table.append(b)
+        seq.num_computed = len(hits) * self.block_size
+        if seq.num_output_tokens == 0:  # a re-admission after preemption is not a new prompt lookup
+            seq.cache_hits, seq.num_cached_tokens = cache_hits, seq.num_computed
+            if self.caching:
+                self.stats["lookups"] += 1
+                self.stats["hits"] += len(hits)
+                self.stats["false_hits"] += sum(h.false_hit for h in cache_hits)
+                self.stats["true_hits"] += sum(not h.false_hit for h in cache_hits)
+        for i in range(len(hits), self.blocks_needed(len(seq))):
+            seq.block_table.append(self._take_free())
+            self.register(seq, i)  # computed in this very step, before anyone can read it
+
+    def register(self, seq, i: int):
+        """Publish full block i of seq under its key (its K/V are written in the current step)."""
+        if not self.caching or i >= len(seq.block_keys):
+            return
+        block = self.blocks[seq.block_table[i]]
+        block.key, block.truth = seq.block_keys[i], seq.truth_keys[i]
+        block.token_ids = seq.block_tokens(i, self.block_size)
+        block.kind = block_kind(seq.token_types[i * self.block_size:(i + 1) * self.block_size])
+        self.key_to_block.setdefault(block.key, block.block_id)
+
+    def _take_free(self) -> int:
+        b = self.free.popleft()
+        block = self.blocks[b]
+        assert block.ref_count == 0
+        if block.key is not None and self.key_to_block.get(block.key) == b:
+            del self.key_to_block[block.key]  # evict: its old content is about to be overwritten
+        block.key = block.truth = None
+        block.token_ids = []
+        block.ref_count = 1
+        return b
+
+    def deallocate(self, seq):
+        """Drop seq's references; blocks reaching zero go to the free queue, tail blocks first to be evicted."""
+        for b in reversed(seq.block_table):
+            block = self.blocks[b]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {b} freed twice"
+            if block.ref_count == 0:
+                self.free.append(b)
+        seq.block_table = []
+        seq.num_computed = 0
+
+    def forget(self, seq):
+        """Unpublish blocks whose K/V were never written (a failed step), then free them."""
+        for b in seq.block_table[seq.num_computed // self.block_size:]:
+            block = self.blocks[b]
+            if block.key is not None and self.key_to_block.get(block.key) == b:
+                del self.key_to_block[block.key]
+            block.key = block.truth = None
+        self.deallocate(seq)
+
+    def can_append(self, seq) -> bool:
+        """Room for the K/V of seq's newest token."""
+        return self.blocks_needed(len(seq)) <= len(seq.block_table) or self.num_free > 0
+
+    def append_slot(self, seq):
+        if self.blocks_needed(len(seq)) > len(seq.block_table):
+            seq.block_table.append(self._take_free())
+
+    def reset(self):
+        """Forget every cached-but-free block (used blocks keep their content)."""
+        for b in self.free:
+            self.blocks[b].key = self.blocks[b].truth = None
+        self.key_to_block = {k: b for k, b in self.key_to_block.items() if self.blocks[b].ref_count > 0}

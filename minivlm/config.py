@@ -1,0 +1,52 @@
+"""EngineConfig: every knob of the engine in one dataclass, validated up front with clear messages."""
+import os
+from dataclasses import dataclass
+
+DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny-qwen-vl")
+STRATEGIES = ("none", "A", "B", "C")
+DEVICES = ("auto", "cuda", "mps", "cpu")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class EngineConfig:
+    """Engine settings (see API.md). num_blocks=None derives the KV pool from the memory budget."""
+    model: str = DEFAULT_MODEL
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = 16
+    num_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 16
+    max_model_len: int = 4096
+    max_num_batched_tokens: int | None = None
+    cache_strategy: str = "C"
+    seed: int = 0
+    vision_cache_bytes: int = 64 * 2**20
+    max_images_per_request: int = 8
+    cpu_memory_budget_bytes: int = 2 * 2**30
+
+    def __post_init__(self):
+        def positive_int(name):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"EngineConfig.{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError("EngineConfig.model must be a local checkpoint directory or a hub id")
+        if self.device not in DEVICES:
+            raise ValueError(f"EngineConfig.device must be one of {DEVICES}, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"EngineConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.cache_strategy not in STRATEGIES:
+            raise ValueError(f"EngineConfig.cache_strategy must be one of {STRATEGIES}, got {self.cache_strategy!r}")
+        for name in ("block_size", "max_num_seqs", "max_model_len", "max_images_per_request"):
+            positive_int(name)
+        if self.num_blocks is not None:
+            positive_int("num_blocks")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = max(self.max_model_len, 2048)
+        positive_int("max_num_batched_tokens")
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"EngineConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError("EngineConfig.max_num_batched_tokens must be >= max_model_len (prompts are not chunked)")

@@ -1,0 +1,61 @@
+"""Pick the device and dtype (cuda > mps > cpu) and ask each kind of device how much memory it has."""
+import os
+
+os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")  # ops MPS lacks fall back to CPU instead of failing
+
+import torch  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def available_devices() -> dict[str, str | None]:
+    """Each device kind -> None if usable, else the reason it is not."""
+    mps = getattr(torch.backends, "mps", None)
+    return {
+        "cuda": None if torch.cuda.is_available() else "no CUDA GPU visible to this torch build",
+        "mps": None if mps is not None and mps.is_available() else "Apple Metal (MPS) is only on Apple-silicon Macs",
+        "cpu": None,
+    }
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """auto = cuda > mps > cpu; an explicit but unavailable device is a clear error."""
+    avail = available_devices()
+    if name == "auto":
+        name = next(k for k in ("cuda", "mps", "cpu") if avail[k] is None)
+    if name not in avail:
+        raise ValueError(f"unknown device {name!r}; choose auto, cuda, mps or cpu")
+    if avail[name] is not None:
+        raise ValueError(f"device {name!r} is not available: {avail[name]}")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CUDA with compute capability >= 8, fp16 on older CUDA and on MPS, fp32 on CPU."""
+    if name != "auto":
+        if name not in DTYPES:
+            raise ValueError(f"unknown dtype {name!r}; choose auto, float32, bfloat16 or float16")
+        return DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.float32
+
+
+def free_memory_bytes(device: torch.device, cpu_budget: int) -> int:
+    """Memory the engine may plan with: CUDA free memory, MPS recommended working set, CPU a fixed budget."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "mps":
+        return int(torch.mps.recommended_max_memory()) - int(torch.mps.driver_allocated_memory())
+    return cpu_budget
+
+
+def peak_bytes(device: torch.device) -> int | None:
+    """Peak bytes allocated so far, where the device can tell (None on CPU)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    if device.type == "mps":
+        return int(torch.mps.driver_allocated_memory())
+    return None

@@ -1,0 +1,180 @@
+"""Engine: the public face. Callers on any thread submit requests; one loop thread steps the scheduler, so
+every caller's requests share one running batch (continuous batching), and each caller gets its own events."""
+import itertools
+import logging
+import queue
+import threading
+
+import torch
+
+from minivlm.config import EngineConfig
+from minivlm.multimodal import build_prompt
+from minivlm.model.rope import mrope_positions
+from minivlm.prefix_keys import extend_keys
+from minivlm.request import Output, Request, SamplingParams
+from minivlm.sequence import Sequence
+from minivlm.snapshot import StreamEvent
+from minivlm.engine_core import EngineCore
+
+log = logging.getLogger("minivlm")
+
+
+class Engine(EngineCore):
+    """A paged-KV Qwen-VL engine. See API.md for the contract."""
+
+    def __init__(self, config: EngineConfig | None = None, **overrides):
+        super().__init__(config or EngineConfig(**overrides))
+        self._lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self._live: dict[str, Sequence] = {}
+        self._sinks: dict[str, queue.Queue] = {}
+        self._want_snapshot: set[str] = set()
+        self._seed_counter = itertools.count()
+        self._loop = None
+        self.step_count = 0
+
+    # ---- submitting -------------------------------------------------------------------------------------
+    def make_sequence(self, request: Request, params: SamplingParams) -> Sequence:
+        """Validate and render a request (on the caller's thread): processor, positions, length checks."""
+        if not isinstance(request, Request):
+            raise ValueError(f"expected a minivlm.Request, got {type(request).__name__}")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"expected minivlm.SamplingParams, got {type(params).__name__}")
+        prompt = build_prompt(self.processor, request.to_messages(), request.mm_processor_kwargs,
+                              self.config.max_images_per_request)
+        n = len(prompt.token_ids)
+        if n >= self.config.max_model_len:
+            raise ValueError(f"prompt is {n} tokens; max_model_len is {self.config.max_model_len} (prompt + output)")
+        longest = min(n + params.max_tokens, self.config.max_model_len)
+        if self.block_manager.blocks_needed(longest) > self.num_blocks:
+            raise ValueError(f"request needs up to {self.block_manager.blocks_needed(longest)} KV blocks but the "
+                             f"engine has {self.num_blocks}; lower max_tokens or raise num_blocks")
+        positions, delta = mrope_positions(prompt.token_types, [im.grid_thw for im in prompt.images], self.merge)
+        generator = None
+        if params.temperature > 0:
+            seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + next(self._seed_counter)
+            generator = torch.Generator().manual_seed(seed)
+        seq = Sequence(request, prompt, params, positions, delta, generator)
+        extend_keys(seq, self.config.block_size, self.config.cache_strategy, self.model_id, self.dtype_name)
+        return seq
+
+    def _submit(self, seqs: list[Sequence], snapshots: bool) -> list[queue.Queue]:
+        sinks = []
+        with self._lock:
+            for seq in seqs:
+                base, k = seq.request_id, 1
+                while seq.request_id in self._live:  # the same Request submitted twice at once
+                    seq.request_id, k = f"{base}#{k}", k + 1
+                self._live[seq.request_id] = seq
+                self._sinks[seq.request_id] = q = queue.Queue()
+                if snapshots:
+                    self._want_snapshot.add(seq.request_id)
+                self.scheduler.add(seq)
+                sinks.append(q)
+            self._ensure_loop()
+            self._wake.notify_all()
+        return sinks
+
+    def generate(self, requests, params: SamplingParams | list[SamplingParams] | None = None):
+        """Run requests to completion, batched together; returns one Output per request (or one for one)."""
+        single = isinstance(requests, Request)
+        reqs = [requests] if single else list(requests)
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(reqs)
+        if len(plist) != len(reqs):
+            raise ValueError(f"{len(reqs)} requests but {len(plist)} SamplingParams")
+        seqs = [self.make_sequence(r, p) for r, p in zip(reqs, plist)]  # all validated before any is queued
+        outputs = [self._wait(q) for q in self._submit(seqs, snapshots=False)]
+        return outputs[0] if single else outputs
+
+    def stream(self, request: Request, params: SamplingParams | None = None, snapshots: bool = True):
+        """Yield a StreamEvent per scheduler step that advanced this request; closing the generator aborts it."""
+        seq = self.make_sequence(request, params or SamplingParams())
+        q = self._submit([seq], snapshots)[0]
+        finished = False
+        try:
+            while not finished:
+                ev = q.get()
+                if isinstance(ev, BaseException):
+                    raise ev
+                finished = ev.finished
+                yield ev
+        finally:
+            if not finished:
+                self.abort(seq.request_id)
+
+    def _wait(self, q: queue.Queue) -> Output:
+        while True:
+            ev = q.get()
+            if isinstance(ev, BaseException):
+                raise ev
+            if ev.finished:
+                return ev.output
+
+    def abort(self, request_id: str):
+        """Cancel a request; its blocks are freed at the next step."""
+        with self._lock:
+            seq = self._live.get(request_id)
+            if seq is not None:
+                seq.aborted = True
+                self._wake.notify_all()
+
+    # ---- the loop ---------------------------------------------------------------------------------------
+    def _ensure_loop(self):
+        if self._loop is None or not self._loop.is_alive():
+            self._loop = threading.Thread(target=self._run_loop, name="minivlm-engine", daemon=True)
+            self._loop.start()
+
+    def _run_loop(self):
+        while True:
+            with self._lock:
+                while not self.scheduler.has_work():
+                    self._wake.wait()
+                self.step()
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return self.scheduler.has_work()
+
+    def step(self) -> list[StreamEvent]:
+        """One scheduler step: prefill a batch of waiting requests or decode one token for every running one."""
+        with self._lock:
+            for seq in [s for s in self._live.values() if s.aborted]:
+                self._finish(seq, "abort")
+            if not self.scheduler.has_work():
+                return []
+            seqs, is_prefill = self.scheduler.schedule()
+            if not seqs:
+                return []
+            try:
+                results = self.runner.run(seqs, is_prefill)
+            except Exception as e:  # one bad batch must not take the engine down: fail these requests only
+                log.exception("step failed")
+                for seq in seqs:
+                    self.block_manager.forget(seq)
+                    self._fail(seq, e)
+                return []
+            self.step_count += 1
+            events = []
+            for seq, (token, lp) in zip(seqs, results):
+                events.append(self._advance(seq, token, lp))
+            snap = self.snapshot() if any(e.request_id in self._want_snapshot for e in events) else None
+            for ev in events:
+                if ev.request_id in self._want_snapshot:
+                    ev.snapshot = snap
+                self._deliver(ev)
+            return events
+
+    def _retire(self, seq, final):
+        self._live.pop(seq.request_id, None)
+        self._want_snapshot.discard(seq.request_id)
+        if final is not None:
+            sink = self._sinks.pop(seq.request_id, None)
+            if sink is not None:
+                sink.put(final)
+
+    def _deliver(self, ev: StreamEvent):
+        sink = self._sinks.get(ev.request_id)
+        if sink is not None:
+            sink.put(ev)
+            if ev.finished:
+                self._sinks.pop(ev.request_id, None)

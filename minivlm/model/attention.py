@@ -1,0 +1,70 @@
+"""Attention over the paged KV cache: write new K/V into their slots, then read each request's blocks."""
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's tokens go and what they may see.
+    prefill: tokens of each sequence are contiguous in the batch (q_lens); ctx_lens = cached + new tokens.
+    decode: one token per sequence; block_tables [B, max_blocks] padded with block 0, masked by ctx_lens."""
+    is_prefill: bool
+    slot_mapping: torch.Tensor      # [T] flat slot (block_id * block_size + offset) of each new token
+    q_lens: list[int]
+    ctx_lens: list[int]
+    block_tables: torch.Tensor      # [B, max_blocks]
+    ctx_lens_t: torch.Tensor        # [B] on device
+    block_size: int
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):
+    """Scatter this step's K/V [T, kv_heads, head_dim] into the cache [num_blocks, block_size, kv_heads, head_dim]."""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """One sequence's first `length` cached tokens, in logical order: [length, kv_heads, head_dim]."""
+    bs = cache.shape[1]
+    blocks = block_table[: (length + bs - 1) // bs]
+    return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
+
+
+def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q [T, heads, d], k/v [T, kv_heads, d] of the new tokens -> output [T, heads, d]."""
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    if meta.is_prefill:
+        return _prefill(q, k, v, k_cache, v_cache, meta, scale)
+    return _decode(q, k_cache, v_cache, meta, scale)
+
+
+def _prefill(q, k, v, k_cache, v_cache, meta, scale):
+    outs, start = [], 0
+    for i, (q_len, ctx) in enumerate(zip(meta.q_lens, meta.ctx_lens)):
+        qi = q[start:start + q_len].transpose(0, 1)
+        if ctx == q_len:  # nothing cached: the new K/V are the whole context
+            ki, vi = k[start:start + q_len], v[start:start + q_len]
+            mask, causal = None, True
+        else:  # a cached prefix: read it back from this sequence's blocks
+            ki = gather_kv(k_cache, meta.block_tables[i], ctx)
+            vi = gather_kv(v_cache, meta.block_tables[i], ctx)
+            mask = torch.ones(q_len, ctx, dtype=torch.bool, device=q.device).tril(ctx - q_len)
+            causal = False
+        o = F.scaled_dot_product_attention(qi, ki.transpose(0, 1), vi.transpose(0, 1), attn_mask=mask,
+                                           is_causal=causal, scale=scale, enable_gqa=True)
+        outs.append(o.transpose(0, 1))
+        start += q_len
+    return torch.cat(outs, dim=0)
+
+
+def _decode(q, k_cache, v_cache, meta, scale):
+    bsz, max_blocks = meta.block_tables.shape
+    keys = k_cache[meta.block_tables].view(bsz, max_blocks * meta.block_size, *k_cache.shape[2:])
+    values = v_cache[meta.block_tables].view(bsz, max_blocks * meta.block_size, *v_cache.shape[2:])
+    positions = torch.arange(keys.shape[1], device=q.device)
+    mask = (positions[None, :] < meta.ctx_lens_t[:, None])[:, None, None, :]  # [B, 1, 1, S]
+    o = F.scaled_dot_product_attention(q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2),
+                                       attn_mask=mask, scale=scale, enable_gqa=True)
+    return o[:, :, 0]

@@ -1,0 +1,154 @@
+"""Images in, prompt tokens out: load and validate images, run the processor, hash image content."""
+import hashlib
+import io
+import os
+from dataclasses import dataclass, field
+
+import torch
+from PIL import Image, ImageOps, ImageSequence, UnidentifiedImageError
+
+MAX_INPUT_PIXELS = 64_000_000       # refuse to decode images larger than this (decompression bombs)
+ALLOWED_KWARGS = ("min_pixels", "max_pixels")
+
+
+@dataclass
+class ImageInfo:
+    """One image of a prompt: where its placeholder tokens are and everything that determines their KV."""
+    content_hash: str                 # sha256 of decoded RGB pixels + size + mode
+    grid_thw: tuple[int, int, int]
+    start: int                        # index of its first placeholder token in the prompt
+    num_tokens: int
+    settings: tuple                   # processor settings that shaped its tokens (min/max pixels, patch, merge)
+    notes: list[str] = field(default_factory=list)
+
+    def vision_key(self, model_id: str, dtype: str) -> str:
+        """Identity of this image's vision embeddings (strategy C minus the position inside a block)."""
+        raw = repr((self.content_hash, self.grid_thw, self.settings, model_id, dtype)).encode()
+        return hashlib.sha256(raw).hexdigest()
+
+
+@dataclass
+class Prompt:
+    """A request rendered by the processor."""
+    token_ids: list[int]
+    token_types: list[int]            # 0 text, 1 image placeholder
+    pixel_values: torch.Tensor | None
+    images: list[ImageInfo]
+
+
+def load_image(obj) -> tuple[Image.Image, list[str]]:
+    """PIL image, encoded bytes or a file path -> RGB image (EXIF-rotated, first frame), plus notes for the user."""
+    notes = []
+    if isinstance(obj, Image.Image):
+        img = obj
+    elif isinstance(obj, (bytes, bytearray, str, os.PathLike)):
+        if isinstance(obj, (str, os.PathLike)) and not os.path.isfile(obj):
+            raise ValueError(f"image path {str(obj)[:200]!r} does not exist")
+        src = io.BytesIO(obj) if isinstance(obj, (bytes, bytearray)) else obj
+        try:
+            with Image.open(src) as probe:
+                w, h = probe.size
+                if w * h > MAX_INPUT_PIXELS:
+                    raise ValueError(f"image is {w}x{h} = {w * h / 1e6:.0f} MP, over the {MAX_INPUT_PIXELS / 1e6:.0f} MP limit")
+                probe.load()
+                img = probe.copy() if not getattr(probe, "is_animated", False) else probe
+                if getattr(probe, "is_animated", False):
+                    img = next(ImageSequence.Iterator(probe)).copy()
+                    notes.append(f"animated image: used the first of {probe.n_frames} frames")
+                img.info.update(probe.info)
+        except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as e:
+            raise ValueError(f"not a readable image ({type(e).__name__}: {e})") from e
+    else:
+        raise ValueError(f"an image must be a PIL.Image, encoded bytes or a file path, got {type(obj).__name__}")
+    if img.width < 1 or img.height < 1:
+        raise ValueError(f"image has zero size ({img.width}x{img.height})")
+    if img.width * img.height > MAX_INPUT_PIXELS:
+        raise ValueError(f"image is {img.width}x{img.height}, over the {MAX_INPUT_PIXELS / 1e6:.0f} MP limit")
+    img = ImageOps.exif_transpose(img)
+    if img.mode != "RGB":
+        notes.append(f"converted {img.mode} image to RGB")
+        img = to_rgb(img)
+    return img, notes
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Any PIL mode -> RGB; transparency composited on white, 16-bit scaled down to 8-bit."""
+    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+        img = img.point(lambda v: v / 256).convert("L")
+    if img.mode == "P":
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA", "PA"):
+        background = Image.new("RGB", img.size, (255, 255, 255))
+        background.paste(img.convert("RGBA"), mask=img.convert("RGBA").getchannel("A"))
+        return background
+    return img.convert("RGB")
+
+
+def content_hash(img: Image.Image) -> str:
+    """Hash of decoded pixels + size + mode: the same picture hashes the same whatever its file format."""
+    h = hashlib.sha256()
+    h.update(repr((img.mode, img.size)).encode())
+    h.update(img.tobytes())
+    return h.hexdigest()
+
+
+def split_images(messages: list[dict]) -> tuple[list[dict], list]:
+    """Pull image objects out of HF-format messages (the chat template only needs to know where they go)."""
+    clean, images = [], []
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise ValueError("each message must be a dict with 'role' and 'content'")
+        content = m["content"]
+        if isinstance(content, list):
+            items = []
+            for item in content:
+                if not isinstance(item, dict) or "type" not in item:
+                    raise ValueError("message content items must be dicts with a 'type'")
+                if item["type"] == "image" or "image" in item:
+                    if item.get("image") is None:
+                        raise ValueError("an image content item has no 'image'")
+                    images.append(item["image"])
+                    items.append({"type": "image"})
+                else:
+                    items.append(item)
+            content = items
+        clean.append({"role": m["role"], "content": content})
+    return clean, images
+
+
+def processor_settings(processor, mm_kwargs: dict | None) -> tuple[dict, tuple]:
+    """Validate per-request overrides; return (processor call kwargs, the settings tuple that enters keys)."""
+    ip = processor.image_processor
+    mm_kwargs = dict(mm_kwargs or {})
+    unknown = set(mm_kwargs) - set(ALLOWED_KWARGS)
+    if unknown:
+        raise ValueError(f"unsupported mm_processor_kwargs {sorted(unknown)}; allowed: {ALLOWED_KWARGS}")
+    factor = ip.patch_size * ip.merge_size
+    lo = int(mm_kwargs.get("min_pixels", ip.size.shortest_edge))
+    hi = int(mm_kwargs.get("max_pixels", ip.size.longest_edge))
+    if lo < factor * factor or hi < lo:
+        raise ValueError(f"need {factor * factor} <= min_pixels <= max_pixels, got min={lo} max={hi}")
+    call = {"size": {"shortest_edge": lo, "longest_edge": hi}} if mm_kwargs else {}
+    return call, (lo, hi, ip.patch_size, ip.merge_size, ip.temporal_patch_size, tuple(ip.image_mean), tuple(ip.image_std))
+
+
+def build_prompt(processor, messages: list[dict], mm_kwargs: dict | None, max_images: int) -> Prompt:
+    """Render messages with the checkpoint's chat template and run the processor on text + images."""
+    clean, raw_images = split_images(messages)
+    if len(raw_images) > max_images:
+        raise ValueError(f"too many images: {len(raw_images)} (this engine allows {max_images} per request)")
+    call_kwargs, settings = processor_settings(processor, mm_kwargs)
+    loaded = [load_image(im) for im in raw_images]
+    try:
+        text = processor.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+    except Exception as e:
+        raise ValueError(f"messages do not fit the chat template: {e}") from e
+    out = processor(text=[text], images=[im for im, _ in loaded] or None, return_tensors="pt", **call_kwargs)
+    token_ids = out["input_ids"][0].tolist()
+    token_types = out["mm_token_type_ids"][0].tolist() if "mm_token_type_ids" in out else [0] * len(token_ids)
+    grids = [tuple(g) for g in out["image_grid_thw"].tolist()] if loaded else []
+    starts = [i for i, t in enumerate(token_types) if t == 1 and (i == 0 or token_types[i - 1] != 1)]
+    merge2 = processor.image_processor.merge_size ** 2
+    images = [ImageInfo(content_hash(im), g, s, g[0] * g[1] * g[2] // merge2, settings, notes)
+              for (im, notes), g, s in zip(loaded, grids, starts)]
+    return Prompt(token_ids, token_types, out.get("pixel_values") if loaded else None, images)

@@ -1,0 +1,41 @@
+"""Chained block keys for the prefix cache: key_i = sha256(key_{i-1}, token ids of block i, extra_i).
+What goes into `extra` is the strategy: A nothing, B image content hashes, C everything that shapes the KV."""
+import hashlib
+
+
+def hash_block(parent: str | None, token_ids: list[int], extra: tuple) -> str:
+    h = hashlib.sha256()
+    h.update((parent or "root").encode())
+    h.update(b"|".join(str(t).encode() for t in token_ids))
+    h.update(repr(extra).encode())
+    return h.hexdigest()
+
+
+def block_extra(seq, index: int, block_size: int, strategy: str, model_id: str, dtype: str) -> tuple:
+    """The extra key material of block `index` under `strategy` ("A", "B" or "C")."""
+    start, end = index * block_size, (index + 1) * block_size
+    overlapping = [im for im in seq.images if im.start < end and im.start + im.num_tokens > start]
+    extra: tuple = ()
+    if strategy == "B":
+        extra = tuple(im.content_hash for im in overlapping)
+    elif strategy == "C":
+        extra = tuple((im.content_hash, im.grid_thw, im.settings, im.start - start) for im in overlapping)
+        if index == 0:
+            extra += (("model", model_id, dtype),)
+    if index == 0 and seq.cache_salt is not None:
+        extra += (("salt", seq.cache_salt),)  # differently salted requests never share a block
+    return extra
+
+
+def extend_keys(seq, block_size: int, strategy: str, model_id: str, dtype: str):
+    """Compute keys (strategy's and the strategy-C truth) for every full block of seq not keyed yet."""
+    num_full = len(seq) // block_size
+    for i in range(len(seq.truth_keys), num_full):
+        tokens = seq.block_tokens(i, block_size)
+        parent_truth = seq.truth_keys[i - 1] if i else None
+        seq.truth_keys.append(hash_block(parent_truth, tokens, block_extra(seq, i, block_size, "C", model_id, dtype)))
+        if strategy == "C":
+            seq.block_keys.append(seq.truth_keys[-1])
+        elif strategy in ("A", "B"):
+            parent = seq.block_keys[i - 1] if i else None
+            seq.block_keys.append(hash_block(parent, tokens, block_extra(seq, i, block_size, strategy, model_id, dtype)))

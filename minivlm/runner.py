@@ -1,0 +1,86 @@
+"""One forward step: turn scheduled sequences into flat tensors (tokens, M-RoPE positions, slots, block
+tables, image embeddings), run the decoder over the paged KV cache, and sample one token per sequence."""
+import torch
+
+from minivlm.model.attention import AttentionMetadata
+from minivlm.sampler import sample, top_logprobs
+from minivlm.vision_cache import VisionCache
+
+
+class ModelRunner:
+    def __init__(self, decoder, vision, kv_cache: torch.Tensor, block_size: int, device, vision_cache: VisionCache,
+                 model_id: str, dtype_name: str):
+        self.decoder, self.vision = decoder, vision
+        self.kv_caches = [(kv_cache[0, i], kv_cache[1, i]) for i in range(kv_cache.shape[1])]
+        self.block_size, self.device = block_size, device
+        self.vision_cache = vision_cache
+        self.model_id, self.dtype_name = model_id, dtype_name
+
+    def encode_images(self, seq):
+        """Vision embeddings of seq's images, once per request; images seen before come from the vision cache."""
+        if seq.pixel_values is None or seq.image_embeds is not None:
+            return
+        patches = [im.grid_thw[0] * im.grid_thw[1] * im.grid_thw[2] for im in seq.images]
+        offsets = [0] + torch.tensor(patches).cumsum(0).tolist()
+        keys = [im.vision_key(self.model_id, self.dtype_name) for im in seq.images]
+        results = [self.vision_cache.get(k) for k in keys]
+        todo = [i for i, r in enumerate(results) if r is None]
+        if todo:
+            pixels = torch.cat([seq.pixel_values[offsets[i]:offsets[i + 1]] for i in todo])
+            grids = torch.tensor([seq.images[i].grid_thw for i in todo])
+            for i, value in zip(todo, self.vision.encode(pixels, grids)):
+                results[i] = value
+                self.vision_cache.put(keys[i], value)
+        seq.image_embeds = torch.cat([r[0] for r in results])
+        seq.deepstack = [torch.cat([r[1][j] for r in results]) for j in range(len(results[0][1]))]
+        seq.pixel_values = None  # the pixels are not needed any more
+
+    def slots(self, seq, start: int, end: int) -> torch.Tensor:
+        idx = torch.arange(start, end)
+        table = torch.tensor(seq.block_table)
+        return table[idx // self.block_size] * self.block_size + idx % self.block_size
+
+    @torch.inference_mode()
+    def run(self, seqs: list, is_prefill: bool) -> list[tuple[int, dict | None]]:
+        """Compute K/V for every not-yet-computed token of seqs; return (next token, logprobs dict) per seq."""
+        ids, positions, slots, q_lens, ctx_lens = [], [], [], [], []
+        image_at, image_rows, seq_of_image = [], [], []
+        offset = 0
+        for n, seq in enumerate(seqs):
+            start, end = (seq.num_computed, len(seq)) if is_prefill else (len(seq) - 1, len(seq))
+            ids.append(torch.tensor(seq.token_ids[start:end]))
+            positions.append(seq.positions(start, end))
+            slots.append(self.slots(seq, start, end))
+            q_lens.append(end - start)
+            ctx_lens.append(end)
+            local = torch.nonzero(torch.tensor(seq.token_types[start:end]) == 1).flatten() if is_prefill else []
+            if len(local):  # image tokens to compute (a prefix-cache hit may already cover them all)
+                self.encode_images(seq)
+                image_at.append(local + offset)
+                image_rows.append(seq.image_rank[start:end][local])
+                seq_of_image.append(n)
+            offset += end - start
+        dev = self.device
+        embeds = self.decoder.embed_tokens(torch.cat(ids).to(dev))
+        deepstack = None
+        if image_at:
+            at = torch.cat(image_at).to(dev)
+            feats = torch.cat([seqs[n].image_embeds[r.to(dev)] for n, r in zip(seq_of_image, image_rows)])
+            embeds[at] = feats.to(embeds.dtype)
+            if seqs[seq_of_image[0]].deepstack:
+                layers = len(seqs[seq_of_image[0]].deepstack)
+                deepstack = (at, [torch.cat([seqs[n].deepstack[j][r.to(dev)] for n, r in zip(seq_of_image, image_rows)])
+                                  for j in range(layers)])
+        max_blocks = max(len(s.block_table) for s in seqs)
+        tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs])
+        meta = AttentionMetadata(is_prefill, torch.cat(slots).to(dev), q_lens, ctx_lens, tables.to(dev),
+                                 torch.tensor(ctx_lens, device=dev), self.block_size)
+        hidden = self.decoder(embeds, torch.cat(positions, dim=1).to(dev), self.kv_caches, meta, deepstack)
+        last = torch.tensor(q_lens).cumsum(0) - 1
+        logits = self.decoder.compute_logits(hidden[last.to(dev)])
+        tokens, logprobs = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        out = []
+        for i, (seq, tok) in enumerate(zip(seqs, tokens)):
+            k = seq.params.logprobs
+            out.append((tok, top_logprobs(logprobs[i], tok, k) if k is not None else None))
+        return out

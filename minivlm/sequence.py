@@ -1,0 +1,74 @@
+"""Per-request state while a request lives in the scheduler: tokens, positions, image embeddings, blocks."""
+import enum
+
+import torch
+
+from minivlm.multimodal import Prompt
+from minivlm.request import CacheHit, Request, SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One request inside the engine. Tokens [0, num_computed) have their K/V in the blocks of block_table."""
+
+    def __init__(self, request: Request, prompt: Prompt, params: SamplingParams, positions: torch.Tensor,
+                 rope_delta: int, generator: torch.Generator | None):
+        self.request_id = request.request_id
+        self.cache_salt = request.cache_salt
+        self.params = params
+        self.token_ids = list(prompt.token_ids)
+        self.token_types = list(prompt.token_types)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.prompt_positions = positions       # [3, num_prompt_tokens]
+        self.rope_delta = rope_delta
+        self.images = prompt.images
+        self.pixel_values = prompt.pixel_values
+        self.image_embeds: torch.Tensor | None = None    # [image tokens, hidden], filled once by the vision tower
+        self.deepstack: list[torch.Tensor] = []
+        self.image_rank = torch.tensor(prompt.token_types).cumsum(0) - 1  # row of each image token in image_embeds
+        self.generator = generator
+        self.status = Status.WAITING
+        self.block_table: list[int] = []
+        self.block_keys: list[str] = []    # key of each full block under the engine's strategy
+        self.truth_keys: list[str] = []    # strategy-C key of each full block (ground truth for false hits)
+        self.num_computed = 0
+        self.num_cached_tokens = 0
+        self.cache_hits: list[CacheHit] = []
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.text = ""
+        self.sent_text_len = 0
+        self.finish_reason: str | None = None
+        self.aborted = False
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    def positions(self, start: int, end: int) -> torch.Tensor:
+        """M-RoPE positions [3, end-start] of tokens start..end-1 (generated tokens: index + rope delta)."""
+        parts = []
+        if start < self.num_prompt_tokens:
+            parts.append(self.prompt_positions[:, start:min(end, self.num_prompt_tokens)])
+        if end > self.num_prompt_tokens:
+            gen = torch.arange(max(start, self.num_prompt_tokens), end) + self.rope_delta
+            parts.append(gen.expand(3, -1))
+        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+    def append_token(self, token_id: int):
+        self.token_ids.append(token_id)
+        self.token_types.append(0)
+
+    def block_tokens(self, i: int, block_size: int) -> list[int]:
+        return self.token_ids[i * block_size:(i + 1) * block_size]

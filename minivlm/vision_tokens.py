@@ -1,0 +1,74 @@
+"""How many LLM tokens an image becomes: the Qwen-VL resize rule (smart_resize) and the 2x2 patch merge."""
+import json
+import math
+import os
+
+from minivlm.param_count import hf_config
+
+# Image processor defaults of the published checkpoints (their preprocessor_config.json), per family.
+# Qwen2/2.5-VL: min_pixels 56*56, max_pixels 28*28*16384; Qwen3-VL: size {shortest_edge 256², longest_edge 4096²}.
+FAMILY_PROCESSOR = {
+    "qwen2_vl": {"patch_size": 14, "merge_size": 2, "min_pixels": 3136, "max_pixels": 12845056},
+    "qwen2_5_vl": {"patch_size": 14, "merge_size": 2, "min_pixels": 3136, "max_pixels": 12845056},
+    "qwen3_vl": {"patch_size": 16, "merge_size": 2, "min_pixels": 65536, "max_pixels": 16777216},
+}
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """The processor's target size: both sides multiples of factor, area in [min_pixels, max_pixels], aspect kept."""
+    if height <= 0 or width <= 0:
+        raise ValueError(f"image size must be positive, got {height}x{width}")
+    if max(height, width) > 200 * min(height, width):
+        raise ValueError(f"aspect ratio {max(height, width) / min(height, width):.0f} exceeds the processor's 200")
+    # Python's round() rounds halves to even, exactly like the processor (it uses round() too).
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    if h * w > max_pixels:  # too many pixels: shrink both sides by the same ratio, then floor to the grid
+        scale = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / scale / factor) * factor)
+        w = max(factor, math.floor(width / scale / factor) * factor)
+    elif h * w < min_pixels:  # too few: grow by the same ratio, then ceil to the grid
+        scale = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * scale / factor) * factor
+        w = math.ceil(width * scale / factor) * factor
+    return h, w
+
+
+def processor_settings(family_or_config, min_pixels=None, max_pixels=None, patch_size=None, merge_size=None) -> dict:
+    """patch/merge/min/max pixels: explicit arguments, else a checkpoint dir's preprocessor_config.json, else the
+    family defaults (patch and merge size taken from the model config when one is given)."""
+    if isinstance(family_or_config, str) and family_or_config in FAMILY_PROCESSOR:
+        settings = dict(FAMILY_PROCESSOR[family_or_config])
+    elif isinstance(family_or_config, str) and os.path.isfile(os.path.join(family_or_config, "preprocessor_config.json")):
+        with open(os.path.join(family_or_config, "preprocessor_config.json")) as f:
+            pre = json.load(f)
+        size = pre.get("size") or {}
+        settings = {"patch_size": pre.get("patch_size", 14), "merge_size": pre.get("merge_size", 2),
+                    "min_pixels": pre.get("min_pixels") or size.get("shortest_edge"),
+                    "max_pixels": pre.get("max_pixels") or size.get("longest_edge")}
+    else:
+        cfg = hf_config(family_or_config)
+        settings = dict(FAMILY_PROCESSOR[cfg.model_type], patch_size=cfg.vision_config.patch_size,
+                        merge_size=cfg.vision_config.spatial_merge_size)
+    for key, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels), ("patch_size", patch_size),
+                       ("merge_size", merge_size)):
+        if value is not None:
+            settings[key] = int(value)
+    if not settings["min_pixels"] or not settings["max_pixels"] or settings["min_pixels"] > settings["max_pixels"]:
+        raise ValueError(f"need 0 < min_pixels <= max_pixels, got {settings['min_pixels']}, {settings['max_pixels']}")
+    return settings
+
+
+def resized_size(height: int, width: int, family_or_config, **overrides) -> tuple[int, int]:
+    """(height, width) the processor resizes an image to, for a family name, checkpoint dir or model config."""
+    s = processor_settings(family_or_config, **overrides)
+    return smart_resize(height, width, s["patch_size"] * s["merge_size"], s["min_pixels"], s["max_pixels"])
+
+
+def vision_tokens(height: int, width: int, family_or_config, min_pixels=None, max_pixels=None, patch_size=None,
+                  merge_size=None) -> int:
+    """Image placeholder tokens for one height x width image: (H'/factor)·(W'/factor), factor = patch · merge."""
+    s = processor_settings(family_or_config, min_pixels, max_pixels, patch_size, merge_size)
+    factor = s["patch_size"] * s["merge_size"]
+    h, w = smart_resize(height, width, factor, s["min_pixels"], s["max_pixels"])
+    return (h // factor) * (w // factor)
+
