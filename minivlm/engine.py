@@ -1,5 +1,6 @@
 """Engine: the public face. Callers on any thread submit requests; one loop thread steps the scheduler, so
 every caller's requests share one running batch (continuous batching), and each caller gets its own events."""
+import dataclasses
 import itertools
 import logging
 import queue
@@ -22,8 +23,8 @@ log = logging.getLogger("minivlm")
 class Engine(EngineCore):
     """A paged-KV Qwen-VL engine. See API.md for the contract."""
 
-    def __init__(self, config: EngineConfig | None = None, **overrides):
-        super().__init__(config or EngineConfig(**overrides))
+    def __init__(self, config: EngineConfig | None = None, share_model_with: "Engine | None" = None, **overrides):
+        super().__init__(config or EngineConfig(**overrides), share_model_with)
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
         self._live: dict[str, Sequence] = {}
@@ -31,7 +32,30 @@ class Engine(EngineCore):
         self._want_snapshot: set[str] = set()
         self._seed_counter = itertools.count()
         self._loop = None
+        self._closed = False
         self.step_count = 0
+
+    def isolated(self, **overrides) -> "Engine":
+        """A new engine on this one's loaded weights and processor with its own KV pool, prefix cache and loop
+        (e.g. isolated(cache_strategy="A", num_blocks=64)); nothing is shared with this engine's cache."""
+        fixed = {"model", "device", "dtype"} & set(overrides)
+        if fixed:
+            raise ValueError(f"an isolated engine shares the loaded model; it cannot change {sorted(fixed)}")
+        return Engine(dataclasses.replace(self.config, **overrides), share_model_with=self)
+
+    def close(self):
+        """Stop the loop thread (pending requests are aborted); the engine cannot be used afterwards."""
+        with self._lock:
+            for seq in list(self._live.values()):
+                self._finish(seq, "abort")
+            self._closed = True
+            self._wake.notify_all()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     # ---- submitting -------------------------------------------------------------------------------------
     def make_sequence(self, request: Request, params: SamplingParams) -> Sequence:
@@ -61,6 +85,8 @@ class Engine(EngineCore):
     def _submit(self, seqs: list[Sequence], snapshots: bool) -> list[queue.Queue]:
         sinks = []
         with self._lock:
+            if self._closed:
+                raise RuntimeError("this engine is closed")
             for seq in seqs:
                 base, k = seq.request_id, 1
                 while seq.request_id in self._live:  # the same Request submitted twice at once
@@ -127,8 +153,10 @@ class Engine(EngineCore):
     def _run_loop(self):
         while True:
             with self._lock:
-                while not self.scheduler.has_work():
+                while not self.scheduler.has_work() and not self._closed:
                     self._wake.wait()
+                if self._closed:
+                    return
                 self.step()
 
     def has_unfinished(self) -> bool:

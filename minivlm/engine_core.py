@@ -22,8 +22,18 @@ log = logging.getLogger("minivlm")
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, share_model_with: "EngineCore | None" = None):
         self.config = config
+        if share_model_with is None:
+            self._load_model(config)
+        else:  # an isolated engine: the same weights and processor, its own KV pool and caches
+            src = share_model_with
+            for name in ("device", "dtype", "dtype_name", "model_type", "hf_config", "processor", "model_dir",
+                         "model_id", "tokenizer", "decoder", "vision", "merge", "eos_ids"):
+                setattr(self, name, getattr(src, name))
+        self._build_kv_cache(config)
+
+    def _load_model(self, config: EngineConfig):
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
         self.dtype_name = str(self.dtype).removeprefix("torch.")
@@ -39,6 +49,9 @@ class EngineCore:
         self.vision = VisionTower(self.model_type, self.hf_config.vision_config, vision_sd, self.device, self.dtype)
         self.merge = self.hf_config.vision_config.spatial_merge_size
         self.eos_ids = self._eos_ids(text_cfg, model_dir)
+
+    def _build_kv_cache(self, config: EngineConfig):
+        text_cfg = self.hf_config.text_config
         self.num_layers, self.kv_heads, self.head_dim = (text_cfg.num_hidden_layers, text_cfg.num_key_value_heads,
                                                          text_cfg.head_dim)
         self.kv_bytes_per_token = 2 * self.num_layers * self.kv_heads * self.head_dim * self.dtype.itemsize

@@ -1,0 +1,101 @@
+"""Block-manager invariants under random allocate / append / share / free / preempt sequences (hypothesis)."""
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minivlm.block_manager import BlockManager
+from minivlm.model.rope import mrope_positions
+from minivlm.multimodal import Prompt
+from minivlm.prefix_keys import extend_keys
+from minivlm.request import Request, SamplingParams
+from minivlm.sequence import Sequence
+
+BS = 4
+
+
+def make_seq(tokens: list[int]) -> Sequence:
+    prompt = Prompt(tokens, [0] * len(tokens), None, [])
+    pos, delta = mrope_positions(prompt.token_types, [], 2)
+    seq = Sequence(Request(prompt="x"), prompt, SamplingParams(), pos, delta, None)
+    extend_keys(seq, BS, "C", "m", "float32")
+    return seq
+
+
+def check_invariants(bm: BlockManager, live: list[Sequence]):
+    owners = {}
+    for s in live:
+        for b in s.block_table:
+            owners[b] = owners.get(b, 0) + 1
+    used = [b for b in bm.blocks if b.ref_count > 0]
+    assert len(bm.free) + len(used) == len(bm.blocks)                      # free + used = total
+    assert len(set(bm.free)) == len(bm.free)                               # nothing freed twice
+    assert all(b.ref_count == owners.get(b.block_id, 0) for b in bm.blocks)  # ref counts = owners
+    assert not (set(bm.free) & {b.block_id for b in used})
+    for key, b in bm.key_to_block.items():                                  # the table points at live content
+        assert bm.blocks[b].key == key
+
+
+ops = st.lists(st.tuples(st.sampled_from(["alloc", "alloc_shared", "append", "free", "preempt"]),
+                         st.integers(0, 10_000)), min_size=1, max_size=60)
+
+
+def run_ops(num_blocks: int, program):
+    bm = BlockManager(num_blocks, BS, caching=True)
+    live: list[Sequence] = []
+    prefixes = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9], [5, 4, 3, 2, 1]]
+    for op, r in program:
+        if op in ("alloc", "alloc_shared"):
+            base = prefixes[r % 3] if op == "alloc_shared" else []
+            seq = make_seq(base + [r % 50 + 10 + i for i in range(1 + r % 9)])
+            if bm.can_allocate(seq):
+                bm.allocate(seq)
+                live.append(seq)
+        elif op == "append" and live:
+            seq = live[r % len(live)]
+            seq.num_computed = len(seq)
+            seq.append_token(r % 97)
+            if bm.can_append(seq):
+                bm.append_slot(seq)
+                if seq.num_computed % BS == 0:
+                    extend_keys(seq, BS, "C", "m", "float32")
+                    bm.register(seq, seq.num_computed // BS - 1)
+            else:
+                bm.deallocate(seq)
+                live.remove(seq)
+        elif op in ("free", "preempt") and live:
+            seq = live.pop(r % len(live))
+            bm.deallocate(seq)
+            if op == "preempt" and bm.can_allocate(seq):  # recompute: re-admit at once
+                bm.allocate(seq)
+                live.append(seq)
+        check_invariants(bm, live)
+    for seq in live:
+        bm.deallocate(seq)
+    check_invariants(bm, [])
+    assert len(bm.free) == num_blocks                                         # all free at the end
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(num_blocks=st.integers(1, 24), program=ops)
+def test_block_manager_invariants(num_blocks, program):
+    run_ops(num_blocks, program)
+
+
+@pytest.mark.slow
+@settings(max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(num_blocks=st.integers(1, 24), program=ops)
+def test_block_manager_invariants_at_scale(num_blocks, program):
+    run_ops(num_blocks, program)
+
+
+def test_shared_prefix_is_shared_and_revivable():
+    bm = BlockManager(8, BS, caching=True)
+    a, b = make_seq(list(range(10))), make_seq(list(range(10)))
+    bm.allocate(a)
+    bm.allocate(b)
+    assert a.block_table[:2] == b.block_table[:2] and b.num_cached_tokens == 8
+    assert bm.blocks[a.block_table[0]].ref_count == 2
+    bm.deallocate(a), bm.deallocate(b)
+    c = make_seq(list(range(10)))
+    bm.allocate(c)  # freed blocks keep their keys: revived, not recomputed
+    assert c.num_cached_tokens == 8 and not any(h.false_hit for h in c.cache_hits)

@@ -1,0 +1,126 @@
+"""Engine behaviour: preemption, prefix-cache reuse, many callers at once, clear errors."""
+import threading
+
+import pytest
+from PIL import Image
+
+from minivlm import Engine, EngineConfig, Request, SamplingParams
+
+
+def image(w, h, color):
+    img = Image.new("RGB", (w, h), (235, 235, 235))
+    img.paste(color, (w // 3, h // 3, 2 * w // 3, 2 * h // 3))
+    return img
+
+
+def mixed_requests():
+    return [Request(prompt="What color is the shape?", images=[image(100 + 20 * i, 80, (200, 30 * i, 30))])
+            for i in range(4)] + [Request(prompt="Hello, how are you?")]
+
+
+def test_preemption_changes_no_token(checkpoints):
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    roomy = Engine(EngineConfig(model=checkpoints["qwen2_5_vl"], num_blocks=256, cache_strategy="none"))
+    tight = Engine(EngineConfig(model=checkpoints["qwen2_5_vl"], num_blocks=9, block_size=8, cache_strategy="none"))
+    expected = [o.token_ids for o in roomy.generate(mixed_requests(), params)]
+    got = [o.token_ids for o in tight.generate(mixed_requests(), params)]
+    snap = tight.snapshot()
+    assert snap.num_preemptions > 0, "the pool was meant to be too small for all requests at once"
+    assert got == expected
+    assert all(b.ref_count == 0 for b in snap.blocks) and not snap.block_tables
+    roomy.close(), tight.close()
+
+
+def test_repeated_request_is_served_from_prefix_cache(engines):
+    engine = engines["qwen3_vl"]
+    engine.reset_prefix_cache()
+    req = Request(prompt="What color is the shape? Describe the image.", images=[image(120, 90, (40, 70, 220))])
+    params = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=0)
+    first = engine.generate(req, params)
+    second = engine.generate(req, params)
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens > 0 and second.num_cached_tokens % engine.config.block_size == 0
+    assert all(not h.false_hit for h in second.cache_hits)
+    assert second.token_ids == first.token_ids
+    for tok, a, b in zip(first.token_ids, first.logprobs, second.logprobs):
+        assert abs(a[tok] - b[tok]) < 1e-4  # the cached KV gives the cold run's logprobs
+
+
+def test_two_threads_stream_in_one_batch(engines):
+    engine = engines["qwen2_vl"]
+    reqs = [Request(prompt="What shape is it?", images=[image(90, 90, (30, 170, 60))]), Request(prompt="Hello!")]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    alone = [engine.generate(r, params).text for r in reqs]
+    results, snaps, start = {}, [], threading.Barrier(2)
+
+    def run(i):
+        start.wait()
+        text = ""
+        for ev in engine.stream(reqs[i], params):
+            text += ev.delta
+            snaps.append(ev.snapshot)
+        results[i] = (text, ev.text)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    [t.start() for t in threads]
+    [t.join(timeout=120) for t in threads]
+    assert results[0] == (alone[0], alone[0]) and results[1] == (alone[1], alone[1])
+    assert any(len(s.running) == 2 for s in snaps), "the two streams never shared a decode batch"
+
+
+def test_stream_events_carry_snapshots(engines):
+    engine = engines["qwen3_vl"]
+    events = list(engine.stream(Request(prompt="Hi", images=[image(64, 64, (0, 0, 200))]),
+                                SamplingParams(max_tokens=5, ignore_eos=True)))
+    assert len(events) == 5 and events[-1].finished and events[-1].output.finish_reason == "length"
+    snap = events[0].snapshot
+    assert snap.block_tables and all(b.ref_count >= 1 for b in snap.blocks if b.owners)
+    assert {b.kind for b in snap.blocks if b.owners} <= {"text", "image", "mixed"}
+
+
+def test_stop_strings_and_seeded_sampling(engines):
+    engine = engines["qwen2_5_vl"]
+    req = Request(prompt="Describe the image.", images=[image(80, 80, (250, 140, 20))])
+    a = engine.generate(req, SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=7, ignore_eos=True))
+    b = engine.generate(req, SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=7, ignore_eos=True))
+    assert a.token_ids == b.token_ids
+    if len(a.text) > 3:
+        stop = a.text[2:4]
+        c = engine.generate(req, SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=7,
+                                                ignore_eos=True, stop=[stop]))
+        assert c.finish_reason == "stop" and stop not in c.text and a.text.startswith(c.text)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: SamplingParams(max_tokens=0), "max_tokens"),
+    (lambda: SamplingParams(temperature=-1), "temperature"),
+    (lambda: SamplingParams(temperature=float("nan")), "temperature"),
+    (lambda: SamplingParams(top_p=0), "top_p"),
+    (lambda: SamplingParams(top_p=1.5), "top_p"),
+    (lambda: EngineConfig(block_size=0), "block_size"),
+    (lambda: EngineConfig(cache_strategy="D"), "cache_strategy"),
+    (lambda: EngineConfig(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+    (lambda: EngineConfig(device="tpu"), "device"),
+])
+def test_bad_values_are_clear_errors(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.parametrize("request_, message", [
+    (lambda: Request(prompt=""), "empty request"),
+    (lambda: Request(prompt="hi", images=[12345]), "PIL.Image, encoded bytes or a file path"),
+    (lambda: Request(prompt="hi", images=[b"not an image at all"]), "not a readable image"),
+    (lambda: Request(prompt="word " * 2000), "max_model_len"),
+])
+def test_bad_requests_are_clear_errors_and_engine_keeps_serving(engines, request_, message):
+    engine = engines["qwen3_vl"]
+    with pytest.raises(ValueError, match=message):
+        engine.generate(request_(), SamplingParams(max_tokens=4))
+    assert engine.generate(Request(prompt="Hello"), SamplingParams(max_tokens=2)).finish_reason in ("stop", "length")
+
+
+def test_unsupported_architecture_is_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ValueError, match="unsupported architecture 'llama'.*qwen2_vl"):
+        Engine(EngineConfig(model=str(tmp_path), num_blocks=8))
