@@ -1,0 +1,107 @@
+"""The multimodal prefix-cache experiment on the real engine: a first request warms the cache, a second one
+is served under strategies A / B / C, and we report hits (true / false), the answers, and how far the second
+request's logprobs moved from a cold run.  Run: python -m minivlm.experiments.mm_cache [--model DIR]"""
+import argparse
+from dataclasses import dataclass
+
+from PIL import Image, ImageDraw
+
+from minivlm.request import CacheHit, Request, SamplingParams
+
+
+def shape_image(color: tuple, size=(224, 224), kind="circle") -> Image.Image:
+    """One shape in the middle of a light canvas (the tiny model's scene spec)."""
+    w, h = size
+    img = Image.new("RGB", size, (235, 235, 230))
+    side = int(0.4 * min(w, h))
+    box = ((w - side) // 2, (h - side) // 2, (w + side) // 2, (h + side) // 2)
+    draw = ImageDraw.Draw(img)
+    if kind == "circle":
+        draw.ellipse(box, fill=color)
+    elif kind == "square":
+        draw.rectangle(box, fill=color)
+    else:
+        draw.polygon([(box[0], box[3]), (box[2], box[3]), ((box[0] + box[2]) // 2, box[1])], fill=color)
+    return img
+
+
+RED, BLUE, GREEN = (220, 30, 30), (40, 70, 220), (30, 170, 60)
+Q = "What color is the shape?"
+
+
+def cases() -> dict[str, tuple[Request, Request]]:
+    """The seeds' six cases: (first request that warms the cache, second request that may hit it)."""
+    red, blue, green = shape_image(RED), shape_image(BLUE), shape_image(GREEN, kind="square")
+    text_then_image = Request(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Look at this. "}, {"type": "image", "image": red}, {"type": "text", "text": Q}]}])
+    return {
+        "1 same text, different image": (Request(prompt=Q, images=[red]), Request(prompt=Q, images=[blue])),
+        "2 identical request": (Request(prompt=Q, images=[red]), Request(prompt=Q, images=[red])),
+        "3 same image, different text": (Request(prompt=Q, images=[red]), Request(prompt="What shape is it?", images=[red])),
+        "4 same image, different resize": (Request(prompt=Q, images=[red]),
+                                           Request(prompt=Q, images=[red], mm_processor_kwargs={"max_pixels": 112 * 112})),
+        "5 two images swapped": (Request(prompt="How many shapes are there?", images=[red, green]),
+                                 Request(prompt="How many shapes are there?", images=[green, red])),
+        "6 same image, other position": (Request(prompt=Q, images=[red]), text_then_image),
+    }
+
+
+@dataclass
+class StrategyResult:
+    strategy: str
+    hits: int
+    true_hits: int
+    false_hits: int
+    hit_blocks: list[CacheHit]
+    first_answer: str
+    second_answer: str
+    cold_answer: str
+    max_logprob_diff: float   # max |Δlogprob| of the second request vs its cold run (top-k, shared prefix)
+
+
+def max_logprob_diff(a, b) -> float:
+    """Largest |Δ| over tokens both runs report, at each step while both generated the same tokens."""
+    worst = 0.0
+    for (ta, la), (tb, lb) in zip(zip(a.token_ids, a.logprobs), zip(b.token_ids, b.logprobs)):
+        common = la.keys() & lb.keys()
+        worst = max([worst] + [abs(la[t] - lb[t]) for t in common])
+        if ta != tb:
+            break
+    return worst
+
+
+def compare_strategies(engine, first: Request, second: Request, params: SamplingParams | None = None,
+                       strategies=("A", "B", "C"), num_blocks: int = 128) -> list[StrategyResult]:
+    """Run first then second on a fresh isolated pool per strategy (the engine's own cache is never touched)."""
+    params = params or SamplingParams(max_tokens=8, logprobs=5)
+    with engine.isolated(cache_strategy="none", num_blocks=num_blocks) as cold_engine:
+        cold = cold_engine.generate(second, params)
+    results = []
+    for strategy in strategies:
+        with engine.isolated(cache_strategy=strategy, num_blocks=num_blocks) as iso:
+            out1 = iso.generate(first, params)
+            out2 = iso.generate(second, params)
+        false = sum(h.false_hit for h in out2.cache_hits)
+        results.append(StrategyResult(strategy, len(out2.cache_hits), len(out2.cache_hits) - false, false,
+                                      out2.cache_hits, out1.text, out2.text, cold.text, max_logprob_diff(out2, cold)))
+    return results
+
+
+def main():
+    from minivlm import Engine, EngineConfig
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=EngineConfig.model)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    engine = Engine(EngineConfig(model=args.model, device=args.device, num_blocks=16))
+    for name, (first, second) in cases().items():
+        print(f"\n## case {name}")
+        print(f"{'strategy':8} {'hits':>4} {'true':>4} {'false':>5}  {'first':12} {'second':12} {'cold':12} max|Δlogprob|")
+        for r in compare_strategies(engine, first, second):
+            answers = [repr(a.strip())[:12] for a in (r.first_answer, r.second_answer, r.cold_answer)]
+            print(f"{r.strategy:8} {r.hits:4d} {r.true_hits:4d} {r.false_hits:5d}  {answers[0]:12} {answers[1]:12} "
+                  f"{answers[2]:12} {r.max_logprob_diff:.4f}")
+
+
+if __name__ == "__main__":
+    main()
