@@ -182,12 +182,11 @@ class Engine(EngineCore):
                     self._fail(seq, e)
                 return []
             self.step_count += 1
-            events = []
-            for seq, (token, lp) in zip(seqs, results):
-                events.append(self._advance(seq, token, lp))
-            snap = self.snapshot() if any(e.request_id in self._want_snapshot for e in events) else None
+            wants = {s.request_id for s in seqs} & self._want_snapshot  # read before finished ones retire
+            events = [self._advance(seq, token, lp) for seq, (token, lp) in zip(seqs, results)]
+            snap = self.snapshot() if wants else None  # one snapshot per step, shared by every streaming caller
             for ev in events:
-                if ev.request_id in self._want_snapshot:
+                if ev.request_id in wants:
                     ev.snapshot = snap
                 self._deliver(ev)
             return events

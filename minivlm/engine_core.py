@@ -133,7 +133,7 @@ class EngineCore:
         self.scheduler.finish(seq)
         seq.finish_reason = reason
         out = Output(seq.request_id, seq.text, seq.output_ids, reason, seq.num_prompt_tokens, seq.num_cached_tokens,
-                     list(seq.cache_hits), seq.logprobs)
+                     list(seq.cache_hits), seq.logprobs, [n for im in seq.images for n in im.notes])
         self._retire(seq, StreamEvent(seq.request_id, "", seq.text, True, None, out) if reason == "abort" else None)
         return out
 

@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass, field
 
 import torch
-from PIL import Image, ImageOps, ImageSequence, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 MAX_INPUT_PIXELS = 64_000_000       # refuse to decode images larger than this (decompression bombs)
 ALLOWED_KWARGS = ("min_pixels", "max_pixels")
@@ -39,36 +39,37 @@ class Prompt:
 def load_image(obj) -> tuple[Image.Image, list[str]]:
     """PIL image, encoded bytes or a file path -> RGB image (EXIF-rotated, first frame), plus notes for the user."""
     notes = []
+    if isinstance(obj, (str, os.PathLike)) and not os.path.isfile(obj):
+        raise ValueError(f"image path {str(obj)[:200]!r} does not exist")
     if isinstance(obj, Image.Image):
         img = obj
     elif isinstance(obj, (bytes, bytearray, str, os.PathLike)):
-        if isinstance(obj, (str, os.PathLike)) and not os.path.isfile(obj):
-            raise ValueError(f"image path {str(obj)[:200]!r} does not exist")
-        src = io.BytesIO(obj) if isinstance(obj, (bytes, bytearray)) else obj
         try:
-            with Image.open(src) as probe:
-                w, h = probe.size
-                if w * h > MAX_INPUT_PIXELS:
-                    raise ValueError(f"image is {w}x{h} = {w * h / 1e6:.0f} MP, over the {MAX_INPUT_PIXELS / 1e6:.0f} MP limit")
-                probe.load()
-                img = probe.copy() if not getattr(probe, "is_animated", False) else probe
-                if getattr(probe, "is_animated", False):
-                    img = next(ImageSequence.Iterator(probe)).copy()
-                    notes.append(f"animated image: used the first of {probe.n_frames} frames")
-                img.info.update(probe.info)
-        except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as e:
+            img = Image.open(io.BytesIO(obj) if isinstance(obj, (bytes, bytearray)) else obj)
+            check_pixels(*img.size)  # from the header, before decoding a possible decompression bomb
+            img.load()
+        except (UnidentifiedImageError, OSError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
             raise ValueError(f"not a readable image ({type(e).__name__}: {e})") from e
     else:
         raise ValueError(f"an image must be a PIL.Image, encoded bytes or a file path, got {type(obj).__name__}")
-    if img.width < 1 or img.height < 1:
-        raise ValueError(f"image has zero size ({img.width}x{img.height})")
-    if img.width * img.height > MAX_INPUT_PIXELS:
-        raise ValueError(f"image is {img.width}x{img.height}, over the {MAX_INPUT_PIXELS / 1e6:.0f} MP limit")
+    check_pixels(*img.size)
+    if getattr(img, "n_frames", 1) > 1:
+        notes.append(f"animated image: used the first of {img.n_frames} frames")
+        img.seek(0)
+        img = img.copy()
     img = ImageOps.exif_transpose(img)
     if img.mode != "RGB":
         notes.append(f"converted {img.mode} image to RGB")
         img = to_rgb(img)
     return img, notes
+
+
+def check_pixels(width: int, height: int):
+    if width < 1 or height < 1:
+        raise ValueError(f"image has zero size ({width}x{height})")
+    if width * height > MAX_INPUT_PIXELS:
+        raise ValueError(f"image is {width}x{height} = {width * height / 1e6:.0f} MP, over the "
+                         f"{MAX_INPUT_PIXELS / 1e6:.0f} MP limit; downscale it first")
 
 
 def to_rgb(img: Image.Image) -> Image.Image:

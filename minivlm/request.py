@@ -1,5 +1,4 @@
 """Requests, sampling parameters, outputs, and the per-request state the scheduler moves between queues."""
-import enum
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -85,9 +84,4 @@ class Output:
     num_cached_tokens: int = 0
     cache_hits: list[CacheHit] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None
-
-
-class Status(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
+    notes: list[str] = field(default_factory=list)  # what was done to the input, e.g. "converted CMYK image to RGB"
