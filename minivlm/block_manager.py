@@ -32,6 +32,7 @@ class BlockManager:
         self.free: deque[int] = deque(range(num_blocks))  # left = evicted first
         self.key_to_block: dict[str, int] = {}
         self.stats = {"hits": 0, "true_hits": 0, "false_hits": 0, "lookups": 0}
+        self.dirty: set[int] = set()  # blocks whose state changed since the last snapshot
 
     @property
     def num_free(self) -> int:
@@ -67,6 +68,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free.remove(b)  # revive a cached-but-free block
             block.ref_count += 1
+            self.dirty.add(b)
             false_hit = block.truth != seq.truth_keys[i]
             cache_hits.append(CacheHit(b, i, false_hit))
             seq.block_table.append(b)
@@ -91,6 +93,7 @@ class BlockManager:
         block.token_ids = seq.block_tokens(i, self.block_size)
         block.kind = block_kind(seq.token_types[i * self.block_size:(i + 1) * self.block_size])
         self.key_to_block.setdefault(block.key, block.block_id)
+        self.dirty.add(block.block_id)
 
     def _take_free(self) -> int:
         b = self.free.popleft()
@@ -101,6 +104,7 @@ class BlockManager:
         block.key = block.truth = None
         block.token_ids = []
         block.ref_count = 1
+        self.dirty.add(b)
         return b
 
     def deallocate(self, seq):
@@ -109,6 +113,7 @@ class BlockManager:
             block = self.blocks[b]
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {b} freed twice"
+            self.dirty.add(b)
             if block.ref_count == 0:
                 self.free.append(b)
         seq.block_table = []
@@ -135,4 +140,5 @@ class BlockManager:
         """Forget every cached-but-free block (used blocks keep their content)."""
         for b in self.free:
             self.blocks[b].key = self.blocks[b].truth = None
+            self.dirty.add(b)
         self.key_to_block = {k: b for k, b in self.key_to_block.items() if self.blocks[b].ref_count > 0}

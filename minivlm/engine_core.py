@@ -15,7 +15,7 @@ from minivlm.prefix_keys import extend_keys
 from minivlm.request import Output
 from minivlm.runner import ModelRunner
 from minivlm.scheduler import Scheduler
-from minivlm.snapshot import MemoryReport, StreamEvent, build_snapshot
+from minivlm.snapshot import MemoryReport, SnapshotBuilder, StreamEvent
 from minivlm.vision_cache import VisionCache
 
 log = logging.getLogger("minivlm")
@@ -60,6 +60,7 @@ class EngineCore:
                                     self.head_dim, dtype=self.dtype, device=self.device)
         self.block_manager = BlockManager(self.num_blocks, config.block_size, config.cache_strategy != "none")
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.snapshots = SnapshotBuilder(self.block_manager)
         self.vision_cache = VisionCache(config.vision_cache_bytes)
         self.runner = ModelRunner(self.decoder, self.vision, self.kv_cache, config.block_size, self.device,
                                   self.vision_cache, self.model_id, self.dtype_name)
@@ -148,8 +149,8 @@ class EngineCore:
     def snapshot(self):
         """KVSnapshot of the pool now (plain data, safe to hand to another thread)."""
         with self._lock:
-            return build_snapshot(self.block_manager, list(self.scheduler.running), list(self.scheduler.waiting),
-                                  self.step_count, self.scheduler.num_preemptions)
+            return self.snapshots.build(list(self.scheduler.running), list(self.scheduler.waiting),
+                                        self.step_count, self.scheduler.num_preemptions)
 
     def memory_report(self) -> MemoryReport:
         """What is really allocated: weights, the KV pool, and the device's peak where it can tell."""

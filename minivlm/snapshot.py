@@ -5,7 +5,7 @@ from minivlm.block_manager import block_kind
 from minivlm.request import Output
 
 
-@dataclass
+@dataclass(frozen=True)
 class BlockInfo:
     """One physical KV block. kind: text | image | mixed | free; cached = free but revivable through its hash."""
     block_id: int
@@ -58,27 +58,35 @@ class MemoryReport:
     max_concurrency: float = 0.0
 
 
-def build_snapshot(bm, running: list, waiting: list, step: int, num_preemptions: int) -> KVSnapshot:
-    """Walk the block manager and the live sequences once; O(num_blocks + tokens held)."""
-    bs = bm.block_size
-    owners: dict[int, list[str]] = {}
-    fill: dict[int, int] = {}
-    kinds: dict[int, str] = {}
-    tables = {}
-    for seq in running + [s for s in waiting if s.block_table]:
-        tables[seq.request_id] = list(seq.block_table)
-        for j, b in enumerate(seq.block_table):
-            owners.setdefault(b, []).append(seq.request_id)
-            n = max(0, min(bs, seq.num_computed - j * bs))
-            if n >= fill.get(b, -1):
-                fill[b] = n
-                kinds[b] = block_kind(seq.token_types[j * bs:j * bs + max(n, 1)] if n else [])
-    blocks = []
-    for blk in bm.blocks:
-        used = blk.ref_count > 0
-        cached = not used and blk.key is not None
-        kind = kinds.get(blk.block_id, "free") if used else blk.kind if cached else "free"
-        blocks.append(BlockInfo(blk.block_id, blk.ref_count, fill.get(blk.block_id, bs if cached else 0),
-                                blk.key[:16] if blk.key else None, owners.get(blk.block_id, []), kind, cached))
-    return KVSnapshot(bs, len(bm.blocks), blocks, tables, step, [s.request_id for s in running],
-                      [s.request_id for s in waiting], num_preemptions, dict(bm.stats))
+class SnapshotBuilder:
+    """Builds KVSnapshots in O(blocks held + blocks changed), not O(pool): unchanged blocks reuse their
+    (immutable) BlockInfo from the previous snapshot, so snapshots every step stay cheap on a large pool."""
+
+    def __init__(self, bm):
+        self.bm = bm
+        self.infos = [BlockInfo(b.block_id, 0, 0, None, [], "free", False) for b in bm.blocks]
+
+    def build(self, running: list, waiting: list, step: int, num_preemptions: int, full: bool = False) -> KVSnapshot:
+        """full=True rebuilds every block (the reference the incremental path is tested against)."""
+        bm, bs = self.bm, self.bm.block_size
+        owners: dict[int, list[str]] = {}
+        fill: dict[int, tuple[int, str]] = {}
+        tables = {}
+        changed = set(range(len(bm.blocks))) if full else set(bm.dirty)
+        bm.dirty.clear()
+        for seq in running + [s for s in waiting if s.block_table]:
+            tables[seq.request_id] = list(seq.block_table)
+            changed.add(seq.block_table[-1])  # the block being appended to changes every step
+            for j, b in enumerate(seq.block_table):
+                owners.setdefault(b, []).append(seq.request_id)
+                n = max(0, min(bs, seq.num_computed - j * bs))
+                if b in changed and n >= fill.get(b, (-1, ""))[0]:
+                    fill[b] = (n, block_kind(seq.token_types[j * bs:j * bs + max(n, 1)]))
+        for b in changed:
+            blk = bm.blocks[b]
+            cached = blk.ref_count == 0 and blk.key is not None
+            n, kind = fill.get(b, (bs if cached else 0, blk.kind if cached else "free"))
+            self.infos[b] = BlockInfo(b, blk.ref_count, n, blk.key[:16] if blk.key else None,
+                                      owners.get(b, []), kind, cached)
+        return KVSnapshot(bs, len(bm.blocks), list(self.infos), tables, step, [s.request_id for s in running],
+                          [s.request_id for s in waiting], num_preemptions, dict(bm.stats))

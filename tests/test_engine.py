@@ -49,7 +49,7 @@ def test_repeated_request_is_served_from_prefix_cache(engines):
 def test_two_threads_stream_in_one_batch(engines):
     engine = engines["qwen2_vl"]
     reqs = [Request(prompt="What shape is it?", images=[image(90, 90, (30, 170, 60))]), Request(prompt="Hello!")]
-    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    params = SamplingParams(max_tokens=150, ignore_eos=True)  # long enough that the two runs overlap
     alone = [engine.generate(r, params).text for r in reqs]
     results, snaps, start = {}, [], threading.Barrier(2)
 
@@ -124,3 +124,20 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(ValueError, match="unsupported architecture 'llama'.*qwen2_vl"):
         Engine(EngineConfig(model=str(tmp_path), num_blocks=8))
+
+
+def test_incremental_snapshots_equal_full_rebuilds(checkpoints):
+    with Engine(EngineConfig(model=checkpoints["qwen3_vl"], num_blocks=24, block_size=8)) as engine:
+        def compare():
+            with engine._lock:  # both views of the same moment
+                incremental = engine.snapshot()
+                full = engine.snapshots.build(list(engine.scheduler.running), list(engine.scheduler.waiting),
+                                              engine.step_count, engine.scheduler.num_preemptions, full=True)
+            assert incremental.blocks == full.blocks and incremental.block_tables == full.block_tables
+        params = SamplingParams(max_tokens=12, ignore_eos=True)
+        for _ in engine.stream(mixed_requests()[0], params):
+            compare()
+        gens = [engine.stream(r, params) for r in mixed_requests()]  # preemptions and sharing under pressure
+        for events in zip(*gens):
+            compare()
+        compare()
