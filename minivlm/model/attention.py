@@ -4,6 +4,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+try:  # optional on CUDA: flash-attn's paged kernels (flash-attn 2 needs pages of a multiple of 256 tokens)
+    from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+except ImportError:
+    flash_attn_varlen_func = flash_attn_with_kvcache = None
+
 
 @dataclass
 class AttentionMetadata:
@@ -35,6 +40,8 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
 def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q [T, heads, d], k/v [T, kv_heads, d] of the new tokens -> output [T, heads, d]."""
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    if use_flash_attn(q, meta):
+        return _flash(q, k_cache, v_cache, meta, scale)
     if meta.is_prefill:
         return _prefill(q, k, v, k_cache, v_cache, meta, scale)
     return _decode(q, k_cache, v_cache, meta, scale)
@@ -68,3 +75,20 @@ def _decode(q, k_cache, v_cache, meta, scale):
     o = F.scaled_dot_product_attention(q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2),
                                        attn_mask=mask, scale=scale, enable_gqa=True)
     return o[:, :, 0]
+
+
+def use_flash_attn(q: torch.Tensor, meta: AttentionMetadata) -> bool:
+    return (flash_attn_with_kvcache is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+            and meta.block_size % 256 == 0)
+
+
+def _flash(q, k_cache, v_cache, meta, scale):
+    """Both phases straight from the paged cache, as nano-vllm does: varlen prefill, kv-cache decode."""
+    tables = meta.block_tables.to(torch.int32)
+    if not meta.is_prefill:
+        return flash_attn_with_kvcache(q[:, None], k_cache, v_cache, cache_seqlens=meta.ctx_lens_t.to(torch.int32),
+                                       block_table=tables, softmax_scale=scale, causal=True)[:, 0]
+    cu_q = F.pad(torch.tensor(meta.q_lens, device=q.device).cumsum(0), (1, 0)).to(torch.int32)
+    cu_k = F.pad(meta.ctx_lens_t.cumsum(0), (1, 0)).to(torch.int32)
+    return flash_attn_varlen_func(q, k_cache, v_cache, cu_q, cu_k, max(meta.q_lens), max(meta.ctx_lens),
+                                  softmax_scale=scale, causal=True, block_table=tables)
