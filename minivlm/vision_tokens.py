@@ -33,18 +33,31 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
+def checkpoint_image_processor(path: str) -> dict | None:
+    """The image processor settings a checkpoint dir saved: preprocessor_config.json (hub layout) or the
+    image_processor entry of processor_config.json (transformers 5 save_pretrained layout); None if neither."""
+    for name, key in (("preprocessor_config.json", None), ("processor_config.json", "image_processor")):
+        file = os.path.join(path, name)
+        if os.path.isfile(file):
+            with open(file) as f:
+                saved = json.load(f)
+            saved = saved.get(key) if key else saved
+            if saved:
+                return saved
+    return None
+
+
 def processor_settings(family_or_config, min_pixels=None, max_pixels=None, patch_size=None, merge_size=None) -> dict:
-    """patch/merge/min/max pixels: explicit arguments, else a checkpoint dir's preprocessor_config.json, else the
-    family defaults (patch and merge size taken from the model config when one is given)."""
+    """patch/merge/min/max pixels: explicit arguments, else a checkpoint dir's saved processor, else the family
+    defaults (patch and merge size taken from the model config when one is given)."""
+    saved = checkpoint_image_processor(family_or_config) if isinstance(family_or_config, str) else None
     if isinstance(family_or_config, str) and family_or_config in FAMILY_PROCESSOR:
         settings = dict(FAMILY_PROCESSOR[family_or_config])
-    elif isinstance(family_or_config, str) and os.path.isfile(os.path.join(family_or_config, "preprocessor_config.json")):
-        with open(os.path.join(family_or_config, "preprocessor_config.json")) as f:
-            pre = json.load(f)
-        size = pre.get("size") or {}
-        settings = {"patch_size": pre.get("patch_size", 14), "merge_size": pre.get("merge_size", 2),
-                    "min_pixels": pre.get("min_pixels") or size.get("shortest_edge"),
-                    "max_pixels": pre.get("max_pixels") or size.get("longest_edge")}
+    elif saved is not None:
+        size = saved.get("size") or {}
+        settings = {"patch_size": saved.get("patch_size", 14), "merge_size": saved.get("merge_size", 2),
+                    "min_pixels": saved.get("min_pixels") or size.get("shortest_edge"),
+                    "max_pixels": saved.get("max_pixels") or size.get("longest_edge")}
     else:
         cfg = hf_config(family_or_config)
         settings = dict(FAMILY_PROCESSOR[cfg.model_type], patch_size=cfg.vision_config.patch_size,
