@@ -162,9 +162,14 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
              block_size=16, min_pixels=None, max_pixels=None, *, device=None, device_memory_bytes=None,
              weights_bytes=None, max_num_batched_tokens=None, text_tokens_per_request=512, overhead_bytes=None,
              attn_implementation="sdpa") -> Estimate:
-    """The memory plan of one deployment. image_size is (width, height) as PIL's Image.size; int dtypes compute in
-    bfloat16; kv_dtype "auto" = the compute dtype; max_num_batched_tokens (the step token budget) defaults to
-    max_model_len; weights_bytes overrides the predicted weights with measured ones; see the module doc."""
+    """The memory plan of one deployment (see the module doc for the num_blocks rule).
+
+    image_size is each image's (width, height), as PIL's Image.size; the encoder peak is for one such image.
+    dtype: float32 | bfloat16 | float16 | int8 | int4 (int weights compute in bfloat16); kv_dtype "auto" = the
+    compute dtype, or a float type / fp8. max_num_batched_tokens (the step token budget of the prefill peak)
+    defaults to max_model_len. weights_bytes replaces the predicted weights with measured ones; overhead_bytes
+    replaces DEFAULT_OVERHEAD_BYTES. Memory: exactly one of device (preset), device_memory_gb (GiB) or
+    device_memory_bytes."""
     s = model_shape(model_config)
     dtype = dtype_name(dtype)
     act_dtype = "bfloat16" if dtype in QUANTIZED else dtype
@@ -221,6 +226,9 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
         BudgetItem("KV cache pool", kv_cache, f"{num_blocks} blocks × {block_size} tokens × {per_token:,} B/token "
                    f"(2 · {s.layers} layers · {s.kv_heads} kv heads · {s.head_dim} head_dim · "
                    f"{DTYPE_BYTES[kv_dtype]} B {kv_dtype})"),
+        *([BudgetItem("Measured weights beyond the prediction", used_weights - predicted,
+                      f"weights_bytes {used_weights:,} passed in minus the formula's {predicted:,}")]
+          if used_weights != predicted else []),
         BudgetItem("Unallocated" if usable >= 0 else "Over budget", budget - used_weights - peak - overhead - kv_cache,
                    f"{gpu_memory_utilization} × {memory:,} B minus all of the above"),
     ]
