@@ -91,6 +91,7 @@ class EngineCore:
         from minivlm.budget import estimate
         est = estimate(self.hf_config, dtype=self.dtype_name, kv_dtype=self.dtype_name,
                        max_model_len=self.config.max_model_len, num_seqs=self.config.max_num_seqs,
+                       max_num_batched_tokens=self.config.max_num_batched_tokens,
                        block_size=self.config.block_size, gpu_memory_utilization=self.config.gpu_memory_utilization,
                        device_memory_bytes=free_memory_bytes(self.device, self.config.cpu_memory_budget_bytes)
                        + (self.weights_bytes() if self.device.type != "cpu" else 0),
