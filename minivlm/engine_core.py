@@ -89,10 +89,11 @@ class EngineCore:
         """KV blocks that fit the memory budget (the same formula as minivlm.budget), capped at what
         max_num_seqs requests of max_model_len tokens could ever use."""
         from minivlm.budget import estimate
+        utilization = 1.0 if self.device.type == "cpu" else self.config.gpu_memory_utilization  # CPU: a budget already
         est = estimate(self.hf_config, dtype=self.dtype_name, kv_dtype=self.dtype_name,
                        max_model_len=self.config.max_model_len, num_seqs=self.config.max_num_seqs,
                        max_num_batched_tokens=self.config.max_num_batched_tokens,
-                       block_size=self.config.block_size, gpu_memory_utilization=self.config.gpu_memory_utilization,
+                       block_size=self.config.block_size, gpu_memory_utilization=utilization,
                        device_memory_bytes=free_memory_bytes(self.device, self.config.cpu_memory_budget_bytes)
                        + (self.weights_bytes() if self.device.type != "cpu" else 0),
                        weights_bytes=self.weights_bytes())

@@ -150,7 +150,7 @@ def test_num_blocks_comes_from_the_budget_calculator(checkpoints):
     with Engine(config) as engine:
         est = estimate(engine.hf_config, dtype="float32", kv_dtype="float32", max_model_len=512, num_seqs=64,
                        block_size=16, max_num_batched_tokens=config.max_num_batched_tokens,
-                       device_memory_bytes=520 * 2**20, weights_bytes=engine.weights_bytes())
+                       device_memory_bytes=520 * 2**20, weights_bytes=engine.weights_bytes(), gpu_memory_utilization=1.0)
         report = engine.memory_report()
         assert 0 < engine.num_blocks == est.num_blocks < 64 * 512 // 16
         assert report.kv_cache_bytes == est.num_blocks * 16 * est.kv_bytes_per_token == engine.kv_cache.nbytes
