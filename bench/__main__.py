@@ -1,0 +1,84 @@
+"""python -m bench [--quick]: minivlm against HF transformers on one random Qwen2.5-VL checkpoint, one table."""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from bench import memory, panel_overhead, prefix_cache, single_stream, throughput
+from bench.report import machine, markdown_table, text_table
+from bench.workload import BENCH_MODEL, SMOKE_MODEL, build_checkpoint, load_hf, make_engine, param_count
+
+MEASUREMENTS = {"throughput": throughput.measure, "single_stream": single_stream.measure,
+                "prefix_cache": prefix_cache.measure, "memory": memory.measure, "panel": panel_overhead.measure}
+
+
+@dataclass
+class Context:
+    """What every measurement gets: the engine, HF's model and processor on the same checkpoint, repeats."""
+    engine: object
+    hf_model: object
+    hf_processor: object
+    repeats: int
+    details: dict = field(default_factory=dict)
+
+
+def run(model_dir: str, repeats: int, only=None, log=print) -> tuple[list, dict]:
+    """Run the measurements (all, or the names in `only`) on the checkpoint; returns (rows, details)."""
+    engine = make_engine(model_dir)
+    model, processor = load_hf(model_dir)
+    ctx = Context(engine, model, processor, repeats)
+    warm = throughput.mixed_requests(2)  # first calls pay one-time costs (allocator, kernels): not measured
+    from bench.workload import hf_generate
+    from minivlm import SamplingParams
+    engine.generate(warm, SamplingParams(max_tokens=2, ignore_eos=True))
+    hf_generate(model, processor, warm, 2)
+    rows = []
+    for name, fn in MEASUREMENTS.items():
+        if only and name not in only:
+            continue
+        t = time.perf_counter()
+        rows += fn(ctx)
+        log(f"[bench] {name}: {time.perf_counter() - t:.1f}s")
+    return rows, ctx.details
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="fewer repeats (a few minutes on 2 cores)")
+    ap.add_argument("--repeats", type=int, help="repeats per measurement (median taken); default 2 quick, 5 full")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads, the same for engine and HF (default 2)")
+    ap.add_argument("--only", nargs="*", choices=list(MEASUREMENTS), help="run only these measurements")
+    ap.add_argument("--smoke", action="store_true", help="the tiny test model instead of the ~70M benchmark model")
+    ap.add_argument("--checkpoint-dir", help="where to build (or reuse) the random checkpoint")
+    ap.add_argument("--markdown", help="also write the table, command and machine as markdown to this file")
+    ap.add_argument("--json", help="also write every raw timing to this file")
+    args = ap.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        raise ValueError("--repeats must be >= 1")
+    torch.set_num_threads(args.threads)
+    spec = SMOKE_MODEL if args.smoke else BENCH_MODEL
+    name = "bench-smoke" if args.smoke else "bench-qwen2_5_vl-70m"
+    model_dir = build_checkpoint(args.checkpoint_dir or os.path.join(tempfile.gettempdir(), "minivlm-" + name), spec)
+    repeats = args.repeats or (2 if args.quick else 5)
+    start = time.perf_counter()
+    rows, details = run(model_dir, repeats, args.only)
+    command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    header = (f"model: random Qwen2.5-VL architecture, {param_count(model_dir) / 1e6:.1f}M parameters, fp32\n"
+              f"machine: {machine()}\ncommand: {command} (repeats {repeats}, {time.perf_counter() - start:.0f}s)")
+    print(header + "\n\n" + text_table(rows))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join("- " + line for line in header.splitlines()) + "\n\n" + markdown_table(rows) + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(details, f, indent=1, default=str)
+    return rows, details
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""The results table (plain text for the terminal, markdown for RESULTS.md) and a description of the machine."""
+import os
+import platform
+
+import torch
+
+HEADER = ("metric", "engine", "baseline", "ratio", "goal", "")
+
+
+def fmt(value: float, unit: str) -> str:
+    if unit == "":
+        return f"{value:.0%}"
+    return f"{value:.3g} {unit}"
+
+
+def cells(row) -> tuple[str, ...]:
+    ratio = f"{row.ratio:.0%}" if "%" in row.goal and "slower" not in row.goal else f"{row.ratio:.2f}x"
+    mark = "" if row.passed is None else "✓" if row.passed else "✗"
+    return (row.metric, fmt(row.engine, row.unit), fmt(row.baseline, row.unit), ratio, row.goal, mark)
+
+
+def text_table(rows) -> str:
+    lines = [HEADER] + [cells(r) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def markdown_table(rows) -> str:
+    out = ["| " + " | ".join(HEADER + ("note",)) + " |", "|" + "---|" * (len(HEADER) + 1)]
+    out += ["| " + " | ".join(cells(r) + (r.note,)) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def machine() -> str:
+    """CPU model, cores, load average, torch threads and versions: what a reader needs to compare numbers."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    load = "/".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return (f"{cpu}, {os.cpu_count()} cores, {gpu}; torch {torch.__version__} with {torch.get_num_threads()} threads; "
+            f"load average (1/5/15 min) {load}")

@@ -1,0 +1,47 @@
+"""2. Single stream: decode tokens/s of one request, engine vs HF generate, and against the memory-bandwidth
+bound (every decode step reads all decoder weights once: bound = copy bandwidth / weight bytes)."""
+import time
+
+import torch
+
+from minivlm import Request, SamplingParams
+
+from bench.timing import Row, TokenClock, copy_bandwidth, decode_rate, median
+from bench.workload import hf_inputs, scene
+
+
+def engine_rate(engine, request: Request, new_tokens: int) -> float:
+    engine.reset_prefix_cache()
+    times = [time.perf_counter() for _ in engine.stream(request, SamplingParams(max_tokens=new_tokens, ignore_eos=True),
+                                                         snapshots=False)]
+    return decode_rate(times)
+
+
+def hf_rate(model, processor, request: Request, new_tokens: int) -> float:
+    inputs = hf_inputs(processor, [request])
+    clock = TokenClock()
+    with torch.inference_mode():
+        model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                       eos_token_id=None, pad_token_id=processor.tokenizer.pad_token_id, streamer=clock)
+    return decode_rate(clock.times)
+
+
+def measure(ctx, new_tokens: int = 64) -> list[Row]:
+    request = Request(prompt="Describe the image in one sentence.", images=[scene(224, 224, 7)])
+    rates = {"engine": [], "hf": []}
+    for _ in range(ctx.repeats):  # interleaved: engine, HF, engine, HF, ...
+        rates["engine"].append(engine_rate(ctx.engine, request, new_tokens))
+        rates["hf"].append(hf_rate(ctx.hf_model, ctx.hf_processor, request, new_tokens))
+    eng, hf = median(rates["engine"]), median(rates["hf"])
+    report = ctx.engine.memory_report()
+    weight_bytes = report.weights_bytes - report.vision_weights_bytes  # decode never touches the vision tower
+    bandwidth = copy_bandwidth()
+    bound = bandwidth / weight_bytes
+    ctx.details["single_stream"] = {"rates": rates, "decoder_weight_bytes": weight_bytes,
+                                    "copy_bandwidth_GBps": bandwidth / 1e9, "bound_tok_s": bound}
+    return [
+        Row("single-stream decode vs HF generate", eng, hf, "tok/s", eng / hf, ">= 1.0x", eng >= hf,
+            f"{new_tokens} tokens after a 224x224 image prompt"),
+        Row("single-stream decode vs bandwidth bound", eng, bound, "tok/s", eng / bound, ">= 50%", eng / bound >= 0.5,
+            f"{weight_bytes / 1e6:.0f} MB weights/token at {bandwidth / 1e9:.1f} GB/s copy bandwidth"),
+    ]

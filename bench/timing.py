@@ -1,0 +1,75 @@
+"""Timing helpers shared by the measurements: interleaved repeats with medians, memory copy bandwidth,
+and the result row every measurement returns."""
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Row:
+    """One line of the results table: engine and baseline values (in `unit`), their ratio, the goal, and whether
+    it is met (None: a context line with no goal)."""
+    metric: str
+    engine: float
+    baseline: float
+    unit: str
+    ratio: float
+    goal: str
+    passed: bool | None
+    note: str = ""
+
+
+def interleaved(runs: dict, repeats: int) -> dict[str, list[float]]:
+    """Wall seconds of each named callable, run in turn `repeats` times (A B C A B C ...) so that machine
+    noise lands on every side alike."""
+    times = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return times
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 7) -> float:
+    """Memory copy bandwidth in bytes/s (STREAM convention: bytes read + bytes written), measured with torch's
+    own copy on a buffer far larger than the caches, with the threads torch is set to use."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault the pages in before timing
+    best = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best.append(time.perf_counter() - t)
+    return 2 * nbytes / median(best)
+
+
+class TokenClock:
+    """A minimal HF streamer: records when each generated token arrives (the prompt arrives first)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value):
+        if not self._prompt_seen:  # generate() hands the prompt ids over first
+            self._prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+
+def decode_rate(times: list[float]) -> float:
+    """Tokens/s between the first and the last token (excludes prefill, i.e. time to first token)."""
+    if len(times) < 2:
+        raise ValueError("need at least two tokens to time decoding")
+    return (len(times) - 1) / (times[-1] - times[0])
