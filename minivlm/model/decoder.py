@@ -8,6 +8,19 @@ from minivlm.model.attention import AttentionMetadata, paged_attention
 from minivlm.model.rope import MRotaryEmbedding, apply_rope
 
 
+ONEDNN = torch.backends.mkldnn.is_available()
+
+
+class Linear(nn.Linear):
+    """nn.Linear that runs fp32 CPU inference through oneDNN: PyTorch's default fp32 CPU GEMM (MKL) takes a slower
+    code path on some CPUs (AMD EPYC: 2-3x slower here); oneDNN computes the same product with AVX-512."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if ONEDNN and x.is_cpu and x.dtype == torch.float32 and x.dim() == 2 and not torch.is_grad_enabled():
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return super().forward(x)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -25,10 +38,10 @@ class Attention(nn.Module):
     def __init__(self, cfg, qk_norm: bool, qkv_bias: bool, o_bias: bool):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=o_bias)
+        self.q_proj = Linear(cfg.hidden_size, self.heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = Linear(self.heads * self.head_dim, cfg.hidden_size, bias=o_bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
 
@@ -47,9 +60,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -81,7 +94,7 @@ class QwenVLDecoder(nn.Module):
         self.embed_tokens = nn.Embedding(text_cfg.vocab_size, text_cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(text_cfg, **attn_kwargs) for _ in range(text_cfg.num_hidden_layers))
         self.norm = RMSNorm(text_cfg.hidden_size, text_cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
+        self.lm_head = Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
         if tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         rope = text_cfg.rope_parameters
