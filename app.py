@@ -1,0 +1,73 @@
+"""minivlm demo app: composition only. Parse args, build one engine, lay out the tabs from panels/, launch."""
+import argparse
+import logging
+import os
+
+import gradio as gr
+
+from minivlm import EngineConfig
+from panels import cache_inspector, chat, header, kv_blocks, vram
+from panels.holder import EXAMPLES_DIR, EngineHolder
+
+QUEUE_MAX_SIZE = 64  # beyond this many waiting events the page says the app is busy
+TINY_MODEL_BLOCKS = 256  # the tiny model's pool is pinned small so the block map stays readable and fills up
+CSS = """
+#device-picker label[data-testid*="unavailable"] { opacity: 0.45; pointer-events: none; }
+#engine-status { font-size: 0.9em; }
+"""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="minivlm: a paged-KV Qwen-VL engine with a teaching UI")
+    p.add_argument("--model", default=EngineConfig().model, help="local HF checkpoint dir or hub id (default: tiny)")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--strategy", default="C", choices=["none", "A", "B", "C"], help="prefix-cache strategy")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-blocks", type=int, default=None,
+                   help=f"pin the KV pool size (default: {TINY_MODEL_BLOCKS} for the tiny model, else from memory; "
+                        "0 = from memory)")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--shared", action="store_true", help="public deployment: strategy C + a cache salt per session "
+                                                         "(automatic on Hugging Face Spaces)")
+    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
+    return p.parse_args(argv)
+
+
+def build_app(holder: EngineHolder) -> gr.Blocks:
+    """The whole UI around one engine holder."""
+    with gr.Blocks(title="minivlm") as demo:
+        gr.Markdown("# minivlm · a paged-KV engine for Qwen-VL you can watch")
+        header.build(holder)
+        with gr.Tabs():
+            with gr.Tab("Chat", id="chat"):
+                chat.build(holder)
+            with gr.Tab("KV blocks (live)", id="kv"):
+                kv_blocks.build(holder)
+            with gr.Tab("Cache inspector", id="inspector"):
+                cache_inspector.build(holder)
+            with gr.Tab("VRAM budget", id="vram"):
+                calculate, inputs, outputs = vram.build(holder)
+        demo.load(calculate, inputs, outputs, api_name=False, show_progress="hidden")
+    # the engine batches concurrent requests itself; the bound turns overload into a "busy" message
+    demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=holder.config.max_num_seqs)
+    return demo
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    num_blocks = args.num_blocks if args.num_blocks is not None else \
+        TINY_MODEL_BLOCKS if args.model == EngineConfig().model else 0
+    config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, cache_strategy=args.strategy,
+                          block_size=args.block_size, num_blocks=num_blocks or None, max_model_len=args.max_model_len)
+    holder = EngineHolder(config, shared=args.shared or bool(os.environ.get("SPACE_ID")))
+    print(holder.load(), flush=True)
+    build_app(holder).launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
+                             allowed_paths=[EXAMPLES_DIR], theme=gr.themes.Soft())
+
+
+if __name__ == "__main__":
+    main()

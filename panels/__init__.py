@@ -1,0 +1,1 @@
+"""The app's tabs, one file each, built on the public minivlm API (see app.py)."""

@@ -1,0 +1,169 @@
+"""KV blocks tab: the physical block map and block tables, live while requests decode; a launcher for N concurrent
+requests (continuous batching, preemption) whose every step is recorded and replayed with a slider."""
+import collections
+import os
+import threading
+import time
+
+import gradio as gr
+
+from minivlm import Request, SamplingParams
+
+from panels.chat import EXAMPLES
+from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
+from panels.plots import block_map_figure, block_table, snapshot_summary
+
+RENDER_SHARE = 0.05  # live rendering may take at most 5 % of wall time while the engine decodes
+KEPT_TIMELINES = 8   # sessions whose last run stays replayable
+
+
+def render(snap):
+    """A snapshot as the tab's three outputs."""
+    return block_map_figure(snap), block_table(snap), snapshot_summary(snap)
+
+
+class Throttle:
+    """Lets work through only while the time it takes stays under `share` of the wall time (and at most once per
+    `min_interval` seconds)."""
+
+    def __init__(self, share: float, min_interval: float = 0.0):
+        self.share, self.min_interval = share, min_interval
+        self.next_at = time.perf_counter() + min_interval  # a run shorter than that needs no live frames
+
+    def ready(self) -> bool:
+        return time.perf_counter() >= self.next_at
+
+    def spent(self, seconds: float):
+        self.next_at = time.perf_counter() + max(self.min_interval, seconds / self.share)
+
+
+def demo_requests(n: int, salt: str | None) -> list[Request]:
+    """n requests over three example scenes, asking each its own question, then how many shapes there are:
+    equal prompts share every full block, equal images share their image blocks."""
+    reqs = []
+    for i in range(n):
+        name, question = EXAMPLES[i % 3]
+        if (i // 3) % 2:
+            question = "How many shapes are there?"
+        reqs.append(Request(prompt=question, images=[os.path.join(EXAMPLES_DIR, name)], cache_salt=salt))
+    return reqs
+
+
+def record_run(engine, requests, params, renderer: Throttle):
+    """Submit all requests at once (the engine batches them) and collect the KV snapshot of every step.
+    Yields ("live", snapshot) whenever `renderer` allows a render, then ("done", timeline, errors).
+
+    Streams are drained one after another on this one thread: events of the others wait in their queues, so no
+    thread wakes up per token (waking one per request per step would cost the engine ~15 % on a small model).
+    Every step advances some request, so the union of the streams' snapshots is the whole timeline."""
+    streams = [engine.stream(r, params, snapshots=True) for r in requests]
+    firsts: list = [None] * len(streams)
+
+    def submit(i):  # the first next() validates and queues the request, then waits for its first token
+        try:
+            firsts[i] = next(streams[i])
+        except Exception as e:  # refused input (ValueError) or a failed step
+            firsts[i] = e
+    starters = [threading.Thread(target=submit, args=(i,), daemon=True) for i in range(len(streams))]
+    for t in starters:
+        t.start()
+    timeline, errors, newest = {}, [], -1
+    for i, stream in enumerate(streams):
+        starters[i].join()
+        if isinstance(firsts[i], Exception):
+            errors.append(str(firsts[i]))
+            continue
+        for ev in _chain(firsts[i], stream):
+            snap = ev.snapshot
+            if snap is None or snap.step in timeline:
+                continue
+            timeline[snap.step] = snap
+            if snap.step > newest:
+                newest = snap.step
+                if renderer.ready():
+                    yield "live", snap
+    yield "done", [timeline[k] for k in sorted(timeline)], errors
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def build(holder: EngineHolder):
+    """Lay out the KV tab and wire its events (api names: kv_snapshot, kv_launch, kv_replay)."""
+    timelines: collections.OrderedDict[str, list] = collections.OrderedDict()
+    launching: set[str] = set()
+    with gr.Row():
+        live = gr.Checkbox(True, label="Live (poll the engine once a second)", elem_id="kv-live")
+        refresh = gr.Button("Refresh now", size="sm")
+    summary = gr.Markdown(elem_id="kv-summary")
+    block_map = gr.Plot(label="Physical KV blocks", elem_id="kv-map")
+    with gr.Row():
+        n = gr.Slider(1, 32, value=8, step=1, label="concurrent requests")
+        max_tokens = gr.Slider(4, 256, value=48, step=1, label="tokens each (EOS ignored)")
+        launch = gr.Button("Launch N requests", variant="primary", elem_id="kv-launch")
+    step = gr.Slider(0, 1, value=0, step=1, label="replay step (after a run)", interactive=False, elem_id="kv-step")
+    table = gr.Dataframe(label="Block tables: logical index → physical block", elem_id="kv-table", max_height=360)
+    last_step = gr.State(-1)
+    timer = gr.Timer(1.0)
+
+    def current():
+        snap = holder.get().snapshot()
+        return (*render(snap), snap.step)
+
+    def poll(is_live, seen, request: gr.Request):
+        if not is_live or (request and request.session_hash in launching):
+            return gr.skip(), gr.skip(), gr.skip(), seen
+        snap = holder.get().snapshot()
+        if snap.step == seen:
+            return gr.skip(), gr.skip(), gr.skip(), seen
+        return (*render(snap), snap.step)
+
+    @gpu
+    def run(count, n_tokens, request: gr.Request):
+        session = request.session_hash if request else ""
+        engine, throttle = holder.get(), Throttle(RENDER_SHARE, 0.25)
+        requests = demo_requests(int(count), holder.salt(session))
+        params = SamplingParams(max_tokens=int(n_tokens), ignore_eos=True)
+        launching.add(session)
+        try:
+            for kind, *data in record_run(engine, requests, params, throttle):
+                if kind == "live":
+                    t0 = time.thread_time()
+                    frame = render(data[0])
+                    throttle.spent(time.thread_time() - t0)
+                    yield *frame, gr.skip(), data[0].step
+        finally:
+            launching.discard(session)
+        timeline, errors = data
+        for e in errors:
+            gr.Warning(e)
+        if not timeline:
+            yield *render(engine.snapshot()), gr.skip(), -1
+            return
+        timelines[session] = timeline
+        timelines.move_to_end(session)
+        while len(timelines) > KEPT_TIMELINES:
+            timelines.popitem(last=False)
+        busiest = max(timeline, key=lambda s: sum(b.ref_count > 0 for b in s.blocks))
+        slider = gr.Slider(timeline[0].step, timeline[-1].step, value=busiest.step, step=1, interactive=True,
+                           label=f"replay step ({len(timeline)} steps recorded, {timeline[-1].num_preemptions} "
+                                 f"preemptions; showing the fullest step)")
+        yield *render(busiest), slider, busiest.step
+
+    def replay(value, request: gr.Request):
+        timeline = timelines.get(request.session_hash if request else "", [])
+        if not timeline:
+            raise gr.Error("Launch a run first: replay shows the steps of your last run.")
+        snap = next((s for s in reversed(timeline) if s.step <= value), timeline[0])
+        return render(snap)
+
+    outs = [block_map, table, summary]
+    timer.tick(poll, [live, last_step], outs + [last_step], api_name=False, show_progress="hidden",
+               concurrency_id="kv_view", concurrency_limit=4)
+    refresh.click(current, None, outs + [last_step], api_name="kv_snapshot", concurrency_id="kv_view")
+    launch.click(run, [n, max_tokens], outs + [step, last_step], api_name="kv_launch", concurrency_id="kv_launch",
+                 concurrency_limit=1)
+    step.release(replay, [step], outs, api_name="kv_replay", concurrency_id="kv_view")
+    return block_map

@@ -1,0 +1,177 @@
+"""The app's panels turn real engine snapshots and outputs into figures and tables that say exactly what the
+engine says: one coloured cell per block in use, ref-count labels equal to the snapshot's ref counts, block tables
+equal to the snapshot's, hit maps equal to the outputs' cache hits."""
+import os
+
+import pytest
+
+from minivlm import Engine, EngineConfig, Request, SamplingParams
+
+from panels.cache_inspector import HIT_COLORS, hits_figure, max_logprob_delta, results_table, run_pair
+from panels.chat import to_hf_messages, user_turn
+from panels.holder import EXAMPLES_DIR, EngineHolder
+from panels.kv_blocks import Throttle, demo_requests, record_run
+from panels.plots import CACHED_COLOR, block_cell, block_map_figure, block_table, request_color
+from panels.vram import budget_figure, comparison, engine_parts, estimate_parts
+
+RED, BLUE = os.path.join(EXAMPLES_DIR, "red_circle.png"), os.path.join(EXAMPLES_DIR, "blue_circle.png")
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoints):
+    """A small pool, so that eight concurrent requests share blocks and get preempted."""
+    with Engine(EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=40,
+                             max_model_len=512)) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def timeline(engine):
+    """The KV tab's launcher, run for real: one snapshot per engine step."""
+    never = Throttle(share=1e-9, min_interval=1e9)
+    *_, last = record_run(engine, demo_requests(8, None), SamplingParams(max_tokens=40, ignore_eos=True), never)
+    kind, snaps, errors = last
+    assert kind == "done" and not errors
+    return snaps
+
+
+def cells(fig):
+    """(x, y) -> z of the heatmap; the category index behind each cell's colour."""
+    z = fig.data[0].z
+    return {(x, y): v for y, row in enumerate(z) for x, v in enumerate(row) if v is not None}
+
+
+def cell_color(fig, v):
+    """The colour the step colorscale gives category v."""
+    return fig.data[0].colorscale[2 * int(v)][1]
+
+
+def test_launcher_records_every_step_with_sharing_and_preemption(timeline):
+    steps = [s.step for s in timeline]
+    assert steps == sorted(set(steps)) and len(steps) >= 40
+    assert timeline[-1].num_preemptions > 0, "a 40-block pool must preempt eight 130-token requests"
+    assert any(b.ref_count > 1 for s in timeline for b in s.blocks), "equal prompts must share blocks"
+    assert not timeline[-1].running and not timeline[-1].waiting
+
+
+def test_block_map_cells_and_labels_match_snapshot(timeline):
+    checked_shared = checked_image = 0
+    for snap in timeline:
+        fig = block_map_figure(snap)
+        cols = fig.layout.meta["cols"]
+        z = cells(fig)
+        assert len(z) == snap.num_blocks
+        used = {b.block_id for b in snap.blocks if b.ref_count > 0}
+        coloured = {pos for pos, v in z.items() if v >= 2}
+        assert coloured == {block_cell(b, cols) for b in used}
+        assert sum(v == 1 for v in z.values()) == sum(b.cached and b.ref_count == 0 for b in snap.blocks)
+        for b in snap.blocks:
+            v = z[block_cell(b.block_id, cols)]
+            if b.ref_count > 0 and b.owners:
+                assert cell_color(fig, v) == request_color(b.owners[0])
+            elif b.cached:
+                assert cell_color(fig, v) == CACHED_COLOR
+        hover = {block_cell(b.block_id, cols): b for b in snap.blocks}
+        for y, row in enumerate(fig.data[0].text):
+            for x, t in enumerate(row):
+                if (x, y) in hover:
+                    b = hover[(x, y)]
+                    assert t.startswith(f"block {b.block_id} ") and f"{b.num_tokens} tokens" in t
+                    assert (b.block_hash or "") in t and (b.ref_count == 0 or f"ref {b.ref_count}" in t)
+        labels = next(tr for tr in fig.data if tr.name == "ref count (shared)")
+        shown = {(x, y): int(t) for x, y, t in zip(labels.x, labels.y, labels.text)}
+        assert shown == {block_cell(b.block_id, cols): b.ref_count for b in snap.blocks if b.ref_count > 1}
+        marks = sum(len(tr.x) for tr in fig.data if tr.name in ("image tokens", "mixed tokens"))
+        assert marks == sum(b.ref_count > 0 and b.kind in ("image", "mixed") for b in snap.blocks)
+        checked_shared += len(shown)
+        checked_image += marks
+    assert checked_shared > 0 and checked_image > 0
+
+
+def test_block_table_matches_snapshot(timeline):
+    snap = max(timeline, key=lambda s: len(s.block_tables))
+    df = block_table(snap)
+    assert len(df) == sum(len(t) for t in snap.block_tables.values()) > 0
+    by_id = {b.block_id: b for b in snap.blocks}
+    for rid, table in snap.block_tables.items():
+        rows = df[df.request == rid]
+        assert rows.physical.tolist() == table and rows.logical.tolist() == list(range(len(table)))
+        assert rows.ref_count.tolist() == [by_id[p].ref_count for p in table]
+        assert rows.kind.tolist() == [by_id[p].kind for p in table]
+
+
+def test_inspector_false_hit_under_a_only(engine):
+    prompt = "What color is the shape?"
+    results, cold = run_pair(engine, ((RED, prompt, None), (BLUE, prompt, None)), max_tokens=4)
+    table = results_table(results, cold).set_index("strategy")
+    assert table.loc["A", "false hits"] > 0 and table.loc["A", "hits"] == table.loc["A", "false hits"]
+    assert table.loc["B", "hits"] == 0 and table.loc["C", "hits"] == 0
+    assert float(table.loc["C", "max |Δlogprob| vs cold"]) == 0.0
+    assert max_logprob_delta(results["A"][0], cold) > 1e-3, "KV of the other image must change the logprobs"
+    fig = hits_figure(results, engine.config.block_size)
+    for trace in fig.data[:3]:
+        second = results[trace.y[0]][0]
+        red = [i for i, c in enumerate(trace.marker.color) if c == HIT_COLORS[2]]
+        assert red == sorted(h.logical_index for h in second.cache_hits if h.false_hit)
+
+
+def test_inspector_identical_pair_true_hits(engine):
+    prompt = "What shape is it?"
+    results, cold = run_pair(engine, ((RED, prompt, None), (RED, prompt, None)), max_tokens=4)
+    for name, (second, first) in results.items():
+        assert second.cache_hits and not any(h.false_hit for h in second.cache_hits), name
+        assert second.text == cold.text == first.text
+        assert max_logprob_delta(second, cold) < 1e-4
+
+
+def test_inspector_resize_fools_b_not_c(engine):
+    prompt = "What color is the shape?"
+    results, _ = run_pair(engine, ((RED, prompt, None), (RED, prompt, {"max_pixels": 160 * 160})), max_tokens=2)
+    assert any(h.false_hit for h in results["B"][0].cache_hits)
+    assert not results["C"][0].cache_hits
+
+
+def test_vram_bars_and_engine_column(engine):
+    from minivlm.budget import estimate
+    est = estimate("Qwen2.5-VL-3B-Instruct", device="L4")
+    rep = engine.memory_report()
+    fig = budget_figure(estimate_parts(est), engine_parts(rep), est.memory_bytes, est.memory_bytes, "L4", rep.device)
+    left = sum(t.y[0] for t in fig.data if t.xaxis == "x") * 2**30
+    right = sum(t.y[0] for t in fig.data if t.xaxis == "x2") * 2**30
+    parts = est.text_weights_bytes + est.vision_weights_bytes + est.activation_peak_bytes + est.kv_cache_bytes
+    assert left == pytest.approx(parts + est.overhead_bytes)
+    assert right == pytest.approx(rep.weights_bytes + rep.kv_cache_bytes + 0)  # CPU reports no peak
+    cfg = engine.hf_config.text_config
+    kv_cache = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4 * 40 * 16  # fp32, 40 blocks
+    row = comparison(est, rep).set_index("quantity").iloc[:, 1]
+    assert row["KV blocks"] == "40" and row["KV cache (MiB)"] == f"{kv_cache / 2**20:,.2f}"
+
+
+def test_chat_history_round_trip(engine):
+    history = [user_turn({"text": "What color is the shape?", "files": [RED]}),
+               {"role": "assistant", "content": [{"type": "text", "text": "red"}]},
+               user_turn({"text": "And this?", "files": ["/nonexistent.png"]}),
+               {"role": "assistant", "content": "image path does not exist",
+                "metadata": {"title": "⚠️ request refused"}},
+               {"role": "user", "content": [{"type": "file", "file": {"path": BLUE}},
+                                            {"type": "text", "text": "What color is the shape?"}]}]
+    messages = to_hf_messages(history)
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[0]["content"][0] == {"type": "image", "image": RED}
+    assert messages[2]["content"] == [{"type": "image", "image": BLUE},
+                                      {"type": "text", "text": "What color is the shape?"}]
+    out = engine.generate(Request(messages=messages), SamplingParams(max_tokens=2))
+    assert out.num_prompt_tokens > 2 * 64  # two images of 64 tokens each made it into the prompt
+
+
+def test_holder_keeps_serving_after_a_bad_rebuild(checkpoints):
+    holder = EngineHolder(EngineConfig(model=checkpoints["qwen2_vl"], device="cpu", num_blocks=16,
+                                       cache_strategy="A"), shared=True)
+    status = holder.load()
+    assert holder.engine.config.cache_strategy == "C" and "16 blocks" in status
+    good = holder.engine
+    with pytest.raises(ValueError, match="neither a local checkpoint directory nor a hub id"):
+        holder.load(EngineConfig(model="no-such-model", device="cpu"))
+    assert holder.engine is good and holder.get().generate(Request(prompt="hi"), SamplingParams(max_tokens=1))
+    assert holder.salt("a") != holder.salt("b") and EngineHolder(holder.config).salt("a") is None
+    good.close()
