@@ -15,8 +15,13 @@ class Linear(nn.Linear):
     """nn.Linear that runs fp32 CPU inference through oneDNN: PyTorch's default fp32 CPU GEMM (MKL) takes a slower
     code path on some CPUs (AMD EPYC: 2-3x slower here); oneDNN computes the same product with AVX-512."""
 
+    def pack(self):
+        """Store the weight in oneDNN's blocked layout: the same numbers (lossless, no extra memory), laid out in
+        the order its kernel reads them, which makes memory-bound decode steps ~1.6x faster."""
+        self.weight = nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()), requires_grad=False)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if ONEDNN and x.is_cpu and x.dtype == torch.float32 and x.dim() == 2 and not torch.is_grad_enabled():
+        if self.weight.is_mkldnn or (ONEDNN and x.is_cpu and x.dtype == torch.float32 and not torch.is_grad_enabled()):
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return super().forward(x)
 
@@ -118,6 +123,10 @@ class QwenVLDecoder(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.to(dtype)
         self.rotary = MRotaryEmbedding(*self.rope_args).to(device)
+        if ONEDNN and torch.device(device).type == "cpu" and dtype == torch.float32:
+            for m in self.modules():  # the embedding table (tied lm_head) must stay dense for lookups
+                if isinstance(m, Linear) and m.weight is not self.embed_tokens.weight:
+                    m.pack()
 
     def forward(self, embeds, positions, kv_caches, meta: AttentionMetadata, deepstack=None) -> torch.Tensor:
         """embeds [T, hidden], positions [3, T]; deepstack = (rows [N], [features [N, hidden] per layer]) or None."""
