@@ -8,10 +8,13 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import transformers
 
 from bench import memory, panel_overhead, prefix_cache, single_stream, throughput
 from bench.report import machine, markdown_table, text_table
-from bench.workload import BENCH_MODEL, SMOKE_MODEL, build_checkpoint, load_hf, make_engine, param_count
+from bench.workload import (BENCH_MODEL, SMOKE_MODEL, build_checkpoint, hf_generate, load_hf, make_engine,
+                            mixed_requests, param_count)
+from minivlm import SamplingParams
 
 MEASUREMENTS = {"throughput": throughput.measure, "single_stream": single_stream.measure,
                 "prefix_cache": prefix_cache.measure, "memory": memory.measure, "panel": panel_overhead.measure}
@@ -27,14 +30,12 @@ class Context:
     details: dict = field(default_factory=dict)
 
 
-def run(model_dir: str, repeats: int, only=None, log=print) -> tuple[list, dict]:
+def run(model_dir: str, repeats: int, only=None, hf_onednn=False, log=print) -> tuple[list, dict]:
     """Run the measurements (all, or the names in `only`) on the checkpoint; returns (rows, details)."""
     engine = make_engine(model_dir)
-    model, processor = load_hf(model_dir)
+    model, processor = load_hf(model_dir, onednn=hf_onednn)
     ctx = Context(engine, model, processor, repeats)
-    warm = throughput.mixed_requests(2)  # first calls pay one-time costs (allocator, kernels): not measured
-    from bench.workload import hf_generate
-    from minivlm import SamplingParams
+    warm = mixed_requests(2)  # first calls pay one-time costs (allocator, kernels): not measured
     engine.generate(warm, SamplingParams(max_tokens=2, ignore_eos=True))
     hf_generate(model, processor, warm, 2)
     rows = []
@@ -53,6 +54,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, help="repeats per measurement (median taken); default 2 quick, 5 full")
     ap.add_argument("--threads", type=int, default=2, help="torch threads, the same for engine and HF (default 2)")
     ap.add_argument("--only", nargs="*", choices=list(MEASUREMENTS), help="run only these measurements")
+    ap.add_argument("--hf-onednn", action="store_true",
+                    help="give HF the engine's CPU GEMM (oneDNN) too: what is left is the engine's design")
     ap.add_argument("--smoke", action="store_true", help="the tiny test model instead of the ~70M benchmark model")
     ap.add_argument("--checkpoint-dir", help="where to build (or reuse) the random checkpoint")
     ap.add_argument("--markdown", help="also write the table, command and machine as markdown to this file")
@@ -66,9 +69,12 @@ def main(argv=None):
     model_dir = build_checkpoint(args.checkpoint_dir or os.path.join(tempfile.gettempdir(), "minivlm-" + name), spec)
     repeats = args.repeats or (2 if args.quick else 5)
     start = time.perf_counter()
-    rows, details = run(model_dir, repeats, args.only)
+    rows, details = run(model_dir, repeats, args.only, args.hf_onednn)
     command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    header = (f"model: random Qwen2.5-VL architecture, {param_count(model_dir) / 1e6:.1f}M parameters, fp32\n"
+    baseline = f"HF transformers {transformers.__version__}"
+    baseline += " + the engine's oneDNN linears" if args.hf_onednn else ""
+    header = (f"model: random Qwen2.5-VL architecture, {param_count(model_dir) / 1e6:.1f}M parameters, fp32; "
+              f"baseline: {baseline}\n"
               f"machine: {machine()}\ncommand: {command} (repeats {repeats}, {time.perf_counter() - start:.0f}s)")
     print(header + "\n\n" + text_table(rows))
     if args.markdown:

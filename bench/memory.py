@@ -55,7 +55,8 @@ def measure(ctx) -> list[Row]:
     n, blocks, tokens = max(steps, key=lambda s: s[1])  # the step with the most KV memory allocated
     worst_waste = max((b * bs - t) / r / bs for r, b, t in steps)  # paged waste per request, over every step
     paged_alloc, contiguous_alloc, used = blocks * bs * per_token, n * max_len * per_token, tokens * per_token
-    paged_waste, contiguous_waste = (paged_alloc - used) / n / bs / per_token, (contiguous_alloc - used) / n / bs / per_token
+    block_bytes = bs * per_token
+    paged_waste, contiguous_waste = (paged_alloc - used) / n / block_bytes, (contiguous_alloc - used) / n / block_bytes
     ctx.details["memory"] = {"peak_requests": n, "peak_blocks": blocks, "peak_tokens": tokens, "steps": len(steps),
                              "paged_bytes": paged_alloc, "contiguous_bytes": contiguous_alloc, "used_bytes": used,
                              "worst_paged_waste_blocks_per_request": worst_waste}

@@ -20,7 +20,8 @@ def measure(ctx, new_tokens: int = 64) -> list[Row]:
         engine.reset_prefix_cache()
         steps.append(sum(ev.snapshot is not None for ev in engine.stream(request, params, snapshots=True)))
 
-    times = interleaved({"generate": run_generate, "stream": run_stream}, ctx.repeats)
+    # each run is short, so take three times the usual repeats: a single scheduler hiccup is a large share of it
+    times = interleaved({"generate": run_generate, "stream": run_stream}, 3 * ctx.repeats)
     gen, stream = median(times["generate"]), median(times["stream"])
     ctx.details["panel_overhead"] = {"times_s": times, "snapshots_per_run": steps}
     slower = stream / gen - 1

@@ -48,8 +48,8 @@ def scene(width: int, height: int, seed: int) -> Image.Image:
 
 def mixed_requests(n: int, seed: int = 0) -> list[Request]:
     """n image+prompt requests, each with its own picture (no two share an image: nothing to cache)."""
-    return [Request(prompt=PROMPTS[i % len(PROMPTS)], images=[scene(*IMAGE_SIZES[i % len(IMAGE_SIZES)], seed * 1000 + i)])
-            for i in range(n)]
+    sizes = [IMAGE_SIZES[i % len(IMAGE_SIZES)] for i in range(n)]
+    return [Request(prompt=PROMPTS[i % len(PROMPTS)], images=[scene(*sizes[i], seed * 1000 + i)]) for i in range(n)]
 
 
 def make_engine(model_dir: str, **overrides) -> Engine:
@@ -59,19 +59,34 @@ def make_engine(model_dir: str, **overrides) -> Engine:
     return Engine(EngineConfig(**cfg))
 
 
-def load_hf(model_dir: str):
-    """HF transformers' own model and processor for the same checkpoint (left padding for batched generate)."""
+def load_hf(model_dir: str, onednn: bool = False):
+    """HF transformers' own model and processor for the same checkpoint (left padding for batched generate).
+    onednn=True gives HF's linear layers the engine's CPU GEMM too, to separate the kernel from the design."""
     from transformers import AutoModelForImageTextToText
     from minivlm.processor import load_processor
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if onednn:
+        use_engine_linears(model)
     processor = load_processor(model_dir, FAMILY)
     processor.tokenizer.padding_side = "left"
     return model, processor
 
 
+def use_engine_linears(model):
+    """Swap every nn.Linear of an HF model for the engine's (oneDNN, prepacked weights; tied ones stay dense)."""
+    from minivlm.model.decoder import Linear
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    for m in model.modules():
+        if type(m) is torch.nn.Linear:
+            m.__class__ = Linear
+            if id(m.weight) not in embeddings:
+                m.pack()
+
+
 def hf_inputs(processor, requests: list[Request]) -> dict:
     """Processor output for a (left-padded) batch, rendered with the same chat template as the engine."""
-    texts = [processor.apply_chat_template(r.to_messages(), tokenize=False, add_generation_prompt=True) for r in requests]
+    texts = [processor.apply_chat_template(r.to_messages(), tokenize=False, add_generation_prompt=True)
+             for r in requests]
     images = [im for r in requests for im in r.images] or None
     return processor(text=texts, images=images, return_tensors="pt", padding=True)
 
