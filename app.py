@@ -56,17 +56,26 @@ def build_app(holder: EngineHolder) -> gr.Blocks:
     return demo
 
 
+def serve(holder: EngineHolder, host: str = "127.0.0.1", port: int = 7860, share: bool = False,
+          block: bool = True) -> gr.Blocks:
+    """Build the UI and start serving it (block=False returns at once, for tests)."""
+    demo = build_app(holder)
+    demo.launch(server_name=host, server_port=port, share=share, css=CSS, allowed_paths=[EXAMPLES_DIR],
+                 theme=gr.themes.Soft(), prevent_thread_lock=not block, quiet=not block)
+    return demo
+
+
 def main(argv=None):
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("minivlm").setLevel(logging.INFO)  # the engine's vLLM-style start-up lines
     num_blocks = args.num_blocks if args.num_blocks is not None else \
         TINY_MODEL_BLOCKS if args.model == EngineConfig().model else 0
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, cache_strategy=args.strategy,
                           block_size=args.block_size, num_blocks=num_blocks or None, max_model_len=args.max_model_len)
     holder = EngineHolder(config, shared=args.shared or bool(os.environ.get("SPACE_ID")))
     print(holder.load(), flush=True)
-    build_app(holder).launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
-                             allowed_paths=[EXAMPLES_DIR], theme=gr.themes.Soft())
+    serve(holder, args.host, args.port, args.share)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def build(holder: EngineHolder):
     stats = gr.Markdown(elem_id="chat-stats")
     with gr.Accordion("Sampling", open=False):
         with gr.Row():
-            max_tokens = gr.Slider(1, 512, value=64, step=1, label="max tokens")
+            max_tokens = gr.Slider(1, holder.config.max_model_len, value=64, step=1, label="max tokens")
             temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
             top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             top_k = gr.Slider(0, 100, value=0, step=1, label="top-k (0 = off)")

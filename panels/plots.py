@@ -44,7 +44,7 @@ def _hover(b) -> str:
 
 def block_map_figure(snap, title: str | None = None) -> go.Figure:
     """One cell per physical block: coloured by its first owner, cached-but-free and free in two greys,
-    image blocks marked (◆ image, ◇ mixed), shared blocks labelled with their ref count."""
+    image blocks marked (◇ image tokens only, ◆ image and text), shared blocks labelled with their ref count."""
     cols = grid_columns(snap.num_blocks)
     rows = math.ceil(snap.num_blocks / cols)
     owners = sorted({b.owners[0] for b in snap.blocks if b.ref_count > 0 and b.owners})
@@ -70,10 +70,10 @@ def block_map_figure(snap, title: str | None = None) -> go.Figure:
     scale = [[s, c] for i, c in enumerate(colors) for s in (i / k, (i + 1) / k)]
     fig = go.Figure(go.Heatmap(z=z, text=text, hovertemplate="%{text}<extra></extra>", colorscale=scale,
                                zmin=-0.5, zmax=k - 0.5, showscale=False, xgap=2, ygap=2, name="blocks"))
-    for kind, symbol in (("image", "diamond"), ("mixed", "diamond-open")):
+    for kind, fill in (("image", "white"), ("mixed", "black")):  # ◇ image tokens only, ◆ image and text
         xs, ys = marks[kind]
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=f"{kind} tokens", hoverinfo="skip",
-                                 marker=dict(symbol=symbol, size=6, color="white", line=dict(width=1, color="black"))))
+                                 marker=dict(symbol="diamond", size=7, color=fill, line=dict(width=1, color="black"))))
     fig.add_trace(go.Scatter(x=shared_x, y=shared_y, text=shared_t, mode="text", name="ref count (shared)",
                              hoverinfo="skip", textfont=dict(color="white", size=12, family="monospace")))
     for name, color in [(r, request_color(r)) for r in owners] + [("cached (free)", CACHED_COLOR), ("free", FREE_COLOR)]:

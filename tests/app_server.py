@@ -1,0 +1,54 @@
+"""Start the real app (python app.py ...) on a free port for the client and browser tests, and stop it after."""
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+APP_MODEL = os.environ.get("MINIVLM_APP_MODEL")  # default: the app's own default, the shipped tiny model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def model_args() -> list[str]:
+    """--model for the app under test (the shipped tiny model unless MINIVLM_APP_MODEL names another)."""
+    return ["--model", APP_MODEL] if APP_MODEL else []
+
+
+@contextlib.contextmanager
+def running_app(*args: str, log_path: str, timeout: float = 240):
+    """Run app.py with `args` (port via GRADIO_SERVER_PORT, as on Spaces); yields its URL once it serves."""
+    port = free_port()
+    env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
+           "OMP_NUM_THREADS": "1"}
+    env.pop("SPACE_ID", None)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "app.py", "--device", "cpu", *model_args(), *args], cwd=ROOT,
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"app exited with {proc.returncode}:\n{open(log_path).read()[-3000:]}")
+            try:
+                urllib.request.urlopen(url, timeout=5)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"app did not serve within {timeout} s:\n{open(log_path).read()[-3000:]}")
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,0 +1,162 @@
+"""The app in a real browser (Debian's chromium, headless, driven by Playwright): chat with an uploaded image, the
+KV block map against the engine's own snapshots, the inspector's false hit, the VRAM presets. Screenshots of each
+tab go to $MINIVLM_SCREENSHOTS (docs/screenshots to refresh the README's), else to the test's tmp dir."""
+import os
+import shutil
+import threading
+import time
+
+import pytest
+
+from minivlm import EngineConfig, Request, SamplingParams
+
+from panels.holder import EXAMPLES_DIR, EngineHolder
+from panels.plots import block_cell, request_color
+from tests.app_server import APP_MODEL, free_port
+
+pytestmark = pytest.mark.browser
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+NUM_BLOCKS = 96
+TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def app():
+    """The app served from this process, so the test can read the same engine the page shows."""
+    import app as app_module
+    holder = EngineHolder(EngineConfig(model=APP_MODEL or EngineConfig().model, device="cpu", num_blocks=NUM_BLOCKS))
+    holder.load()
+    port = free_port()
+    demo = app_module.serve(holder, port=port, block=False)
+    yield holder, f"http://127.0.0.1:{port}/"
+    demo.close()
+    holder.engine.close()
+
+
+@pytest.fixture(scope="module")
+def page(app):
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("chromium is not installed (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.set_default_timeout(TIMEOUT_MS)
+        pg.goto(app[1])
+        pg.wait_for_selector("#chatbot")
+        yield pg
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    out = os.environ.get("MINIVLM_SCREENSHOTS") or str(tmp_path_factory.mktemp("screenshots"))
+    os.makedirs(out, exist_ok=True)
+    return out
+
+
+def open_tab(page, name):
+    page.get_by_role("tab", name=name).click()
+
+
+def test_chat_streams_the_right_answer(page, shots):
+    page.locator("#chat-input input[type=file]").set_input_files(os.path.join(EXAMPLES_DIR, "blue_circle.png"))
+    page.locator("#chat-input textarea").fill("What color is the shape?")
+    page.locator("#chat-input textarea").press("Enter")
+    page.wait_for_function("document.querySelector('#chat-stats')?.innerText.includes('finish: stop')")
+    bot = page.locator("#chatbot .message-row.bot-row, #chatbot [data-testid=bot]").last
+    assert bot.inner_text().strip() == "blue"
+    assert page.locator("#chatbot img, #chatbot a:has-text('blue_circle')").count() > 0  # the uploaded image
+    page.screenshot(path=os.path.join(shots, "chat.png"), full_page=True)
+
+
+def test_block_map_matches_engine_snapshot(app, page, shots):
+    holder, _ = app
+    engine = holder.get()
+    recorded, streams = {}, []
+    started = threading.Event()
+
+    def decode(name, question):
+        req = Request(prompt=question, images=[os.path.join(EXAMPLES_DIR, name)])
+        stream = engine.stream(req, SamplingParams(max_tokens=1200, ignore_eos=True), snapshots=True)
+        streams.append((req.request_id, stream))
+        for ev in stream:
+            if ev.snapshot is not None:  # the final (abort) event carries none
+                recorded[ev.snapshot.step] = ev.snapshot
+                started.set()
+    threads = [threading.Thread(target=decode, args=a, daemon=True) for a in
+               [("red_circle.png", "What color is the shape?"), ("red_circle.png", "What color is the shape?"),
+                ("two_shapes.png", "How many shapes are there?")]]
+    for t in threads:
+        t.start()
+    started.wait(60)
+    open_tab(page, "KV blocks (live)")
+    page.locator("#kv-map .js-plotly-plot").wait_for()
+    plot = page.wait_for_function("""() => {
+        const el = document.querySelector('#kv-map .js-plotly-plot');
+        const z = el && el.data && el.data[0].z;
+        if (!z || !z.flat().some(v => v >= 3)) return null;  // wait for a frame with blocks in use
+        return {z: z, scale: el.data[0].colorscale, title: el.layout.title.text, cols: el.layout.meta.cols,
+                labels: el.data.filter(t => t.name === 'ref count (shared)').map(t => [t.x, t.y, t.text])[0]};
+    }""").json_value()
+    for rid, _ in streams:
+        engine.abort(rid)
+    step = int(plot["title"].split("step ")[1].split(":")[0])
+    snap = recorded[step]
+    cols = plot["cols"]
+    used = [b for b in snap.blocks if b.ref_count > 0]
+    coloured = {(x, y) for y, row in enumerate(plot["z"]) for x, v in enumerate(row) if v is not None and v >= 2}
+    assert coloured == {block_cell(b.block_id, cols) for b in used} and len(used) > 0
+    for b in used:
+        x, y = block_cell(b.block_id, cols)
+        assert plot["scale"][2 * plot["z"][y][x]][1] == request_color(b.owners[0])
+    xs, ys, texts = plot["labels"]
+    assert {(x, y): int(t) for x, y, t in zip(xs, ys, texts)} == \
+        {block_cell(b.block_id, cols): b.ref_count for b in used if b.ref_count > 1} != {}
+    for t in threads:
+        t.join(60)
+    page.locator("#kv-launch").click()
+    page.wait_for_function("document.querySelector('#kv-step')?.innerText.includes('steps recorded')")
+    page.screenshot(path=os.path.join(shots, "kv_blocks.png"), full_page=True)
+
+
+def results_row(page, strategy):
+    """The inspector's table row for one strategy, as the page shows it."""
+    for r in range(3):
+        cells = [page.locator(f"#insp-results [data-testid=cell-{r}-{c}]").inner_text().strip() for c in range(9)]
+        if cells[0] == strategy:
+            return cells
+    raise AssertionError(f"no row for strategy {strategy}")
+
+
+def test_inspector_preset_shows_false_hit_under_a_only(page, shots):
+    open_tab(page, "Cache inspector")
+    page.locator("#preset-0").click()  # same text, different image
+    page.locator("#insp-results [data-testid=cell-2-0]").wait_for()
+    a, c = results_row(page, "A"), results_row(page, "C")
+    assert int(a[3]) > 0 and int(c[3]) == 0  # false hits
+    assert c[6] == "blue" and a[6] == "red"  # answer for image 2: right under C, the red circle's under A
+    page.screenshot(path=os.path.join(shots, "cache_inspector.png"), full_page=True)
+
+
+def kv_blocks_in(headline: str) -> int | None:
+    """The estimate's KV block count from the VRAM headline ('Fits: 22,652 KV blocks = ...')."""
+    head = headline.split(" KV blocks")[0]
+    return int(head.rsplit(" ", 1)[-1].replace(",", "")) if " KV blocks" in headline else None
+
+
+def test_vram_preset_changes_the_numbers(page, shots):
+    open_tab(page, "VRAM budget")
+    headline = page.locator("#vram-headline")
+    page.wait_for_function("document.querySelector('#vram-headline')?.innerText.includes('KV blocks')")
+    before = kv_blocks_in(headline.inner_text())
+    page.locator("#vram-device input").fill("H100 80GB")
+    page.locator("#vram-device input").press("Enter")
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while kv_blocks_in(headline.inner_text()) in (before, None) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    after = kv_blocks_in(headline.inner_text())
+    assert after > 3 * before > 0  # 80 GB against the 24 GB L4 the tab starts with
+    page.screenshot(path=os.path.join(shots, "vram.png"), full_page=True)
