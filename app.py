@@ -5,9 +5,9 @@ import os
 
 import gradio as gr
 
-from minivlm import EngineConfig
+from panels.holder import EXAMPLES_DIR, EngineHolder  # first: it imports `spaces` (ZeroGPU) before torch
 from panels import cache_inspector, chat, header, kv_blocks, vram
-from panels.holder import EXAMPLES_DIR, EngineHolder
+from minivlm import EngineConfig
 
 QUEUE_MAX_SIZE = 64  # beyond this many waiting events the page says the app is busy
 TINY_MODEL_BLOCKS = 256  # the tiny model's pool is pinned small so the block map stays readable and fills up

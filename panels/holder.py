@@ -4,15 +4,15 @@ import dataclasses
 import os
 import threading
 
-from minivlm import Engine, EngineConfig
-
-try:  # ZeroGPU Spaces: a GPU is attached only inside functions decorated with spaces.GPU
+try:  # ZeroGPU Spaces: a GPU is attached only inside functions decorated with spaces.GPU (import before torch)
     import spaces
     gpu = spaces.GPU
 except ImportError:
     def gpu(fn=None, **_):
         """No-op stand-in for spaces.GPU outside Hugging Face Spaces."""
         return fn if fn is not None else (lambda f: f)
+
+from minivlm import Engine, EngineConfig  # noqa: E402
 
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "examples")
 

@@ -1,0 +1,18 @@
+# minivlm on a Docker Space (or any Docker host): python app.py on port 7860 as the Spaces user (uid 1000).
+FROM python:3.11-slim
+
+RUN useradd -m -u 1000 user
+USER user
+ENV HOME=/home/user \
+    PATH=/home/user/.local/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    GRADIO_SERVER_NAME=0.0.0.0 \
+    GRADIO_SERVER_PORT=7860
+WORKDIR $HOME/app
+
+COPY --chown=user requirements.txt .
+RUN pip install --no-cache-dir --user -r requirements.txt
+
+COPY --chown=user . .
+EXPOSE 7860
+CMD ["python", "app.py"]
