@@ -30,10 +30,11 @@ class Context:
     details: dict = field(default_factory=dict)
 
 
-def run(model_dir: str, repeats: int, only=None, hf_onednn=False, log=print) -> tuple[list, dict]:
+def run(model_dir: str, repeats: int, only=None, hf_onednn=False, device="cpu", dtype="float32",
+        log=print) -> tuple[list, dict]:
     """Run the measurements (all, or the names in `only`) on the checkpoint; returns (rows, details)."""
-    engine = make_engine(model_dir)
-    model, processor = load_hf(model_dir, onednn=hf_onednn)
+    engine = make_engine(model_dir, device, dtype)
+    model, processor = load_hf(model_dir, hf_onednn, device, dtype)
     ctx = Context(engine, model, processor, repeats)
     warm = mixed_requests(2)  # first calls pay one-time costs (allocator, kernels): not measured
     engine.generate(warm, SamplingParams(max_tokens=2, ignore_eos=True))
@@ -54,6 +55,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, help="repeats per measurement (median taken); default 2 quick, 5 full")
     ap.add_argument("--threads", type=int, default=2, help="torch threads, the same for engine and HF (default 2)")
     ap.add_argument("--only", nargs="*", choices=list(MEASUREMENTS), help="run only these measurements")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"], help="engine and HF device")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="both sides")
     ap.add_argument("--hf-onednn", action="store_true",
                     help="give HF the engine's CPU GEMM (oneDNN) too: what is left is the engine's design")
     ap.add_argument("--smoke", action="store_true", help="the tiny test model instead of the ~70M benchmark model")
@@ -63,17 +66,19 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         raise ValueError("--repeats must be >= 1")
+    if args.hf_onednn and (args.device, args.dtype) != ("cpu", "float32"):
+        raise ValueError("--hf-onednn is the engine's fp32 CPU kernel; it needs --device cpu --dtype float32")
     torch.set_num_threads(args.threads)
     spec = SMOKE_MODEL if args.smoke else BENCH_MODEL
     name = "bench-smoke" if args.smoke else "bench-qwen2_5_vl-70m"
     model_dir = build_checkpoint(args.checkpoint_dir or os.path.join(tempfile.gettempdir(), "minivlm-" + name), spec)
     repeats = args.repeats or (2 if args.quick else 5)
     start = time.perf_counter()
-    rows, details = run(model_dir, repeats, args.only, args.hf_onednn)
+    rows, details = run(model_dir, repeats, args.only, args.hf_onednn, args.device, args.dtype)
     command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
     baseline = f"HF transformers {transformers.__version__}"
     baseline += " + the engine's oneDNN linears" if args.hf_onednn else ""
-    header = (f"model: random Qwen2.5-VL architecture, {param_count(model_dir) / 1e6:.1f}M parameters, fp32; "
+    header = (f"model: random Qwen2.5-VL architecture, {param_count(model_dir) / 1e6:.1f}M parameters, {args.dtype} on {args.device}; "
               f"baseline: {baseline}\n"
               f"machine: {machine()}\ncommand: {command} (repeats {repeats}, {time.perf_counter() - start:.0f}s)")
     print(header + "\n\n" + text_table(rows))

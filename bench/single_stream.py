@@ -18,7 +18,7 @@ def engine_rate(engine, request: Request, new_tokens: int) -> float:
 
 
 def hf_rate(model, processor, request: Request, new_tokens: int) -> float:
-    inputs = hf_inputs(processor, [request])
+    inputs = hf_inputs(processor, [request], model.device)
     clock = TokenClock()
     with torch.inference_mode():
         model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
@@ -35,7 +35,7 @@ def measure(ctx, new_tokens: int = 64) -> list[Row]:
     eng, hf = median(rates["engine"]), median(rates["hf"])
     report = ctx.engine.memory_report()
     weight_bytes = report.weights_bytes - report.vision_weights_bytes  # decode never touches the vision tower
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(ctx.engine.device)
     bound = bandwidth / weight_bytes
     ctx.details["single_stream"] = {"rates": rates, "decoder_weight_bytes": weight_bytes,
                                     "copy_bandwidth_GBps": bandwidth / 1e9, "bound_tok_s": bound}

@@ -37,18 +37,22 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 7) -> float:
+def copy_bandwidth(device="cpu", nbytes: int = 256 * 2**20, repeats: int = 7) -> float:
     """Memory copy bandwidth in bytes/s (STREAM convention: bytes read + bytes written), measured with torch's
     own copy on a buffer far larger than the caches, with the threads torch is set to use."""
-    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    device = torch.device(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)  # fault the pages in before timing
-    best = []
+    times = []
     for _ in range(repeats):
+        sync()
         t = time.perf_counter()
         dst.copy_(src)
-        best.append(time.perf_counter() - t)
-    return 2 * nbytes / median(best)
+        sync()
+        times.append(time.perf_counter() - t)
+    return 2 * nbytes / median(times)
 
 
 class TokenClock:

@@ -52,19 +52,19 @@ def mixed_requests(n: int, seed: int = 0) -> list[Request]:
     return [Request(prompt=PROMPTS[i % len(PROMPTS)], images=[scene(*sizes[i], seed * 1000 + i)]) for i in range(n)]
 
 
-def make_engine(model_dir: str, **overrides) -> Engine:
-    """The engine on CPU in fp32 (the same dtype as the HF baseline)."""
-    cfg = dict(model=model_dir, device="cpu", dtype="float32", max_model_len=1024, max_num_seqs=16, num_blocks=1200)
+def make_engine(model_dir: str, device: str = "cpu", dtype: str = "float32", **overrides) -> Engine:
+    """The engine with the same device and dtype as the HF baseline."""
+    cfg = dict(model=model_dir, device=device, dtype=dtype, max_model_len=1024, max_num_seqs=16, num_blocks=1200)
     cfg.update(overrides)
     return Engine(EngineConfig(**cfg))
 
 
-def load_hf(model_dir: str, onednn: bool = False):
+def load_hf(model_dir: str, onednn: bool = False, device: str = "cpu", dtype: str = "float32"):
     """HF transformers' own model and processor for the same checkpoint (left padding for batched generate).
     onednn=True gives HF's linear layers the engine's CPU GEMM too, to separate the kernel from the design."""
     from transformers import AutoModelForImageTextToText
     from minivlm.processor import load_processor
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
     if onednn:
         use_engine_linears(model)
     processor = load_processor(model_dir, FAMILY)
@@ -83,17 +83,17 @@ def use_engine_linears(model):
                 m.pack()
 
 
-def hf_inputs(processor, requests: list[Request]) -> dict:
+def hf_inputs(processor, requests: list[Request], device="cpu") -> dict:
     """Processor output for a (left-padded) batch, rendered with the same chat template as the engine."""
     texts = [processor.apply_chat_template(r.to_messages(), tokenize=False, add_generation_prompt=True)
              for r in requests]
     images = [im for r in requests for im in r.images] or None
-    return processor(text=texts, images=images, return_tensors="pt", padding=True)
+    return processor(text=texts, images=images, return_tensors="pt", padding=True).to(device)
 
 
 def hf_generate(model, processor, requests: list[Request], max_new_tokens: int) -> list[list[int]]:
     """HF generate for one batch, greedy, ignoring EOS: the new token ids of each request."""
-    inputs = hf_inputs(processor, requests)
+    inputs = hf_inputs(processor, requests, model.device)
     with torch.inference_mode():
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                              do_sample=False, eos_token_id=None, pad_token_id=processor.tokenizer.pad_token_id)
