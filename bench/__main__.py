@@ -78,8 +78,8 @@ def main(argv=None):
     command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
     baseline = f"HF transformers {transformers.__version__}"
     baseline += " + the engine's oneDNN linears" if args.hf_onednn else ""
-    header = (f"model: random Qwen2.5-VL architecture, {param_count(model_dir) / 1e6:.1f}M parameters, {args.dtype} on {args.device}; "
-              f"baseline: {baseline}\n"
+    header = (f"model: random Qwen2.5-VL architecture, {param_count(model_dir) / 1e6:.1f}M parameters, "
+              f"{args.dtype} on {args.device}; baseline: {baseline}\n"
               f"machine: {machine()}\ncommand: {command} (repeats {repeats}, {time.perf_counter() - start:.0f}s)")
     print(header + "\n\n" + text_table(rows))
     if args.markdown:
