@@ -103,8 +103,9 @@ def results_table(results: dict, cold) -> pd.DataFrame:
     rows = []
     for name, (second, first) in results.items():
         false = sum(h.false_hit for h in second.cache_hits)
-        rows.append([name, len(second.cache_hits), len(second.cache_hits) - false, false, second.num_cached_tokens,
-                     first.text.strip(), second.text.strip(), cold.text.strip(), f"{max_logprob_delta(second, cold):.4g}"])
+        hits = len(second.cache_hits)
+        rows.append([name, hits, hits - false, false, second.num_cached_tokens, first.text.strip(),
+                     second.text.strip(), cold.text.strip(), f"{max_logprob_delta(second, cold):.4g}"])
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 

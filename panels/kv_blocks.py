@@ -13,7 +13,8 @@ from panels.chat import EXAMPLES
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
 from panels.plots import block_map_figure, block_table, snapshot_summary
 
-RENDER_SHARE = 0.05  # live rendering may take at most 5 % of wall time while the engine decodes
+RENDER_SHARE = 0.02  # live rendering may take at most 2 % of wall time while the engine decodes,
+LIVE_INTERVAL = 0.5  # and happens at most twice a second (the replay shows every step afterwards)
 KEPT_TIMELINES = 8   # sessions whose last run stays replayable
 
 
@@ -49,14 +50,15 @@ def demo_requests(n: int, salt: str | None) -> list[Request]:
     return reqs
 
 
-def record_run(engine, requests, params, renderer: Throttle):
+def record_run(engine, requests, params, renderer: Throttle, snapshots: bool = True):
     """Submit all requests at once (the engine batches them) and collect the KV snapshot of every step.
-    Yields ("live", snapshot) whenever `renderer` allows a render, then ("done", timeline, errors).
+    Yields ("live", snapshot) whenever `renderer` allows a render, then ("done", timeline, errors);
+    snapshots=False runs the same requests the same way without any (the baseline for the panel's cost).
 
     Streams are drained one after another on this one thread: events of the others wait in their queues, so no
     thread wakes up per token (waking one per request per step would cost the engine ~15 % on a small model).
     Every step advances some request, so the union of the streams' snapshots is the whole timeline."""
-    streams = [engine.stream(r, params, snapshots=True) for r in requests]
+    streams = [engine.stream(r, params, snapshots=snapshots) for r in requests]
     firsts: list = [None] * len(streams)
 
     def submit(i):  # the first next() validates and queues the request, then waits for its first token
@@ -123,7 +125,7 @@ def build(holder: EngineHolder):
     @gpu
     def run(count, n_tokens, request: gr.Request):
         session = request.session_hash if request else ""
-        engine, throttle = holder.get(), Throttle(RENDER_SHARE, 0.25)
+        engine, throttle = holder.get(), Throttle(RENDER_SHARE, LIVE_INTERVAL)
         requests = demo_requests(int(count), holder.salt(session))
         params = SamplingParams(max_tokens=int(n_tokens), ignore_eos=True)
         launching.add(session)

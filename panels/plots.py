@@ -76,7 +76,8 @@ def block_map_figure(snap, title: str | None = None) -> go.Figure:
                                  marker=dict(symbol="diamond", size=7, color=fill, line=dict(width=1, color="black"))))
     fig.add_trace(go.Scatter(x=shared_x, y=shared_y, text=shared_t, mode="text", name="ref count (shared)",
                              hoverinfo="skip", textfont=dict(color="white", size=12, family="monospace")))
-    for name, color in [(r, request_color(r)) for r in owners] + [("cached (free)", CACHED_COLOR), ("free", FREE_COLOR)]:
+    legend = [(r, request_color(r)) for r in owners] + [("cached (free)", CACHED_COLOR), ("free", FREE_COLOR)]
+    for name, color in legend:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, legendgroup="cells",
                                  marker=dict(symbol="square", size=12, color=color, line=dict(width=1, color="#999"))))
     fig.update_layout(

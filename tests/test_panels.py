@@ -175,3 +175,33 @@ def test_holder_keeps_serving_after_a_bad_rebuild(checkpoints):
     assert holder.engine is good and holder.get().generate(Request(prompt="hi"), SamplingParams(max_tokens=1))
     assert holder.salt("a") != holder.salt("b") and EngineHolder(holder.config).salt("a") is None
     good.close()
+
+
+@pytest.mark.slow
+def test_live_panel_costs_under_ten_percent():
+    """On the app's model, the KV tab's launcher with its panel work (a snapshot every step, throttled live frames
+    serialised as gradio sends them) against the same requests streamed the same way without it: process CPU
+    time, the best of interleaved runs (other load on the machine only ever adds time)."""
+    import time
+    from panels.kv_blocks import LIVE_INTERVAL, RENDER_SHARE, render
+    from tests.app_server import APP_MODEL
+    with Engine(EngineConfig(model=APP_MODEL or EngineConfig().model, device="cpu", num_blocks=256)) as engine:
+        params = SamplingParams(max_tokens=160, ignore_eos=True)
+
+        def run(with_panel: bool):
+            throttle = Throttle(RENDER_SHARE, LIVE_INTERVAL)
+            for kind, *data in record_run(engine, demo_requests(16, None), params, throttle, with_panel):
+                if kind == "live":
+                    t0 = time.thread_time()
+                    render(data[0])[0].to_json()
+                    throttle.spent(time.thread_time() - t0)
+        render(engine.snapshot())  # plotly's one-off warm-up is not a per-run cost
+        times = {False: [], True: []}
+        for _ in range(12):
+            for with_panel in times:
+                engine.reset_prefix_cache()
+                t0 = time.process_time()
+                run(with_panel)
+                times[with_panel].append(time.process_time() - t0)
+        ratio = min(times[True]) / min(times[False])
+        assert ratio <= 1.10, f"with the panel {ratio:.3f}x the CPU time: {times}"
