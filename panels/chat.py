@@ -52,6 +52,13 @@ def user_turn(message: dict) -> dict:
     return {"role": "user", "content": files + ([{"type": "text", "text": text}] if text else [])}
 
 
+def refuse(history: list[dict], error: Exception):
+    """The chat outputs for a request the engine refused or failed: a warning and an error bubble."""
+    gr.Warning(str(error))
+    history.append({"role": "assistant", "content": str(error), "metadata": {"title": ERROR_TITLE}})
+    return history, None, f"refused: {error}"
+
+
 def build(holder: EngineHolder):
     """Lay out the chat tab and wire its events (api names: chat, stop)."""
     active: dict[str, str] = {}  # session -> request id now streaming, so Stop can abort exactly that one
@@ -93,9 +100,7 @@ def build(holder: EngineHolder):
             stream = holder.get().stream(req, params, snapshots=False)
             first = next(stream)  # the engine validates the request here: bad input raises ValueError
         except ValueError as e:
-            gr.Warning(str(e))
-            history.append({"role": "assistant", "content": str(e), "metadata": {"title": ERROR_TITLE}})
-            yield history, None, f"refused: {e}"
+            yield refuse(history, e)
             return
         with active_lock:
             active[session] = req.request_id
@@ -105,7 +110,11 @@ def build(holder: EngineHolder):
             for ev in _chain(first, stream):
                 history[-1]["content"] = ev.text
                 yield history, None, gr.skip()
+        except Exception as e:  # a failed engine step (e.g. out of memory) ends this request, not the app
+            yield refuse(history[:-1], e)
+            return
         finally:
+            stream.close()  # if the page went away mid-answer, this aborts the request in the engine
             with active_lock:
                 active.pop(session, None)
         out, secs = ev.output, time.perf_counter() - start
@@ -120,8 +129,9 @@ def build(holder: EngineHolder):
         if rid is not None:
             holder.get().abort(rid)
 
-    box.submit(respond, [box, chatbot, max_tokens, temperature, top_p, top_k, seed, ignore_eos], [chatbot, box, stats],
-               api_name="chat", concurrency_id="chat", concurrency_limit=holder.config.max_num_seqs)
+    inputs = [box, chatbot, max_tokens, temperature, top_p, top_k, seed, ignore_eos]
+    box.submit(respond, inputs, [chatbot, box, stats], api_name="chat", concurrency_id="chat",
+               concurrency_limit=holder.config.max_num_seqs)
     stop.click(stop_request, None, None, api_name="stop", queue=False)
     clear.click(lambda: ([], None, ""), None, [chatbot, box, stats], api_name=False, queue=False)
 

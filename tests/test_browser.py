@@ -68,7 +68,7 @@ def test_chat_streams_the_right_answer(page, shots):
     page.wait_for_function("document.querySelector('#chat-stats')?.innerText.includes('finish: stop')")
     bot = page.locator("#chatbot .message-row.bot-row, #chatbot [data-testid=bot]").last
     assert bot.inner_text().strip() == "blue"
-    assert page.locator("#chatbot img, #chatbot a:has-text('blue_circle')").count() > 0  # the uploaded image
+    page.locator("#chatbot .user-row img, #chatbot [data-testid=user] img").first.wait_for()  # the uploaded image
     page.screenshot(path=os.path.join(shots, "chat.png"), full_page=True)
 
 
