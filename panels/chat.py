@@ -1,4 +1,5 @@
 """Chat tab: image + text in, the answer streams out token by token; multi-turn, stop, sampling controls."""
+import itertools
 import os
 import threading
 import time
@@ -107,7 +108,7 @@ def build(holder: EngineHolder):
         history.append({"role": "assistant", "content": ""})
         ev = first
         try:
-            for ev in _chain(first, stream):
+            for ev in itertools.chain([first], stream):
                 history[-1]["content"] = ev.text
                 yield history, None, gr.skip()
         except Exception as e:  # a failed engine step (e.g. out of memory) ends this request, not the app
@@ -135,7 +136,3 @@ def build(holder: EngineHolder):
     stop.click(stop_request, None, None, api_name="stop", queue=False)
     clear.click(lambda: ([], None, ""), None, [chatbot, box, stats], api_name=False, queue=False)
 
-
-def _chain(first, rest):
-    yield first
-    yield from rest

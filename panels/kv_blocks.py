@@ -1,6 +1,7 @@
 """KV blocks tab: the physical block map and block tables, live while requests decode; a launcher for N concurrent
 requests (continuous batching, preemption) whose every step is recorded and replayed with a slider."""
 import collections
+import itertools
 import os
 import threading
 import time
@@ -70,26 +71,29 @@ def record_run(engine, requests, params, renderer: Throttle, snapshots: bool = T
     for t in starters:
         t.start()
     timeline, errors, newest = {}, [], -1
-    for i, stream in enumerate(streams):
-        starters[i].join()
-        if isinstance(firsts[i], Exception):
-            errors.append(str(firsts[i]))
-            continue
-        for ev in _chain(firsts[i], stream):
-            snap = ev.snapshot
-            if snap is None or snap.step in timeline:
-                continue
-            timeline[snap.step] = snap
-            if snap.step > newest:
-                newest = snap.step
-                if renderer.ready():
-                    yield "live", snap
+    try:
+        for i, stream in enumerate(streams):
+            starters[i].join()
+            try:
+                if isinstance(firsts[i], Exception):
+                    raise firsts[i]
+                for ev in itertools.chain([firsts[i]], stream):
+                    snap = ev.snapshot
+                    if snap is None or snap.step in timeline:
+                        continue
+                    timeline[snap.step] = snap
+                    if snap.step > newest:
+                        newest = snap.step
+                        if renderer.ready():
+                            yield "live", snap
+            except Exception as e:  # refused input (ValueError) or a failed step: the other requests go on
+                errors.append(str(e))
+    finally:
+        for t in starters:
+            t.join()
+        for stream in streams:
+            stream.close()  # aborts what still runs if the page went away mid-run
     yield "done", [timeline[k] for k in sorted(timeline)], errors
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
 
 
 def build(holder: EngineHolder):
