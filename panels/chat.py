@@ -100,7 +100,7 @@ def build(holder: EngineHolder):
             req = Request(messages=to_hf_messages(history), cache_salt=holder.salt(session))
             stream = holder.get().stream(req, params, snapshots=False)
             first = next(stream)  # the engine validates the request here: bad input raises ValueError
-        except ValueError as e:
+        except (ValueError, RuntimeError) as e:  # RuntimeError: the engine was closed by a rebuild meanwhile
             yield refuse(history, e)
             return
         with active_lock:

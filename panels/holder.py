@@ -1,6 +1,7 @@
 """The app's one engine. Engines cannot live in gr.State (not deep-copyable), so app.py makes one holder and every
 tab reads the engine from it at event time; a rebuild swaps it under a lock and closes the old one."""
 import dataclasses
+import gc
 import os
 import threading
 
@@ -38,24 +39,38 @@ class EngineHolder:
         self._lock = threading.Lock()
 
     def load(self, config: EngineConfig | None = None) -> str:
-        """Build an engine for `config` (default: the current one) and swap it in; on error the old engine
-        keeps serving and the ValueError propagates with the engine's message."""
+        """Replace the engine by one built for `config` (default: the current one). The old engine is closed and
+        released first, so a big model's memory is free for the new one; if the build fails, the previous
+        configuration is loaded again and the ValueError propagates with the engine's message."""
         config = config or self.config
         if self.shared:
             config = dataclasses.replace(config, cache_strategy="C")
         with self._lock:
-            new = Engine(config)
-            old, self.engine, self.config = self.engine, new, config
-            self.status = status_line(new)
-        if old is not None:
-            old.close()  # requests still streaming on it end as aborted
-        return self.status
+            previous = self.config if self.engine is not None else None
+            self._release()
+            try:
+                self.engine = Engine(config)
+            except Exception:
+                if previous is not None:
+                    self.engine = Engine(previous)  # keep serving what worked
+                raise
+            self.config = config
+            self.status = status_line(self.engine)
+            return self.status
+
+    def _release(self):
+        if self.engine is not None:
+            self.engine.close()  # requests still streaming on it end as aborted
+            self.engine = None
+            gc.collect()  # drop its weights and KV pool now, not whenever the collector runs
 
     def get(self) -> Engine:
-        """The current engine (loading the configured one on first use)."""
-        if self.engine is None:
-            self.load()
-        return self.engine
+        """The current engine (waits while a rebuild runs; loads the configured one on first use)."""
+        with self._lock:
+            if self.engine is None:
+                self.engine = Engine(self.config)
+                self.status = status_line(self.engine)
+            return self.engine
 
     def salt(self, session_hash: str | None) -> str | None:
         """Per-session cache salt on shared deployments: users never share KV blocks (no timing side channel)."""

@@ -174,9 +174,12 @@ def test_holder_keeps_serving_after_a_bad_rebuild(checkpoints):
     good = holder.engine
     with pytest.raises(ValueError, match="neither a local checkpoint directory nor a hub id"):
         holder.load(EngineConfig(model="no-such-model", device="cpu"))
-    assert holder.engine is good and holder.get().generate(Request(prompt="hi"), SamplingParams(max_tokens=1))
+    with pytest.raises(RuntimeError, match="closed"):  # released before the new build, for its memory
+        good.generate(Request(prompt="hi"), SamplingParams(max_tokens=1))
+    assert holder.config.model == checkpoints["qwen2_vl"] and holder.status == status
+    assert holder.get().generate(Request(prompt="hi"), SamplingParams(max_tokens=1)).token_ids
     assert holder.salt("a") != holder.salt("b") and EngineHolder(holder.config).salt("a") is None
-    good.close()
+    holder.get().close()
 
 
 @pytest.mark.slow
