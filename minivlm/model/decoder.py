@@ -1,5 +1,7 @@
 """The Qwen-VL text decoder over paged KV: one class for Qwen2-VL, Qwen2.5-VL (qkv bias, chunked M-RoPE)
 and Qwen3-VL (q/k RMSNorm, interleaved M-RoPE, deepstack). Parameter names match HF checkpoints."""
+import platform
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -8,7 +10,8 @@ from minivlm.model.attention import AttentionMetadata, paged_attention
 from minivlm.model.rope import MRotaryEmbedding, apply_rope
 
 
-ONEDNN = torch.backends.mkldnn.is_available()
+# oneDNN fast path: measured on x86-64 only, so other CPUs (e.g. Apple silicon) keep plain nn.Linear
+ONEDNN = torch.backends.mkldnn.is_available() and platform.machine().lower() in ("x86_64", "amd64")
 
 
 class Linear(nn.Linear):
