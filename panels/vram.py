@@ -87,7 +87,7 @@ def build(holder: EngineHolder):
         model = gr.Dropdown([THIS_ENGINE] + model_presets(), value="Qwen2.5-VL-3B-Instruct", label="Model",
                             elem_id="vram-model")
         device = gr.Dropdown(device_presets() + [CUSTOM], value="L4", label="Device", elem_id="vram-device")
-        memory_gb = gr.Number(24, label="custom device memory (GiB)", minimum=0.1)
+        memory_gb = gr.Number(24, label="custom device memory (GiB)", minimum=0.1, visible=False)
         util = gr.Slider(0.1, 1.0, value=0.9, step=0.01, label="gpu_memory_utilization")
     with gr.Row():
         width = gr.Number(1024, label="image width (px)", precision=0, minimum=1)
@@ -130,6 +130,7 @@ def build(holder: EngineHolder):
                              columns=["item", "GiB", "formula"])
         return text, fig, comparison(est, report), table
 
+    device.change(lambda d: gr.Number(visible=d == CUSTOM), device, memory_gb, api_name=False, queue=False)
     inputs = [model, device, memory_gb, util, width, height, images, context, seqs, dtype, kv_dtype, block_size]
     outputs = [headline, figure, versus, breakdown]
     gr.on([c.change for c in inputs], calculate, inputs, outputs, api_name="vram", concurrency_id="vram",

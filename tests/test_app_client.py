@@ -112,8 +112,10 @@ def test_vram_presets_and_this_engine(client):
     head_l4, _, versus, _ = client.predict(*args, api_name="/vram")
     args[1] = "H100 80GB"
     head_h100, _, _, _ = client.predict(*args, api_name="/vram")
-    blocks = [int(h.split(": ")[1].split()[0].replace(",", "")) for h in (head_l4, head_h100)]
-    assert blocks[1] > 3 * blocks[0] > 0
+    args[1] = "custom size"  # 24 GiB: a little more than the L4's 22.5 GiB
+    head_24, _, _, _ = client.predict(*args, api_name="/vram")
+    blocks = [int(h.split(": ")[1].split()[0].replace(",", "")) for h in (head_l4, head_h100, head_24)]
+    assert blocks[1] > 3 * blocks[0] > 0 and blocks[0] < blocks[2] < blocks[1]
     with open(os.path.join(APP_MODEL or EngineConfig().model, "config.json")) as f:
         text = json.load(f)["text_config"]
     per_token = 2 * text["num_hidden_layers"] * text["num_key_value_heads"] * text["head_dim"] * 4  # fp32 on CPU
