@@ -101,7 +101,8 @@ def build(holder: EngineHolder):
     timelines: collections.OrderedDict[str, list] = collections.OrderedDict()
     launching: set[str] = set()
     with gr.Row():
-        live = gr.Checkbox(True, label="Live (poll the engine once a second)", elem_id="kv-live")
+        # off by default on a public deployment, where every open page would poll the engine
+        live = gr.Checkbox(not holder.shared, label="Live (poll the engine once a second)", elem_id="kv-live")
         refresh = gr.Button("Refresh now", size="sm")
     summary = gr.Markdown(elem_id="kv-summary")
     block_map = gr.Plot(label="Physical KV blocks", elem_id="kv-map")
