@@ -133,6 +133,7 @@ def build(holder: EngineHolder):
         engine, throttle = holder.get(), Throttle(RENDER_SHARE, LIVE_INTERVAL)
         requests = demo_requests(int(count), holder.salt(session))
         params = SamplingParams(max_tokens=int(n_tokens), ignore_eos=True)
+        preempted_before = engine.snapshot().num_preemptions  # the engine's counter covers its whole life
         launching.add(session)
         try:
             for kind, *data in record_run(engine, requests, params, throttle):
@@ -155,8 +156,9 @@ def build(holder: EngineHolder):
             timelines.popitem(last=False)
         busiest = max(timeline, key=lambda s: sum(b.ref_count > 0 for b in s.blocks))
         slider = gr.Slider(timeline[0].step, timeline[-1].step, value=busiest.step, step=1, interactive=True,
-                           label=f"replay step ({len(timeline)} steps recorded, {timeline[-1].num_preemptions} "
-                                 f"preemptions; showing the fullest step)")
+                           label=f"replay step ({len(timeline)} steps recorded, "
+                                 f"{timeline[-1].num_preemptions - preempted_before} preemptions; "
+                                 f"showing the fullest step)")
         yield *render(busiest), slider, busiest.step
 
     def replay(value, request: gr.Request):
