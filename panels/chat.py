@@ -12,7 +12,7 @@ from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
 
 ERROR_TITLE = "⚠️ request refused"
 EXAMPLES = [("red_circle.png", "What color is the shape?"), ("blue_circle.png", "What color is the shape?"),
-            ("green_triangle.png", "What shape is it?"), ("yellow_square.png", "Is there a yellow square?"),
+            ("green_triangle.png", "What shape is it?"), ("yellow_square.png", "What shape is it?"),
             ("two_shapes.png", "How many shapes are there?"), ("three_shapes.png", "What color is the triangle?")]
 
 
