@@ -45,8 +45,9 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def free_memory_bytes(device: torch.device, cpu_budget: int) -> int:
     """Memory the engine may plan with: CUDA free memory, MPS recommended working set, CPU a fixed budget."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cuda":  # torch's cached-but-unused memory is as good as free for our allocations
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + cached
     if device.type == "mps":
         return int(torch.mps.recommended_max_memory()) - int(torch.mps.driver_allocated_memory())
     return cpu_budget

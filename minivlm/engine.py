@@ -50,6 +50,9 @@ class Engine(EngineCore):
                 self._finish(seq, "abort")
             self._closed = True
             self._wake.notify_all()
+            self.kv_cache = self.runner.kv_caches = None  # the pool goes now, not whenever the engine is collected
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def __enter__(self):
         return self
@@ -82,8 +85,16 @@ class Engine(EngineCore):
         extend_keys(seq, self.config.block_size, self.config.cache_strategy, self.model_id, self.dtype_name)
         return seq
 
-    def _submit(self, seqs: list[Sequence], snapshots: bool) -> list[queue.Queue]:
-        sinks = []
+    def _make_sequences(self, requests: list, params) -> list[Sequence]:
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(requests)
+        if len(plist) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(plist)} SamplingParams")
+        return [self.make_sequence(r, p) for r, p in zip(requests, plist)]  # all validated before any is queued
+
+    def _events(self, seqs: list[Sequence], snapshots: bool):
+        """Queue seqs together and yield their events from one queue (one waiting thread, however many requests);
+        closing the generator aborts whatever has not finished."""
+        sink, pending = queue.Queue(), set()
         with self._lock:
             if self._closed:
                 raise RuntimeError("this engine is closed")
@@ -92,49 +103,41 @@ class Engine(EngineCore):
                 while seq.request_id in self._live:  # the same Request submitted twice at once
                     seq.request_id, k = f"{base}#{k}", k + 1
                 self._live[seq.request_id] = seq
-                self._sinks[seq.request_id] = q = queue.Queue()
+                self._sinks[seq.request_id] = sink
                 if snapshots:
                     self._want_snapshot.add(seq.request_id)
                 self.scheduler.add(seq)
-                sinks.append(q)
+                pending.add(seq.request_id)
             self._ensure_loop()
             self._wake.notify_all()
-        return sinks
+        try:
+            while pending:
+                ev = sink.get()
+                if isinstance(ev, BaseException):
+                    raise ev
+                if ev.finished:
+                    pending.discard(ev.request_id)
+                yield ev
+        finally:
+            for request_id in pending:
+                self.abort(request_id)
 
     def generate(self, requests, params: SamplingParams | list[SamplingParams] | None = None):
         """Run requests to completion, batched together; returns one Output per request (or one for one)."""
         single = isinstance(requests, Request)
-        reqs = [requests] if single else list(requests)
-        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(reqs)
-        if len(plist) != len(reqs):
-            raise ValueError(f"{len(reqs)} requests but {len(plist)} SamplingParams")
-        seqs = [self.make_sequence(r, p) for r, p in zip(reqs, plist)]  # all validated before any is queued
-        outputs = [self._wait(q) for q in self._submit(seqs, snapshots=False)]
-        return outputs[0] if single else outputs
+        seqs = self._make_sequences([requests] if single else list(requests), params)
+        outputs = {ev.request_id: ev.output for ev in self._events(seqs, snapshots=False) if ev.finished}
+        return outputs[seqs[0].request_id] if single else [outputs[s.request_id] for s in seqs]
 
     def stream(self, request: Request, params: SamplingParams | None = None, snapshots: bool = True):
         """Yield a StreamEvent per scheduler step that advanced this request; closing the generator aborts it."""
-        seq = self.make_sequence(request, params or SamplingParams())
-        q = self._submit([seq], snapshots)[0]
-        finished = False
-        try:
-            while not finished:
-                ev = q.get()
-                if isinstance(ev, BaseException):
-                    raise ev
-                finished = ev.finished
-                yield ev
-        finally:
-            if not finished:
-                self.abort(seq.request_id)
+        yield from self._events([self.make_sequence(request, params or SamplingParams())], snapshots)
 
-    def _wait(self, q: queue.Queue) -> Output:
-        while True:
-            ev = q.get()
-            if isinstance(ev, BaseException):
-                raise ev
-            if ev.finished:
-                return ev.output
+    def stream_many(self, requests: list[Request], params: SamplingParams | list[SamplingParams] | None = None,
+                    snapshots: bool = True):
+        """Submit requests at once (all validated first) and yield every event of all of them as steps produce
+        them; closing the generator aborts whatever still runs."""
+        yield from self._events(self._make_sequences(list(requests), params), snapshots)
 
     def abort(self, request_id: str):
         """Cancel a request; its blocks are freed at the next step."""

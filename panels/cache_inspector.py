@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from PIL import Image
 
 from minivlm import Request, SamplingParams
+from minivlm.experiments.mm_cache import compare_strategies, max_logprob_diff
 
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
 
@@ -36,17 +37,6 @@ PRESETS = {  # the seeds' cases: (image 1, image 2, prompt, second prompt or "",
     "Same image, different resize": ("red_circle.png", "red_circle.png", "What color is the shape?", "",
                                      "processor default", "max 160×160 px"),
 }
-
-
-def max_logprob_delta(warm, cold) -> float:
-    """Largest |logprob difference| over tokens both runs report, at every position up to and including the first
-    where their texts diverge (after that the two condition on different prefixes)."""
-    worst = 0.0
-    for i, (lw, lc) in enumerate(zip(warm.logprobs or [], cold.logprobs or [])):
-        worst = max([worst] + [abs(lw[t] - lc[t]) for t in lw.keys() & lc.keys()])
-        if warm.token_ids[i] != cold.token_ids[i]:
-            break
-    return worst
 
 
 def hits_figure(results: dict, block_size: int) -> go.Figure:
@@ -83,19 +73,10 @@ def run_pair(engine, pair, max_tokens: int):
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=TOP_LOGPROBS)
     cfg = engine.config
     blocks = min(engine.num_blocks, 2 * math.ceil(cfg.max_model_len / cfg.block_size) + 2)
-
-    def requests():
-        return (Request(prompt=prompt1, images=[img1], mm_processor_kwargs=kw1),
-                Request(prompt=prompt2, images=[img2], mm_processor_kwargs=kw2))
-    with engine.isolated(cache_strategy="none", num_blocks=blocks) as cold_engine:
-        cold = cold_engine.generate(requests()[1], params)
-    results = {}
-    for strategy in STRATEGIES:
-        first_req, second_req = requests()
-        with engine.isolated(cache_strategy=strategy, num_blocks=blocks) as iso:
-            first = iso.generate(first_req, params)  # fills the pool; its blocks stay cached after it ends
-            results[strategy] = (iso.generate(second_req, params), first)
-    return results, cold
+    results = compare_strategies(engine, Request(prompt=prompt1, images=[img1], mm_processor_kwargs=kw1),
+                                 Request(prompt=prompt2, images=[img2], mm_processor_kwargs=kw2), params,
+                                 STRATEGIES, blocks)
+    return {r.strategy: (r.second, r.first) for r in results}, results[0].cold
 
 
 def results_table(results: dict, cold) -> pd.DataFrame:
@@ -105,7 +86,7 @@ def results_table(results: dict, cold) -> pd.DataFrame:
         false = sum(h.false_hit for h in second.cache_hits)
         hits = len(second.cache_hits)
         rows.append([name, hits, hits - false, false, second.num_cached_tokens, first.text.strip(),
-                     second.text.strip(), cold.text.strip(), f"{max_logprob_delta(second, cold):.4g}"])
+                     second.text.strip(), cold.text.strip(), f"{max_logprob_diff(second, cold):.4g}"])
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 

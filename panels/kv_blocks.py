@@ -1,9 +1,7 @@
 """KV blocks tab: the physical block map and block tables, live while requests decode; a launcher for N concurrent
 requests (continuous batching, preemption) whose every step is recorded and replayed with a slider."""
 import collections
-import itertools
 import os
-import threading
 import time
 
 import gradio as gr
@@ -55,44 +53,21 @@ def record_run(engine, requests, params, renderer: Throttle, snapshots: bool = T
     """Submit all requests at once (the engine batches them) and collect the KV snapshot of every step.
     Yields ("live", snapshot) whenever `renderer` allows a render, then ("done", timeline, errors);
     snapshots=False runs the same requests the same way without any (the baseline for the panel's cost).
-
-    Streams are drained one after another on this one thread: events of the others wait in their queues, so no
-    thread wakes up per token (waking one per request per step would cost the engine ~15 % on a small model).
-    Every step advances some request, so the union of the streams' snapshots is the whole timeline."""
-    streams = [engine.stream(r, params, snapshots=snapshots) for r in requests]
-    firsts: list = [None] * len(streams)
-
-    def submit(i):  # the first next() validates and queues the request, then waits for its first token
-        try:
-            firsts[i] = next(streams[i])
-        except Exception as e:  # refused input (ValueError) or a failed step
-            firsts[i] = e
-    starters = [threading.Thread(target=submit, args=(i,), daemon=True) for i in range(len(streams))]
-    for t in starters:
-        t.start()
-    timeline, errors, newest = {}, [], -1
+    All events arrive on one queue in step order, so no thread wakes up per request per token."""
+    timeline, errors = {}, []
+    events = engine.stream_many(requests, params, snapshots=snapshots)
     try:
-        for i, stream in enumerate(streams):
-            starters[i].join()
-            try:
-                if isinstance(firsts[i], Exception):
-                    raise firsts[i]
-                for ev in itertools.chain([firsts[i]], stream):
-                    snap = ev.snapshot
-                    if snap is None or snap.step in timeline:
-                        continue
-                    timeline[snap.step] = snap
-                    if snap.step > newest:
-                        newest = snap.step
-                        if renderer.ready():
-                            yield "live", snap
-            except Exception as e:  # refused input (ValueError) or a failed step: the other requests go on
-                errors.append(str(e))
+        for ev in events:
+            snap = ev.snapshot
+            if snap is None or snap.step in timeline:
+                continue
+            timeline[snap.step] = snap
+            if renderer.ready():
+                yield "live", snap
+    except Exception as e:  # refused input (ValueError) or a failed step
+        errors.append(str(e))
     finally:
-        for t in starters:
-            t.join()
-        for stream in streams:
-            stream.close()  # aborts what still runs if the page went away mid-run
+        events.close()  # aborts what still runs if the page went away mid-run
     yield "done", [timeline[k] for k in sorted(timeline)], errors
 
 

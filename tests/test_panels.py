@@ -7,7 +7,8 @@ import pytest
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
 
-from panels.cache_inspector import HIT_COLORS, hits_figure, max_logprob_delta, results_table, run_pair
+from minivlm.experiments.mm_cache import max_logprob_diff
+from panels.cache_inspector import HIT_COLORS, hits_figure, results_table, run_pair
 from panels.chat import to_hf_messages, user_turn
 from panels.holder import EXAMPLES_DIR, EngineHolder
 from panels.kv_blocks import Throttle, demo_requests, record_run
@@ -109,7 +110,7 @@ def test_inspector_false_hit_under_a_only(engine):
     assert table.loc["A", "false hits"] > 0 and table.loc["A", "hits"] == table.loc["A", "false hits"]
     assert table.loc["B", "hits"] == 0 and table.loc["C", "hits"] == 0
     assert float(table.loc["C", "max |Δlogprob| vs cold"]) == 0.0
-    assert max_logprob_delta(results["A"][0], cold) > 1e-3, "KV of the other image must change the logprobs"
+    assert max_logprob_diff(results["A"][0], cold) > 1e-3, "KV of the other image must change the logprobs"
     fig = hits_figure(results, engine.config.block_size)
     for trace in fig.data[:3]:
         second = results[trace.y[0]][0]
@@ -123,7 +124,7 @@ def test_inspector_identical_pair_true_hits(engine):
     for name, (second, first) in results.items():
         assert second.cache_hits and not any(h.false_hit for h in second.cache_hits), name
         assert second.text == cold.text == first.text
-        assert max_logprob_delta(second, cold) < 1e-4
+        assert max_logprob_diff(second, cold) < 1e-4
 
 
 def test_inspector_resize_fools_b_not_c(engine):

@@ -17,7 +17,7 @@ def results(engines):
 def test_strategy_c_never_false_hits_and_reuses_identical_blocks(results):
     for name, per in results.items():
         assert per["C"].false_hits == 0, name
-        assert all(not h.false_hit for h in per["C"].hit_blocks)
+        assert all(not h.false_hit for h in per["C"].second.cache_hits)
     for name in ("2 identical request", "3 same image, different text"):
         assert results[name]["C"].true_hits > 0, name
         assert results[name]["C"].max_logprob_diff < 1e-4, "a C hit must give the cold run's logprobs"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
 
-from minivlm.request import CacheHit, Request, SamplingParams
+from minivlm.request import Output, Request, SamplingParams
 
 
 def shape_image(color: tuple, size=(224, 224), kind="circle") -> Image.Image:
@@ -48,24 +48,36 @@ def cases() -> dict[str, tuple[Request, Request]]:
 
 @dataclass
 class StrategyResult:
+    """Request 2 served under one strategy after request 1 warmed the pool, next to request 2 run cold."""
     strategy: str
-    hits: int
-    true_hits: int
-    false_hits: int
-    hit_blocks: list[CacheHit]
-    first_answer: str
-    second_answer: str
-    cold_answer: str
-    max_logprob_diff: float   # max |Δlogprob| of the second request vs its cold run (top-k, shared prefix)
+    first: Output
+    second: Output
+    cold: Output
+
+    @property
+    def hits(self) -> int:
+        return len(self.second.cache_hits)
+
+    @property
+    def false_hits(self) -> int:
+        return sum(h.false_hit for h in self.second.cache_hits)
+
+    @property
+    def true_hits(self) -> int:
+        return self.hits - self.false_hits
+
+    @property
+    def max_logprob_diff(self) -> float:
+        return max_logprob_diff(self.second, self.cold)
 
 
-def max_logprob_diff(a, b) -> float:
-    """Largest |Δ| over tokens both runs report, at each step while both generated the same tokens."""
+def max_logprob_diff(warm: Output, cold: Output) -> float:
+    """Largest |Δlogprob| over tokens both runs report, at every position up to and including the first where
+    their tokens diverge (after that the two condition on different prefixes)."""
     worst = 0.0
-    for (ta, la), (tb, lb) in zip(zip(a.token_ids, a.logprobs), zip(b.token_ids, b.logprobs)):
-        common = la.keys() & lb.keys()
-        worst = max([worst] + [abs(la[t] - lb[t]) for t in common])
-        if ta != tb:
+    for i, (lw, lc) in enumerate(zip(warm.logprobs or [], cold.logprobs or [])):
+        worst = max([worst] + [abs(lw[t] - lc[t]) for t in lw.keys() & lc.keys()])
+        if warm.token_ids[i] != cold.token_ids[i]:
             break
     return worst
 
@@ -79,11 +91,8 @@ def compare_strategies(engine, first: Request, second: Request, params: Sampling
     results = []
     for strategy in strategies:
         with engine.isolated(cache_strategy=strategy, num_blocks=num_blocks) as iso:
-            out1 = iso.generate(first, params)
-            out2 = iso.generate(second, params)
-        false = sum(h.false_hit for h in out2.cache_hits)
-        results.append(StrategyResult(strategy, len(out2.cache_hits), len(out2.cache_hits) - false, false,
-                                      out2.cache_hits, out1.text, out2.text, cold.text, max_logprob_diff(out2, cold)))
+            out1 = iso.generate(first, params)  # its blocks stay cached after it ends
+            results.append(StrategyResult(strategy, out1, iso.generate(second, params), cold))
     return results
 
 
@@ -98,7 +107,7 @@ def main():
         print(f"\n## case {name}")
         print(f"{'strategy':8} {'hits':>4} {'true':>4} {'false':>5}  {'first':12} {'second':12} {'cold':12} max|Δlogprob|")
         for r in compare_strategies(engine, first, second):
-            answers = [repr(a.strip())[:12] for a in (r.first_answer, r.second_answer, r.cold_answer)]
+            answers = [repr(o.text.strip())[:12] for o in (r.first, r.second, r.cold)]
             print(f"{r.strategy:8} {r.hits:4d} {r.true_hits:4d} {r.false_hits:5d}  {answers[0]:12} {answers[1]:12} "
                   f"{answers[2]:12} {r.max_logprob_diff:.4f}")
 
