@@ -45,8 +45,9 @@ def _overlaps(a, b, gap=2):
                 a[1] + a[2] + gap <= b[1] or b[1] + b[2] + gap <= a[1])
 
 
-def random_scene(rng: random.Random, num_shapes: int = None, kinds=None, colors=None) -> Scene:
-    """Draw a scene from the spec; `kinds`/`colors` optionally fix the shapes' kinds and colour names in order."""
+def random_scene(rng: random.Random, num_shapes: int = None, kinds=None, colors=None, size=(0.25, 0.45)) -> Scene:
+    """Draw a scene from the spec; `kinds`/`colors` optionally fix the shapes' kinds and colour names in order;
+    `size` is the range of a shape's side as a fraction of the shorter canvas side (training may go bigger)."""
     n = num_shapes or rng.randint(1, 3)
     if not 1 <= n <= 3:
         raise ValueError(f"num_shapes must be 1..3, got {n}")
@@ -55,7 +56,7 @@ def random_scene(rng: random.Random, num_shapes: int = None, kinds=None, colors=
         short = min(width, height)
         boxes = []
         for _ in range(200 * n):
-            side = rng.randint(int(0.25 * short + 0.999), int(0.45 * short))
+            side = rng.randint(int(size[0] * short + 0.999), int(size[1] * short))
             box = (rng.randint(0, width - side), rng.randint(0, height - side), side)
             if not any(_overlaps(box, b) for b in boxes):
                 boxes.append(box)

@@ -1,6 +1,6 @@
 """Train the tiny Qwen3-VL on synthetic shape scenes generated on the fly (seeded, resumable).
 
-    nice -n 10 python -m tools.train_tiny --out runs/tiny --steps 6000
+    nice -n 10 python -m tools.train_tiny --out runs/tiny --steps 4000
 
 Every batch is a pure function of (seed, step), so a run resumed from its checkpoint sees the same data as an
 uninterrupted one. The loss covers only the assistant answers and their <|im_end|>.
@@ -17,7 +17,7 @@ from transformers import Qwen3VLForConditionalGeneration
 
 from minivlm.processor import load_processor
 from tools.make_checkpoint import save_processor, tiny_config
-from tools.scenes import QUESTION_TYPES, ask, possible_types, random_scene, render, sample
+from tools.scenes import QUESTION_TYPES, SHAPES, ask, possible_types, random_scene, render, sample
 from tools.tiny_tokenizer import build_tokenizer
 
 FAMILY = "qwen3_vl"
@@ -27,6 +27,8 @@ MODEL = dict(hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediat
 DEEPSTACK = [1, 2]
 # shape questions are the hard part, so they are asked most
 TYPE_WEIGHTS = {"color": 1.0, "shape": 3.0, "count": 1.5, "color_of": 2.5, "is_there": 2.5}
+# once colour, shape and count are learned, binding a colour to a shape (the last two) is what is left
+FOCUS_WEIGHTS = {"color": 0.5, "shape": 1.0, "count": 0.5, "color_of": 3.0, "is_there": 4.0}
 
 
 def build_model(seed: int):
@@ -49,19 +51,35 @@ def export(model, tokenizer, out_dir: str):
                    "pad_token_id": model.config.text_config.pad_token_id, "do_sample": False}, f)
 
 
-def conversation(rng: random.Random, step: int, curriculum_steps: int):
+def conversation(rng: random.Random, step: int, curriculum_steps: int, focus_from: int):
     """One training chat: an image, 1-3 question/answer turns about it (single-shape scenes first)."""
-    num = 1 if step < curriculum_steps or rng.random() < 0.35 else rng.randint(2, 3)
-    scene = random_scene(rng, num)
+    early = step < curriculum_steps
+    num = 1 if early or rng.random() < 0.35 else rng.randint(2, 3)
+    scene = random_scene(rng, num, size=(0.3, 0.7) if early else (0.25, 0.45))  # big shapes show shape first
     types = possible_types(scene)
-    weights = [TYPE_WEIGHTS[t] for t in types]
+    weights = [(FOCUS_WEIGHTS if step >= focus_from else TYPE_WEIGHTS)[t] for t in types]
     turns = rng.choice([1, 1, 2, 3])
     messages = []
     for i in range(turns):
         question, answer = ask(scene, rng.choices(types, weights)[0], rng)
         content = [{"type": "image"}, {"type": "text", "text": question}] if i == 0 else question
         messages += [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]
-    return render(scene, supersample=rng.choice([1, 2])), messages
+    return scene, render(scene, supersample=rng.choice([1, 2])), messages
+
+
+def token_kinds(scene, grid_thw, patch: int = PATCH) -> torch.Tensor:
+    """Per merged vision token (row-major): index of the shape kind whose box holds its centre, 3 if background."""
+    _, gh, gw = (int(v) for v in grid_thw)
+    rows, cols = gh // 2, gw // 2
+    sx, sy = scene.width / (gw * patch), scene.height / (gh * patch)
+    labels = torch.full((rows, cols), len(SHAPES), dtype=torch.long)
+    for r in range(rows):
+        for c in range(cols):
+            x, y = (c + 0.5) * 2 * patch * sx, (r + 0.5) * 2 * patch * sy
+            for sh in scene.shapes:
+                if sh.x <= x < sh.x + sh.side and sh.y <= y < sh.y + sh.side:
+                    labels[r, c] = SHAPES.index(sh.kind)
+    return labels.flatten()
 
 
 def answer_labels(input_ids: torch.Tensor, prefix: list, end_id: int) -> torch.Tensor:
@@ -80,19 +98,21 @@ def answer_labels(input_ids: torch.Tensor, prefix: list, end_id: int) -> torch.T
     return labels
 
 
-def make_batch(processor, seed: int, step: int, batch_size: int, curriculum_steps: int):
+def make_batch(processor, seed: int, step: int, batch_size: int, curriculum_steps: int, focus_from: int):
     """A padded processor batch with answer-only labels, a pure function of (seed, step)."""
     rng = random.Random(seed * 1_000_003 + step)
-    images, texts = [], []
+    scenes, images, texts = [], [], []
     for _ in range(batch_size):
-        image, messages = conversation(rng, step, curriculum_steps)
+        scene, image, messages = conversation(rng, step, curriculum_steps, focus_from)
+        scenes.append(scene)
         images.append(image)
         texts.append(processor.apply_chat_template(messages, tokenize=False))
     batch = processor(text=texts, images=images, padding=True, return_tensors="pt")
     tok = processor.tokenizer
     prefix = tok("<|im_start|>assistant\n").input_ids
     batch["labels"] = answer_labels(batch["input_ids"], prefix, tok.convert_tokens_to_ids("<|im_end|>"))
-    return batch
+    kinds = torch.cat([token_kinds(sc, g) for sc, g in zip(scenes, batch["image_grid_thw"])])
+    return batch, kinds
 
 
 @torch.no_grad()
@@ -124,12 +144,15 @@ def lr_scale(step: int, warmup: int, total: int) -> float:
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/tiny")
-    p.add_argument("--steps", type=int, default=6000)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=4000)
+    p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--vision-lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--curriculum-steps", type=int, default=500)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--curriculum-steps", type=int, default=800)
+    p.add_argument("--focus-from", type=int, default=3300, help="step from which FOCUS_WEIGHTS apply")
+    p.add_argument("--stop-at", type=int, default=None, help="stop (with a checkpoint) before --steps")
+    p.add_argument("--aux-weight", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every-s", type=float, default=180)
@@ -140,7 +163,10 @@ def main():
     export(model, tokenizer, os.path.join(args.out, "init"))
     processor = load_processor(os.path.join(args.out, "init"), FAMILY)
     processor.tokenizer.padding_side = "right"
-    vision = [p for n, p in model.named_parameters() if ".visual." in f".{n}"]
+    captured = {}
+    model.model.visual.register_forward_hook(lambda m, i, out: captured.update(tokens=out.pooler_output))
+    aux_head = torch.nn.Linear(model.config.text_config.hidden_size, len(SHAPES) + 1)
+    vision = [p for n, p in model.named_parameters() if ".visual." in f".{n}"] + list(aux_head.parameters())
     text = [p for n, p in model.named_parameters() if ".visual." not in f".{n}"]
     opt = torch.optim.AdamW([{"params": vision, "lr": args.vision_lr}, {"params": text, "lr": args.lr}],
                             weight_decay=0.01, betas=(0.9, 0.98))
@@ -149,26 +175,32 @@ def main():
     if os.path.exists(ckpt_path):
         state = torch.load(ckpt_path, weights_only=False)
         model.load_state_dict(state["model"])
+        aux_head.load_state_dict(state["aux_head"])
         opt.load_state_dict(state["opt"])
         step, best = state["step"], state["best"]
         print(f"resumed at step {step}", flush=True)
-    print(f"params {sum(p.numel() for p in model.parameters()):,} (vision {sum(p.numel() for p in vision):,})",
+    print(f"params {sum(p.numel() for p in model.parameters()):,} (vision {sum(p.numel() for p in vision[:-2]):,})",
           flush=True)
     model.train()
     last_save, t0, losses = time.time(), time.time(), []
-    while step < args.steps:
+    stop = min(args.stop_at or args.steps, args.steps)
+    while step < stop:
         for group, base in zip(opt.param_groups, base_lrs):
             group["lr"] = base * lr_scale(step, args.warmup, args.steps)
-        batch = make_batch(processor, args.seed, step, args.batch_size, args.curriculum_steps)
-        loss = model(**batch).loss
+        batch, kinds = make_batch(processor, args.seed, step, args.batch_size, args.curriculum_steps,
+                                  args.focus_from)
+        lm_loss = model(**batch).loss
+        # dense per-token shape labels give the ViT a direct signal (the head is not shipped)
+        aux = torch.nn.functional.cross_entropy(aux_head(captured["tokens"]), kinds)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (lm_loss + args.aux_weight * aux).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(loss.item())
+        losses.append((lm_loss.item(), aux.item()))
         step += 1
         if step % 25 == 0:
-            print(f"step {step} loss {sum(losses) / len(losses):.4f} {(time.time() - t0) / 25:.2f}s/step", flush=True)
+            lm, ax = (sum(v) / len(losses) for v in zip(*losses))
+            print(f"step {step} loss {lm:.4f} aux {ax:.4f} {(time.time() - t0) / 25:.2f}s/step", flush=True)
             losses, t0 = [], time.time()
         if step % args.probe_every == 0 or step == args.steps:
             acc = probe(model, processor)
@@ -179,9 +211,9 @@ def main():
             if mean >= best:
                 best = mean
                 export(model, tokenizer, os.path.join(args.out, "best"))
-        if time.time() - last_save > args.save_every_s or step == args.steps:
+        if time.time() - last_save > args.save_every_s or step == stop:
             tmp = ckpt_path + ".tmp"
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "best": best}, tmp)
+            torch.save({"model": model.state_dict(), "aux_head": aux_head.state_dict(), "opt": opt.state_dict(), "step": step, "best": best}, tmp)
             os.replace(tmp, ckpt_path)
             last_save = time.time()
 
