@@ -105,8 +105,9 @@ def possible_types(scene: Scene):
     return [t for t in QUESTION_TYPES if t in types]
 
 
-def ask(scene: Scene, qtype: str, rng: random.Random):
-    """One (question, answer) of type qtype about the scene, exact phrasing, one-word lowercase answer."""
+def ask(scene: Scene, qtype: str, rng: random.Random, hard=(0.4, 0.8)):
+    """One (question, answer) of type qtype about the scene, exact phrasing, one-word lowercase answer;
+    a "no" to is_there keeps a present shape's colour with probability hard[0], its kind with hard[1] - hard[0]."""
     kinds = [s.kind for s in scene.shapes]
     if qtype not in possible_types(scene):
         raise ValueError(f"question type {qtype!r} is not defined for a scene with shapes {kinds}")
@@ -126,8 +127,8 @@ def ask(scene: Scene, qtype: str, rng: random.Random):
         while True:
             sh = rng.choice(scene.shapes)
             r = rng.random()
-            color = sh.color if r < 0.4 else rng.choice(list(COLORS))
-            kind = sh.kind if 0.4 <= r < 0.8 else rng.choice(SHAPES)
+            color = sh.color if r < hard[0] else rng.choice(list(COLORS))
+            kind = sh.kind if hard[0] <= r < hard[1] else rng.choice(SHAPES)
             if (color, kind) not in present:
                 break
     answer = "yes" if (color, kind) in present else "no"

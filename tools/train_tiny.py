@@ -1,8 +1,8 @@
 """Train the tiny Qwen3-VL on synthetic shape scenes generated on the fly (seeded, resumable).
 
-    nice -n 10 python -m tools.train_tiny --out runs/tiny --steps 4000
+    nice -n 10 python -m tools.train_tiny --out runs/tiny --steps 8000
 
-Every batch is a pure function of (seed, step), so a run resumed from its checkpoint sees the same data as an
+(the exact sequence of invocations behind the shipped weights is in assets/tiny-qwen-vl/README.md). Every batch is a pure function of (seed, step), so a run resumed from its checkpoint sees the same data as an
 uninterrupted one. The loss covers only the assistant answers and their <|im_end|>.
 """
 import argparse
@@ -29,6 +29,8 @@ DEEPSTACK = [1, 2]
 TYPE_WEIGHTS = {"color": 1.0, "shape": 3.0, "count": 1.5, "color_of": 2.5, "is_there": 2.5}
 # once colour, shape and count are learned, binding a colour to a shape (the last two) is what is left
 FOCUS_WEIGHTS = {"color": 0.5, "shape": 1.0, "count": 0.5, "color_of": 3.0, "is_there": 4.0}
+# is_there then still ignores the colour: ask it most, with "no" mostly for a present shape in another colour
+BIND_WEIGHTS = {"color": 0.3, "shape": 0.5, "count": 0.3, "color_of": 1.5, "is_there": 6.0}
 
 
 def build_model(seed: int):
@@ -51,17 +53,19 @@ def export(model, tokenizer, out_dir: str):
                    "pad_token_id": model.config.text_config.pad_token_id, "do_sample": False}, f)
 
 
-def conversation(rng: random.Random, step: int, curriculum_steps: int, focus_from: int):
+def conversation(rng: random.Random, step: int, curriculum_steps: int, focus_from: int, bind_from: int):
     """One training chat: an image, 1-3 question/answer turns about it (single-shape scenes first)."""
     early = step < curriculum_steps
     num = 1 if early or rng.random() < 0.35 else rng.randint(2, 3)
     scene = random_scene(rng, num, size=(0.3, 0.7) if early else (0.25, 0.45))  # big shapes show shape first
     types = possible_types(scene)
-    weights = [(FOCUS_WEIGHTS if step >= focus_from else TYPE_WEIGHTS)[t] for t in types]
+    table = BIND_WEIGHTS if step >= bind_from else FOCUS_WEIGHTS if step >= focus_from else TYPE_WEIGHTS
+    weights = [table[t] for t in types]
+    hard = (0.1, 0.9) if step >= bind_from else (0.4, 0.8)
     turns = rng.choice([1, 1, 2, 3])
     messages = []
     for i in range(turns):
-        question, answer = ask(scene, rng.choices(types, weights)[0], rng)
+        question, answer = ask(scene, rng.choices(types, weights)[0], rng, hard)
         content = [{"type": "image"}, {"type": "text", "text": question}] if i == 0 else question
         messages += [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]
     return scene, render(scene, supersample=rng.choice([1, 2])), messages
@@ -98,12 +102,13 @@ def answer_labels(input_ids: torch.Tensor, prefix: list, end_id: int) -> torch.T
     return labels
 
 
-def make_batch(processor, seed: int, step: int, batch_size: int, curriculum_steps: int, focus_from: int):
+def make_batch(processor, seed: int, step: int, batch_size: int, curriculum_steps: int, focus_from: int,
+               bind_from: int):
     """A padded processor batch with answer-only labels, a pure function of (seed, step)."""
     rng = random.Random(seed * 1_000_003 + step)
     scenes, images, texts = [], [], []
     for _ in range(batch_size):
-        scene, image, messages = conversation(rng, step, curriculum_steps, focus_from)
+        scene, image, messages = conversation(rng, step, curriculum_steps, focus_from, bind_from)
         scenes.append(scene)
         images.append(image)
         texts.append(processor.apply_chat_template(messages, tokenize=False))
@@ -151,6 +156,7 @@ def main():
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--curriculum-steps", type=int, default=800)
     p.add_argument("--focus-from", type=int, default=3300, help="step from which FOCUS_WEIGHTS apply")
+    p.add_argument("--bind-from", type=int, default=8000, help="step from which BIND_WEIGHTS apply")
     p.add_argument("--stop-at", type=int, default=None, help="stop (with a checkpoint) before --steps")
     p.add_argument("--aux-weight", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
@@ -188,7 +194,7 @@ def main():
         for group, base in zip(opt.param_groups, base_lrs):
             group["lr"] = base * lr_scale(step, args.warmup, args.steps)
         batch, kinds = make_batch(processor, args.seed, step, args.batch_size, args.curriculum_steps,
-                                  args.focus_from)
+                                  args.focus_from, args.bind_from)
         lm_loss = model(**batch).loss
         # dense per-token shape labels give the ViT a direct signal (the head is not shipped)
         aux = torch.nn.functional.cross_entropy(aux_head(captured["tokens"]), kinds)
@@ -213,7 +219,8 @@ def main():
                 export(model, tokenizer, os.path.join(args.out, "best"))
         if time.time() - last_save > args.save_every_s or step == stop:
             tmp = ckpt_path + ".tmp"
-            torch.save({"model": model.state_dict(), "aux_head": aux_head.state_dict(), "opt": opt.state_dict(), "step": step, "best": best}, tmp)
+            torch.save({"model": model.state_dict(), "aux_head": aux_head.state_dict(), "opt": opt.state_dict(),
+                        "step": step, "best": best}, tmp)
             os.replace(tmp, ckpt_path)
             last_save = time.time()
 
