@@ -12,7 +12,7 @@ from minivlm.config import EngineConfig
 from minivlm.multimodal import build_prompt
 from minivlm.model.rope import mrope_positions
 from minivlm.prefix_keys import extend_keys
-from minivlm.request import Output, Request, SamplingParams
+from minivlm.request import Request, SamplingParams
 from minivlm.sequence import Sequence
 from minivlm.snapshot import StreamEvent
 from minivlm.engine_core import EngineCore
