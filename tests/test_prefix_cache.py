@@ -80,3 +80,16 @@ def test_repeated_image_skips_the_vision_tower(engines, monkeypatch):
         engine.generate(Request(prompt=Q, images=[img]), SamplingParams(max_tokens=2))
         engine.generate(Request(prompt="What shape is it?", images=[img.copy()]), SamplingParams(max_tokens=2))
         assert len(calls) == 1 and engine.vision_cache.hits == 1
+
+
+def test_shipped_model_answers_red_for_blue_under_a_only():
+    """The lesson with a model that really sees: a false hit hands the blue circle the red circle's KV."""
+    from minivlm import Engine, EngineConfig
+    with Engine(EngineConfig(device="cpu", num_blocks=64)) as engine:
+        first = Request(prompt=Q, images=[shape_image(RED)])
+        second = Request(prompt=Q, images=[shape_image(BLUE)])
+        per = {r.strategy: r for r in compare_strategies(engine, first, second, num_blocks=64)}
+    assert per["A"].first.text.strip() == "red" and per["A"].cold.text.strip() == "blue"
+    assert per["A"].false_hits > 0 and per["A"].second.text.strip() == "red"
+    assert per["B"].second.text.strip() == "blue" and per["C"].second.text.strip() == "blue"
+    assert per["B"].false_hits == per["C"].false_hits == 0
