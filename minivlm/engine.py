@@ -5,6 +5,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 
 import torch
 
@@ -25,8 +26,10 @@ class Engine(EngineCore):
 
     def __init__(self, config: EngineConfig | None = None, share_model_with: "Engine | None" = None, **overrides):
         super().__init__(config or EngineConfig(**overrides), share_model_with)
-        self._lock = threading.RLock()
-        self._wake = threading.Condition(self._lock)
+        self._lock = threading.RLock()              # engine state: held by a whole step
+        self._inbox_lock = threading.Lock()         # new requests: held briefly, so callers never wait for a step
+        self._wake = threading.Condition(self._inbox_lock)
+        self._inbox: list[Sequence] = []
         self._live: dict[str, Sequence] = {}
         self._sinks: dict[str, queue.Queue] = {}
         self._want_snapshot: set[str] = set()
@@ -45,11 +48,13 @@ class Engine(EngineCore):
 
     def close(self):
         """Stop the loop thread (pending requests are aborted); the engine cannot be used afterwards."""
-        with self._lock:
-            for seq in list(self._live.values()):
-                self._finish(seq, "abort")
+        with self._inbox_lock:
             self._closed = True
             self._wake.notify_all()
+        with self._lock:
+            self._admit()
+            for seq in list(self._live.values()):
+                self._finish(seq, "abort")
             self.kv_cache = self.runner.kv_caches = None  # the pool goes now, not whenever the engine is collected
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -95,7 +100,7 @@ class Engine(EngineCore):
         """Queue seqs together and yield their events from one queue (one waiting thread, however many requests);
         closing the generator aborts whatever has not finished."""
         sink, pending = queue.Queue(), set()
-        with self._lock:
+        with self._inbox_lock:
             if self._closed:
                 raise RuntimeError("this engine is closed")
             for seq in seqs:
@@ -106,7 +111,7 @@ class Engine(EngineCore):
                 self._sinks[seq.request_id] = sink
                 if snapshots:
                     self._want_snapshot.add(seq.request_id)
-                self.scheduler.add(seq)
+                self._inbox.append(seq)  # the loop moves it into the scheduler at its next step
                 pending.add(seq.request_id)
             self._ensure_loop()
             self._wake.notify_all()
@@ -141,10 +146,10 @@ class Engine(EngineCore):
 
     def abort(self, request_id: str):
         """Cancel a request; its blocks are freed at the next step."""
-        with self._lock:
+        with self._inbox_lock:
             seq = self._live.get(request_id)
             if seq is not None:
-                seq.aborted = True
+                seq.aborted = True  # read by the loop at its next step
                 self._wake.notify_all()
 
     # ---- the loop ---------------------------------------------------------------------------------------
@@ -155,21 +160,30 @@ class Engine(EngineCore):
 
     def _run_loop(self):
         while True:
-            with self._lock:
-                while not self.scheduler.has_work() and not self._closed:
+            with self._inbox_lock:
+                while not self._inbox and not self.scheduler.has_work() and not self._closed:
                     self._wake.wait()
                 if self._closed:
                     return
-                self.step()
+            self.step()
+            time.sleep(0)  # let a snapshot() caller waiting for the engine lock in between steps
+
+    def _admit(self):
+        """Move submitted requests into the scheduler (under the engine lock)."""
+        with self._inbox_lock:
+            new, self._inbox = self._inbox, []
+        for seq in new:
+            self.scheduler.add(seq)
 
     def has_unfinished(self) -> bool:
-        with self._lock:
-            return self.scheduler.has_work()
+        with self._lock, self._inbox_lock:
+            return self.scheduler.has_work() or bool(self._inbox)
 
     def step(self) -> list[StreamEvent]:
         """One scheduler step: prefill a batch of waiting requests or decode one token for every running one."""
         with self._lock:
-            for seq in [s for s in self._live.values() if s.aborted]:
+            self._admit()
+            for seq in [s for s in list(self._live.values()) if s.aborted]:
                 self._finish(seq, "abort")
             if not self.scheduler.has_work():
                 return []
