@@ -17,10 +17,12 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
     return logits
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> tuple[list[int], torch.Tensor]:
-    """logits [B, vocab] -> (token per row, raw log-softmax [B, vocab] for logprobs)."""
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list) -> tuple[list[int], torch.Tensor | None]:
+    """logits [B, vocab] -> (token per row, raw log-softmax [B, vocab] for logprobs, or None if nobody asked)."""
     logits = logits.float()
-    logprobs = torch.log_softmax(logits, dim=-1)
+    wanted = any(p.logprobs is not None for p in params)  # skip a [B, vocab] pass on most decode steps
+    logprobs = torch.log_softmax(logits, dim=-1) if wanted else None
     tokens = logits.argmax(dim=-1).tolist()  # greedy rows keep this
     for i, p in enumerate(params):
         if p.temperature > 0:
