@@ -1,8 +1,11 @@
 """Plain-data views of the engine (safe to hand to another thread): KV block map, stream events, memory."""
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from minivlm.block_manager import block_kind
-from minivlm.request import Output
+
+if TYPE_CHECKING:
+    from minivlm.output import Output
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class StreamEvent:
     text: str
     finished: bool
     snapshot: KVSnapshot | None
-    output: Output | None = None
+    output: "Output | None" = None
 
 
 @dataclass

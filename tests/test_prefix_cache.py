@@ -44,10 +44,10 @@ def test_true_hit_kv_is_identical_to_recomputed_kv(engines):
         table = list(first_table.values())[0]
         n_full = engine.generate(req, params).num_cached_tokens // engine.config.block_size
         assert n_full > 0
-        cached_kv = engine.kv_cache[:, :, table[:n_full]].clone()
+        cached_kv = engine.core.kv_cache[:, :, table[:n_full]].clone()
         engine.reset_prefix_cache()
         fresh = next(iter(engine.stream(req, params))).snapshot.block_tables
-        recomputed = engine.kv_cache[:, :, list(fresh.values())[0][:n_full]]
+        recomputed = engine.core.kv_cache[:, :, list(fresh.values())[0][:n_full]]
         assert torch.allclose(cached_kv, recomputed, atol=1e-6, rtol=0)
 
 
@@ -74,12 +74,12 @@ def test_salt_isolates_under_every_strategy(engines, strategy):
 def test_repeated_image_skips_the_vision_tower(engines, monkeypatch):
     with engines["qwen3_vl"].isolated(cache_strategy="none", num_blocks=64) as engine:
         calls = []
-        real = engine.vision.encode
-        monkeypatch.setattr(engine.vision, "encode", lambda *a: calls.append(1) or real(*a))
+        real = engine.model.vision.encode
+        monkeypatch.setattr(engine.model.vision, "encode", lambda *a: calls.append(1) or real(*a))
         img = shape_image(RED)
         engine.generate(Request(prompt=Q, images=[img]), SamplingParams(max_tokens=2))
         engine.generate(Request(prompt="What shape is it?", images=[img.copy()]), SamplingParams(max_tokens=2))
-        assert len(calls) == 1 and engine.vision_cache.hits == 1
+        assert len(calls) == 1 and engine.core.vision_cache.hits == 1
 
 
 def test_shipped_model_answers_red_for_blue_under_a_only():

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
 
-from minivlm.request import Output, Request, SamplingParams
+from minivlm.output import Output
+from minivlm.request import Request, SamplingParams
 
 
 def shape_image(color: tuple, size=(224, 224), kind="circle") -> Image.Image:

@@ -1,0 +1,207 @@
+"""EngineCore: the KV pool and one scheduler step. A step admits new requests, schedules, encodes images,
+runs the model, samples, advances each request and builds the snapshot; every stage runs under a guard,
+so a fault fails exactly the requests it touched and the others carry on."""
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from minivlm.block_manager import BlockManager
+from minivlm.config import EngineConfig
+from minivlm.device import free_memory_bytes, peak_bytes
+from minivlm.loader import LoadedModel
+from minivlm.output import OutputProcessor
+from minivlm.prefix_keys import extend_keys
+from minivlm.runner import ModelRunner
+from minivlm.scheduler import Scheduler
+from minivlm.sequence import Sequence
+from minivlm.snapshot import KVSnapshot, MemoryReport, SnapshotBuilder, StreamEvent
+from minivlm.vision_cache import VisionCache
+
+log = logging.getLogger("minivlm")
+
+
+class RequestFailed(RuntimeError):
+    """A request's step raised; `stage` says where (admit, schedule, vision encode, model run, sampling,
+    advance, snapshot). The engine freed its blocks and keeps serving everyone else."""
+
+    def __init__(self, request_id: str, stage: str, cause: BaseException):
+        super().__init__(f"request {request_id} failed during {stage}: {type(cause).__name__}: {cause}")
+        self.request_id, self.stage = request_id, stage
+
+
+@dataclass
+class StepResult:
+    """What one step produced for the callers: an event per advanced request, an error per failed one."""
+    events: list[tuple[Sequence, StreamEvent]] = field(default_factory=list)
+    failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
+
+
+def derive_num_blocks(config: EngineConfig, model: LoadedModel) -> int:
+    """KV blocks that fit the memory budget (the same formula as minivlm.budget), capped at what
+    max_num_seqs requests of max_model_len tokens could ever use."""
+    from minivlm.budget import estimate
+    device, weights = model.device, model.weights_bytes()
+    est = estimate(model.hf_config, dtype=model.dtype_name, kv_dtype=model.dtype_name,
+                   max_model_len=config.max_model_len, num_seqs=config.max_num_seqs,
+                   max_num_batched_tokens=config.max_num_batched_tokens, block_size=config.block_size,
+                   gpu_memory_utilization=1.0 if device.type == "cpu" else config.gpu_memory_utilization,
+                   device_memory_bytes=free_memory_bytes(device, config.cpu_memory_budget_bytes)
+                   + (weights if device.type != "cpu" else 0), weights_bytes=weights)  # CPU: a budget already
+    if est.num_blocks < 1:
+        raise ValueError(f"no memory left for the KV cache on {device} after {weights / 2**30:.2f} GiB of weights; "
+                         f"raise gpu_memory_utilization or pass num_blocks")
+    return min(est.num_blocks, config.max_num_seqs * -(-config.max_model_len // config.block_size))
+
+
+class EngineCore:
+    """Single-threaded: the caller (Engine) holds its lock around every call."""
+
+    def __init__(self, config: EngineConfig, model: LoadedModel):
+        self.config, self.model = config, model
+        text_cfg = model.hf_config.text_config
+        shape = (text_cfg.num_hidden_layers, text_cfg.num_key_value_heads, text_cfg.head_dim)
+        self.kv_bytes_per_token = 2 * shape[0] * shape[1] * shape[2] * model.dtype.itemsize
+        self.num_blocks = config.num_blocks or derive_num_blocks(config, model)
+        self.kv_cache = torch.zeros(2, shape[0], self.num_blocks, config.block_size, shape[1], shape[2],
+                                    dtype=model.dtype, device=model.device)
+        self.kv_cache_bytes = self.kv_cache.nbytes
+        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.cache_strategy != "none")
+        self.scheduler = Scheduler(self.block_manager, config)
+        self.snapshots = SnapshotBuilder(self.block_manager)
+        self.vision_cache = VisionCache(config.vision_cache_bytes)
+        self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.vision_cache)
+        self.outputs = OutputProcessor(model.tokenizer, model.eos_ids, config.max_model_len)
+        self.step_count = 0
+        self.after_step = None  # debug hook: called with the core after every step (tests check invariants)
+        tokens = self.num_blocks * config.block_size
+        log.info("minivlm: %s on %s (%s) | KV cache: %d blocks x %d = %d tokens | max concurrency %.2fx at %d tokens",
+                 model.model_type, model.device, model.dtype_name, self.num_blocks, config.block_size, tokens,
+                 tokens / config.max_model_len, config.max_model_len)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self, new: list[Sequence]) -> StepResult:
+        """One scheduler step: prefill a batch of waiting requests, or decode one token for every running one."""
+        res = StepResult()
+        for seq in new:
+            self._isolate("admit", [seq], lambda b: [self._admit(b[0])], res)
+        for seq in [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.aborted]:
+            res.events.append((seq, self.abort(seq)))
+        if self.scheduler.has_work():
+            self.step_count += 1
+            self._run_step(res)
+        if self.after_step is not None:
+            self.after_step(self)
+        return res
+
+    def _run_step(self, res: StepResult):
+        batch = self.scheduler.schedule()
+        for seq, e in batch.failed:
+            self._fail(seq, "schedule", e, res)
+        seqs = batch.seqs
+        if batch.is_prefill:
+            seqs, _ = self._isolate("vision encode", seqs, lambda b: [self.runner.encode_images(s) for s in b], res)
+        if not seqs:
+            return
+        seqs, logits = self._isolate("model run", seqs, lambda b: list(self.runner.forward(b, batch.is_prefill)), res)
+        rows = {s.seq_id: row for s, row in zip(seqs, logits)}
+        seqs, samples = self._isolate("sampling", seqs, lambda b: self.runner.sample_tokens(
+            b, torch.stack([rows[s.seq_id] for s in b])), res)
+        events = [(s, ev) for s, (token, lp) in zip(seqs, samples)
+                  for ev in self._isolate("advance", [s], lambda b: [self._advance(b[0], token, lp)], res)[1]]
+        wants = [(s, ev) for s, ev in events if s.wants_snapshot]
+        if wants:
+            snaps = self._isolate("snapshot", [s for s, ev in wants if not ev.finished],
+                                  lambda b: [self.snapshot()] * len(b), res)[1] or [None]
+            for s, ev in wants:
+                ev.snapshot = snaps[0]
+        res.events += [(s, ev) for s, ev in events if ev.finished or s.finish_reason is None]
+
+    def _isolate(self, stage: str, seqs: list[Sequence], fn, res: StepResult) -> tuple[list[Sequence], list]:
+        """fn(batch) -> one result per sequence. If the batch raises, each sequence runs alone, so only the
+        ones that fault alone fail. Returns the sequences that went through and their results."""
+        try:
+            return seqs, fn(seqs)
+        except Exception as e:
+            if len(seqs) == 1:
+                self._fail(seqs[0], stage, e, res)
+                return [], []
+        kept, results = [], []
+        for seq in seqs:
+            try:
+                results += fn([seq])
+                kept.append(seq)
+            except Exception as e:
+                self._fail(seq, stage, e, res)
+        return kept, results
+
+    def _admit(self, seq: Sequence):
+        self.outputs.start(seq)
+        self.scheduler.add(seq)
+
+    def _advance(self, seq: Sequence, token: int, logprobs: dict | None) -> StreamEvent:
+        """Record a sampled token: publish a block it completed, then the output path (text, stop, finish)."""
+        bs = self.config.block_size
+        seq.num_computed = len(seq)
+        if seq.num_computed % bs == 0:  # the block just completed becomes reusable by later requests
+            extend_keys(seq, bs, self.config.cache_strategy, self.model.model_id, self.model.dtype_name)
+            self.block_manager.register(seq, seq.num_computed // bs - 1)
+        ev, reason = self.outputs.advance(seq, token, logprobs)
+        if reason:
+            ev.output, ev.finished = self._finish(seq, reason).output, True
+        return ev
+
+    def abort(self, seq: Sequence) -> StreamEvent:
+        """End a request now (admitted or not); its final event carries what it produced so far."""
+        if seq.detokenizer is None:
+            self.outputs.start(seq)
+        return self._finish(seq, "abort")
+
+    def _finish(self, seq: Sequence, reason: str) -> StreamEvent:
+        self.scheduler.finish(seq)
+        seq.finish_reason = reason
+        out = self.outputs.output(seq, reason)
+        return StreamEvent(seq.request_id, "", out.text, True, None, out)
+
+    def _fail(self, seq: Sequence, stage: str, error: Exception, res: StepResult):
+        """Take a faulted request out (its newest blocks were never written, so they are unpublished)."""
+        log.exception("request %s failed during %s", seq.request_id, stage, exc_info=error)
+        seq.finish_reason = "error"
+        try:
+            self.scheduler.finish(seq, computed=False)
+        finally:
+            res.failed.append((seq, RequestFailed(seq.request_id, stage, error)))
+            self._recompute_lost_hits()
+
+    def _recompute_lost_hits(self):
+        """A request that hit a block published in this very step, by a request that then failed before
+        writing it, must compute that block itself."""
+        bs, bm = self.config.block_size, self.block_manager
+        for seq in self.scheduler.running:
+            for i, b in enumerate(seq.block_table[:seq.num_computed // bs]):
+                if bm.caching and i < len(seq.block_keys) and bm.blocks[b].key != seq.block_keys[i]:
+                    seq.num_computed = i * bs
+                    break
+
+    def snapshot(self) -> KVSnapshot:
+        s = self.scheduler
+        return self.snapshots.build(list(s.running), list(s.waiting), self.step_count, s.num_preemptions)
+
+    def memory_report(self) -> MemoryReport:
+        """What is allocated now: weights, the KV pool (0 once released), and the device's peak where it can tell."""
+        kv = self.kv_cache.nbytes if self.kv_cache is not None else 0
+        tokens = self.num_blocks * self.config.block_size
+        return MemoryReport(self.model.weights_bytes(), kv, self.kv_bytes_per_token, self.num_blocks,
+                            self.config.block_size, peak_bytes(self.model.device), str(self.model.device),
+                            self.model.dtype_name, self.model.vision.num_bytes(), tokens, tokens / self.config.max_model_len)
+
+    def reset_prefix_cache(self):
+        """Forget every cached-but-free block and every cached vision embedding."""
+        self.block_manager.reset()
+        self.vision_cache.clear()
+
+    def release(self):
+        """Drop the KV pool now, not whenever the engine is collected."""
+        self.kv_cache = self.runner.kv_caches = None
