@@ -111,13 +111,23 @@ class EngineCore:
             b, torch.stack([rows[s.seq_id] for s in b])), res)
         events = [(s, ev) for s, (token, lp) in zip(seqs, samples)
                   for ev in self._isolate("advance", [s], lambda b: [self._advance(b[0], token, lp)], res)[1]]
-        wants = [(s, ev) for s, ev in events if s.wants_snapshot]
-        if wants:
-            snaps = self._isolate("snapshot", [s for s, ev in wants if not ev.finished],
-                                  lambda b: [self.snapshot()] * len(b), res)[1] or [None]
-            for s, ev in wants:
-                ev.snapshot = snaps[0]
+        self._attach_snapshot([(s, ev) for s, ev in events if s.wants_snapshot], res)
         res.events += [(s, ev) for s, ev in events if ev.finished or s.finish_reason is None]
+
+    def _attach_snapshot(self, wants: list[tuple[Sequence, StreamEvent]], res: StepResult):
+        """One snapshot per step, shared by every request that asked for one. If building it raises, the
+        unfinished requests that asked fail; finished ones still get their final event (without a snapshot)."""
+        if not wants:
+            return
+        try:
+            snap = self.snapshot()
+        except Exception as e:
+            snap = None
+            for seq, ev in wants:
+                if not ev.finished:
+                    self._fail(seq, "snapshot", e, res)
+        for _, ev in wants:
+            ev.snapshot = snap
 
     def _isolate(self, stage: str, seqs: list[Sequence], fn, res: StepResult) -> tuple[list[Sequence], list]:
         """fn(batch) -> one result per sequence. If the batch raises, each sequence runs alone, so only the

@@ -51,7 +51,7 @@ class EngineLoop:
             self._wake.notify_all()
         try:
             while pending:
-                seq, ev = self._wait(sink)
+                seq, ev = self._wait(sink, pending)
                 if isinstance(ev, BaseException):
                     pending.discard(seq.seq_id)
                     raise ev
@@ -62,15 +62,22 @@ class EngineLoop:
             with self._inbox_lock:
                 self._abort([self._live[i] for i in pending if i in self._live])
 
-    def _wait(self, sink: queue.Queue):
-        """The next item for this caller; an error, never a hang, if the loop died before delivering it."""
+    def _wait(self, sink: queue.Queue, pending: set[int]):
+        """The next item for this caller; an error, never a hang, if the loop died before delivering it (the
+        caller's requests are then dropped here; a later loop ends any the core still holds)."""
         while True:
             try:
                 return sink.get(timeout=POLL_S)
             except queue.Empty:
                 with self._inbox_lock:
-                    if not self._closed and not self._paused and (self._thread is None or not self._thread.is_alive()):
-                        raise RuntimeError("the engine loop is not running; the request was not finished") from None
+                    if self._closed or self._paused or (self._thread is not None and self._thread.is_alive()):
+                        continue
+                    for seq in [self._live.pop(i) for i in pending if i in self._live]:
+                        seq.aborted = True
+                        if seq in self._inbox:
+                            self._inbox.remove(seq)
+                    self._busy = True
+                raise RuntimeError("the engine loop is not running; the request was not finished")
 
     def abort(self, request_id: str):
         with self._inbox_lock:
