@@ -9,6 +9,7 @@ import torch
 from minivlm.block_manager import BlockManager
 from minivlm.config import EngineConfig
 from minivlm.device import free_memory_bytes, peak_bytes
+from minivlm.events import EventLog
 from minivlm.loader import LoadedModel
 from minivlm.output import OutputProcessor
 from minivlm.prefix_keys import extend_keys
@@ -66,8 +67,9 @@ class EngineCore:
         self.kv_cache = torch.zeros(2, shape[0], self.num_blocks, config.block_size, shape[1], shape[2],
                                     dtype=model.dtype, device=model.device)
         self.kv_cache_bytes = self.kv_cache.nbytes
-        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.cache_strategy != "none")
-        self.scheduler = Scheduler(self.block_manager, config)
+        self.events = EventLog(config.event_log_size)
+        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.cache_strategy != "none", self.events)
+        self.scheduler = Scheduler(self.block_manager, config, self.events)
         self.snapshots = SnapshotBuilder(self.block_manager)
         self.vision_cache = VisionCache(config.vision_cache_bytes)
         self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.vision_cache)
@@ -85,12 +87,16 @@ class EngineCore:
     def step(self, new: list[Sequence]) -> StepResult:
         """One scheduler step: prefill a batch of waiting requests, or decode one token for every running one."""
         res = StepResult()
+        aborted = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.aborted]
+        if not (new or aborted or self.scheduler.has_work()):
+            return res
+        self.step_count += 1
+        self.events.step = self.step_count
         for seq in new:
             self._isolate("admit", [seq], lambda b: [self._admit(b[0])], res)
-        for seq in [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.aborted]:
+        for seq in aborted + [s for s in new if s.aborted and s.finish_reason is None]:
             res.events.append((seq, self.abort(seq)))
         if self.scheduler.has_work():
-            self.step_count += 1
             self._run_step(res)
         if self.after_step is not None:
             self.after_step(self)
@@ -101,6 +107,10 @@ class EngineCore:
         for seq, e in batch.failed:
             self._fail(seq, "schedule", e, res)
         seqs = batch.seqs
+        if seqs:
+            self.events.emit("scheduled", step_kind="prefill" if batch.is_prefill else "decode",
+                             request_ids=[s.request_id for s in seqs],
+                             num_tokens=sum(len(s) - s.num_computed for s in seqs) if batch.is_prefill else len(seqs))
         if batch.is_prefill:
             seqs, _ = self._isolate("vision encode", seqs, lambda b: [self.runner.encode_images(s) for s in b], res)
         if not seqs:
@@ -148,6 +158,8 @@ class EngineCore:
         return kept, results
 
     def _admit(self, seq: Sequence):
+        self.events.emit("arrived", seq.request_id, num_prompt_tokens=seq.num_prompt_tokens,
+                         num_images=len(seq.images), image_spans=[(im.start, im.num_tokens) for im in seq.images])
         self.outputs.start(seq)
         self.scheduler.add(seq)
 
@@ -170,6 +182,7 @@ class EngineCore:
         return self._finish(seq, "abort")
 
     def _finish(self, seq: Sequence, reason: str) -> StreamEvent:
+        self.events.emit("finished", seq.request_id, finish_reason=reason)
         self.scheduler.finish(seq)
         seq.finish_reason = reason
         out = self.outputs.output(seq, reason)
@@ -179,11 +192,16 @@ class EngineCore:
         """Take a faulted request out (its newest blocks were never written, so they are unpublished)."""
         log.exception("request %s failed during %s", seq.request_id, stage, exc_info=error)
         seq.finish_reason = "error"
+        self.events.emit("finished", seq.request_id, finish_reason="error", stage=stage, error=str(error))
         try:
             self.scheduler.finish(seq, computed=False)
         finally:
             res.failed.append((seq, RequestFailed(seq.request_id, stage, error)))
             self._recompute_lost_hits()
+
+    def drop(self, seq: Sequence, error: BaseException):
+        """Take a request out after the loop itself failed around it (its caller hears from the loop)."""
+        self._fail(seq, "loop", error, StepResult())
 
     def _recompute_lost_hits(self):
         """A request that hit a block published in this very step, by a request that then failed before

@@ -6,6 +6,7 @@ import torch
 
 from minivlm.config import EngineConfig
 from minivlm.core import EngineCore
+from minivlm.events import EngineEvent, to_jsonl
 from minivlm.intake import Intake
 from minivlm.loader import LoadedModel
 from minivlm.loop import EngineLoop
@@ -105,6 +106,21 @@ class Engine:
         if not self.loop.paused:
             raise RuntimeError("step() drives a paused engine; call engine.pause() first")
         return self.loop.step()
+
+    # ---- the event log ----------------------------------------------------------------------------------
+    def events(self, since: int = 0) -> list[EngineEvent]:
+        """The decisions logged after event `since` (EngineEvent.seq > since), in order; see minivlm.events."""
+        with self.loop.lock:
+            return self.core.events.since(since)
+
+    def events_jsonl(self, since: int = 0) -> str:
+        """The same events, one JSON object per line."""
+        return to_jsonl(self.events(since))
+
+    @property
+    def events_dropped(self) -> int:
+        """Events pushed out of the ring log (EngineConfig.event_log_size) so far."""
+        return self.core.events.dropped
 
     # ---- views ------------------------------------------------------------------------------------------
     def snapshot(self) -> KVSnapshot:

@@ -142,7 +142,7 @@ class EngineLoop:
                 victims, self._inbox, self._live, self._thread = list(self._live.values()), [], {}, None
             for seq in victims:
                 try:
-                    self.core.scheduler.finish(seq, computed=False)
+                    self.core.drop(seq, error)
                 except Exception:  # the state that killed the loop may refuse; the callers still hear now
                     log.exception("could not release request %s", seq.request_id)
             with self._inbox_lock:

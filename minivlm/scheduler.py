@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 from minivlm.block_manager import BlockManager
 from minivlm.config import EngineConfig
+from minivlm.events import EventLog
 from minivlm.sequence import Sequence, Status
 
 
@@ -16,8 +17,9 @@ class Batch(NamedTuple):
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, config: EngineConfig):
+    def __init__(self, block_manager: BlockManager, config: EngineConfig, events: EventLog | None = None):
         self.bm = block_manager
+        self.events = events or EventLog(0)
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -58,10 +60,12 @@ class Scheduler:
             seq = self.running.popleft()
             try:
                 while not self.bm.can_append(seq):
+                    need = f"{seq.request_id} needs a block for its next token; none is free; "
                     if not self.running:
-                        self.preempt(seq)
+                        self.preempt(seq, need + f"no other request is running, so {seq.request_id} itself")
                         break
-                    self.preempt(self.running.pop())  # newest first: it has the least work to redo
+                    victim = self.running.pop()  # newest first: it has the least work to redo
+                    self.preempt(victim, need + f"preempting the newest running request, {victim.request_id}")
                 else:
                     self.bm.append_slot(seq)
                     survivors.append(seq)
@@ -76,8 +80,13 @@ class Scheduler:
         seq.status = Status.FINISHED
         return error
 
-    def preempt(self, seq: Sequence):
+    def preempt(self, seq: Sequence, why: str = "preempted"):
         """Free seq's blocks and queue it first in line; its tokens so far are recomputed on re-admission."""
+        blocks = list(seq.block_table)
+        freeing = sum(self.bm.blocks[b].ref_count == 1 for b in blocks)
+        self.events.emit("preempted", seq.request_id, block_ids=blocks,
+                         reason=f"{why}, releasing its {len(blocks)} blocks ({freeing} become free); "
+                                f"its {len(seq)} tokens will be recomputed")
         self.bm.deallocate(seq)
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)

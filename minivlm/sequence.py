@@ -42,6 +42,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_keys: list[str] = []    # key of each full block under the engine's strategy
         self.truth_keys: list[str] = []    # strategy-C key of each full block (ground truth for false hits)
+        self.block_extras: list[tuple] = []  # the extra key material of each block_keys entry
         self.num_computed = 0
         self.num_cached_tokens = 0
         self.cache_hits: list[CacheHit] = []

@@ -2,10 +2,15 @@
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from minivlm.block_manager import block_kind
-
 if TYPE_CHECKING:
     from minivlm.output import Output
+
+
+def block_kind(token_types: list[int]) -> str:
+    """text | image | mixed by the token types a block holds (free when it holds none)."""
+    if not token_types:
+        return "free"
+    return "image" if all(token_types) else "mixed" if any(token_types) else "text"
 
 
 @dataclass(frozen=True)
