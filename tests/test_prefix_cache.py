@@ -14,13 +14,14 @@ def results(engines):
             for name, pair in CASES.items()}
 
 
-def test_strategy_c_never_false_hits_and_reuses_identical_blocks(results):
+def test_strategy_c_reuse_gives_exactly_the_cold_run(results):
+    """Whatever C reuses must be what the request would compute: same tokens and logprobs as a run with no cache."""
     for name, per in results.items():
-        assert per["C"].false_hits == 0, name
-        assert all(not h.false_hit for h in per["C"].second.cache_hits)
+        c = per["C"]
+        assert c.second.token_ids == c.cold.token_ids, name
+        assert c.max_logprob_diff < 1e-4, f"{name}: C reused K/V that moved logprobs by {c.max_logprob_diff}"
     for name in ("2 identical request", "3 same image, different text"):
-        assert results[name]["C"].true_hits > 0, name
-        assert results[name]["C"].max_logprob_diff < 1e-4, "a C hit must give the cold run's logprobs"
+        assert results[name]["C"].hits > 0, f"{name}: C must reuse the identical blocks"
 
 
 def test_strategy_a_false_hits_on_a_different_image(results):
