@@ -8,15 +8,15 @@ import torch
 
 from minivlm.block_manager import BlockManager
 from minivlm.config import EngineConfig
-from minivlm.device import free_memory_bytes, peak_bytes
 from minivlm.events import EventLog
+from minivlm.kv_pool import KVPool
 from minivlm.loader import LoadedModel
 from minivlm.output import OutputProcessor
 from minivlm.prefix_keys import extend_keys
 from minivlm.runner import ModelRunner
 from minivlm.scheduler import Scheduler
 from minivlm.sequence import Sequence
-from minivlm.snapshot import KVSnapshot, MemoryReport, SnapshotBuilder, StreamEvent
+from minivlm.snapshot import KVSnapshot, SnapshotBuilder, StreamEvent
 from minivlm.vision_cache import VisionCache
 
 log = logging.getLogger("minivlm")
@@ -38,51 +38,22 @@ class StepResult:
     failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
 
 
-def derive_num_blocks(config: EngineConfig, model: LoadedModel) -> int:
-    """KV blocks that fit the memory budget (the same formula as minivlm.budget), capped at what
-    max_num_seqs requests of max_model_len tokens could ever use."""
-    from minivlm.budget import estimate
-    device, weights = model.device, model.weights_bytes()
-    est = estimate(model.hf_config, dtype=model.dtype_name, kv_dtype=model.dtype_name,
-                   max_model_len=config.max_model_len, num_seqs=config.max_num_seqs,
-                   max_num_batched_tokens=config.max_num_batched_tokens, block_size=config.block_size,
-                   gpu_memory_utilization=1.0 if device.type == "cpu" else config.gpu_memory_utilization,
-                   device_memory_bytes=free_memory_bytes(device, config.cpu_memory_budget_bytes)
-                   + (weights if device.type != "cpu" else 0), weights_bytes=weights)  # CPU: a budget already
-    if est.num_blocks < 1:
-        raise ValueError(f"no memory left for the KV cache on {device} after {weights / 2**30:.2f} GiB of weights; "
-                         f"raise gpu_memory_utilization or pass num_blocks")
-    return min(est.num_blocks, config.max_num_seqs * -(-config.max_model_len // config.block_size))
-
-
 class EngineCore:
     """Single-threaded: the caller (Engine) holds its lock around every call."""
 
     def __init__(self, config: EngineConfig, model: LoadedModel):
         self.config, self.model = config, model
-        text_cfg = model.hf_config.text_config
-        shape = (text_cfg.num_hidden_layers, text_cfg.num_key_value_heads, text_cfg.head_dim)
-        self.kv_bytes_per_token = 2 * shape[0] * shape[1] * shape[2] * model.dtype.itemsize
-        self.num_blocks = config.num_blocks or derive_num_blocks(config, model)
-        self.kv_cache = torch.zeros(2, shape[0], self.num_blocks, config.block_size, shape[1], shape[2],
-                                    dtype=model.dtype, device=model.device)
-        self.kv_cache_bytes = self.kv_cache.nbytes
+        self.pool = KVPool(config, model)
+        self.num_blocks = self.pool.num_blocks
         self.events = EventLog(config.event_log_size)
         self.block_manager = BlockManager(self.num_blocks, config.block_size, config.cache_strategy != "none", self.events)
         self.scheduler = Scheduler(self.block_manager, config, self.events)
         self.snapshots = SnapshotBuilder(self.block_manager)
         self.vision_cache = VisionCache(config.vision_cache_bytes)
-        self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.vision_cache)
+        self.runner = ModelRunner(model, self.pool.kv_cache, config.block_size, self.vision_cache)
         self.outputs = OutputProcessor(model.tokenizer, model.eos_ids, config.max_model_len)
         self.step_count = 0
         self.after_step = None  # debug hook: called with the core after every step (tests check invariants)
-        tokens = self.num_blocks * config.block_size
-        log.info("minivlm: %s on %s (%s) | KV cache: %d blocks x %d = %d tokens | max concurrency %.2fx at %d tokens",
-                 model.model_type, model.device, model.dtype_name, self.num_blocks, config.block_size, tokens,
-                 tokens / config.max_model_len, config.max_model_len)
-
-    def has_work(self) -> bool:
-        return self.scheduler.has_work()
 
     def step(self, new: list[Sequence]) -> StepResult:
         """One scheduler step: prefill a batch of waiting requests, or decode one token for every running one."""
@@ -105,7 +76,7 @@ class EngineCore:
     def _run_step(self, res: StepResult):
         batch = self.scheduler.schedule()
         for seq, e in batch.failed:
-            self._fail(seq, "schedule", e, res)
+            self.fail(seq, "schedule", e, res)
         seqs = batch.seqs
         if seqs:
             self.events.emit("scheduled", step_kind="prefill" if batch.is_prefill else "decode",
@@ -135,7 +106,7 @@ class EngineCore:
             snap = None
             for seq, ev in wants:
                 if not ev.finished:
-                    self._fail(seq, "snapshot", e, res)
+                    self.fail(seq, "snapshot", e, res)
         for _, ev in wants:
             ev.snapshot = snap
 
@@ -146,7 +117,7 @@ class EngineCore:
             return seqs, fn(seqs)
         except Exception as e:
             if len(seqs) == 1:
-                self._fail(seqs[0], stage, e, res)
+                self.fail(seqs[0], stage, e, res)
                 return [], []
         kept, results = [], []
         for seq in seqs:
@@ -154,7 +125,7 @@ class EngineCore:
                 results += fn([seq])
                 kept.append(seq)
             except Exception as e:
-                self._fail(seq, stage, e, res)
+                self.fail(seq, stage, e, res)
         return kept, results
 
     def _admit(self, seq: Sequence):
@@ -188,8 +159,10 @@ class EngineCore:
         out = self.outputs.output(seq, reason)
         return StreamEvent(seq.request_id, "", out.text, True, None, out)
 
-    def _fail(self, seq: Sequence, stage: str, error: Exception, res: StepResult):
-        """Take a faulted request out (its newest blocks were never written, so they are unpublished)."""
+    def fail(self, seq: Sequence, stage: str, error: BaseException, res: StepResult | None = None):
+        """Take a faulted request out (its newest blocks were never written, so they are unpublished); the
+        caller's error goes into res (the loop, when it fails a request itself, tells the caller directly)."""
+        res = res if res is not None else StepResult()
         log.exception("request %s failed during %s", seq.request_id, stage, exc_info=error)
         seq.finish_reason = "error"
         self.events.emit("finished", seq.request_id, finish_reason="error", stage=stage, error=str(error))
@@ -197,33 +170,11 @@ class EngineCore:
             self.scheduler.finish(seq, computed=False)
         finally:
             res.failed.append((seq, RequestFailed(seq.request_id, stage, error)))
-            self._recompute_lost_hits()
-
-    def drop(self, seq: Sequence, error: BaseException):
-        """Take a request out after the loop itself failed around it (its caller hears from the loop)."""
-        self._fail(seq, "loop", error, StepResult())
-
-    def _recompute_lost_hits(self):
-        """A request that hit a block published in this very step, by a request that then failed before
-        writing it, must compute that block itself."""
-        bs, bm = self.config.block_size, self.block_manager
-        for seq in self.scheduler.running:
-            for i, b in enumerate(seq.block_table[:seq.num_computed // bs]):
-                if bm.caching and i < len(seq.block_keys) and bm.blocks[b].key != seq.block_keys[i]:
-                    seq.num_computed = i * bs
-                    break
+            self.scheduler.rewind_unwritten_hits()
 
     def snapshot(self) -> KVSnapshot:
         s = self.scheduler
         return self.snapshots.build(list(s.running), list(s.waiting), self.step_count, s.num_preemptions)
-
-    def memory_report(self) -> MemoryReport:
-        """What is allocated now: weights, the KV pool (0 once released), and the device's peak where it can tell."""
-        kv = self.kv_cache.nbytes if self.kv_cache is not None else 0
-        tokens = self.num_blocks * self.config.block_size
-        return MemoryReport(self.model.weights_bytes(), kv, self.kv_bytes_per_token, self.num_blocks,
-                            self.config.block_size, peak_bytes(self.model.device), str(self.model.device),
-                            self.model.dtype_name, self.model.vision.num_bytes(), tokens, tokens / self.config.max_model_len)
 
     def reset_prefix_cache(self):
         """Forget every cached-but-free block and every cached vision embedding."""
@@ -232,4 +183,5 @@ class EngineCore:
 
     def release(self):
         """Drop the KV pool now, not whenever the engine is collected."""
-        self.kv_cache = self.runner.kv_caches = None
+        self.pool.release()
+        self.runner.kv_caches = None

@@ -103,7 +103,7 @@ class Engine:
 
     def step(self) -> list[StreamEvent]:
         """While paused: run exactly one scheduler step and return its StreamEvents (also sent to their callers)."""
-        if not self.loop.paused:
+        if not self.loop.is_paused():
             raise RuntimeError("step() drives a paused engine; call engine.pause() first")
         return self.loop.step()
 
@@ -130,7 +130,7 @@ class Engine:
 
     def memory_report(self) -> MemoryReport:
         """What is really allocated: weights, the KV pool, and the device's peak where it can tell."""
-        return self.core.memory_report()
+        return self.core.pool.memory_report()
 
     def reset_prefix_cache(self):
         """Forget every cached-but-free block and every cached vision embedding."""

@@ -83,7 +83,7 @@ class EngineLoop:
         with self._inbox_lock:
             self._abort([s for s in self._live.values() if s.request_id == request_id])
 
-    def _abort(self, seqs: list[Sequence]):
+    def _abort(self, seqs: list[Sequence]):  # holding _inbox_lock
         for seq in seqs:
             seq.aborted = True
         if seqs:
@@ -93,6 +93,10 @@ class EngineLoop:
     def has_unfinished(self) -> bool:
         with self._inbox_lock:
             return bool(self._live)
+
+    def is_paused(self) -> bool:
+        with self._inbox_lock:
+            return self._paused
 
     # ---- stepping ---------------------------------------------------------------------------------------
     def _start_thread(self):
@@ -121,17 +125,13 @@ class EngineLoop:
                     return []  # paused between the loop's check and this step
                 new, self._inbox = self._inbox, []
             result = self.core.step(new)
+            done = [seq for seq, _ in result.failed] + [seq for seq, ev in result.events if ev.finished]
             with self._inbox_lock:
-                self._busy = self.core.has_work()
-                for seq, _ in result.failed:
+                self._busy = self.core.scheduler.has_work()
+                for seq in done:
                     self._live.pop(seq.seq_id, None)
-                for seq, ev in result.events:
-                    if ev.finished:
-                        self._live.pop(seq.seq_id, None)
-            for seq, error in result.failed:
-                seq.sink.put((seq, error))
-            for seq, ev in result.events:
-                seq.sink.put((seq, ev))
+            for seq, item in result.failed + result.events:  # an error or a StreamEvent
+                seq.sink.put((seq, item))
             return [ev for _, ev in result.events]
 
     def _died(self, error: BaseException):
@@ -142,11 +142,11 @@ class EngineLoop:
                 victims, self._inbox, self._live, self._thread = list(self._live.values()), [], {}, None
             for seq in victims:
                 try:
-                    self.core.drop(seq, error)
+                    self.core.fail(seq, "loop", error)
                 except Exception:  # the state that killed the loop may refuse; the callers still hear now
                     log.exception("could not release request %s", seq.request_id)
             with self._inbox_lock:
-                self._busy = self.core.has_work()
+                self._busy = self.core.scheduler.has_work()
             for seq in victims:
                 seq.sink.put((seq, RuntimeError(f"the engine loop stopped ({type(error).__name__}: {error}); "
                                                 f"request {seq.request_id} was not finished")))
@@ -158,10 +158,6 @@ class EngineLoop:
             self._wake.notify_all()
         with self.lock:
             pass  # pause() returns only once a step in flight has ended
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
 
     def close(self):
         """Abort everything pending and stop the thread."""

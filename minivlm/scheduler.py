@@ -92,6 +92,16 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def rewind_unwritten_hits(self):
+        """A request that hit a block published earlier in this step, by a request that then failed before
+        writing its K/V (so the block was unpublished), computes that block itself."""
+        bs = self.bm.block_size
+        for seq in self.running:
+            for i, b in enumerate(seq.block_table[:seq.num_computed // bs]):
+                if self.bm.caching and i < len(seq.block_keys) and self.bm.blocks[b].key != seq.block_keys[i]:
+                    seq.num_computed = i * bs
+                    break
+
     def finish(self, seq: Sequence, computed: bool = True):
         """Remove a finished, aborted or failed request and release its blocks (computed=False: its newest
         blocks never got their K/V, so they are unpublished too)."""

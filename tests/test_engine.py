@@ -154,7 +154,7 @@ def test_num_blocks_comes_from_the_budget_calculator(checkpoints):
                        device_memory_bytes=560 * 2**20, weights_bytes=engine.model.weights_bytes(), gpu_memory_utilization=1.0)
         report = engine.memory_report()
         assert 0 < engine.num_blocks == est.num_blocks < 256 * 512 // 16
-        assert report.kv_cache_bytes == est.num_blocks * 16 * est.kv_bytes_per_token == engine.core.kv_cache.nbytes
+        assert report.kv_cache_bytes == est.num_blocks * 16 * est.kv_bytes_per_token == engine.core.pool.kv_cache.nbytes
         assert report.kv_bytes_per_token == est.kv_bytes_per_token
     after = engine.memory_report()  # closed: the pool is gone, the report still answers
     assert after.kv_cache_bytes == 0 and after.weights_bytes == report.weights_bytes

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from minivlm import Request, SamplingParams
-from minivlm.experiments.mm_cache import Q, RED, BLUE, cases, compare_strategies, shape_image
+from minivlm.cache_study import compare_strategies
+from minivlm.experiments.mm_cache import BLUE, Q, RED, cases, shape_image
 
 CASES = cases()
 
@@ -45,10 +46,10 @@ def test_true_hit_kv_is_identical_to_recomputed_kv(engines):
         table = list(first_table.values())[0]
         n_full = engine.generate(req, params).num_cached_tokens // engine.config.block_size
         assert n_full > 0
-        cached_kv = engine.core.kv_cache[:, :, table[:n_full]].clone()
+        cached_kv = engine.core.pool.kv_cache[:, :, table[:n_full]].clone()
         engine.reset_prefix_cache()
         fresh = next(iter(engine.stream(req, params))).snapshot.block_tables
-        recomputed = engine.core.kv_cache[:, :, list(fresh.values())[0][:n_full]]
+        recomputed = engine.core.pool.kv_cache[:, :, list(fresh.values())[0][:n_full]]
         assert torch.allclose(cached_kv, recomputed, atol=1e-6, rtol=0)
 
 
