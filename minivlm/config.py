@@ -10,7 +10,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 @dataclass
 class EngineConfig:
-    """Engine settings (see API.md). num_blocks=None derives the KV pool from the memory budget."""
+    """Engine settings (docs/API.md describes each). num_blocks=None derives the KV pool from the memory budget."""
     model: str = DEFAULT_MODEL
     device: str = "auto"
     dtype: str = "auto"
