@@ -174,7 +174,8 @@ class EngineCore:
 
     def snapshot(self) -> KVSnapshot:
         s = self.scheduler
-        return self.snapshots.build(list(s.running), list(s.waiting), self.step_count, s.num_preemptions)
+        return self.snapshots.build(list(s.running), list(s.waiting), self.step_count, s.num_preemptions,
+                                    last_event_seq=self.events.last_seq)
 
     def reset_prefix_cache(self):
         """Forget every cached-but-free block and every cached vision embedding."""

@@ -3,7 +3,7 @@ source for replay (the KV state at any step), step-through, timelines and per-ru
 vLLM's KV-event names (BlockStored, BlockRemoved, AllBlocksCleared) and fields."""
 import dataclasses
 import json
-from bisect import bisect_right
+from itertools import islice
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -55,9 +55,14 @@ class EventLog:
         self.next_seq += 1
 
     def since(self, seq: int = 0) -> list[EngineEvent]:
-        """Events with .seq > seq, in order."""
-        ring = list(self.ring)
-        return ring[bisect_right([e.seq for e in ring], seq):]
+        """Events with .seq > seq, in order (seq numbers in the ring are consecutive)."""
+        if not self.ring:
+            return []
+        return list(islice(self.ring, max(0, seq + 1 - self.ring[0].seq), None))
+
+    @property
+    def last_seq(self) -> int:
+        return self.next_seq - 1
 
 
 def to_jsonl(events: list[EngineEvent]) -> str:
@@ -67,7 +72,7 @@ def to_jsonl(events: list[EngineEvent]) -> str:
 class _Replay:
     """The KV state rebuilt from events alone (see replay)."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, base: KVSnapshot | None):
         self.num_blocks, self.bs = num_blocks, block_size
         self.keys: list[str | None] = [None] * num_blocks
         self.cached_kind = ["free"] * num_blocks
@@ -77,6 +82,12 @@ class _Replay:
         self.running: list[str] = []
         self.waiting: list[str] = []
         self.step = self.preemptions = 0
+        if base is not None:  # an idle pool: only cached blocks carry state
+            if base.running or base.waiting or base.num_blocks != num_blocks:
+                raise ValueError("a replay base must be a snapshot of this pool taken while no request was queued")
+            self.keys = [b.block_hash if b.cached else None for b in base.blocks]
+            self.cached_kind = [b.kind for b in base.blocks]
+            self.step, self.preemptions = base.step, base.num_preemptions
 
     def apply(self, ev: EngineEvent):
         rid, f = ev.request_id, ev.fields
@@ -137,23 +148,29 @@ class _Replay:
                           self.preemptions)
 
 
-def replay_steps(events: list[EngineEvent], num_blocks: int, block_size: int):
-    """Yield (step, KVSnapshot after that step) for every step the events cover; needs the log from seq 1."""
-    if events and events[0].seq != 1:
-        raise ValueError(f"replay needs the whole log from seq 1; it starts at {events[0].seq} (raise event_log_size)")
-    state = _Replay(num_blocks, block_size)
+def _start(events: list[EngineEvent], num_blocks: int, block_size: int, base: KVSnapshot | None) -> _Replay:
+    first = base.last_event_seq + 1 if base is not None else 1
+    if events and events[0].seq != first:
+        raise ValueError(f"replay needs the log from seq {first} on, but it starts at {events[0].seq} "
+                         f"(events were dropped: raise event_log_size)")
+    return _Replay(num_blocks, block_size, base)
+
+
+def replay_steps(events: list[EngineEvent], num_blocks: int, block_size: int, base: KVSnapshot | None = None):
+    """Yield (step, KVSnapshot after that step) for every step the events cover."""
+    state = _start(events, num_blocks, block_size, base)
     for i, ev in enumerate(events):
         state.apply(ev)
         if i + 1 == len(events) or events[i + 1].step != ev.step:
             yield ev.step, state.snapshot()
 
 
-def replay(events: list[EngineEvent], num_blocks: int, block_size: int, until_step: int | None = None) -> KVSnapshot:
-    """The KV state (blocks, block tables, running, waiting) after `until_step` (default: the last event's step),
-    rebuilt from events alone; equal to what engine.snapshot() showed then."""
-    if events and events[0].seq != 1:
-        raise ValueError(f"replay needs the whole log from seq 1; it starts at {events[0].seq} (raise event_log_size)")
-    state = _Replay(num_blocks, block_size)
+def replay(events: list[EngineEvent], num_blocks: int, block_size: int, until_step: int | None = None,
+           base: KVSnapshot | None = None) -> KVSnapshot:
+    """The KV state (blocks, block tables, running, waiting, step) after `until_step` (default: the last event's
+    step), rebuilt from events alone: equal to what engine.snapshot() showed then. The events start at seq 1,
+    or, given `base` (a snapshot of the idle pool), right after base.last_event_seq: events(since=base.last_event_seq)."""
+    state = _start(events, num_blocks, block_size, base)
     for ev in events:
         if until_step is not None and ev.step > until_step:
             break

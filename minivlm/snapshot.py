@@ -37,6 +37,7 @@ class KVSnapshot:
     waiting: list[str] = field(default_factory=list)
     num_preemptions: int = 0
     cache_stats: dict[str, int] = field(default_factory=dict)
+    last_event_seq: int = 0           # the event log's last seq at this moment: events(since=it) follow it
 
 
 @dataclass
@@ -74,7 +75,8 @@ class SnapshotBuilder:
         self.bm = bm
         self.infos = [BlockInfo(b.block_id, 0, 0, None, [], "free", False) for b in bm.blocks]
 
-    def build(self, running: list, waiting: list, step: int, num_preemptions: int, full: bool = False) -> KVSnapshot:
+    def build(self, running: list, waiting: list, step: int, num_preemptions: int, full: bool = False,
+              last_event_seq: int = 0) -> KVSnapshot:
         """full=True rebuilds every block (the reference the incremental path is tested against)."""
         bm, bs = self.bm, self.bm.block_size
         owners: dict[int, list[str]] = {}
@@ -97,4 +99,4 @@ class SnapshotBuilder:
             self.infos[b] = BlockInfo(b, blk.ref_count, n, blk.key[:16] if blk.key else None,
                                       owners.get(b, []), kind, cached)
         return KVSnapshot(bs, len(bm.blocks), list(self.infos), tables, step, [s.request_id for s in running],
-                          [s.request_id for s in waiting], num_preemptions, dict(bm.stats))
+                          [s.request_id for s in waiting], num_preemptions, dict(bm.stats), last_event_seq)

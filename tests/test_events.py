@@ -64,6 +64,28 @@ def test_replay_equals_snapshot_at_every_step(checkpoints, strategy):
     assert sorted(steps) == sorted(by_step(events)) and steps[max(steps)].blocks == snap.blocks
 
 
+def test_replay_of_one_run_from_a_snapshot_of_the_idle_pool(checkpoints):
+    """A timeline of the current run: replay its events on top of the snapshot taken when it started."""
+    mismatches = []
+    with tight_engine(checkpoints["qwen3_vl"], "A") as engine:
+        engine.generate(Request(prompt=Q, images=[shape_image(RED)], request_id="earlier"), SamplingParams(max_tokens=4))
+        base = engine.snapshot()
+        assert any(b.cached for b in base.blocks)
+
+        def check(core):
+            snap = core.snapshot()
+            rebuilt = replay(core.events.since(base.last_event_seq), core.num_blocks, 8, base=base)
+            if (rebuilt.blocks, rebuilt.block_tables, rebuilt.step) != (snap.blocks, snap.block_tables, snap.step):
+                mismatches.append(core.step_count)
+        engine.core.after_step = check
+        out = engine.generate(Request(prompt=Q, images=[shape_image(BLUE)], request_id="blue"), LONG)
+        run = engine.events(since=base.last_event_seq)
+    assert not mismatches, mismatches
+    assert out.cache_hits and run[0].kind == "arrived" and run[0].request_id == "blue"
+    with pytest.raises(ValueError, match=f"from seq {base.last_event_seq + 1}"):
+        replay(run[1:], engine.num_blocks, 8, base=base)
+
+
 def test_preemptions_name_the_victim_and_the_reason(checkpoints):
     with tight_engine(checkpoints["qwen3_vl"], "C") as engine:
         workload(engine)
@@ -151,7 +173,7 @@ def test_jsonl_ring_bound_and_sentences(checkpoints):
         lines = engine.events_jsonl(since=events[-5].seq).splitlines()
         assert len(events) == 40 and engine.events_dropped > 0 and events[0].seq == engine.events_dropped + 1
         assert [json.loads(line)["seq"] for line in lines] == [e.seq for e in events[-4:]]
-        with pytest.raises(ValueError, match="whole log"):
+        with pytest.raises(ValueError, match="needs the log from seq 1"):
             replay(events, engine.num_blocks, 8)
         steps = by_step(events)
         line = describe_step(steps[max(steps)])
