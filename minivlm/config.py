@@ -25,7 +25,7 @@ class EngineConfig:
     vision_cache_bytes: int = 64 * 2**20
     max_images_per_request: int = 8
     cpu_memory_budget_bytes: int = 2 * 2**30
-    event_log_size: int = 100_000   # events kept in the engine's ring log (0 = no event log)
+    event_log_size: int = 20_000    # events kept in the ring log, about 400 bytes each (0 = no event log)
 
     def __post_init__(self):
         def positive_int(name):
