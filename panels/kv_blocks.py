@@ -1,40 +1,27 @@
-"""KV blocks tab: the physical block map and block tables, live while requests decode; a launcher for N concurrent
-requests (continuous batching, preemption) whose every step is recorded and replayed with a slider."""
+"""KV blocks tab: the physical block map, block tables, a timeline and a decision log of the current run, all
+derived from the engine's event log (one source, so they cannot disagree), with step-through: Pause, launch
+requests or send a chat, then Step one scheduler iteration at a time."""
 import collections
 import os
+import tempfile
+import threading
 import time
 
 import gradio as gr
 
 from minivlm import Request, SamplingParams
+from minivlm.events import replay
 
 from panels.chat import EXAMPLES
+from panels.decisions import decision_log, frame_line, lifetime_line, run_line
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
-from panels.plots import block_map_figure, block_table, snapshot_summary
+from panels.plots import block_map_figure, block_table
+from panels.timeline import timeline_figure
 
-RENDER_SHARE = 0.02  # live rendering may take at most 2 % of wall time while the engine decodes,
-LIVE_INTERVAL = 0.5  # and happens at most twice a second (the replay shows every step afterwards)
-KEPT_TIMELINES = 8   # sessions whose last run stays replayable
-
-
-def render(snap):
-    """A snapshot as the tab's three outputs."""
-    return block_map_figure(snap), block_table(snap), snapshot_summary(snap)
-
-
-class Throttle:
-    """Lets work through only while the time it takes stays under `share` of the wall time (and at most once per
-    `min_interval` seconds)."""
-
-    def __init__(self, share: float, min_interval: float = 0.0):
-        self.share, self.min_interval = share, min_interval
-        self.next_at = time.perf_counter() + min_interval  # a run shorter than that needs no live frames
-
-    def ready(self) -> bool:
-        return time.perf_counter() >= self.next_at
-
-    def spent(self, seconds: float):
-        self.next_at = time.perf_counter() + max(self.min_interval, seconds / self.share)
+KEPT_RUNS = 8  # sessions whose last run stays replayable (a shared deployment's isolated engines are closed after)
+LAUNCH_LIMITS = {False: (32, 256), True: (8, 128)}  # shared deployment? -> most requests, most tokens each
+SHARED_LAUNCH_BLOCKS = 96  # a shared deployment's session gets its own pool this small (it still preempts)
+PAUSE_TIMEOUT_S = 120  # a paused engine whose page stopped asking (closed, or gone) resumes after this long
 
 
 def demo_requests(n: int, salt: str | None) -> list[Request]:
@@ -49,105 +36,270 @@ def demo_requests(n: int, salt: str | None) -> list[Request]:
     return reqs
 
 
-def record_run(engine, requests, params, renderer: Throttle, snapshots: bool = True):
-    """Submit all requests at once (the engine batches them) and collect the KV snapshot of every step.
-    Yields ("live", snapshot) whenever `renderer` allows a render, then ("done", timeline, errors);
-    snapshots=False runs the same requests the same way without any (the baseline for the panel's cost).
-    All events arrive on one queue in step order, so no thread wakes up per request per token."""
-    timeline, errors = {}, []
-    events = engine.stream_many(requests, params, snapshots=snapshots)
-    try:
-        for ev in events:
-            snap = ev.snapshot
-            if snap is None or snap.step in timeline:
-                continue
-            timeline[snap.step] = snap
-            if renderer.ready():
-                yield "live", snap
-    except Exception as e:  # refused input (ValueError) or a failed step
-        errors.append(str(e))
-    finally:
-        events.close()  # aborts what still runs if the page went away mid-run
-    yield "done", [timeline[k] for k in sorted(timeline)], errors
+class Run:
+    """One session's run on one engine: every event after the moment it started. Launched requests drain on
+    background threads, so a paused engine never blocks the page and a closed page loses no request."""
+
+    def __init__(self, engine, owned: bool, parent=None):
+        self.engine, self.owned = engine, owned  # owned: an isolated engine this run closes when dropped
+        self.parent = parent or engine  # the holder's engine it was made from
+        snap = engine.snapshot()
+        idle = not (snap.running or snap.waiting or engine.has_unfinished())
+        self.base = snap if idle else None  # an idle pool is a replay base; else replay the whole log
+        self.start_seq = snap.last_event_seq
+        self.start_step = snap.step  # the frame before the run's first arrival
+        self.threads: list[threading.Thread] = []
+        self.errors: list[str] = []
+        self.touched = time.monotonic()
+
+    def launch(self, requests: list[Request], params: SamplingParams):
+        """Submit at once (the engine batches them) and drain on a thread; bad input raises here."""
+        for r in requests:
+            self.engine.make_sequence(r, params)  # validate on the caller's thread: a clear error, nothing queued
+        stream = self.engine.stream_many(requests, params, snapshots=False)
+
+        def drain():
+            try:
+                for _ in stream:
+                    pass
+            except Exception as e:  # a failed step: the page shows it at the next refresh
+                self.errors.append(str(e))
+        t = threading.Thread(target=drain, name="kv-launch", daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def busy(self) -> bool:
+        return self.engine.loop.is_paused() or any(t.is_alive() for t in self.threads)
+
+    def all_events(self):
+        """The events replay needs: after the base, or the whole log when the run began on a busy engine."""
+        return self.engine.events(self.base.last_event_seq if self.base else 0)
+
+    def frame(self, events, step: int):
+        """The KV state after `step`, replayed from events alone."""
+        return replay(events, self.engine.num_blocks, self.engine.config.block_size, until_step=step, base=self.base)
+
+    def pause(self):
+        """Pause; a watchdog resumes the engine once nobody has looked at this run for PAUSE_TIMEOUT_S."""
+        self.touched = time.monotonic()
+        self.engine.pause()
+
+        def watch():
+            while self.engine.loop.is_paused():
+                if time.monotonic() - self.touched > PAUSE_TIMEOUT_S:
+                    self.engine.resume()
+                    return
+                time.sleep(1.0)
+        threading.Thread(target=watch, name="kv-pause-watchdog", daemon=True).start()
+
+    def close(self):
+        if self.owned:
+            self.engine.close()  # its requests end as aborted; the shared engine is never touched
+        else:
+            self.engine.resume()  # never leave the engine everyone uses paused
+
+
+class Runs:
+    """The sessions' runs (the last KEPT_RUNS). On a shared deployment every session steps and launches on an
+    isolated engine of its own, never on the engine the other visitors are served by."""
+
+    def __init__(self, holder: EngineHolder):
+        self.holder = holder
+        self.runs: collections.OrderedDict[str, Run] = collections.OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, session: str) -> Run | None:
+        with self.lock:
+            run = self.runs.get(session)
+        if run is not None:
+            run.touched = time.monotonic()
+        return run
+
+    def current(self, session: str) -> Run:
+        """The session's run while it is busy (paused or draining); else a new run on the right engine."""
+        run, parent = self.get(session), self.holder.get()
+        fresh = run is not None and run.parent is parent  # not made before a rebuild of the holder's engine
+        if fresh and run.busy():
+            return run
+        engine, owned = parent, self.holder.shared
+        if owned:  # keep the session's isolated engine (and its prefix cache) across runs
+            engine = run.engine if fresh and run.owned else parent.isolated(
+                num_blocks=min(parent.num_blocks, SHARED_LAUNCH_BLOCKS))
+        new = Run(engine, owned, parent)
+        with self.lock:
+            self.runs[session] = new
+            self.runs.move_to_end(session)
+            evicted = [] if run is None or run.engine is engine else [run]
+            while len(self.runs) > KEPT_RUNS:
+                evicted.append(self.runs.popitem(last=False)[1])
+        for old in evicted:
+            old.close()
+        return new
+
+
+def view(run: Run | None, engine, step: int | None):
+    """The tab's outputs for one moment: live (step=None: the engine now) or the replay of `step` of the run."""
+    if run is None:
+        snap = engine.snapshot()
+        return (block_map_figure(snap), block_table(snap), frame_line(snap, "Live") + "<br>" + lifetime_line(snap),
+                timeline_figure([]), decision_log([]), gr.update())
+    events = run.all_events()
+    mine = [e for e in events if e.seq > run.start_seq]
+    live = run.engine.snapshot()
+    last = max(live.step, run.start_step)
+    if step is None:
+        snap, shows = live, "Live"
+    else:
+        try:
+            snap = run.frame(events, max(run.start_step, min(int(step), last)))
+            shows = f"Replay (live is at step {live.step}; press Back to live)"
+        except ValueError as e:  # the ring dropped events this run needs
+            snap, shows = live, f"Live (no replay: {e})"
+    paused = " · **engine paused: press Step or Run**" if run.engine.loop.is_paused() else ""
+    summary = "<br>".join([frame_line(snap, shows) + paused, run_line(mine), lifetime_line(live),
+                           *[f"⚠ {e}" for e in run.errors[-3:]]])
+    slider = gr.update(minimum=run.start_step, maximum=max(last, run.start_step + 1), value=snap.step,
+                       interactive=True, label=f"replay step (this run: steps {run.start_step}–{last}; "
+                                               f"step {run.start_step} is before the first arrival)")
+    return (block_map_figure(snap), block_table(snap), summary, timeline_figure(mine, snap.step),
+            decision_log(mine, until_step=snap.step), slider)
 
 
 def build(holder: EngineHolder):
-    """Lay out the KV tab and wire its events (api names: kv_snapshot, kv_launch, kv_replay)."""
-    timelines: collections.OrderedDict[str, list] = collections.OrderedDict()
-    launching: set[str] = set()
+    """Lay out the KV tab and wire its events (api names: kv_snapshot, kv_launch, kv_replay, kv_pause, kv_step,
+    kv_resume, kv_events)."""
+    runs = Runs(holder)
+    most_requests, most_tokens = LAUNCH_LIMITS[holder.shared]
     with gr.Row():
         # off by default on a public deployment, where every open page would poll the engine
         live = gr.Checkbox(not holder.shared, label="Live (poll the engine once a second)", elem_id="kv-live")
         refresh = gr.Button("Refresh now", size="sm")
+        back = gr.Button("Back to live", size="sm", elem_id="kv-back")
+    with gr.Row():
+        pause = gr.Button("⏸ Pause", elem_id="kv-pause")
+        step1 = gr.Button("Step", variant="primary", elem_id="kv-step1")
+        step10 = gr.Button("Step ×10", elem_id="kv-step10")
+        resume = gr.Button("▶ Run", elem_id="kv-resume")
+    if holder.shared:
+        gr.Markdown(f"Shared deployment: your launches and your step-through run on a {SHARED_LAUNCH_BLOCKS}-block "
+                    f"engine of your own (the weights are shared, the other visitors' requests and cache are not); "
+                    f"your chats go to the shared engine, which is never paused.")
     summary = gr.Markdown(elem_id="kv-summary")
     block_map = gr.Plot(label="Physical KV blocks", elem_id="kv-map")
     with gr.Row():
-        n = gr.Slider(1, 32, value=8, step=1, label="concurrent requests")
-        max_tokens = gr.Slider(4, 256, value=48, step=1, label="tokens each (EOS ignored)")
+        n = gr.Slider(1, most_requests, value=8, step=1, label="concurrent requests", elem_id="kv-n")
+        max_tokens = gr.Slider(4, most_tokens, value=48, step=1, label="tokens each (EOS ignored)",
+                               elem_id="kv-tokens")
         launch = gr.Button("Launch N requests", variant="primary", elem_id="kv-launch")
-    step = gr.Slider(0, 1, value=0, step=1, label="replay step (after a run)", interactive=False, elem_id="kv-step")
+    step = gr.Slider(0, 1, value=0, step=1, label="replay step (after a launch or a pause)", interactive=False,
+                     elem_id="kv-step")
+    timeline = gr.Plot(label="Timeline of this run: requests × steps", elem_id="kv-timeline")
+    decisions = gr.Markdown(label="decision log", elem_id="kv-decisions", max_height=420)
     table = gr.Dataframe(label="Block tables: logical index → physical block", elem_id="kv-table", max_height=360)
-    last_step = gr.State(-1)
+    with gr.Row():
+        download = gr.Button("Download events (JSONL)", size="sm", elem_id="kv-download")
+        events_file = gr.File(label="events of this run", elem_id="kv-events-file", height=80)
+    pinned = gr.State(None)  # the replayed step, or None: live
+    seen = gr.State(None)    # (engine, last event seq) the page shows, so an idle poll sends nothing
     timer = gr.Timer(1.0)
 
-    def current():
-        snap = holder.get().snapshot()
-        return (*render(snap), snap.step)
+    def session_of(request: gr.Request | None) -> str:
+        return request.session_hash if request else ""
 
-    def poll(is_live, seen, request: gr.Request):
-        if not is_live or (request and request.session_hash in launching):
-            return gr.skip(), gr.skip(), gr.skip(), seen
-        snap = holder.get().snapshot()
-        if snap.step == seen:
-            return gr.skip(), gr.skip(), gr.skip(), seen
-        return (*render(snap), snap.step)
+    def show(session: str, at=None):
+        run = runs.get(session)
+        engine = run.engine if run else holder.get()
+        return (*view(run, engine, at), at, (id(engine), engine.snapshot().last_event_seq))
+
+    def poll(is_live, at, shown, request: gr.Request):
+        run = runs.get(session_of(request))  # also the watchdog's sign that the page is still open
+        if at is not None or not (is_live or (run is not None and run.busy())):
+            return (gr.skip(),) * 8  # a replayed step stays on screen until Back to live
+        engine = run.engine if run else holder.get()
+        if (id(engine), engine.snapshot().last_event_seq) == shown:
+            return (gr.skip(),) * 8
+        return show(session_of(request))
+
+    def refresh_now(request: gr.Request):
+        return show(session_of(request))
 
     @gpu
-    def run(count, n_tokens, request: gr.Request):
-        session = request.session_hash if request else ""
-        engine, throttle = holder.get(), Throttle(RENDER_SHARE, LIVE_INTERVAL)
-        requests = demo_requests(int(count), holder.salt(session))
-        params = SamplingParams(max_tokens=int(n_tokens), ignore_eos=True)
-        preempted_before = engine.snapshot().num_preemptions  # the engine's counter covers its whole life
-        launching.add(session)
+    def run_launch(requests, tokens_each, request: gr.Request):
+        if not all(isinstance(v, (int, float)) for v in (requests, tokens_each)) \
+                or not (1 <= requests <= most_requests and 4 <= tokens_each <= most_tokens):
+            raise gr.Error(f"The launcher runs 1 to {most_requests} requests of 4 to {most_tokens} tokens each here; "
+                           f"got {requests!r} × {tokens_each!r}.")
+        session = session_of(request)
+        run = runs.current(session)
         try:
-            for kind, *data in record_run(engine, requests, params, throttle):
-                if kind == "live":
-                    t0 = time.thread_time()
-                    frame = render(data[0])
-                    throttle.spent(time.thread_time() - t0)
-                    yield *frame, gr.skip(), data[0].step
-        finally:
-            launching.discard(session)
-        timeline, errors = data
-        for e in errors:
-            gr.Warning(e)
-        if not timeline:
-            yield *render(engine.snapshot()), gr.skip(), -1
-            return
-        timelines[session] = timeline
-        timelines.move_to_end(session)
-        while len(timelines) > KEPT_TIMELINES:
-            timelines.popitem(last=False)
-        busiest = max(timeline, key=lambda s: sum(b.ref_count > 0 for b in s.blocks))
-        slider = gr.Slider(timeline[0].step, timeline[-1].step, value=busiest.step, step=1, interactive=True,
-                           label=f"replay step ({len(timeline)} steps recorded, "
-                                 f"{timeline[-1].num_preemptions - preempted_before} preemptions; "
-                                 f"showing the fullest step)")
-        yield *render(busiest), slider, busiest.step
+            run.launch(demo_requests(int(requests), holder.salt(session)),
+                       SamplingParams(max_tokens=int(tokens_each), ignore_eos=True))
+        except ValueError as e:
+            raise gr.Error(str(e))
+        if run.engine.loop.is_paused():
+            gr.Info(f"{int(requests)} requests queued: they arrive at the next Step.")
+        return show(session)
 
-    def replay(value, request: gr.Request):
-        timeline = timelines.get(request.session_hash if request else "", [])
-        if not timeline:
-            raise gr.Error("Launch a run first: replay shows the steps of your last run.")
-        snap = next((s for s in reversed(timeline) if s.step <= value), timeline[0])
-        return render(snap)
+    def do_pause(request: gr.Request):
+        session = session_of(request)
+        runs.current(session).pause()
+        return show(session)
 
-    outs = [block_map, table, summary]
-    timer.tick(poll, [live, last_step], outs + [last_step], api_name=False, show_progress="hidden",
+    def do_step(count: int, request: gr.Request):
+        session = session_of(request)
+        run = runs.get(session)
+        if run is None or not run.engine.loop.is_paused():
+            raise gr.Error("Press Pause first: Step runs one scheduler iteration of a paused engine.")
+        for _ in range(count):
+            if not run.engine.has_unfinished():
+                gr.Info("Nothing left to run: launch requests or send a chat, then Step.")
+                break
+            run.engine.step()
+            run.touched = time.monotonic()
+        return show(session)
+
+    @gpu
+    def step_once(request: gr.Request):
+        return do_step(1, request)
+
+    @gpu
+    def step_ten(request: gr.Request):
+        return do_step(10, request)
+
+    def do_resume(request: gr.Request):
+        session = session_of(request)
+        run = runs.get(session)
+        if run is not None:
+            run.engine.resume()
+        return show(session)
+
+    def select(value, request: gr.Request):
+        session = session_of(request)
+        if runs.get(session) is None:
+            raise gr.Error("Launch or Pause first: replay shows the steps of your current run.")
+        return show(session, value)
+
+    def events_jsonl(request: gr.Request):
+        run = runs.get(session_of(request))
+        if run is None:
+            raise gr.Error("Launch or Pause first: the download holds the events of your current run.")
+        path = os.path.join(tempfile.mkdtemp(prefix="minivlm-events-"), "events.jsonl")
+        with open(path, "w") as f:
+            f.write(run.engine.events_jsonl(since=run.start_seq))
+        return path
+
+    outs = [block_map, table, summary, timeline, decisions, step, pinned, seen]
+    timer.tick(poll, [live, pinned, seen], outs, api_name=False, show_progress="hidden",
                concurrency_id="kv_view", concurrency_limit=4)
-    refresh.click(current, None, outs + [last_step], api_name="kv_snapshot", concurrency_id="kv_view")
-    launch.click(run, [n, max_tokens], outs + [step, last_step], api_name="kv_launch", concurrency_id="kv_launch",
-                 concurrency_limit=1)
-    step.release(replay, [step], outs, api_name="kv_replay", concurrency_id="kv_view")
+    refresh.click(refresh_now, None, outs, api_name="kv_snapshot", concurrency_id="kv_view")
+    back.click(refresh_now, None, outs, api_name=False, concurrency_id="kv_view")
+    launch.click(run_launch, [n, max_tokens], outs, api_name="kv_launch", concurrency_id="kv_launch",
+                 concurrency_limit=1, preprocess=False)
+    pause.click(do_pause, None, outs, api_name="kv_pause", concurrency_id="kv_control")
+    step1.click(step_once, None, outs, api_name="kv_step", concurrency_id="kv_control")
+    step10.click(step_ten, None, outs, api_name=False, concurrency_id="kv_control")
+    resume.click(do_resume, None, outs, api_name="kv_resume", concurrency_id="kv_control")
+    # input: dragging, arrow keys and a typed step all redraw, not only releasing the mouse
+    step.input(select, [step], outs, api_name="kv_replay", concurrency_id="kv_view", trigger_mode="always_last")
+    download.click(events_jsonl, None, events_file, api_name="kv_events")
     return block_map
