@@ -1,20 +1,42 @@
 """What the KV tab says in words: the decision log (one line per scheduler step, in the engine's own sentences),
 this run's counters (from the events) and the engine's lifetime counters (from a snapshot), labelled as such so
 the two never read as the same number (pure functions, unit-tested)."""
-from minivlm.events import by_step, describe_step
+from minivlm.events import by_step, describe
 
 MAX_LOG_STEPS = 40  # the log shows the newest steps; the JSONL download has all of them
 
 
+def sentences(events) -> list[str]:
+    """The step's decisions other than what it ran, one sentence each; a request's run of stored blocks is one."""
+    out, i = [], 0
+    while i < len(events):
+        ev, j = events[i], i + 1
+        if ev.kind == "BlockStored":
+            while j < len(events) and events[j].kind == "BlockStored" and events[j].request_id == ev.request_id:
+                j += 1
+            if j - i > 1:
+                ids = [b for e in events[i:j] for b in e.block_ids]
+                out.append(f"{ev.request_id} filled blocks {', '.join(map(str, ids))} → each stored under its key "
+                           f"({', '.join(e.block_hashes[0][:8] + '…' for e in events[i:j])})")
+                i = j
+                continue
+        if ev.kind != "scheduled":
+            out.append(describe(ev))
+        i = j
+    return out
+
+
 def decision_log(events, until_step: int | None = None, max_steps: int = MAX_LOG_STEPS) -> str:
-    """Markdown, newest step first: "- **step 14** · decode 8 request(s), 8 token(s) · req-3 filled block …"."""
+    """Markdown, newest step first: "- **step 14** · decode 8 request(s), 8 token(s)" and under it every other
+    decision of that step as a sentence ("req-3 filled block 41 (16/16) → stored under key 9f3a1c2b…")."""
     steps = [(s, evs) for s, evs in by_step(events).items() if until_step is None or s <= until_step]
     if not steps:
         return "_No decisions yet: launch requests (or send a chat), then Step or Run._"
     lines = []
     for s, evs in reversed(steps[-max_steps:]):
-        head, _, rest = describe_step(evs).partition(" · ")
-        lines.append(f"- **{head}** · {rest}")
+        ran = " · ".join(describe(e) for e in evs if e.kind == "scheduled") or "nothing ran"
+        lines.append(f"- **step {s}** · {ran}")
+        lines += [f"    - {sentence}" for sentence in sentences(evs)]
     older = len(steps) - max_steps
     tail = [f"- _… {older} earlier step(s): download the events for all of them_"] if older > 0 else []
     return "\n".join(lines + tail)

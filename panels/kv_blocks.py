@@ -21,7 +21,30 @@ from panels.timeline import timeline_figure
 KEPT_RUNS = 8  # sessions whose last run stays replayable (a shared deployment's isolated engines are closed after)
 LAUNCH_LIMITS = {False: (32, 256), True: (8, 128)}  # shared deployment? -> most requests, most tokens each
 SHARED_LAUNCH_BLOCKS = 96  # a shared deployment's session gets its own pool this small (it still preempts)
+POLL_S = 1.0  # the page asks for the live view this often
 PAUSE_TIMEOUT_S = 120  # a paused engine whose page stopped asking (closed, or gone) resumes after this long
+
+
+# clicking a step on the timeline moves the replay slider there (and so replays it): plotly reports the click in
+# the page, where the slider's range input is set as if dragged
+TIMELINE_CLICK_JS = """() => {
+    const hook = (tries) => {
+        const plot = document.querySelector('#kv-timeline .js-plotly-plot');
+        if (!plot || !plot.on) { if (tries > 0) setTimeout(() => hook(tries - 1), 200); return; }
+        if (plot.dataset.stepHook) return;
+        plot.dataset.stepHook = '1';
+        plot.on('plotly_click', (d) => {
+            const range = document.querySelector('#kv-step input[type=range]');
+            if (!range || !d.points.length) return;
+            const set = Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set;
+            set.call(range, Math.round(d.points[0].x));
+            range.dispatchEvent(new Event('input', {bubbles: true}));
+            range.dispatchEvent(new Event('change', {bubbles: true}));
+            range.dispatchEvent(new PointerEvent('pointerup', {bubbles: true}));
+        });
+    };
+    hook(25);
+}"""
 
 
 def demo_requests(n: int, salt: str | None) -> list[Request]:
@@ -176,16 +199,20 @@ def build(holder: EngineHolder):
         refresh = gr.Button("Refresh now", size="sm")
         back = gr.Button("Back to live", size="sm", elem_id="kv-back")
     with gr.Row():
-        pause = gr.Button("⏸ Pause", elem_id="kv-pause")
+        pause = gr.Button("Pause", elem_id="kv-pause")
         step1 = gr.Button("Step", variant="primary", elem_id="kv-step1")
         step10 = gr.Button("Step ×10", elem_id="kv-step10")
-        resume = gr.Button("▶ Run", elem_id="kv-resume")
+        resume = gr.Button("Run (resume)", elem_id="kv-resume")
     if holder.shared:
         gr.Markdown(f"Shared deployment: your launches and your step-through run on a {SHARED_LAUNCH_BLOCKS}-block "
                     f"engine of your own (the weights are shared, the other visitors' requests and cache are not); "
                     f"your chats go to the shared engine, which is never paused.")
     summary = gr.Markdown(elem_id="kv-summary")
-    block_map = gr.Plot(label="Physical KV blocks", elem_id="kv-map")
+    with gr.Row():
+        block_map = gr.Plot(label="Physical KV blocks", elem_id="kv-map", scale=3)
+        with gr.Column(scale=2):
+            gr.Markdown("**Decision log** (newest step first; the engine's own words)")
+            decisions = gr.Markdown(elem_id="kv-decisions", max_height=520, container=True)
     with gr.Row():
         n = gr.Slider(1, most_requests, value=8, step=1, label="concurrent requests", elem_id="kv-n")
         max_tokens = gr.Slider(4, most_tokens, value=48, step=1, label="tokens each (EOS ignored)",
@@ -194,14 +221,13 @@ def build(holder: EngineHolder):
     step = gr.Slider(0, 1, value=0, step=1, label="replay step (after a launch or a pause)", interactive=False,
                      elem_id="kv-step")
     timeline = gr.Plot(label="Timeline of this run: requests × steps", elem_id="kv-timeline")
-    decisions = gr.Markdown(label="decision log", elem_id="kv-decisions", max_height=420)
     table = gr.Dataframe(label="Block tables: logical index → physical block", elem_id="kv-table", max_height=360)
     with gr.Row():
         download = gr.Button("Download events (JSONL)", size="sm", elem_id="kv-download")
-        events_file = gr.File(label="events of this run", elem_id="kv-events-file", height=80)
+        events_file = gr.File(label="events of this run", elem_id="kv-events-file", visible=False)
     pinned = gr.State(None)  # the replayed step, or None: live
     seen = gr.State(None)    # (engine, last event seq) the page shows, so an idle poll sends nothing
-    timer = gr.Timer(1.0)
+    timer = gr.Timer(POLL_S)
 
     def session_of(request: gr.Request | None) -> str:
         return request.session_hash if request else ""
@@ -286,7 +312,7 @@ def build(holder: EngineHolder):
         path = os.path.join(tempfile.mkdtemp(prefix="minivlm-events-"), "events.jsonl")
         with open(path, "w") as f:
             f.write(run.engine.events_jsonl(since=run.start_seq))
-        return path
+        return gr.update(value=path, visible=True)
 
     outs = [block_map, table, summary, timeline, decisions, step, pinned, seen]
     timer.tick(poll, [live, pinned, seen], outs, api_name=False, show_progress="hidden",
@@ -301,5 +327,6 @@ def build(holder: EngineHolder):
     resume.click(do_resume, None, outs, api_name="kv_resume", concurrency_id="kv_control")
     # input: dragging, arrow keys and a typed step all redraw, not only releasing the mouse
     step.input(select, [step], outs, api_name="kv_replay", concurrency_id="kv_view", trigger_mode="always_last")
+    timeline.change(None, None, None, js=TIMELINE_CLICK_JS)
     download.click(events_jsonl, None, events_file, api_name="kv_events")
     return block_map

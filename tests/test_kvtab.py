@@ -76,10 +76,15 @@ def test_decision_log_and_counters(recorded):
     events, base, snaps, finished = recorded
     steps = sorted(by_step(events))
     log = decision_log(events, max_steps=len(steps))
-    lines = log.splitlines()
-    assert [int(line.split("**step ")[1].split("**")[0]) for line in lines] == steps[::-1]
-    assert any("preempted" in line and "needs a block" in line for line in lines)
-    assert len(decision_log(events, until_step=steps[4]).splitlines()) == 5
+    heads = [line for line in log.splitlines() if line.startswith("- **step ")]
+    assert [int(line.split("**step ")[1].split("**")[0]) for line in heads] == steps[::-1]
+    preemptions = [e for e in events if e.kind == "preempted"]
+    for ev in preemptions:  # the victim, named with the reason, under its own step
+        line = f"    - {ev.request_id} preempted: {ev.reason}"
+        assert line in log and log.index(line) > log.index(f"- **step {ev.step}** ·")
+    for ev in (e for e in events if e.kind == "BlockStored"):
+        assert f"{ev.block_ids[0]}" in log and f"{ev.block_hashes[0][:8]}…" in log
+    assert sum(line.startswith("- **step") for line in decision_log(events, until_step=steps[4]).splitlines()) == 5
     assert decision_log(events, max_steps=3).splitlines()[-1].startswith(f"- _… {len(steps) - 3} earlier")
     c = run_counters(events)
     assert c["arrived"] == c["finished"] == N
@@ -107,4 +112,4 @@ def test_run_view_replays_the_steps_the_engine_showed(engine):
     fig, table, summary, timeline, log, _ = view(run, engine, min(snaps))
     assert f"Replay (live is at step {engine.snapshot().step}" in summary and "This run" in summary
     assert "Engine lifetime" in summary
-    assert len(log.splitlines()) == min(snaps) - run.start_step
+    assert sum(line.startswith("- **step") for line in log.splitlines()) == min(snaps) - run.start_step
