@@ -1,7 +1,9 @@
-"""Step-through in a real browser (Debian's chromium, headless, Playwright): pause the engine, launch 4 requests,
-press Step 5 times; the decision log shows those 5 steps, the engine advanced exactly 5 steps, and the block map
-is the engine's own state after them. Screenshot: $MINIVLM_SCREENSHOTS/kv_stepthrough.png (docs/screenshots to
-refresh the README's), else the test's tmp dir."""
+"""Step-through in a real browser (Debian's chromium, headless, Playwright), following the README's step-through
+lesson with its settings (24 blocks, 4 requests of 48 tokens): pause, launch, press Step 5 times (the decision log
+shows those 5 steps, the engine advanced exactly 5, the map is the engine's own state), Step ×10 until a request
+is preempted (the log names it and why, the timeline marks it), click a step on the timeline (its replay stays on
+screen while the engine runs on), Back to live: all 4 requests finished. Screenshot:
+$MINIVLM_SCREENSHOTS/kv_stepthrough.png (docs/screenshots to refresh the README's)."""
 import os
 import time
 
@@ -15,7 +17,7 @@ from tests.app_server import APP_MODEL, free_port
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, open_tab
 
 pytestmark = pytest.mark.browser
-NUM_BLOCKS = 48
+NUM_BLOCKS = 24  # the lesson's pool: four requests of 48 tokens outgrow it and one is preempted
 
 MAP = """() => {
     const el = document.querySelector('#kv-map .js-plotly-plot');
@@ -84,10 +86,37 @@ def test_pause_launch_step_five_times(app, page):
     assert coloured == {block_cell(b.block_id, after["cols"]) for b in snap.blocks if b.ref_count > 0} != set()
     timeline = page.evaluate("document.querySelector('#kv-timeline .js-plotly-plot').data[0].y")
     assert sorted(timeline) == sorted(snap.running + snap.waiting) and len(timeline) == 4
+
+    for _ in range(6):  # Step ×10 until the pool runs out
+        shown = logged_steps(page)[0]
+        page.locator("#kv-step10").click()
+        page.wait_for_function(f"!document.querySelector('#kv-decisions').innerText.includes('step {shown} ·') || "
+                               f"document.querySelector('#kv-decisions li')?.innerText.startsWith('step {shown + 10}')")
+        if any(e.kind == "preempted" for e in engine.events(0)):
+            break
+    victim = next(e for e in engine.events(0) if e.kind == "preempted")
+    log = page.locator("#kv-decisions").inner_text()
+    assert f"{victim.request_id} preempted: {victim.reason}" in log and "none is free" in victim.reason
+    timeline = page.evaluate("(() => { const d = document.querySelector('#kv-timeline .js-plotly-plot').data[0];"
+                             " return {y: d.y, x: d.x, z: d.z}; })()")
+    row = timeline["z"][timeline["y"].index(victim.request_id)]
+    assert row[timeline["x"].index(victim.step)] == 4  # STATES.index("preempted")
     out = os.environ.get("MINIVLM_SCREENSHOTS")
     if out:
         os.makedirs(out, exist_ok=True)
         page.screenshot(path=os.path.join(out, "kv_stepthrough.png"), full_page=True)
-    page.locator("#kv-resume").click()  # Run: the requests finish; nothing was lost by pausing
+
+    page.wait_for_function("document.querySelector('#kv-timeline .js-plotly-plot')?.dataset.stepHook")
+    page.evaluate(f"document.querySelector('#kv-timeline .js-plotly-plot').emit('plotly_click', "
+                  f"{{points: [{{x: {start + 1}}}]}})")
+    page.wait_for_function(f"document.querySelector('#kv-summary')?.innerText.includes('step {start + 1} ·')")
+    assert "Replay" in page.locator("#kv-summary").inner_text() and logged_steps(page) == [start + 1]
+    engine.resume()  # the engine runs on (as another page's Run would) while the replay is on screen
+    while engine.has_unfinished():
+        time.sleep(0.2)
+    time.sleep(2.5)  # two polls
+    assert f"step {start + 1} ·" in page.locator("#kv-summary").inner_text()
+    assert f"KV pool at step {start + 1}:" in page.evaluate(MAP.replace("() =>", "(() =>") + ")()")["title"]
+    page.locator("#kv-back").click()  # Back to live: all four finished, none was lost by pausing
     page.wait_for_function("document.querySelector('#kv-summary')?.innerText.includes('4 finished')")
-    assert not engine.loop.is_paused() and not engine.has_unfinished()
+    assert "Live: step" in page.locator("#kv-summary").inner_text()
