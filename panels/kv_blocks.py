@@ -116,10 +116,10 @@ class Run:
         threading.Thread(target=watch, name="kv-pause-watchdog", daemon=True).start()
 
     def close(self):
+        """Drop the run: an isolated engine is closed (its requests end as aborted); the holder's engine is left
+        as it is (another page may have paused it; the watchdog resumes it once nobody looks)."""
         if self.owned:
-            self.engine.close()  # its requests end as aborted; the shared engine is never touched
-        else:
-            self.engine.resume()  # never leave the engine everyone uses paused
+            self.engine.close()
 
 
 class Runs:

@@ -86,6 +86,9 @@ def test_pause_launch_step_five_times(app, page):
     assert coloured == {block_cell(b.block_id, after["cols"]) for b in snap.blocks if b.ref_count > 0} != set()
     timeline = page.evaluate("document.querySelector('#kv-timeline .js-plotly-plot').data[0].y")
     assert sorted(timeline) == sorted(snap.running + snap.waiting) and len(timeline) == 4
+    first, fourth = sorted(timeline, key=lambda r: int(r.rsplit("-", 1)[1]))[::3]  # same picture, other question
+    assert f"{fourth} reused 4 cached block(s) (64 tokens)" in page.locator("#kv-decisions").inner_text()
+    assert snap.block_tables[fourth][:4] == snap.block_tables[first][:4]  # the lesson's prefix hit
 
     for _ in range(6):  # Step ×10 until the pool runs out
         shown = logged_steps(page)[0]
