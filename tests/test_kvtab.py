@@ -113,3 +113,38 @@ def test_run_view_replays_the_steps_the_engine_showed(engine):
     assert f"Replay (live is at step {engine.snapshot().step}" in summary and "This run" in summary
     assert "Engine lifetime" in summary
     assert sum(line.startswith("- **step") for line in log.splitlines()) == min(snaps) - run.start_step
+
+
+def test_shared_step_through_pauses_only_an_isolated_engine(checkpoints, monkeypatch):
+    """On a shared deployment a session's Pause/Step/launch act on its own engine; requests launched while paused
+    all finish; a paused engine nobody looks at resumes by itself."""
+    import time
+    import panels.kv_blocks as kv
+    from panels.holder import EngineHolder
+    holder = EngineHolder(EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=200,
+                                       max_model_len=512), shared=True)
+    served = holder.get()
+    runs = kv.Runs(holder)
+    run = runs.current("teacher")
+    run.pause()
+    assert run.engine is not served and run.engine.num_blocks == kv.SHARED_LAUNCH_BLOCKS
+    assert run.engine.loop.is_paused() and not served.loop.is_paused()
+    assert served.generate(demo_requests(1, None), SamplingParams(max_tokens=2))[0].token_ids  # others served
+    run.launch(demo_requests(3, holder.salt("teacher")), SamplingParams(max_tokens=6, ignore_eos=True))
+    while not run.engine.has_unfinished():
+        time.sleep(0.05)
+    for _ in range(3):
+        run.engine.step()
+    assert run.engine.snapshot().step == run.start_step + 3 and runs.current("teacher") is run  # still busy
+    monkeypatch.setattr(kv, "PAUSE_TIMEOUT_S", 0.5)
+    run.touched = time.monotonic() - 1  # the page went away: the watchdog resumes within its 1 s check
+    deadline = time.monotonic() + 30
+    while run.busy() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not run.engine.loop.is_paused()
+    counts = run_counters([e for e in run.all_events() if e.seq > run.start_seq])
+    assert counts["arrived"] == counts["finished"] == 3 and not run.errors  # pausing lost nothing
+    again = runs.current("teacher")  # a new run keeps the session's isolated engine (and its cache)
+    assert again is not run and again.engine is run.engine and again.base is not None
+    holder.get().close()
+    run.engine.close()
