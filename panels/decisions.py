@@ -75,7 +75,7 @@ def frame_line(snap, shows: str) -> str:
     """What one map shows: which step, live or replayed, its queues and pool occupancy."""
     used = sum(b.ref_count > 0 for b in snap.blocks)
     cached = sum(b.ref_count == 0 and b.cached for b in snap.blocks)
-    return (f"**{shows}: step {snap.step}** · running {len(snap.running)} · waiting {len(snap.waiting)} · "
+    return (f"**step {snap.step}** · {shows} · running {len(snap.running)} · waiting {len(snap.waiting)} · "
             f"blocks used {used} / cached {cached} / free {snap.num_blocks - used - cached} of {snap.num_blocks}")
 
 

@@ -10,7 +10,7 @@ import time
 import gradio as gr
 
 from minivlm import Request, SamplingParams
-from minivlm.events import replay
+from minivlm.events import replay, replay_steps
 
 from panels.chat import EXAMPLES
 from panels.decisions import decision_log, frame_line, lifetime_line, run_line
@@ -102,6 +102,12 @@ class Run:
         """The KV state after `step`, replayed from events alone."""
         return replay(events, self.engine.num_blocks, self.engine.config.block_size, until_step=step, base=self.base)
 
+    def fullest_step(self) -> int | None:
+        """The run's step with the most blocks in use (where a finished run's replay opens)."""
+        steps = replay_steps(self.all_events(), self.engine.num_blocks, self.engine.config.block_size, self.base)
+        used = {s: sum(b.ref_count > 0 for b in snap.blocks) for s, snap in steps if s > self.start_step}
+        return max(used, key=used.get, default=None)
+
     def pause(self):
         """Pause; a watchdog resumes the engine once nobody has looked at this run for PAUSE_TIMEOUT_S."""
         self.touched = time.monotonic()
@@ -164,26 +170,26 @@ def view(run: Run | None, engine, step: int | None):
     """The tab's outputs for one moment: live (step=None: the engine now) or the replay of `step` of the run."""
     if run is None:
         snap = engine.snapshot()
-        return (block_map_figure(snap), block_table(snap), frame_line(snap, "Live") + "<br>" + lifetime_line(snap),
+        return (block_map_figure(snap), block_table(snap), frame_line(snap, "live") + "<br>" + lifetime_line(snap),
                 timeline_figure([]), decision_log([]), gr.update())
     events = run.all_events()
     mine = [e for e in events if e.seq > run.start_seq]
     live = run.engine.snapshot()
     last = max(live.step, run.start_step)
     if step is None:
-        snap, shows = live, "Live"
+        snap, shows = live, "live"
     else:
         try:
             snap = run.frame(events, max(run.start_step, min(int(step), last)))
-            shows = f"Replay (live is at step {live.step}; press Back to live)"
+            shows = f"**replay** (live is at step {live.step}; press Back to live)"
         except ValueError as e:  # the ring dropped events this run needs
-            snap, shows = live, f"Live (no replay: {e})"
+            snap, shows = live, f"live (no replay: {e})"
     paused = " · **engine paused: press Step or Run**" if run.engine.loop.is_paused() else ""
     summary = "<br>".join([frame_line(snap, shows) + paused, run_line(mine), lifetime_line(live),
                            *[f"⚠ {e}" for e in run.errors[-3:]]])
     slider = gr.update(minimum=run.start_step, maximum=max(last, run.start_step + 1), value=snap.step,
-                       interactive=True, label=f"replay step (this run: steps {run.start_step}–{last}; "
-                                               f"step {run.start_step} is before the first arrival)")
+                       interactive=True, label=f"replay step ({last - run.start_step} steps recorded in this run: "
+                                               f"{run.start_step}–{last}; {run.start_step} is before the first arrival)")
     return (block_map_figure(snap), block_table(snap), summary, timeline_figure(mine, snap.step),
             decision_log(mine, until_step=snap.step), slider)
 
@@ -192,6 +198,7 @@ def build(holder: EngineHolder):
     """Lay out the KV tab and wire its events (api names: kv_snapshot, kv_launch, kv_replay, kv_pause, kv_step,
     kv_resume, kv_events)."""
     runs = Runs(holder)
+    launching: set[str] = set()
     most_requests, most_tokens = LAUNCH_LIMITS[holder.shared]
     with gr.Row():
         # off by default on a public deployment, where every open page would poll the engine
@@ -238,13 +245,14 @@ def build(holder: EngineHolder):
         return (*view(run, engine, at), at, (id(engine), engine.snapshot().last_event_seq))
 
     def poll(is_live, at, shown, request: gr.Request):
-        run = runs.get(session_of(request))  # also the watchdog's sign that the page is still open
-        if at is not None or not (is_live or (run is not None and run.busy())):
+        session = session_of(request)
+        run = runs.get(session)  # also the watchdog's sign that the page is still open
+        if at is not None or session in launching or not (is_live or run is not None):
             return (gr.skip(),) * 8  # a replayed step stays on screen until Back to live
         engine = run.engine if run else holder.get()
-        if (id(engine), engine.snapshot().last_event_seq) == shown:
-            return (gr.skip(),) * 8
-        return show(session_of(request))
+        if shown and shown[0] == id(engine) and not engine.events(since=shown[1]):
+            return (gr.skip(),) * 8  # nothing was decided since the page's view
+        return show(session)
 
     def refresh_now(request: gr.Request):
         return show(session_of(request))
@@ -264,7 +272,17 @@ def build(holder: EngineHolder):
             raise gr.Error(str(e))
         if run.engine.loop.is_paused():
             gr.Info(f"{int(requests)} requests queued: they arrive at the next Step.")
-        return show(session)
+            yield show(session)
+            return
+        launching.add(session)  # this generator draws the run; the poll stays out of its way
+        try:
+            while any(t.is_alive() for t in run.threads) and not run.engine.loop.is_paused():
+                time.sleep(POLL_S)
+                yield show(session)
+        finally:
+            launching.discard(session)
+        paused = run.engine.loop.is_paused()  # else the run ended: open its replay at its fullest step
+        yield show(session, None if paused else run.fullest_step())
 
     def do_pause(request: gr.Request):
         session = session_of(request)

@@ -113,7 +113,7 @@ def test_pause_launch_step_five_times(app, page):
     page.evaluate(f"document.querySelector('#kv-timeline .js-plotly-plot').emit('plotly_click', "
                   f"{{points: [{{x: {start + 1}}}]}})")
     page.wait_for_function(f"document.querySelector('#kv-summary')?.innerText.includes('step {start + 1} ·')")
-    assert "Replay" in page.locator("#kv-summary").inner_text() and logged_steps(page) == [start + 1]
+    assert "· replay (live is at step" in page.locator("#kv-summary").inner_text() and logged_steps(page) == [start + 1]
     engine.resume()  # the engine runs on (as another page's Run would) while the replay is on screen
     while engine.has_unfinished():
         time.sleep(0.2)
@@ -122,4 +122,4 @@ def test_pause_launch_step_five_times(app, page):
     assert f"KV pool at step {start + 1}:" in page.evaluate(MAP.replace("() =>", "(() =>") + ")()")["title"]
     page.locator("#kv-back").click()  # Back to live: all four finished, none was lost by pausing
     page.wait_for_function("document.querySelector('#kv-summary')?.innerText.includes('4 finished')")
-    assert "Live: step" in page.locator("#kv-summary").inner_text()
+    assert " · live · " in page.locator("#kv-summary").inner_text()
