@@ -55,7 +55,7 @@ def test_kv_pool_sentence_and_demand_follow_images_and_concurrency():
 
 
 def test_memory_limit_sentence():
-    est = estimate("Qwen2.5-VL-72B-Instruct", device="H100 80GB", tensor_parallel_size=2)
+    est = estimate("Qwen2.5-VL-72B-Instruct", device="H100 80GB", tensor_parallel_size=2, max_model_len=32768)
     gib = 2 ** 30
     fixed = est.weights_bytes + est.activation_peak_bytes + est.overhead_bytes
     assert est.num_blocks == 0 and fixed > est.budget_bytes
