@@ -36,6 +36,11 @@ class ModelShape:
     deepstack: int
 
 
+def model_preset_names() -> list[str]:
+    """Names of the shipped model configs (assets/presets/models/*.json), sorted."""
+    return sorted(f[:-5] for f in os.listdir(os.path.join(PRESET_DIR, "models")) if f.endswith(".json"))
+
+
 def load_model_preset(name: str) -> dict:
     """A shipped model config by name ('Qwen2.5-VL-3B-Instruct' or 'Qwen/Qwen2.5-VL-3B-Instruct', any case)."""
     folder = os.path.join(PRESET_DIR, "models")
