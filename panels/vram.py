@@ -169,8 +169,8 @@ def build(holder: EngineHolder):
         shown = device_name if device_name != CUSTOM else f"{gb} GiB"
         demand = (f"{est.num_seqs:,} requests × {est.kv_demand_tokens // est.num_seqs:,}: "
                   f"{est.kv_demand_tokens:,} tokens")
-        fig = budget_figure(estimate_parts(est), engine_parts(report), est.memory_bytes, est.budget_bytes,
-                            shown if est.tensor_parallel_size == 1 or multi else f"{est.tensor_parallel_size} × {shown}",
+        title = shown if est.tensor_parallel_size == 1 or multi else f"{est.tensor_parallel_size} × {shown}"
+        fig = budget_figure(estimate_parts(est), engine_parts(report), est.memory_bytes, est.budget_bytes, title,
                             report.device, kv_tokens=(est.kv_pool_tokens, est.kv_demand_tokens, demand))
         table = pd.DataFrame([(b.name, f"{b.bytes / GIB:,.3f}", b.formula) for b in est.breakdown],
                              columns=["item", "GiB", "formula"])

@@ -18,7 +18,8 @@ DEMAND = """() => {
 }"""
 LABELS_ON_BARS = """() => {
   const box = e => e.getBoundingClientRect();
-  const bars = [...document.querySelectorAll('#vram-plot .bars path')].map(box).filter(r => r.width > 1 && r.height > 1);
+  const bars = [...document.querySelectorAll('#vram-plot .bars path')].map(box)
+    .filter(r => r.width > 1 && r.height > 1);
   const labels = [...document.querySelectorAll('#vram-plot .annotation-text, #vram-plot .xtick text, ' +
                                               '#vram-plot .ytick text, #vram-plot .legendtext')].map(box);
   const hit = (a, b) => a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
@@ -48,7 +49,8 @@ def set_number(page, elem_id, value):
 
 
 def tokens_needed(images: int, seqs: int) -> int:
-    """By hand: 1024×768 on Qwen2.5-VL is 27 × 37 = 999 vision tokens + start/end; 512 text tokens; whole 16-blocks."""
+    """By hand: 1024×768 on Qwen2.5-VL is 27 × 37 = 999 vision tokens + start/end, 512 text tokens, whole blocks
+    of 16."""
     return seqs * -(-(images * 1001 + 512) // 16) * 16
 
 

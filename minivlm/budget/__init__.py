@@ -18,5 +18,5 @@ from minivlm.budget.weights import DTYPE_BYTES, dtype_name, kv_bytes_per_token
 __all__ = ["BudgetItem", "DEFAULT_OVERHEAD_BYTES", "DTYPE_BYTES", "Estimate", "FAMILY_PROCESSOR", "GpuPlan",
            "ModelShape", "PRESET_DIR", "device_memory", "device_presets", "dtype_name", "estimate", "gpus_needed",
            "hf_config", "image_processor_settings", "kv_bytes_per_token", "load_device_preset", "load_model_preset",
-           "model_preset_names", "model_shape", "parameter_count", "prefill_peak", "smart_resize", "text_params", "vision_params",
-           "vision_peak", "vision_tokens"]
+           "model_preset_names", "model_shape", "parameter_count", "prefill_peak", "smart_resize", "text_params",
+           "vision_params", "vision_peak", "vision_tokens"]
