@@ -1,12 +1,14 @@
 """Tensor parallel VRAM figures against independent truths: transformers' models built on the meta device with every
 parameter sharded by vLLM's rule (by module name, not by our formulas), KV bytes counted by hand, and the fewest
-GPUs a 72B workload needs checked against the budget arithmetic."""
+GPUs a 72B workload needs checked against the budget arithmetic, and the bytes transformers allocates for one GPU's
+shard of a decoder."""
 import functools
 
 import pytest
 import torch
 
-from minivlm.budget import estimate, gpus_needed, hf_config
+from minivlm.budget import estimate, gpus_needed, hf_config, model_shape, prefill_peak
+from tests.test_budget import LiveBytes, shrunk
 from tools.make_checkpoint import FAMILIES
 
 # Column-parallel modules split their outputs (dim 0, and the bias); row-parallel ones their inputs (dim 1, the bias
@@ -135,3 +137,30 @@ def test_which_gpus_for_72b_with_4_images_at_32k():
     per_request = -(-(4 * (999 + 2) + 512) // 16) * 16  # 4 images of 999 vision tokens + start/end, 512 text tokens
     assert four.fits and four.kv_pool_tokens >= 8 * per_request == four.kv_demand_tokens
     assert "KV pool holds" in plans["L4"].reason  # 8 L4s hold the weights but too few KV blocks
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])  # Qwen3-VL: its config names head_dim, so a shard keeps it
+def test_prefill_peak_per_gpu_matches_a_decoder_of_one_gpus_widths(tp):
+    """One GPU's shard of a decoder is a decoder with heads / tp, KV heads / tp (at least 1) and MLP width / tp, and
+    the full hidden size: the bytes transformers allocates for it are the per-GPU prefill peak."""
+    config = shrunk("Qwen3-VL-4B-Instruct")
+    t = config.text_config
+    t.vocab_size = 64
+    whole = model_shape(config)
+    t.head_dim = whole.head_dim  # kept: the shard has fewer heads, not narrower ones
+    t.num_attention_heads //= tp
+    t.num_key_value_heads = max(1, t.num_key_value_heads // tp)
+    t.intermediate_size //= tp
+    with torch.device("meta"):
+        decoder = type(FAMILIES[config.model_type][1](config).model.language_model)._from_config(
+            t, attn_implementation="sdpa", dtype=torch.float32)
+    decoder = decoder.to_empty(device="cpu").eval()
+    tokens = 128
+    embeds = torch.randn(1, tokens, t.hidden_size)
+    positions = torch.arange(tokens).view(1, 1, tokens).expand(3, 1, tokens)
+    tracker = LiveBytes(p.untyped_storage().data_ptr() for p in decoder.parameters())
+    with torch.no_grad(), tracker:
+        decoder(inputs_embeds=embeds, position_ids=positions, use_cache=False)
+    predicted = prefill_peak(whole, tokens, 0, 4, eager=False, tp=tp)[0]
+    assert abs(predicted - tracker.peak) <= 0.03 * tracker.peak
+    assert predicted < prefill_peak(whole, tokens, 0, 4, eager=False)[0]  # and below the single GPU's
