@@ -72,7 +72,7 @@ def test_vram_tab_explains_and_plans(page, shots):  # noqa: F811 (fixture)
     set_number(page, "vram-context", 16384)
     set_number(page, "vram-seqs", 64)
     wait_for(page, lambda: "the KV pool holds" in headline.inner_text(), "the KV pool sentence")
-    assert f"64 requests × 8,528 tokens" in headline.inner_text()
+    assert "64 requests × 8,528 tokens" in headline.inner_text()
     assert page.evaluate(DEMAND)[0] == tokens_needed(8, 64)
 
     assert page.evaluate(LABELS_ON_BARS) == 0
