@@ -2,6 +2,7 @@
 why-it-does-not-fit sentences appear, no label sits on a bar, the formulas are not clipped at 1400 px, the GPU
 picker follows the device, and the 72B example answers which GPUs it needs. Its screenshot is docs/screenshots'
 vram.png when $MINIVLM_SCREENSHOTS points there."""
+import contextlib
 import os
 import time
 
@@ -71,29 +72,32 @@ def test_vram_tab_explains_and_plans(page, shots):  # noqa: F811 (fixture)
 
     set_number(page, "vram-context", 16384)
     set_number(page, "vram-seqs", 64)
-    wait_for(page, lambda: "the KV pool holds" in headline.inner_text(), "the KV pool sentence")
-    assert "64 requests × 8,528 tokens" in headline.inner_text()
+    wait_for(page, lambda: "64 requests × 8,528 tokens" in headline.inner_text(), "the KV pool sentence")
+    assert "the KV pool holds" in headline.inner_text()
     assert page.evaluate(DEMAND)[0] == tokens_needed(8, 64)
 
     assert page.evaluate(LABELS_ON_BARS) == 0
     assert page.evaluate(CLIPPED, "#vram-breakdown") == 0  # the formulas wrap inside 1400 px
 
     page.locator("#vram-example-72b").click()
-    wait_for(page, lambda: "on 4× H100 80GB" in headline.inner_text() and "Fits" in headline.inner_text(),
-             "the 72B answer")
+    final = ("4,516 tokens per request", "at 32,768 tokens", "(asked for 8) on 4× H100 80GB")  # every input set
+    wait_for(page, lambda: all(s in headline.inner_text() for s in final), "the 72B answer")
+    assert "Fits:" in headline.inner_text() and "Does not fit" not in headline.inner_text()
     plans = {p.device: p.gpus for p in gpus_needed("Qwen2.5-VL-72B-Instruct", images_per_request=4,
                                                    max_model_len=32768, num_seqs=8)}
-    rows = wait_for(page, lambda: {r[0]: r[1] for r in table_rows(page, "#vram-gpus")}.get("H200") and
-                    {r[0]: r[1] for r in table_rows(page, "#vram-gpus")}, "the GPU table")
-    for gpu in ("A100 80GB", "H100 80GB", "H200"):
-        assert rows[gpu] == f"{plans[gpu]} × {gpu}"
-    assert rows["L4"] == "none up to 8"
+    expected = {gpu: f"{plans[gpu]} × {gpu}" for gpu in ("A100 80GB", "H100 80GB", "H200")} | {"L4": "none up to 8"}
+    rows = {}
+    with contextlib.suppress(AssertionError):  # a clear failure below names what the table shows
+        wait_for(page, lambda: (rows := {r[0]: r[1] for r in table_rows(page, "#vram-gpus")}) and
+                 all(rows.get(k) == v for k, v in expected.items()), "the GPU table")
+    rows = {r[0]: r[1] for r in table_rows(page, "#vram-gpus")}
+    assert {k: rows.get(k) for k in expected} == expected
     assert page.evaluate(LABELS_ON_BARS) == 0
     page.screenshot(path=os.path.join(shots, "vram.png"), full_page=True)
 
     page.locator("#vram-tp label", has_text="2").click()  # half the GPUs: the device follows, the weights do not fit
-    wait_for(page, lambda: "on 2× H100 80GB" in headline.inner_text(), "the device to follow the GPU count")
-    assert "Does not fit" in headline.inner_text() and "leave no room for the KV cache" in headline.inner_text()
+    wait_for(page, lambda: "leave no room for the KV cache" in headline.inner_text(), "the memory sentence")
+    assert "Does not fit" in headline.inner_text() and "on 2× H100 80GB" in headline.inner_text()
 
 
 def table_rows(page, elem_id) -> list[list[str]]:
