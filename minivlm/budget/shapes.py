@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 from transformers import AutoConfig, PreTrainedConfig
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+from minivlm.families import FAMILIES
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRESET_DIR = os.path.join(ROOT, "assets", "presets")
 
@@ -67,7 +68,7 @@ def hf_config(model_config) -> PreTrainedConfig:
         raise ValueError(f"model_config must be a preset name, dir, dict or PretrainedConfig, got {type(model_config)}")
     model_type = model_config.get("model_type")
     if model_type not in FAMILIES:
-        raise ValueError(f"model_type {model_type!r} is not a supported family; supported: {FAMILIES}")
+        raise ValueError(f"model_type {model_type!r} is not a supported family; supported: {tuple(FAMILIES)}")
     clean = {k: v for k, v in model_config.items() if not k.startswith("_") and k != "model_type"}
     return AutoConfig.for_model(model_type, **clean)
 
@@ -77,7 +78,7 @@ def model_shape(model_config) -> ModelShape:
     cfg = hf_config(model_config)
     family, t, v = cfg.model_type, cfg.text_config, cfg.vision_config
     if family not in FAMILIES:
-        raise ValueError(f"model_type {family!r} is not a supported family; supported: {FAMILIES}")
+        raise ValueError(f"model_type {family!r} is not a supported family; supported: {tuple(FAMILIES)}")
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     if family == "qwen2_vl":
         width, out, inter = v.embed_dim, v.hidden_size, int(v.embed_dim * v.mlp_ratio)

@@ -4,14 +4,11 @@ import math
 import os
 
 from minivlm.budget.shapes import hf_config
+from minivlm.families import FAMILIES
 
-# Image processor defaults of the published checkpoints (their preprocessor_config.json), per family.
-# Qwen2/2.5-VL: min_pixels 56*56, max_pixels 28*28*16384; Qwen3-VL: size {shortest_edge 256², longest_edge 4096²}.
-FAMILY_PROCESSOR = {
-    "qwen2_vl": {"patch_size": 14, "merge_size": 2, "min_pixels": 3136, "max_pixels": 12845056},
-    "qwen2_5_vl": {"patch_size": 14, "merge_size": 2, "min_pixels": 3136, "max_pixels": 12845056},
-    "qwen3_vl": {"patch_size": 16, "merge_size": 2, "min_pixels": 65536, "max_pixels": 16777216},
-}
+# Image processor defaults of the published checkpoints, per family (from the family registry).
+FAMILY_PROCESSOR = {name: {"patch_size": f.patch_size, "merge_size": f.merge_size, "min_pixels": f.min_pixels,
+                           "max_pixels": f.max_pixels} for name, f in FAMILIES.items()}
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
