@@ -44,7 +44,8 @@ class StreamOptions(Strict):
 
 
 class ChatCompletionRequest(Strict):
-    """The fields of POST /v1/chat/completions that minivlm implements (plus vLLM's top_k and cache_salt)."""
+    """The fields of POST /v1/chat/completions that minivlm implements (plus vLLM's top_k, ignore_eos and
+    cache_salt)."""
     model: str
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -61,6 +62,7 @@ class ChatCompletionRequest(Strict):
     stream_options: StreamOptions | None = None
     user: str | None = None
     cache_salt: str | None = None
+    ignore_eos: bool = False
 
 
 FIELD_NAMES = {name for model in (ChatCompletionRequest, Message, TextPart, ImagePart, ImageURL, StreamOptions)
@@ -124,5 +126,5 @@ def sampling_params(req: ChatCompletionRequest, defaults: dict, max_tokens: int)
     top_k = pick("top_k", 0)
     return SamplingParams(max_tokens=req.max_completion_tokens or req.max_tokens or max_tokens,
                           temperature=float(pick("temperature", 1.0)), top_p=float(pick("top_p", 1.0)),
-                          top_k=max(0, top_k), seed=req.seed, stop=req.stop,
+                          top_k=max(0, top_k), seed=req.seed, stop=req.stop, ignore_eos=req.ignore_eos,
                           logprobs=(req.top_logprobs or 0) if req.logprobs else None)
