@@ -67,7 +67,7 @@ class ApiMetrics:
     """The /metrics registry: engine-wide figures plus per-request token counts and latencies."""
 
     def __init__(self, get_engine, model_name):
-        self.model_name = model_name
+        self.get_engine, self.model_name = get_engine, model_name
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(get_engine, model_name))
         labels, r = ["model_name"], self.registry
@@ -85,6 +85,11 @@ class ApiMetrics:
                              buckets=E2E_BUCKETS, registry=r)
 
     def exposition(self) -> bytes:
+        name = self.model_name(self.get_engine())
+        for metric in (self.prompt_tokens, self.generation_tokens, self.queries, self.ttft, self.itl, self.e2e):
+            metric.labels(name)  # every series exists (at 0) from the first scrape
+        for reason in ("stop", "length"):
+            self.success.labels(name, reason)
         return generate_latest(self.registry)
 
     def finished(self, engine, out, token_times: list[float], arrival: float):

@@ -119,12 +119,13 @@ def parse_request(raw: bytes) -> ChatCompletionRequest:
 
 
 def sampling_params(req: ChatCompletionRequest, defaults: dict, max_tokens: int) -> SamplingParams:
-    """OpenAI fields -> SamplingParams; unset ones come from `defaults` (the checkpoint's generation_config)."""
+    """OpenAI fields -> SamplingParams (max_tokens already resolved); unset ones come from `defaults` (the
+    checkpoint's generation_config)."""
     def pick(name, fallback):
         value = getattr(req, name)
         return value if value is not None else defaults.get(name, fallback)
     top_k = pick("top_k", 0)
-    return SamplingParams(max_tokens=req.max_completion_tokens or req.max_tokens or max_tokens,
+    return SamplingParams(max_tokens=max_tokens,
                           temperature=float(pick("temperature", 1.0)), top_p=float(pick("top_p", 1.0)),
                           top_k=max(0, top_k), seed=req.seed, stop=req.stop, ignore_eos=req.ignore_eos,
                           logprobs=(req.top_logprobs or 0) if req.logprobs else None)

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request as HttpRequest
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
+from huggingface_hub import try_to_load_from_cache
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from minivlm.api import responses as fmt
@@ -24,7 +25,7 @@ from minivlm.api.metrics import ApiMetrics, now
 from minivlm.api.protocol import ChatCompletionRequest, parse_request, sampling_params
 from minivlm.api.stream import EventPump
 from minivlm.config import DEFAULT_MODEL
-from minivlm.request import Request
+from minivlm.request import Request, SamplingParams
 
 log = logging.getLogger("minivlm")
 MAX_BODY_BYTES = 64 * 2**20
@@ -70,16 +71,27 @@ def model_id(engine) -> str:
 def generation_defaults(engine) -> dict:
     """Sampling defaults the checkpoint ships (generation_config.json), as vLLM applies them; do_sample=false
     means greedy. Fields a request sets win; absent everywhere, OpenAI's defaults apply."""
-    path = os.path.join(getattr(engine, "model_dir", "") or "", "generation_config.json")
+    model = engine.config.model
+    path = os.path.join(model, "generation_config.json") if os.path.isdir(model) else \
+        try_to_load_from_cache(model, "generation_config.json")  # a hub id: the copy the loader downloaded
     try:
         with open(path) as f:
             cfg = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, TypeError, ValueError):
         return {}
     out = {k: cfg[k] for k in ("temperature", "top_p", "top_k") if isinstance(cfg.get(k), (int, float))}
     if cfg.get("do_sample") is False:
         out["temperature"] = 0.0
     return out
+
+
+def default_max_tokens(engine, request: Request) -> int:
+    """vLLM's default: the room the context leaves. The context is max_model_len, or the whole KV pool when a
+    pinned pool is smaller; only then is the prompt rendered here to measure it."""
+    pool = engine.num_blocks * engine.config.block_size
+    if pool >= engine.config.max_model_len:
+        return engine.config.max_model_len
+    return max(1, pool - engine.make_sequence(request, SamplingParams(max_tokens=1)).num_prompt_tokens)
 
 
 def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> APIRouter:
@@ -132,14 +144,15 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {model!r}",
                            param="model", code="model_not_found")
         messages = await run_in_threadpool(engine_messages, req, settings.allowed_media_domains)
-        pool_tokens = engine.num_blocks * engine.config.block_size
+        request_ = Request(messages=messages, cache_salt=cache_salt(key, req), request_id=f"api-{next(_ids)}")
         try:
-            params = sampling_params(req, generation_defaults(engine), min(engine.config.max_model_len, pool_tokens))
+            limit = req.max_completion_tokens or req.max_tokens or \
+                await run_in_threadpool(default_max_tokens, engine, request_)
+            params = sampling_params(req, generation_defaults(engine), limit)
         except ValueError as e:
             raise from_engine(e) from None
         arrival, created = now(), int(time.time())
-        pump = EventPump(engine, Request(messages=messages, cache_salt=cache_salt(key, req),
-                                         request_id=f"api-{next(_ids)}"), params)
+        pump = EventPump(engine, request_, params)
         try:
             first = await pump.next()  # validation errors surface here, before any response is sent
         except BaseException:
