@@ -67,11 +67,10 @@ def serve(holder: EngineHolder, host: str = "127.0.0.1", port: int = 7860, share
     """Build the UI and serve it with the HTTP API (/v1, /metrics) on the same port (block=False returns at once,
     for tests). The API always uses the holder's current engine."""
     demo = build_app(holder)
+    api_routes = create_router(holder.get, api or ApiSettings(shared=holder.shared)).routes
     demo.launch(server_name=host, server_port=port, share=share, css=CSS, allowed_paths=[EXAMPLES_DIR],
-                theme=gr.themes.Soft(), prevent_thread_lock=True, quiet=not block)
-    demo.app.include_router(create_router(holder.get, api or ApiSettings(shared=holder.shared)))
-    if block:
-        demo.block_thread()
+                theme=gr.themes.Soft(), prevent_thread_lock=not block, quiet=not block,
+                app_kwargs={"routes": api_routes})  # Gradio's FastAPI app starts with the API's routes
     return demo
 
 

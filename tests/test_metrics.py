@@ -9,7 +9,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from minivlm import EngineConfig, Request, SamplingParams
+from minivlm import Engine, EngineConfig, Request, SamplingParams
 from minivlm.api import ApiSettings
 from panels.holder import EXAMPLES_DIR, EngineHolder
 from tests.app_server import APP_MODEL, free_port
@@ -116,6 +116,21 @@ def test_engine_wide_counters_include_the_uis_requests_and_preemptions(app):
     assert preempted > 0
     assert delta(after, before, "vllm:num_preemptions_total") == preempted
     assert delta(after, before, "vllm:prefix_cache_hits_total") == sum(o.num_cached_tokens for o in outs) > 0
+
+
+@pytest.mark.skipif(not hasattr(Engine, "events"), reason="this engine has no event log (engine.events) yet")
+def test_token_counters_include_the_uis_requests(app):
+    """Requests that never touch the HTTP API (the UI's) count in the token and request counters too."""
+    holder, url, _ = app
+    before = scrape(url)
+    outs = holder.get().generate([Request(prompt=QUESTION, images=[os.path.join(EXAMPLES_DIR, name)])
+                                  for name in ("red_circle.png", "two_shapes.png", "blue_circle.png")],
+                                 SamplingParams(max_tokens=20, ignore_eos=True))
+    after = scrape(url)
+    assert delta(after, before, "vllm:prompt_tokens_total") == sum(o.num_prompt_tokens for o in outs)
+    assert delta(after, before, "vllm:prefix_cache_queries_total") == sum(o.num_prompt_tokens for o in outs)
+    assert delta(after, before, "vllm:generation_tokens_total") == sum(len(o.token_ids) for o in outs) == 60
+    assert delta(after, before, "vllm:request_success_total[length]") == 3
 
 
 def test_counters_survive_an_engine_rebuild(app):

@@ -1,10 +1,12 @@
-"""GET /metrics: Prometheus text with vLLM's metric names. Engine-wide state and counters (every request, UI and
-API) are read from the serving engine at scrape time; latencies are measured per API request as it streams."""
+"""GET /metrics: Prometheus text with vLLM's metric names. Engine-wide figures cover every request, the UI's and
+the API's: gauges and cache counters come from engine.snapshot(), token and request counts from the engine's event
+log, both read at scrape time. Latency histograms are measured per API request as it streams."""
+import collections
 import threading
 import time
 import weakref
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 disable_created_metrics()  # no *_created series, as vLLM serves them
@@ -12,36 +14,82 @@ disable_created_metrics()  # no *_created series, as vLLM serves them
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+FINISH_REASONS = ("stop", "length", "abort", "error")
+COUNTERS = (  # (metric, help, key in the totals)
+    ("vllm:prompt_tokens", "Prompt tokens of requests that arrived.", "prompt_tokens"),
+    ("vllm:generation_tokens", "Tokens sampled.", "generation_tokens"),
+    ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "queries"),
+    ("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", "hits"),
+    ("minivlm:prefix_cache_false_hits", "Prompt tokens served from the prefix cache whose KV was computed from "
+                                        "different content (strategies A and B).", "false_hits"),
+    ("vllm:num_preemptions", "Requests preempted (blocks freed, recomputed later).", "preemptions"))
+
+
+class RequestCounts:
+    """Token and request counts of one engine. From its event log when it has one (engine.events: every request);
+    an engine without one gets the API's own requests counted by add_output instead."""
+
+    def __init__(self):
+        self.since = 0
+        self.counts: collections.Counter = collections.Counter()
+
+    def read_events(self, engine, caching: bool):
+        for ev in engine.events(self.since):
+            if ev.kind == "arrived":
+                self.counts["prompt_tokens"] += ev.num_prompt_tokens
+                self.counts["queries"] += ev.num_prompt_tokens if caching else 0
+            elif ev.kind == "scheduled":
+                self.counts["generation_tokens"] += len(ev.request_ids)  # each request scheduled samples one token
+            elif ev.kind == "finished":
+                self.counts[f"success:{ev.finish_reason}"] += 1
+            self.since = ev.seq
+
+    def add_output(self, out, caching: bool):
+        self.counts["prompt_tokens"] += out.num_prompt_tokens
+        self.counts["queries"] += out.num_prompt_tokens if caching else 0
+        self.counts["generation_tokens"] += len(out.token_ids)
+        self.counts[f"success:{out.finish_reason}"] += 1
 
 
 class EngineCollector:
-    """Gauges and lifetime counters from engine.snapshot(). Counters continue across engine rebuilds: when the
-    app swaps engines, the old engine's last-scraped totals become the base the new engine's counts add to."""
+    """Gauges and lifetime counters of the serving engine, read at scrape time. Counters continue across engine
+    rebuilds: when the app swaps engines, the old engine's last-scraped totals become the base the new one adds to."""
 
     def __init__(self, get_engine, model_name):
         self.get_engine, self.model_name = get_engine, model_name
         self.lock = threading.Lock()
-        self.engine_ref = None
-        self.base: dict[str, float] = {}
-        self.last: dict[str, float] = {}
+        self.engine_ref, self.counts = None, RequestCounts()
+        self.base: collections.Counter = collections.Counter()
+        self.last: collections.Counter = collections.Counter()
+
+    def _follow(self, engine):
+        """Under the lock: start counting a newly serving engine on top of the totals so far."""
+        if self.engine_ref is None or self.engine_ref() is not engine:
+            self.base += self.last
+            self.last = collections.Counter()
+            self.engine_ref, self.counts = weakref.ref(engine), RequestCounts()
+
+    def counts_for(self, engine) -> RequestCounts:
+        with self.lock:
+            self._follow(engine)
+            return self.counts
 
     def totals(self, engine, snap) -> dict[str, float]:
         """Lifetime counters of the serving process (prefix-cache figures in tokens, as vLLM counts them)."""
         st, bs = snap.cache_stats or {}, snap.block_size
-        now = {"preemptions": snap.num_preemptions, "hits": st.get("hits", 0) * bs,
-               "false_hits": st.get("false_hits", 0) * bs, "lookups": st.get("lookups", 0)}
         with self.lock:
-            if self.engine_ref is None or self.engine_ref() is not engine:
-                for k, v in self.last.items():
-                    self.base[k] = self.base.get(k, 0) + v
-                self.engine_ref = weakref.ref(engine)
+            self._follow(engine)
+            if hasattr(engine, "events"):
+                self.counts.read_events(engine, engine.config.cache_strategy != "none")
+            now = collections.Counter({"preemptions": snap.num_preemptions, "hits": st.get("hits", 0) * bs,
+                                       "false_hits": st.get("false_hits", 0) * bs, **self.counts.counts})
             self.last = now
-            return {k: v + self.base.get(k, 0) for k, v in now.items()}
+            return {k: now[k] + self.base[k] for k in set(now) | set(self.base)}
 
     def collect(self):
         engine = self.get_engine()
         snap = engine.snapshot()
-        total = self.totals(engine, snap)
+        total = collections.defaultdict(float, self.totals(engine, snap))
         labels, name = ["model_name"], [self.model_name(engine)]
         used = sum(b.ref_count > 0 for b in snap.blocks)
         for metric, doc, value in (
@@ -51,32 +99,26 @@ class EngineCollector:
             g = GaugeMetricFamily(metric, doc, labels=labels)
             g.add_metric(name, value)
             yield g
-        for metric, doc, key in (
-                ("vllm:num_preemptions", "Requests preempted (blocks freed, recomputed later).", "preemptions"),
-                ("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", "hits"),
-                ("minivlm:prefix_cache_false_hits", "Prompt tokens served from the prefix cache whose KV was "
-                                                    "computed from different content (strategies A and B).",
-                 "false_hits"),
-                ("minivlm:prefix_cache_lookups", "Requests looked up in the prefix cache.", "lookups")):
+        for metric, doc, key in COUNTERS:
             c = CounterMetricFamily(metric, doc, labels=labels)
             c.add_metric(name, total[key])
             yield c
+        c = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
+                                labels=labels + ["finished_reason"])
+        for reason in FINISH_REASONS:
+            c.add_metric(name + [reason], total[f"success:{reason}"])
+        yield c
 
 
 class ApiMetrics:
-    """The /metrics registry: engine-wide figures plus per-request token counts and latencies."""
+    """The /metrics registry: the engine's figures plus latency histograms of the API's requests."""
 
     def __init__(self, get_engine, model_name):
         self.get_engine, self.model_name = get_engine, model_name
         self.registry = CollectorRegistry()
-        self.registry.register(EngineCollector(get_engine, model_name))
+        self.engine_stats = EngineCollector(get_engine, model_name)
+        self.registry.register(self.engine_stats)
         labels, r = ["model_name"], self.registry
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests.", labels, registry=r)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=r)
-        self.queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", labels,
-                               registry=r)
-        self.success = Counter("vllm:request_success", "Finished requests by finish reason.",
-                               labels + ["finished_reason"], registry=r)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time from arrival to the first token.", labels,
                               buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between consecutive tokens of a request.",
@@ -86,20 +128,16 @@ class ApiMetrics:
 
     def exposition(self) -> bytes:
         name = self.model_name(self.get_engine())
-        for metric in (self.prompt_tokens, self.generation_tokens, self.queries, self.ttft, self.itl, self.e2e):
+        for metric in (self.ttft, self.itl, self.e2e):
             metric.labels(name)  # every series exists (at 0) from the first scrape
-        for reason in ("stop", "length"):
-            self.success.labels(name, reason)
         return generate_latest(self.registry)
 
     def finished(self, engine, out, token_times: list[float], arrival: float):
-        """Record one finished API request: its tokens and, from the time each token arrived, its latencies."""
+        """Record one finished API request: its latencies from the time each token arrived (and, for an engine
+        without an event log, its tokens)."""
+        if not hasattr(engine, "events"):
+            self.engine_stats.counts_for(engine).add_output(out, engine.config.cache_strategy != "none")
         name = self.model_name(engine)
-        self.prompt_tokens.labels(name).inc(out.num_prompt_tokens)
-        self.generation_tokens.labels(name).inc(len(out.token_ids))
-        if engine.config.cache_strategy != "none":
-            self.queries.labels(name).inc(out.num_prompt_tokens)
-        self.success.labels(name, out.finish_reason).inc()
         if token_times:
             self.ttft.labels(name).observe(token_times[0] - arrival)
             for a, b in zip(token_times, token_times[1:]):

@@ -222,5 +222,4 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
     def scrape():
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    router.metrics = metrics
     return router
