@@ -1,17 +1,13 @@
 """An HTTP API request in the real browser's KV map: while an `openai` client streams from the app, the KV tab shows
 its blocks under its api-… label; when the client hangs up, the engine aborts it and frees them."""
-import base64
 import os
 import time
 
 import openai
 import pytest
 
-from minivlm import EngineConfig
-from minivlm.api import ApiSettings
-from panels.holder import EXAMPLES_DIR, EngineHolder
 from panels.plots import block_cell, request_color
-from tests.app_server import APP_MODEL, free_port
+from tests.api_app import MODEL, image_message, inprocess_app
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
 
 pytestmark = pytest.mark.browser
@@ -19,14 +15,8 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture(scope="module")
 def app():
-    import app as app_module
-    holder = EngineHolder(EngineConfig(model=APP_MODEL or EngineConfig().model, device="cpu", num_blocks=256))
-    holder.load()
-    port = free_port()
-    demo = app_module.serve(holder, port=port, block=False, api=ApiSettings())
-    yield holder, f"http://127.0.0.1:{port}/"
-    demo.close()
-    holder.engine.close()
+    with inprocess_app(num_blocks=256) as served:
+        yield served
 
 
 def test_api_request_appears_in_the_kv_map(app, tmp_path):
@@ -34,7 +24,6 @@ def test_api_request_appears_in_the_kv_map(app, tmp_path):
     if not os.path.exists(CHROMIUM):
         pytest.fail("chromium is not installed (apt-get install -y chromium)")
     client = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=120)
-    raw = open(os.path.join(EXAMPLES_DIR, "red_circle.png"), "rb").read()
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
@@ -44,10 +33,8 @@ def test_api_request_appears_in_the_kv_map(app, tmp_path):
         page.get_by_role("tab", name="KV blocks (live)").click()
         page.locator("#kv-map .js-plotly-plot").wait_for()
         stream = client.chat.completions.create(  # a long answer: it decodes while the page polls the engine
-            model="tiny-qwen-vl", max_tokens=3900, stream=True, extra_body={"ignore_eos": True},
-            messages=[{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(raw).decode()}},
-                {"type": "text", "text": "What color is the shape?"}]}])
+            model=MODEL, max_tokens=3900, stream=True, extra_body={"ignore_eos": True},
+            messages=image_message("red_circle.png"))
         request_id = next(iter(stream)).id.removeprefix("chatcmpl-")
         assert request_id.startswith("api-")
         plot = page.wait_for_function("""(rid) => {

@@ -1,6 +1,5 @@
 """GET /metrics read with prometheus_client's own text parser: after a known workload each counter has moved by
 exactly what the responses (and the engine) say happened."""
-import base64
 import dataclasses
 import os
 
@@ -9,27 +8,16 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from minivlm import Engine, EngineConfig, Request, SamplingParams
-from minivlm.api import ApiSettings
-from panels.holder import EXAMPLES_DIR, EngineHolder
-from tests.app_server import APP_MODEL, free_port
-
-QUESTION = "What color is the shape?"
+from minivlm import Engine, Request, SamplingParams
+from panels.holder import EXAMPLES_DIR
+from tests.api_app import MODEL, QUESTION, image_message, inprocess_app
 
 
 @pytest.fixture(scope="module")
 def app():
     """The app served from this process, so the test can also submit requests the way the UI does."""
-    import app as app_module
-    holder = EngineHolder(EngineConfig(model=APP_MODEL or EngineConfig().model, device="cpu", num_blocks=40,
-                                       cache_strategy="A"))
-    holder.load()
-    port = free_port()
-    demo = app_module.serve(holder, port=port, block=False, api=ApiSettings())
-    url = f"http://127.0.0.1:{port}/"
-    yield holder, url, openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=120)
-    demo.close()
-    holder.engine.close()
+    with inprocess_app(num_blocks=40, cache_strategy="A") as (holder, url):
+        yield holder, url, openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -47,11 +35,7 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def ask(client, name: str, **kw):
-    raw = open(os.path.join(EXAMPLES_DIR, name), "rb").read()
-    url = "data:image/png;base64," + base64.b64encode(raw).decode()
-    return client.chat.completions.create(model="tiny-qwen-vl", temperature=0, **kw, messages=[
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                     {"type": "text", "text": QUESTION}]}])
+    return client.chat.completions.create(model=MODEL, temperature=0, messages=image_message(name), **kw)
 
 
 def delta(after, before, name):

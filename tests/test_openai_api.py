@@ -1,6 +1,5 @@
 """The HTTP API with the clients people use (the `openai` package, raw HTTP) against the running app (`python
 app.py`, started by tests/app_server.py): answers, prefix-cache reporting, streaming, batching, bad input, access."""
-import base64
 import functools
 import http.server
 import io
@@ -15,25 +14,12 @@ import openai
 import pytest
 from PIL import Image
 
-from minivlm import EngineConfig
-from minivlm.api import ApiSettings
-from panels.holder import EXAMPLES_DIR, EngineHolder
-from tests.app_server import APP_MODEL, free_port, running_app
+from panels.holder import EXAMPLES_DIR
+from tests.api_app import MODEL, QUESTION, data_url, image_message, inprocess_app
+from tests.app_server import APP_MODEL, running_app
 
-QUESTION = "What color is the shape?"
 ANSWERS = {"red_circle.png": ("What color is the shape?", "red"), "blue_circle.png": ("What color is the shape?", "blue"),
            "green_triangle.png": ("What shape is it?", "triangle"), "yellow_square.png": ("What shape is it?", "square")}
-MODEL = "tiny-qwen-vl"
-
-
-def data_url(raw: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(raw).decode()}"
-
-
-def image_message(name: str, question: str = QUESTION, url: str | None = None) -> list[dict]:
-    url = url or data_url(open(os.path.join(EXAMPLES_DIR, name), "rb").read())
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                         {"type": "text", "text": question}]}]
 
 
 @pytest.fixture(scope="module")
@@ -254,30 +240,20 @@ def test_key_protects_the_api_and_each_key_and_user_gets_its_own_cache(shared_ap
     assert httpx.get(shared_app_with_key + "metrics").status_code == 200
 
 
-def test_shared_deployment_without_key_turns_the_api_off(tmp_path):
-    env_key = os.environ.pop("MINIVLM_API_KEY", None)
-    try:
-        with running_app("--shared", log_path=str(tmp_path / "app.log")) as url:
-            r = httpx.post(url + "v1/chat/completions", json=text_request(), timeout=60)
-            assert r.status_code == 403 and r.json()["error"]["code"] == "api_disabled"
-            assert httpx.get(url + "v1/models").status_code == 403
-            assert httpx.get(url).status_code == 200  # the UI still serves
-    finally:
-        if env_key is not None:
-            os.environ["MINIVLM_API_KEY"] = env_key
+def test_shared_deployment_without_key_turns_the_api_off(tmp_path, monkeypatch):
+    monkeypatch.delenv("MINIVLM_API_KEY", raising=False)
+    with running_app("--shared", log_path=str(tmp_path / "app.log")) as url:
+        r = httpx.post(url + "v1/chat/completions", json=text_request(), timeout=60)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "api_disabled"
+        assert httpx.get(url + "v1/models").status_code == 403
+        assert httpx.get(url).status_code == 200  # the UI still serves
 
 
 @pytest.fixture(scope="module")
 def inprocess():
     """The app served from this process (as tests/test_browser.py does), so a test can watch the engine."""
-    import app as app_module
-    holder = EngineHolder(EngineConfig(model=APP_MODEL or EngineConfig().model, device="cpu", num_blocks=256))
-    holder.load()
-    port = free_port()
-    demo = app_module.serve(holder, port=port, block=False, api=ApiSettings())
-    yield holder, f"http://127.0.0.1:{port}/"
-    demo.close()
-    holder.engine.close()
+    with inprocess_app(num_blocks=256) as served:
+        yield served
 
 
 def test_concurrent_api_requests_run_in_one_batch(inprocess):
