@@ -144,15 +144,15 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {model!r}",
                            param="model", code="model_not_found")
         messages = await run_in_threadpool(engine_messages, req, settings.allowed_media_domains)
-        request_ = Request(messages=messages, cache_salt=cache_salt(key, req), request_id=f"api-{next(_ids)}")
+        engine_request = Request(messages=messages, cache_salt=cache_salt(key, req), request_id=f"api-{next(_ids)}")
         try:
             limit = req.max_completion_tokens or req.max_tokens or \
-                await run_in_threadpool(default_max_tokens, engine, request_)
+                await run_in_threadpool(default_max_tokens, engine, engine_request)
             params = sampling_params(req, generation_defaults(engine), limit)
         except ValueError as e:
             raise from_engine(e) from None
         arrival, created = now(), int(time.time())
-        pump = EventPump(engine, request_, params)
+        pump = EventPump(engine, engine_request, params)
         try:
             first = await pump.next()  # validation errors surface here, before any response is sent
         except BaseException:
