@@ -33,10 +33,10 @@ def test_api_request_appears_in_the_kv_map(app, tmp_path):
         page.get_by_role("tab", name="KV blocks (live)").click()
         page.locator("#kv-map .js-plotly-plot").wait_for()
         stream = client.chat.completions.create(  # a long answer: it decodes while the page polls the engine
-            model=MODEL, max_tokens=3900, stream=True, extra_body={"ignore_eos": True},
+            model=MODEL, max_tokens=3900, stream=True, user="ann", extra_body={"ignore_eos": True},
             messages=image_message("red_circle.png"))
         request_id = next(iter(stream)).id.removeprefix("chatcmpl-")
-        assert request_id.startswith("api-")
+        assert request_id.startswith("api-ann-")  # its label in the map says: the API, user ann
         plot = page.wait_for_function("""(rid) => {
             const el = document.querySelector('#kv-map .js-plotly-plot');
             if (!el || !el.data || !el.data.some(t => t.name === rid)) return null;  // its legend entry

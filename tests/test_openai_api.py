@@ -231,6 +231,7 @@ def test_key_protects_the_api_and_each_key_and_user_gets_its_own_cache(shared_ap
     def cached(c, user):
         r = c.chat.completions.create(model=MODEL, messages=image_message("red_circle.png"), temperature=0, user=user)
         assert r.choices[0].message.content == "red"
+        assert user not in r.model_extra["minivlm"]["request_id"]  # user names stay private on a shared deployment
         return r.usage.prompt_tokens_details.cached_tokens
 
     assert cached(student, "ann") == 0

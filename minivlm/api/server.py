@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -123,6 +124,12 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
         who = hashlib.sha256((key or "").encode()).hexdigest()[:16]
         return f"api:{who}:{req.user or ''}:{req.cache_salt or ''}"
 
+    def label(req: ChatCompletionRequest) -> str:
+        """The request's id in the KV map: api-N, or api-<user>-N locally, so a class sees whose request is whose
+        (on a shared deployment user names stay private)."""
+        user = re.sub(r"[^A-Za-z0-9_.]", "", req.user or "")[:16]
+        return f"api-{user}-{next(_ids)}" if user and not settings.shared else f"api-{next(_ids)}"
+
     async def read_body(request: HttpRequest) -> bytes:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -144,7 +151,7 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {model!r}",
                            param="model", code="model_not_found")
         messages = await run_in_threadpool(engine_messages, req, settings.allowed_media_domains)
-        engine_request = Request(messages=messages, cache_salt=cache_salt(key, req), request_id=f"api-{next(_ids)}")
+        engine_request = Request(messages=messages, cache_salt=cache_salt(key, req), request_id=label(req))
         try:
             limit = req.max_completion_tokens or req.max_tokens or \
                 await run_in_threadpool(default_max_tokens, engine, engine_request)
