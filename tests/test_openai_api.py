@@ -144,6 +144,7 @@ BAD_REQUESTS = {  # name: (body, status, code, param)
     "max_tokens as text": (text_request(max_tokens="five"), 400, "invalid_value", "max_tokens"),
     "temperature as text": (text_request(temperature="0"), 400, "invalid_value", "temperature"),
     "max_tokens zero": (text_request(max_tokens=0), 400, "invalid_value", "max_tokens"),
+    "seed beyond 64 bits": (text_request(seed=2**70, temperature=1.0), 400, "invalid_value", "seed"),
     "messages empty": (text_request(messages=[]), 400, "invalid_value", "messages"),
     "content a number": ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, 400, "invalid_value",
                          "messages[0].content"),

@@ -53,7 +53,7 @@ class ChatCompletionRequest(Strict):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-2**63, le=2**63 - 1)  # what torch.Generator takes
     stop: str | list[str] | None = None
     n: int = 1
     logprobs: bool = False
