@@ -327,3 +327,19 @@ def test_a_request_cut_off_by_a_rebuild_gets_503_and_the_new_engine_serves(inpro
     assert len(errors) == 1 and errors[0].status_code == 503 and errors[0].body["code"] == "engine_rebuilt"
     r = c.chat.completions.create(model=MODEL, messages=image_message("red_circle.png"), temperature=0)
     assert r.choices[0].message.content == "red"
+
+
+def test_a_client_that_hangs_up_frees_its_request(inprocess):
+    """Non-streaming: the client gives up (timeout) mid-answer; the engine stops the request before its 3900
+    tokens (it alone runs, one token per step, so fewer steps than that means it was cut short) and frees it."""
+    holder, url = inprocess
+    engine = holder.get()
+    start = engine.snapshot().step
+    body = {"model": MODEL, "messages": image_message("red_circle.png"), "max_tokens": 3900, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + "v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=1))
+    deadline = time.monotonic() + 300
+    while any(r.startswith("api-") for r in engine.snapshot().block_tables) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    snap = engine.snapshot()
+    assert snap.step - start < 3900 and not snap.running and all(b.ref_count == 0 for b in snap.blocks)

@@ -1,6 +1,7 @@
 """The HTTP API as a FastAPI router over the serving engine: POST /v1/chat/completions (OpenAI format, SSE
 streaming), GET /v1/models, GET /metrics. The router asks `get_engine()` for the engine on every request, so it
 always uses the one currently serving (the app swaps engines on a rebuild)."""
+import asyncio
 import hashlib
 import hmac
 import itertools
@@ -30,6 +31,7 @@ from minivlm.request import Request, SamplingParams
 
 log = logging.getLogger("minivlm")
 MAX_BODY_BYTES = 64 * 2**20
+DISCONNECT_POLL_S = 0.25
 _ids = itertools.count(1)
 
 
@@ -168,6 +170,7 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
         if req.stream:
             return StreamingResponse(stream_events(engine, req, model, created, arrival, pump, first),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        watcher = asyncio.create_task(abort_on_disconnect(request, pump))
         try:
             ev, times = first, []
             while ev is not None and not ev.finished:
@@ -175,9 +178,16 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
                 ev = await pump.next()
         finally:
             pump.close()
+            watcher.cancel()
         out = finished_output(ev)
         metrics.finished(engine, out, times + [now()], arrival)
         return JSONResponse(fmt.completion(out, engine, model, created, req.top_logprobs or 0))
+
+    async def abort_on_disconnect(request: HttpRequest, pump: EventPump):
+        """A non-streaming client that hangs up stops its request too (streams notice on their next write)."""
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+        pump.close()
 
     def finished_output(ev):
         if ev is None or ev.output is None or ev.output.finish_reason == "abort":
