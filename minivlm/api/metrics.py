@@ -25,9 +25,14 @@ COUNTERS = (  # (metric, help, key in the totals)
     ("vllm:num_preemptions", "Requests preempted (blocks freed, recomputed later).", "preemptions"))
 
 
+def logs_events(engine) -> bool:
+    return engine.config.event_log_size > 0
+
+
 class RequestCounts:
-    """Token and request counts of one engine. From its event log when it has one (engine.events: every request);
-    an engine without one gets the API's own requests counted by add_output instead."""
+    """Token and request counts of one engine. From its event log when it keeps one (engine.events: every
+    request); an engine built with event_log_size=0 gets the API's own requests counted by add_output instead.
+    Read at every scrape, so only a ring overflow between two scrapes (engine.events_dropped) could lose counts."""
 
     def __init__(self):
         self.since = 0
@@ -79,7 +84,7 @@ class EngineCollector:
         st, bs = snap.cache_stats or {}, snap.block_size
         with self.lock:
             self._follow(engine)
-            if hasattr(engine, "events"):
+            if logs_events(engine):
                 self.counts.read_events(engine, engine.config.cache_strategy != "none")
             now = collections.Counter({"preemptions": snap.num_preemptions, "hits": st.get("hits", 0) * bs,
                                        "false_hits": st.get("false_hits", 0) * bs, **self.counts.counts})
@@ -134,8 +139,8 @@ class ApiMetrics:
 
     def finished(self, engine, out, token_times: list[float], arrival: float):
         """Record one finished API request: its latencies from the time each token arrived (and, for an engine
-        without an event log, its tokens)."""
-        if not hasattr(engine, "events"):
+        that keeps no event log, its tokens)."""
+        if not logs_events(engine):
             self.engine_stats.counts_for(engine).add_output(out, engine.config.cache_strategy != "none")
         name = self.model_name(engine)
         if token_times:
