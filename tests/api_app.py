@@ -37,3 +37,8 @@ def image_message(name: str, question: str = QUESTION, url: str | None = None) -
     url = url or data_url(open(os.path.join(EXAMPLES_DIR, name), "rb").read())
     return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                          {"type": "text", "text": question}]}]
+
+
+def text_request(**fields) -> dict:
+    """A text-only request body (fields override)."""
+    return {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], **fields}
