@@ -7,7 +7,8 @@ from minivlm import Engine, EngineConfig, SamplingParams
 from minivlm.events import by_step
 
 from panels.decisions import decision_log, run_counters, run_line
-from panels.kv_blocks import Run, demo_requests, view
+from panels.kv_blocks import demo_requests
+from panels.kv_run import Run, view
 from panels.timeline import STATE_COLORS, STATES, request_states, timeline_figure
 
 N = 8
@@ -119,7 +120,7 @@ def test_shared_step_through_pauses_only_an_isolated_engine(checkpoints, monkeyp
     """On a shared deployment a session's Pause/Step/launch act on its own engine; requests launched while paused
     all finish; a paused engine nobody looks at resumes by itself."""
     import time
-    import panels.kv_blocks as kv
+    import panels.kv_run as kv
     from panels.holder import EngineHolder
     holder = EngineHolder(EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=200,
                                        max_model_len=512), shared=True)

@@ -11,7 +11,8 @@ from minivlm.cache_study import max_logprob_diff
 from panels.cache_inspector import HIT_COLORS, hits_figure, results_table, run_pair
 from panels.chat import to_hf_messages, user_turn
 from panels.holder import EXAMPLES_DIR, EngineHolder
-from panels.kv_blocks import POLL_S, Run, demo_requests, view
+from panels.kv_blocks import POLL_S, demo_requests
+from panels.kv_run import Run, view
 from panels.plots import CACHED_COLOR, block_cell, block_map_figure, block_table, request_color
 from panels.vram import budget_figure, comparison, engine_parts, estimate_parts
 
