@@ -59,7 +59,7 @@ def build(holder: EngineHolder):
     most_requests, most_tokens = LAUNCH_LIMITS[holder.shared]
     with gr.Row():
         # off by default on a public deployment, where every open page would poll the engine
-        live = gr.Checkbox(not holder.shared, label="Live (poll the engine once a second)", elem_id="kv-live")
+        live = gr.Checkbox(not holder.shared, label="Live (poll the engine once a second; your own run updates anyway)", elem_id="kv-live")
         refresh = gr.Button("Refresh now", size="sm")
         back = gr.Button("Back to live", size="sm", elem_id="kv-back")
     with gr.Row():
@@ -104,7 +104,7 @@ def build(holder: EngineHolder):
     def poll(is_live, at, shown, request: gr.Request):
         session = session_of(request)
         run = runs.get(session)  # also the watchdog's sign that the page is still open
-        if at is not None or session in launching or not (is_live or run is not None):
+        if at is not None or session in launching or not (is_live or run is not None and run.moving(3 * POLL_S)):
             return (gr.skip(),) * 8  # a replayed step stays on screen until Back to live
         engine = run.engine if run else holder.get()
         if shown and shown[0] == id(engine) and not engine.events(since=shown[1]):
@@ -122,11 +122,8 @@ def build(holder: EngineHolder):
                            f"got {requests!r} × {tokens_each!r}.")
         session = session_of(request)
         run = runs.current(session)
-        try:
-            run.launch(demo_requests(int(requests), holder.salt(session)),
-                       SamplingParams(max_tokens=int(tokens_each), ignore_eos=True))
-        except ValueError as e:
-            raise gr.Error(str(e))
+        run.launch(demo_requests(int(requests), holder.salt(session)),
+                   SamplingParams(max_tokens=int(tokens_each), ignore_eos=True))
         if run.engine.loop.is_paused():
             gr.Info(f"{int(requests)} requests queued: they arrive at the next Step.")
             yield show(session)

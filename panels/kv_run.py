@@ -35,25 +35,30 @@ class Run:
         self.threads: list[threading.Thread] = []
         self.errors: list[str] = []
         self.touched = time.monotonic()
+        self.settled_at = 0.0  # when its last launch finished draining
 
     def launch(self, requests: list[Request], params: SamplingParams):
-        """Submit at once (the engine batches them) and drain on a thread; bad input raises here."""
-        for r in requests:
-            self.engine.make_sequence(r, params)  # validate on the caller's thread: a clear error, nothing queued
+        """Submit at once (the engine batches them) and drain on a thread; refused input shows in the summary."""
         stream = self.engine.stream_many(requests, params, snapshots=False)
 
         def drain():
             try:
                 for _ in stream:
                     pass
-            except Exception as e:  # a failed step: the page shows it at the next refresh
+            except Exception as e:  # refused input or a failed step: the summary shows it
                 self.errors.append(str(e))
+            finally:
+                self.settled_at = time.monotonic()
         t = threading.Thread(target=drain, name="kv-launch", daemon=True)
         t.start()
         self.threads.append(t)
 
     def busy(self) -> bool:
         return self.engine.loop.is_paused() or any(t.is_alive() for t in self.threads)
+
+    def moving(self, grace: float) -> bool:
+        """Busy, or settled within `grace` seconds (so a page polling every `grace` s sees how it ended)."""
+        return self.busy() or time.monotonic() - self.settled_at < grace
 
     def all_events(self):
         """The events replay needs: after the base, or the whole log when the run began on a busy engine."""
@@ -99,21 +104,28 @@ class Runs:
         self.lock = threading.Lock()
 
     def get(self, session: str) -> Run | None:
+        """The session's run (None when it has none, or its engine was rebuilt since)."""
         with self.lock:
             run = self.runs.get(session)
+            stale = run is not None and run.parent is not self.holder.engine
+            if stale:
+                del self.runs[session]
+        if stale:
+            run.close()
+            return None
         if run is not None:
             run.touched = time.monotonic()
         return run
 
     def current(self, session: str) -> Run:
         """The session's run while it is busy (paused or draining); else a new run on the right engine."""
-        run, parent = self.get(session), self.holder.get()
-        fresh = run is not None and run.parent is parent  # not made before a rebuild of the holder's engine
-        if fresh and run.busy():
+        parent = self.holder.get()
+        run = self.get(session)
+        if run is not None and run.busy():
             return run
         engine, owned = parent, self.holder.shared
         if owned:  # keep the session's isolated engine (and its prefix cache) across runs
-            engine = run.engine if fresh and run.owned else parent.isolated(
+            engine = run.engine if run is not None else parent.isolated(
                 num_blocks=min(parent.num_blocks, SHARED_LAUNCH_BLOCKS))
         new = Run(engine, owned, parent)
         with self.lock:
