@@ -59,7 +59,8 @@ def build(holder: EngineHolder):
     most_requests, most_tokens = LAUNCH_LIMITS[holder.shared]
     with gr.Row():
         # off by default on a public deployment, where every open page would poll the engine
-        live = gr.Checkbox(not holder.shared, label="Live (poll the engine once a second; your own run updates anyway)", elem_id="kv-live")
+        live = gr.Checkbox(not holder.shared, label="Live (poll the engine once a second; your own run updates anyway)",
+                           elem_id="kv-live")
         refresh = gr.Button("Refresh now", size="sm")
         back = gr.Button("Back to live", size="sm", elem_id="kv-back")
     with gr.Row():

@@ -160,8 +160,9 @@ def view(run: Run | None, engine, step: int | None):
     paused = " · **engine paused: press Step or Run**" if run.engine.loop.is_paused() else ""
     summary = "<br>".join([frame_line(snap, shows) + paused, run_line(mine), lifetime_line(live),
                            *[f"⚠ {e}" for e in run.errors[-3:]]])
+    label = (f"replay step ({last - run.start_step} steps recorded in this run: {run.start_step}–{last}; "
+             f"{run.start_step} is before the first arrival)")
     slider = gr.update(minimum=run.start_step, maximum=max(last, run.start_step + 1), value=snap.step,
-                       interactive=True, label=f"replay step ({last - run.start_step} steps recorded in this run: "
-                                               f"{run.start_step}–{last}; {run.start_step} is before the first arrival)")
+                       interactive=True, label=label)
     return (block_map_figure(snap), block_table(snap), summary, timeline_figure(mine, snap.step),
             decision_log(mine, until_step=snap.step), slider)

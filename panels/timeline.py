@@ -84,7 +84,8 @@ def timeline_figure(events, selected_step: int | None = None) -> go.Figure:
         title=dict(text=f"{len(rows)} request(s) × steps {first}–{last}" + (
             f" · showing step {selected_step}" if selected_step is not None else ""), x=0.01, xanchor="left"),
         height=max(220, 120 + 26 * len(rows)), margin=dict(l=10, r=10, t=60, b=30), plot_bgcolor="white",
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1), meta={"steps": [first, last], "requests": rows},
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1),
+        meta={"steps": [first, last], "requests": rows},
         xaxis=dict(title="scheduler step", range=[first - 0.5, last + 0.5]),
         yaxis=dict(autorange="reversed", type="category"))
     return fig

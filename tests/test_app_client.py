@@ -89,7 +89,8 @@ def test_kv_launch_replay_and_snapshot(client):
     used = int(summary.split("blocks used ")[1].split()[0])
     assert len(z) == NUM_BLOCKS and sum(v >= 2 for v in z) == used > 0
     assert len(table["data"]) >= used and slider["minimum"] <= slider["value"] <= slider["maximum"]
-    assert summary.startswith(f"**step {slider['value']}** · **replay**") and "6 requests arrived, 6 finished" in summary
+    assert summary.startswith(f"**step {slider['value']}** · **replay**")
+    assert "6 requests arrived, 6 finished" in summary
     assert len(json.loads(timeline["plot"])["data"][0]["y"]) == 6 and "arrived" in log  # the whole run, from events
     first = slider["minimum"]  # a finished launch opens at its fullest step; its minimum is before the first arrival
     _, _, replayed, _, log_then, _ = client.predict(first, api_name="/kv_replay")

@@ -111,7 +111,8 @@ def test_run_view_replays_the_steps_the_engine_showed(engine):
         assert frame.block_tables == snap.block_tables and \
             [(b.ref_count, b.num_tokens) for b in frame.blocks] == [(b.ref_count, b.num_tokens) for b in snap.blocks]
     fig, table, summary, timeline, log, _ = view(run, engine, min(snaps))
-    assert f"**step {min(snaps)}** · **replay** (live is at step {engine.snapshot().step}" in summary and "This run" in summary
+    assert f"**step {min(snaps)}** · **replay** (live is at step {engine.snapshot().step}" in summary
+    assert "This run" in summary
     assert "Engine lifetime" in summary
     assert sum(line.startswith("- **step") for line in log.splitlines()) == min(snaps) - run.start_step
 
