@@ -11,10 +11,9 @@ from minivlm import Request, SamplingParams
 
 from panels.chat import EXAMPLES
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
-from panels.kv_run import SHARED_LAUNCH_BLOCKS, Runs, view
+from panels.kv_run import POLL_S, SHARED_LAUNCH_BLOCKS, Runs, live_view, view
 
 LAUNCH_LIMITS = {False: (32, 256), True: (8, 128)}  # shared deployment? -> most requests, most tokens each
-POLL_S = 1.0  # the page asks for the live view this often
 
 
 # clicking a step on the timeline moves the replay slider there (and so replays it): plotly reports the click in
@@ -97,10 +96,14 @@ def build(holder: EngineHolder):
     def session_of(request: gr.Request | None) -> str:
         return request.session_hash if request else ""
 
-    def show(session: str, at=None):
+    def show(session: str, at=None, paced: bool = False):
+        """The tab's outputs for the session (paced: a live frame of a freely running engine, None if too soon)."""
         run = runs.get(session)
         engine = run.engine if run else holder.get()
-        return (*view(run, engine, at), at, (id(engine), engine.snapshot().last_event_seq))
+        seen_now = (id(engine), engine.snapshot().last_event_seq)
+        paced = paced and run is not None and not engine.loop.is_paused()
+        out = live_view(run) if paced else view(run, engine, at)
+        return None if out is None else (*out, at, seen_now)
 
     def poll(is_live, at, shown, request: gr.Request):
         session = session_of(request)
@@ -110,7 +113,7 @@ def build(holder: EngineHolder):
         engine = run.engine if run else holder.get()
         if shown and shown[0] == id(engine) and not engine.events(since=shown[1]):
             return (gr.skip(),) * 8  # nothing was decided since the page's view
-        return show(session)
+        return show(session, paced=True) or (gr.skip(),) * 8
 
     def refresh_now(request: gr.Request):
         return show(session_of(request))
@@ -133,7 +136,9 @@ def build(holder: EngineHolder):
         try:
             while any(t.is_alive() for t in run.threads) and not run.engine.loop.is_paused():
                 time.sleep(POLL_S)
-                yield show(session)
+                frame = show(session, paced=True)
+                if frame is not None:
+                    yield frame
         finally:
             launching.discard(session)
         paused = run.engine.loop.is_paused()  # else the run ended: open its replay at its fullest step

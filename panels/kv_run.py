@@ -18,6 +18,23 @@ from panels.timeline import timeline_figure
 KEPT_RUNS = 8  # sessions whose last run stays replayable (a shared deployment's isolated engines are closed after)
 SHARED_LAUNCH_BLOCKS = 96  # a shared deployment's session gets its own pool this small (it still preempts)
 PAUSE_TIMEOUT_S = 120  # a paused engine whose page stopped asking (closed, or gone) resumes after this long
+POLL_S = 1.0  # the page asks for the live view this often,
+RENDER_SHARE = 0.02  # and a run's live redraws may take at most 2 % of the wall time while its engine decodes
+
+
+class Throttle:
+    """Lets work through only while the time it takes stays under `share` of the wall time (and at most once per
+    `min_interval` seconds)."""
+
+    def __init__(self, share: float, min_interval: float = 0.0):
+        self.share, self.min_interval = share, min_interval
+        self.next_at = time.perf_counter() + min_interval  # a run shorter than that needs no live frames
+
+    def ready(self) -> bool:
+        return time.perf_counter() >= self.next_at
+
+    def spent(self, seconds: float):
+        self.next_at = time.perf_counter() + max(self.min_interval, seconds / self.share)
 
 
 class Run:
@@ -36,6 +53,7 @@ class Run:
         self.errors: list[str] = []
         self.touched = time.monotonic()
         self.settled_at = 0.0  # when its last launch finished draining
+        self.redraw = Throttle(RENDER_SHARE, POLL_S)  # paces the live view while the engine runs freely
 
     def launch(self, requests: list[Request], params: SamplingParams):
         """Submit at once (the engine batches them) and drain on a thread; refused input shows in the summary."""
@@ -137,6 +155,16 @@ class Runs:
         for old in evicted:
             old.close()
         return new
+
+
+def live_view(run: Run):
+    """view(run, run.engine, None) when the run's throttle allows one now (the engine runs freely), else None."""
+    if not run.redraw.ready():
+        return None
+    t0 = time.thread_time()
+    out = view(run, run.engine, None)
+    run.redraw.spent(2 * (time.thread_time() - t0))  # gradio then serialises about as much again
+    return out
 
 
 def view(run: Run | None, engine, step: int | None):
