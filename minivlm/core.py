@@ -78,12 +78,7 @@ class EngineCore:
         batch = self.scheduler.schedule()
         for seq, e in batch.failed:
             self.fail(seq, "schedule", e, res)
-        seqs = batch.seqs
-        if seqs:
-            counts = {s.request_id: s.chunk_end - s.num_computed for s in seqs}
-            self.events.emit("scheduled", step_kind=batch.kind, request_ids=list(counts),
-                             num_tokens=sum(counts.values()), num_scheduled_tokens=counts)
-        seqs, _ = self._isolate("vision encode", seqs, self._encode_images, res)
+        seqs, _ = self._isolate("vision encode", batch.seqs, self.runner.encode_step_images, res)
         if not seqs:
             return
         seqs, logits = self._isolate("model run", seqs, lambda b: list(self.runner.forward(b)), res)
@@ -98,13 +93,6 @@ class EngineCore:
                   for ev in self._isolate("advance", [s], lambda b: [self._advance(b[0], token, lp)], res)[1]]
         self._attach_snapshot([(s, ev) for s, ev in events if s.wants_snapshot], res)
         res.events += [(s, ev) for s, ev in events if ev.finished or s.finish_reason is None]
-
-    def _encode_images(self, seqs: list[Sequence]) -> list[None]:
-        """The vision tower for requests whose tokens this step include image placeholders (once per request)."""
-        for seq in seqs:
-            if self.runner.has_images_to_compute(seq):
-                self.runner.encode_images(seq)
-        return [None] * len(seqs)
 
     def _attach_snapshot(self, wants: list[tuple[Sequence, StreamEvent]], res: StepResult):
         """One snapshot per step, shared by every request that asked for one. If building it raises, the

@@ -39,6 +39,13 @@ class ModelRunner:
         table = torch.tensor(seq.block_table)
         return table[idx // self.block_size] * self.block_size + idx % self.block_size
 
+    def encode_step_images(self, seqs: list) -> list[None]:
+        """The vision tower for the requests whose tokens this step include image placeholders."""
+        for seq in seqs:
+            if self.has_images_to_compute(seq):
+                self.encode_images(seq)
+        return [None] * len(seqs)
+
     @staticmethod
     def has_images_to_compute(seq) -> bool:
         """Whether this step's tokens of seq [num_computed, chunk_end) include image placeholders."""

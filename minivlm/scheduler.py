@@ -35,6 +35,15 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> Batch:
+        """Pick this step's work (below) and log it with each request's token count."""
+        batch = self._pick()
+        if batch.seqs:
+            counts = {s.request_id: s.chunk_end - s.num_computed for s in batch.seqs}
+            self.events.emit("scheduled", step_kind=batch.kind, request_ids=list(counts),
+                             num_tokens=sum(counts.values()), num_scheduled_tokens=counts)
+        return batch
+
+    def _pick(self) -> Batch:
         """Chunked: the running requests first (a decode token each, or their prefill's next chunk), then new
         ones, until the token budget is spent. Otherwise: prefill as many waiting requests as fit whole; if
         none, decode every running one. A request whose block bookkeeping raises is dropped (its blocks

@@ -171,3 +171,27 @@ def test_config_accepts_a_budget_below_max_model_len_only_when_chunking():
     assert EngineConfig(enable_chunked_prefill=True).max_num_batched_tokens == 512
     with pytest.raises(ValueError, match="True or False"):
         EngineConfig(enable_chunked_prefill="yes")
+
+
+@pytest.mark.parametrize("stage", ["vision encode", "model run", "sampling"])
+def test_a_fault_part_way_through_a_chunked_prefill_fails_only_that_request(path, unchunked, stage, monkeypatch):
+    """r1 faults once it has computed some chunks (model run), or at its image (vision encode) or first token
+    (sampling); its unwritten blocks are unpublished, a twin of it that may have hit them recomputes, and every
+    other request gives the unchunked tokens. Invariants and replay hold after every step."""
+    from tests.faults import inject
+    reqs = requests() + [Request(prompt="Describe scene 1 in detail.", images=[shape_image(BLUE, size=(128, 208))],
+                                 request_id="twin")]
+    with engine(path, 13) as eng, eng.loop.lock:
+        watch(eng, [])
+        seqs = [eng.make_sequence(r, PARAMS) for r in reqs]
+        r1 = seqs[1]
+        inject(monkeypatch, eng, stage, lambda rid: rid == "r1" and (stage != "model run" or r1.num_computed > 0))
+        failed, new = [], seqs
+        while new or eng.core.scheduler.has_work():
+            failed += [s.request_id for s, _ in eng.core.step(new).failed]
+            new = []
+        assert all(b.ref_count == 0 for b in eng.core.block_manager.blocks)
+    assert failed == ["r1"]
+    by_id = {o.request_id: o.token_ids for o in unchunked}
+    assert all(s.output_ids == by_id[s.request_id] for s in seqs if s.request_id not in ("r1", "twin"))
+    assert seqs[-1].output_ids == by_id["r1"]
