@@ -12,7 +12,8 @@ METRICS = ["throughput vs HF one-by-one", "ceiling: HF one-by-one time / engine 
            "KV waste per request", "stream() + snapshot every step vs generate()",
            "decode throughput, event log on vs off",
            "ITL p50, 8 streams + 448² arrivals: chunked vs whole prefill",
-           "ITL p99, 8 streams + 448² arrivals: chunked vs whole prefill"]
+           "ITL p99, 8 streams + 448² arrivals: chunked vs whole prefill",
+           "ITL p99, same, image embeddings cached: chunked vs whole"]
 
 
 def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
