@@ -86,7 +86,8 @@ def test_mixed_steps_carry_per_request_token_counts(path):
         events = eng.events()
     mixed = [e for e in events if e.kind == "scheduled" and e.step_kind == "mixed"]
     assert mixed and all(sum(e.num_scheduled_tokens.values()) == e.num_tokens for e in mixed)
-    assert all(1 in e.num_scheduled_tokens.values() and max(e.num_scheduled_tokens.values()) > 1 for e in mixed)
+    assert all(1 in e.num_scheduled_tokens.values() for e in mixed)  # a decode beside a chunk
+    assert any(max(e.num_scheduled_tokens.values()) > 1 for e in mixed)
     for out in outs:  # every prompt token computed once, then one token per decode step
         total = sum(e.num_scheduled_tokens.get(out.request_id, 0) for e in events if e.kind == "scheduled")
         assert total == out.num_prompt_tokens + len(out.token_ids) - 1
