@@ -44,13 +44,13 @@ def decision_log(events, until_step: int | None = None, max_steps: int = MAX_LOG
 
 def run_counters(events) -> dict[str, int]:
     """Counts of this run's decisions (only the events given: one run's)."""
-    count = {"arrived": 0, "finished": 0, "preempted": 0, "prefill steps": 0, "decode steps": 0,
+    count = {"arrived": 0, "finished": 0, "preempted": 0, "prefill steps": 0, "decode steps": 0, "mixed steps": 0,
              "blocks reused": 0, "false hits": 0, "blocks stored": 0, "blocks evicted": 0}
     for ev in events:
         if ev.kind in ("arrived", "finished", "preempted"):
             count[ev.kind] += 1
         elif ev.kind == "scheduled":
-            count["decode steps" if ev.step_kind == "decode" else "prefill steps"] += 1
+            count[f"{ev.step_kind} steps"] += 1
         elif ev.kind == "cache_lookup":
             count["blocks reused"] += len(ev.hits)
             count["false hits"] += sum(h.false_hit for h in ev.hits)
@@ -66,7 +66,8 @@ def run_line(events) -> str:
     c = run_counters(events)
     steps = len(by_step(events))
     return (f"**This run** (from its first arrival): {c['arrived']} requests arrived, {c['finished']} finished · "
-            f"{steps} steps ({c['prefill steps']} prefill, {c['decode steps']} decode) · "
+            f"{steps} steps ({c['prefill steps']} prefill, {c['decode steps']} decode"
+            f"{f', {m} mixed' if (m := c['mixed steps']) else ''}) · "
             f"**{c['preempted']} preemptions** · {c['blocks reused']} blocks reused from the prefix cache "
             f"({c['false hits']} false) · {c['blocks stored']} stored, {c['blocks evicted']} evicted")
 

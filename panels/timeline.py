@@ -19,8 +19,9 @@ def natural_key(request_id: str):
 
 def request_states(events) -> dict[str, dict[int, str]]:
     """request -> {step: state} from the step it arrived in to the step it finished (or the log's last step).
-    A step's scheduled kind names what the request ran; "mixed" steps (chunked prefill) count as prefill. A request
-    that holds blocks but did not run in a step (a prefill step of others) is "idle" there."""
+    A step's scheduled kind names what the request ran; in a "mixed" step (chunked prefill) a request computing more
+    than one token ran a prefill chunk, the others decoded. A request that holds blocks but did not run in a step
+    (a prefill step of others) is "idle" there."""
     states: dict[str, dict[int, str]] = {}
     queued: dict[str, str] = {}  # arrived, not finished -> "waiting" or "idle" (admitted: it holds blocks)
     for step, evs in by_step(events).items():
@@ -32,8 +33,9 @@ def request_states(events) -> dict[str, dict[int, str]]:
             elif ev.kind == "cache_lookup":
                 queued[rid] = "idle"
             elif ev.kind == "scheduled":
-                kind = "decode" if ev.step_kind == "decode" else "prefill"
+                tokens = ev.fields.get("num_scheduled_tokens", {})
                 for r in ev.request_ids:
+                    kind = ev.step_kind if ev.step_kind != "mixed" else "prefill" if tokens[r] > 1 else "decode"
                     states.setdefault(r, {})[step] = kind
             elif ev.kind in ("preempted", "finished") and rid is not None:
                 states.setdefault(rid, {})[step] = ev.kind

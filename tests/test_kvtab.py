@@ -150,3 +150,21 @@ def test_shared_step_through_pauses_only_an_isolated_engine(checkpoints, monkeyp
     assert again is not run and again.engine is run.engine and again.base is not None
     holder.get().close()
     run.engine.close()
+
+
+def test_chunked_prefill_steps_show_chunks_and_decodes(checkpoints):
+    """With chunked prefill a long prompt is computed in chunks while the others decode in the same (mixed) step:
+    the timeline shows each request's own part, and the counters count mixed steps."""
+    config = EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=120,
+                          max_model_len=512, enable_chunked_prefill=True, max_num_batched_tokens=40)
+    with Engine(config) as engine:
+        list(engine.stream_many(demo_requests(3, None), SamplingParams(max_tokens=12, ignore_eos=True), snapshots=False))
+        events = engine.events()
+    mixed = [e for e in events if e.kind == "scheduled" and e.step_kind == "mixed"]
+    assert mixed, "a 40-token budget must chunk ~80-token prompts next to decodes"
+    states = request_states(events)
+    for ev in mixed:
+        for rid, n in ev.num_scheduled_tokens.items():
+            assert states[rid][ev.step] in (("prefill",) if n > 1 else ("decode", "finished")), (rid, ev.step, n)
+    c = run_counters(events)
+    assert c["mixed steps"] == len(mixed) and f", {len(mixed)} mixed)" in run_line(events)
