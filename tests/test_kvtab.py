@@ -158,7 +158,8 @@ def test_chunked_prefill_steps_show_chunks_and_decodes(checkpoints):
     config = EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=120,
                           max_model_len=512, enable_chunked_prefill=True, max_num_batched_tokens=40)
     with Engine(config) as engine:
-        list(engine.stream_many(demo_requests(3, None), SamplingParams(max_tokens=12, ignore_eos=True), snapshots=False))
+        list(engine.stream_many(demo_requests(3, None), SamplingParams(max_tokens=12, ignore_eos=True),
+                                snapshots=False))
         events = engine.events()
     mixed = [e for e in events if e.kind == "scheduled" and e.step_kind == "mixed"]
     assert mixed, "a 40-token budget must chunk ~80-token prompts next to decodes"
