@@ -1,5 +1,6 @@
 """The benchmark's model and inputs: a random-weight Qwen2.5-VL-architecture checkpoint built locally,
 synthetic scene images and prompts, and the same checkpoint loaded in HF transformers as the baseline."""
+import glob
 import os
 import random
 
@@ -26,9 +27,10 @@ IMAGE_SIZES = [(224, 224), (112, 112), (448, 448), (168, 224), (280, 196), (112,
 
 
 def build_checkpoint(out_dir: str, model: dict) -> str:
-    """Write the random checkpoint once; later runs reuse the directory."""
+    """Write the random checkpoint once; later runs reuse the directory (or any checkpoint already there, e.g.
+    tools/gpu_check.py's random one with Qwen2.5-VL-3B's dimensions)."""
     from tools.make_checkpoint import make_random_checkpoint
-    if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):
+    if not glob.glob(os.path.join(out_dir, "*.safetensors")):
         make_random_checkpoint(FAMILY, out_dir, seed=0, max_pixels=MAX_PIXELS, **model)
     return out_dir
 
@@ -103,5 +105,8 @@ def hf_generate(model, processor, requests: list[Request], max_new_tokens: int) 
 def param_count(model_dir: str) -> int:
     """Parameters stored in the checkpoint (tied embeddings once)."""
     from safetensors import safe_open
-    with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
-        return sum(torch.Size(f.get_slice(k).get_shape()).numel() for k in f.keys())
+    total = 0
+    for path in glob.glob(os.path.join(model_dir, "*.safetensors")):
+        with safe_open(path, "pt") as f:
+            total += sum(torch.Size(f.get_slice(k).get_shape()).numel() for k in f.keys())
+    return total

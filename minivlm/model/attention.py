@@ -8,6 +8,7 @@ try:  # optional on CUDA: flash-attn's paged kernels (flash-attn 2 needs pages o
     from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 except ImportError:
     flash_attn_varlen_func = flash_attn_with_kvcache = None
+FLASH_ATTN_ENABLED = True  # False forces SDPA over gathered blocks even where flash-attn is installed (comparisons)
 
 
 @dataclass
@@ -84,7 +85,7 @@ def _decode(q, k_cache, v_cache, meta, scale):
 
 
 def use_flash_attn(q: torch.Tensor, meta: AttentionMetadata) -> bool:
-    return (flash_attn_with_kvcache is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    return (FLASH_ATTN_ENABLED and flash_attn_with_kvcache is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
             and meta.block_size % 256 == 0)
 
 
