@@ -1,0 +1,135 @@
+"""Where the engine's time goes on a workload, phase by phase, in CPU seconds of the thread that does the work
+(so other processes' load on a shared machine does not count):
+
+    python -m bench.phases [--workload uniform|varied] [--threads 1] [--repeats 3]
+
+The engine is stepped in this thread (no loop thread). Phases: processor (rendering and validating requests),
+vision tower, decoder forward in prefill and in decode steps, the runner's own work around the model (input
+tensors, embedding lookup, logits, sampling) and the engine's per step (scheduler, detokenising, stop checks)."""
+import argparse
+import functools
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+
+import torch
+
+from bench.workload import BENCH_MODEL, build_checkpoint, load_hf, make_engine, mixed_requests, uniform_requests
+from minivlm import SamplingParams
+
+
+@contextmanager
+def timed(obj, name: str, totals: dict, key: str):
+    """Add the CPU time of every obj.name(...) call to totals[key] while the block runs."""
+    original = getattr(obj, name)
+
+    @functools.wraps(original)  # generate() inspects forward's signature
+    def wrapper(*args, **kwargs):
+        t = time.thread_time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            totals[key] = totals.get(key, 0.0) + time.thread_time() - t
+    setattr(obj, name, wrapper)
+    try:
+        yield
+    finally:
+        delattr(obj, name)  # the class's method shows through again
+
+
+def profile(engine, requests, new_tokens: int) -> dict[str, float]:
+    """CPU seconds per phase for one run of `requests` (nothing served from the prefix cache)."""
+    engine.reset_prefix_cache()
+    t = {}
+    start = time.thread_time()
+    seqs = [engine.make_sequence(r, SamplingParams(max_tokens=new_tokens, ignore_eos=True)) for r in requests]
+    t["processor"] = time.thread_time() - start
+    for seq in seqs:
+        engine.scheduler.add(seq)
+    with timed(engine.vision, "encode", t, "vision"), timed(engine.decoder, "forward", t, "forward"), \
+            timed(engine.runner, "run", t, "run"):
+        while engine.scheduler.has_work():
+            before = dict(t)
+            prefill = bool(engine.scheduler.waiting)
+            step = time.thread_time()
+            engine.step()
+            phase = "prefill" if prefill else "decode"
+            delta = {k: t.get(k, 0.0) - before.get(k, 0.0) for k in ("vision", "forward", "run")}
+            t[f"{phase}: decoder forward"] = t.get(f"{phase}: decoder forward", 0.0) + delta["forward"]
+            t[f"{phase}: runner around the model"] = (t.get(f"{phase}: runner around the model", 0.0)
+                                                      + delta["run"] - delta["forward"] - delta["vision"])
+            t[f"{phase}: engine per step"] = (t.get(f"{phase}: engine per step", 0.0)
+                                              + time.thread_time() - step - delta["run"])
+            t[f"{phase} steps"] = t.get(f"{phase} steps", 0) + 1
+    for k in ("forward", "run"):
+        t.pop(k, None)
+    return t
+
+
+def hf_profile(model, processor, requests, new_tokens: int) -> dict[str, float]:
+    """The same phases for HF generate on one padded batch: processor, vision, prefill forward (its first
+    forward call minus vision), decode forwards, and generate's own work per step."""
+    from bench.workload import hf_inputs
+    t = {}
+    start = time.thread_time()
+    inputs = hf_inputs(processor, requests)
+    t["processor"] = time.thread_time() - start
+    calls = []
+    with timed(model.model.visual, "forward", t, "vision"), timed(model, "forward", t, "forward"):
+        original = model.forward
+
+        @functools.wraps(original)
+        def counted(*args, **kwargs):
+            before = t.get("vision", 0.0)
+            step = time.thread_time()
+            out = original(*args, **kwargs)
+            calls.append(time.thread_time() - step - (t.get("vision", 0.0) - before))
+            return out
+        model.forward = counted
+        start = time.thread_time()
+        with torch.inference_mode():
+            model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                           eos_token_id=None, pad_token_id=processor.tokenizer.pad_token_id)
+        total = time.thread_time() - start
+    t.pop("forward", None)
+    t["prefill: decoder forward"], t["decode: decoder forward"] = calls[0], sum(calls[1:])
+    t["generate per step"] = total - sum(calls) - t.get("vision", 0.0)
+    t["decode steps"] = len(calls) - 1
+    return t
+
+
+def show(title: str, runs: list[dict]):
+    best = {k: min(r[k] for r in runs) for k in runs[0]}
+    total = sum(v for k, v in best.items() if not k.endswith("steps"))
+    print(f"{title}: {total:.3f} s CPU (min of {len(runs)} per phase)")
+    for k, v in best.items():
+        print(f"  {k:34s} {v:8.3f}" + ("" if k.endswith("steps") else f" s  {v / total:6.1%}"))
+    return best
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.phases", description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="uniform", choices=["uniform", "varied"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3, help="the minimum of each phase over the repeats is shown")
+    ap.add_argument("--new-tokens", type=int, default=32)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    engine = make_engine(build_checkpoint(os.path.join(tempfile.gettempdir(), "minivlm-bench-qwen2_5_vl-70m"),
+                                          BENCH_MODEL))
+    requests = (uniform_requests if args.workload == "uniform" else mixed_requests)(16)
+    profile(engine, requests[:2], 2)  # warm-up
+    model, processor = load_hf(engine.model_dir)
+    hf_profile(model, processor, requests[:2], 2)
+    ours, theirs = [], []
+    for _ in range(args.repeats):  # interleaved, like the bench
+        ours.append(profile(engine, requests, args.new_tokens))
+        theirs.append(hf_profile(model, processor, requests, args.new_tokens))
+    print(f"{args.workload} workload, 16 requests x {args.new_tokens} tokens, {args.threads} thread(s); "
+          f"load average {os.getloadavg()[0]:.1f}")
+    return show("engine", ours), show("HF padded batch", theirs)
+
+
+if __name__ == "__main__":
+    main()
