@@ -75,9 +75,10 @@ def _decode(q, k_cache, v_cache, meta, scale):
     flat = meta.block_tables.reshape(-1)
     keys = k_cache.index_select(0, flat).view(bsz, max_blocks * meta.block_size, kv_heads, d)
     values = v_cache.index_select(0, flat).view(bsz, max_blocks * meta.block_size, kv_heads, d)
-    if meta.decode_mask is None:  # the same for every layer of this step
-        positions = torch.arange(keys.shape[1], device=q.device)
-        meta.decode_mask = (positions[None, :] < meta.ctx_lens_t[:, None])[:, None, None, :]  # [B, 1, 1, S]
+    if meta.decode_mask is None:  # the same for every layer of this step; additive, so SDPA need not convert it
+        past = torch.arange(keys.shape[1], device=q.device)[None, :] >= meta.ctx_lens_t[:, None]
+        meta.decode_mask = torch.zeros(past.shape, dtype=q.dtype, device=q.device).masked_fill_(past, float("-inf"))
+        meta.decode_mask = meta.decode_mask[:, None, None, :]  # [B, 1, 1, S]
     # GQA folded into the query axis: the heads sharing a KV head become `group` queries against it, all with the
     # same mask (one token per sequence), so K/V are read once per KV head instead of being expanded per head.
     grouped = q.view(bsz, kv_heads, heads // kv_heads, d)
