@@ -2,6 +2,7 @@
 the engine's fast linears in place of its nn.Linear and its Conv3d patch embedding run as the matrix product it is."""
 import torch
 from torch import nn
+from transformers.initialization import no_init_weights
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
@@ -36,7 +37,8 @@ class VisionTower:
 
     def __init__(self, model_type: str, vision_config, state_dict: dict, device, dtype):
         vision_config._attn_implementation = "sdpa"
-        self.module = TOWERS[model_type]._from_config(vision_config)
+        with no_init_weights():  # no random init of weights that the checkpoint overwrites next
+            self.module = TOWERS[model_type]._from_config(vision_config)
         missing, unexpected = self.module.load_state_dict(state_dict, strict=False)
         if missing or unexpected:
             raise ValueError(f"vision weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
