@@ -11,8 +11,6 @@ block_size 256 vs SDPA over gathered blocks, tokens/s of both; (4) `python -m be
 bfloat16` on the 3B-dimension checkpoint. A part that cannot run says why in the table.
 """
 import argparse
-import gc
-import json
 import math
 import os
 import subprocess
@@ -27,11 +25,10 @@ from minivlm import Engine, EngineConfig, Request, SamplingParams
 from minivlm.model import attention
 from minivlm.multimodal import build_prompt
 from minivlm.processor import load_processor
+from tools.gpu_memory import PRESETS, build_real_checkpoint, free_device, memory_checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-PRESETS = ("Qwen2.5-VL-3B-Instruct", "Qwen2.5-VL-7B-Instruct")
-REAL_MAX_PIXELS = 12845056  # the Qwen2.5-VL processor's own limit, so a 1024x768 image keeps its ~970 tokens
 # Minimum seconds each part needs on an H200 (what is left of --budget-s decides whether it starts).
 NEEDS_S = {"parity": 60, "tiny": 30, "memory": 90, "flash": 40, "bench": 150}
 
@@ -51,17 +48,6 @@ class Budget:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
-
-
-def sync(device: str):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def free_device(device: str):
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
 
 
 # ---- (1) parity -------------------------------------------------------------------------------------------------
@@ -155,101 +141,10 @@ def check_tiny_answers(device: str, n: int) -> list[Check]:
                   "pass" if same == n else "FAIL", f"{same}/{n} equal; engine accuracy {right}/{n}")]
 
 
-# ---- (2) real dimensions: memory ------------------------------------------------------------------------------------
-def real_config(preset: str, tokenizer, shrink: bool):
-    """The hub config of `preset` (exact dimensions) with the tiny tokenizer's special-token ids; shrink=True
-    keeps its structure but makes it small (the CPU dry run)."""
-    from transformers import Qwen2_5_VLConfig
-    with open(os.path.join(ROOT, "assets", "presets", "models", preset + ".json")) as f:
-        raw = {k: v for k, v in json.load(f).items() if not k.startswith("_") and k != "model_type"}
-    if shrink:
-        raw.update(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, vocab_size=len(tokenizer))
-        raw["vision_config"].update(depth=2, hidden_size=64, intermediate_size=128, num_heads=2,
-                                    out_hidden_size=128, fullatt_block_indexes=[1])
-        raw["rope_scaling"]["mrope_section"] = [4, 6, 6]
-    ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in
-           (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-            ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
-            ("eos_token_id", "<|im_end|>"), ("pad_token_id", "<|endoftext|>"))}
-    raw.update(ids, bos_token_id=None)
-    return Qwen2_5_VLConfig(**raw)
-
-
-def build_real_checkpoint(preset: str, out_dir: str, device: str, shrink: bool) -> str:
-    """Random bf16 weights with the preset's dimensions, initialised on `device` and saved (one shard)."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-    from tools.make_checkpoint import save_processor
-    from tools.tiny_tokenizer import build_tokenizer
-    if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
-        return out_dir
-    tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = Qwen2_5_VLForConditionalGeneration._from_config(real_config(preset, tokenizer, shrink),
-                                                                dtype=torch.bfloat16)
-    model.save_pretrained(out_dir, max_shard_size="1000GB")
-    tokenizer.save_pretrained(out_dir)
-    save_processor(out_dir, "qwen2_5_vl", tokenizer, max_pixels=REAL_MAX_PIXELS)
-    del model
-    free_device(device)
-    return out_dir
-
-
-def within(a: float, b: float, tol: float = 0.05) -> bool:
-    return abs(a - b) <= tol * max(abs(b), 1)
-
-
+# ---- (2) real dimensions: memory (tools/gpu_memory.py) ------------------------------------------------------------
 def check_memory(preset: str, device: str, work: str, num_seqs: int, max_model_len: int) -> list[Check]:
-    """Load, compare memory_report() with the allocator, prefill num_seqs 1024x768-image requests at once with a
-    pool sized from free memory, check the device stayed under gpu_memory_utilization, and close()."""
-    from PIL import Image
-    t0 = time.monotonic()
-    path = build_real_checkpoint(preset, os.path.join(work, preset), device, shrink=device != "cuda")
-    built = time.monotonic() - t0
-    cuda, util, label = device == "cuda", 0.9, preset + ("" if device == "cuda" else " (shrunk: CPU dry run)")
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-        free, total = torch.cuda.mem_get_info()
-        base, others = torch.cuda.memory_allocated(), total - free - torch.cuda.memory_reserved()
-    engine = Engine(EngineConfig(model=path, device=device, dtype="bfloat16", gpu_memory_utilization=util,
-                                 max_num_seqs=num_seqs, max_model_len=max_model_len,
-                                 cpu_memory_budget_bytes=2 ** 30))
-    report = engine.memory_report()
-    rows = [Check("memory", f"{label}: load", "info",
-                  f"built {built:.0f}s; weights {report.weights_bytes / 2**30:.2f} GiB; KV pool {report.num_blocks} "
-                  f"blocks = {report.kv_cache_bytes / 2**30:.2f} GiB")]
-    if cuda:
-        allocated = torch.cuda.memory_allocated() - base
-        static = report.weights_bytes + report.kv_cache_bytes
-        rows.append(Check("memory", f"{label}: weights + KV vs memory_allocated", "pass" if within(static, allocated)
-                          else "FAIL", f"report {static / 2**30:.3f} GiB, allocator {allocated / 2**30:.3f} GiB"))
-    requests = [Request(prompt=f"Describe picture {i}.", images=[Image.new("RGB", (1024, 768), (i * 7 % 256, 90, 160))])
-                for i in range(num_seqs)]
-    t = time.monotonic()
-    engine.generate(requests, SamplingParams(max_tokens=1, ignore_eos=True))
-    sync(device)
-    rows.append(Check("memory", f"{label}: prefill {num_seqs} x 1024x768 image requests", "pass",
-                      f"{time.monotonic() - t:.1f}s"))
-    if cuda:
-        peak, reported = torch.cuda.max_memory_allocated(), engine.memory_report().peak_bytes
-        rows.append(Check("memory", f"{label}: memory_report peak vs max_memory_allocated",
-                          "pass" if within(reported, peak) else "FAIL", f"{reported / 2**30:.2f} vs {peak / 2**30:.2f} GiB"))
-        used = others + torch.cuda.max_memory_reserved()
-        rows.append(Check("memory", f"{label}: device use at peak <= gpu_memory_utilization",
-                          "pass" if used <= util * total else "FAIL",
-                          f"{used / total:.1%} of {total / 2**30:.0f} GiB (limit {util:.0%}; others {others / 2**30:.2f} GiB)"))
-    kv = report.kv_cache_bytes
-    engine.close()
-    if cuda:
-        freed = (base + static) - torch.cuda.memory_allocated()
-        rows.append(Check("memory", f"{label}: close() returns the KV pool", "pass" if freed >= 0.95 * kv else "FAIL",
-                          f"{freed / 2**30:.2f} GiB freed of a {kv / 2**30:.2f} GiB pool"))
-    else:
-        rows.append(Check("memory", f"{label}: allocator comparisons", "skip", "CPU has no allocator counters (CUDA only)"))
-    del engine
-    free_device(device)
-    return rows
+    """See gpu_memory.memory_checks."""
+    return [Check("memory", *row) for row in memory_checks(preset, device, work, num_seqs, max_model_len)]
 
 
 # ---- (3) paged attention: flash-attn vs SDPA ------------------------------------------------------------------------
