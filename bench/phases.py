@@ -9,6 +9,7 @@ tensors, embedding lookup, logits, sampling) and the engine's per step (schedule
 import argparse
 import functools
 import os
+import statistics
 import tempfile
 import time
 from contextlib import contextmanager
@@ -99,6 +100,40 @@ def hf_profile(model, processor, requests, new_tokens: int) -> dict[str, float]:
     return t
 
 
+class CpuClock:
+    """An HF streamer that records this thread's CPU time at each generated token."""
+
+    def __init__(self):
+        self.times, self.prompt_seen = [], False
+
+    def put(self, value):
+        if self.prompt_seen:
+            self.times.append(time.thread_time())
+        self.prompt_seen = True
+
+    def end(self):
+        pass
+
+
+def single_stream_ms(engine, model, processor, request, new_tokens: int = 48) -> tuple[float, float]:
+    """CPU milliseconds per decode step of one request: the engine stepped in this thread, and HF generate."""
+    from bench.workload import hf_inputs
+    engine.reset_prefix_cache()
+    engine.scheduler.add(engine.make_sequence(request, SamplingParams(max_tokens=new_tokens, ignore_eos=True)))
+    engine.step()  # prefill
+    steps = []
+    while engine.scheduler.has_work():
+        t = time.thread_time()
+        engine.step()
+        steps.append(time.thread_time() - t)
+    clock = CpuClock()
+    with torch.inference_mode():
+        model.generate(**hf_inputs(processor, [request]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                       do_sample=False, eos_token_id=None, pad_token_id=processor.tokenizer.pad_token_id,
+                       streamer=clock)
+    return 1000 * statistics.median(steps), 1000 * statistics.median(b - a for a, b in zip(clock.times, clock.times[1:]))
+
+
 def show(title: str, runs: list[dict]):
     best = {k: min(r[k] for r in runs) for k in runs[0]}
     total = sum(v for k, v in best.items() if not k.endswith("steps"))
@@ -126,9 +161,14 @@ def main(argv=None):
     for _ in range(args.repeats):  # interleaved, like the bench
         ours.append(profile(engine, requests, args.new_tokens))
         theirs.append(hf_profile(model, processor, requests, args.new_tokens))
+    single = [single_stream_ms(engine, model, processor, requests[0]) for _ in range(args.repeats)]
     print(f"{args.workload} workload, 16 requests x {args.new_tokens} tokens, {args.threads} thread(s); "
           f"load average {os.getloadavg()[0]:.1f}")
-    return show("engine", ours), show("HF padded batch", theirs)
+    result = show("engine", ours), show("HF padded batch", theirs)
+    eng, hf = min(x for x, _ in single), min(y for _, y in single)
+    print(f"single-stream decode step (224x224 image prompt), CPU ms: engine {eng:.2f}, HF generate {hf:.2f} "
+          f"({hf / eng:.2f}x)")
+    return result
 
 
 if __name__ == "__main__":
