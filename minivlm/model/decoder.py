@@ -101,11 +101,10 @@ class QwenVLDecoder(nn.Module):
         if missing or unexpected:
             raise ValueError(f"checkpoint does not match its config: missing {sorted(missing)[:5]}, "
                              f"unexpected {sorted(unexpected)[:5]}")
-        self.to_empty(device=device)
+        self.to(dtype).to_empty(device=device)  # cast while still on meta: weights are allocated once, in dtype
         self.load_state_dict(state, strict=False, assign=False)
         if tied:
             self.lm_head.weight = self.embed_tokens.weight
-        self.to(dtype)
         self.rotary = MRotaryEmbedding(*self.rope_args).to(device)
         use_fast_linears(self, device, dtype)
 
