@@ -90,8 +90,14 @@ def chosen_errors(outs, refs) -> list[float]:
             for i, (t, lp) in enumerate(zip(out.token_ids, out.logprobs))]
 
 
+def exact_fp32():
+    """fp32 means fp32 on both sides: no TF32 in CUDA matmuls or convolutions."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+
+
 def check_parity(device: str, work: str) -> list[Check]:
     """fp32 engine vs HF fp32 <= 1e-4; bf16 engine's error vs HF fp32 <= 1.5x HF bf16's own error."""
+    exact_fp32()
     from tools.make_checkpoint import make_random_checkpoint
     rows, requests = [], parity_requests()
     for i, family in enumerate(FAMILIES):
@@ -119,6 +125,7 @@ def check_parity(device: str, work: str) -> list[Check]:
 
 def check_tiny_answers(device: str, n: int) -> list[Check]:
     """The shipped tiny model's greedy answers on n fresh scenes: the engine's equal HF generate's (same device)."""
+    exact_fp32()
     from tools.eval_tiny import EVAL_SEED, items
     from tools.scenes import QUESTION_TYPES
     model_dir = os.path.join(ROOT, "assets", "tiny-qwen-vl")
@@ -155,15 +162,14 @@ def decode_tokens_per_s(engine, request: Request, tokens: int = 64) -> float:
     return decode_rate([time.perf_counter() for _ in engine.stream(request, params, snapshots=False)])
 
 
-def attention_run(path, device, dtype, block_size, flash: bool):
+def attention_run(engine, flash: bool):
     """Outputs of 4 image requests, and single-stream decode tokens/s, with or without flash-attn's kernels."""
     attention.FLASH_ATTN_ENABLED = flash
     try:
-        with Engine(EngineConfig(model=path, device=device, dtype=dtype, block_size=block_size,
-                                 num_blocks=max(8, 8192 // block_size), max_model_len=2048)) as engine:
-            requests = parity_requests()[:2] * 2
-            outs = engine.generate(requests, SamplingParams(max_tokens=24, ignore_eos=True, logprobs=1))
-            return outs, decode_tokens_per_s(engine, requests[0])
+        requests = parity_requests()[:2] * 2
+        engine.reset_prefix_cache()
+        outs = engine.generate(requests, SamplingParams(max_tokens=24, ignore_eos=True, logprobs=1))
+        return outs, decode_tokens_per_s(engine, requests[0])
     finally:
         attention.FLASH_ATTN_ENABLED = True
 
@@ -185,19 +191,26 @@ def check_attention(device: str, work: str) -> list[Check]:
     cuda = device == "cuda"
     path = build_real_checkpoint(PRESETS[0], os.path.join(work, PRESETS[0]), device, shrink=not cuda)
     dtype = "bfloat16" if cuda else "float32"
+    engine = Engine(EngineConfig(model=path, device=device, dtype=dtype, block_size=256, num_blocks=32,
+                                 max_model_len=2048))  # loaded once; the block-16 engine shares its weights
+    with engine, engine.isolated(block_size=16, num_blocks=512) as small_blocks:
+        return attention_rows(engine, small_blocks, dtype)
+
+
+def attention_rows(engine, small_blocks, dtype: str) -> list[Check]:
     tol = 1e-4 if dtype == "float32" else 2e-2
-    small, _ = attention_run(path, device, dtype, 16, flash=False)
-    sdpa, sdpa_rate = attention_run(path, device, dtype, 256, flash=False)
+    small, _ = attention_run(small_blocks, flash=False)
+    sdpa, sdpa_rate = attention_run(engine, flash=False)
     same, n, worst = compare_outputs(small, sdpa)
     rows = [Check("attention", "SDPA over gathered blocks: block_size 256 vs 16", "pass" if worst <= tol else "FAIL",
                   f"tokens equal {same}/{n}; max |dlogprob| {worst:.2e} (limit {tol:g})")]
     if attention.flash_attn_with_kvcache is None:
         why = ("flash-attn is not installed: PyPI has no binary wheel (source only, a long nvcc build), so carry a "
-               "wheel built for this torch/CUDA" if device == "cuda" else "flash-attn runs on CUDA only")
+               "wheel built for this torch/CUDA" if engine.device.type == "cuda" else "flash-attn runs on CUDA only")
         rows.append(Check("attention", "flash-attn paged kernels vs SDPA", "skip", why))
         rows.append(Check("attention", "SDPA single-stream decode", "info", f"{sdpa_rate:.1f} tok/s ({dtype})"))
         return rows
-    flash, flash_rate = attention_run(path, device, dtype, 256, flash=True)
+    flash, flash_rate = attention_run(engine, flash=True)
     same, n, worst = compare_outputs(sdpa, flash)
     rows.append(Check("attention", "flash-attn paged (block 256) vs SDPA", "pass" if worst <= tol else "FAIL",
                       f"tokens equal {same}/{n}; max |dlogprob| {worst:.2e} (limit {tol:g})"))
@@ -214,7 +227,8 @@ def check_bench(device: str, work: str, out: str, budget: Budget) -> list[Check]
     timeout = max(budget.left() - NEEDS_S["memory"], 60)
     md = os.path.join(out, f"bench_{device}.md")
     cmd = [sys.executable, "-m", "bench", "--device", device, "--markdown", md, "--json", md[:-3] + ".json"]
-    cmd += (["--dtype", "bfloat16", "--quick", "--checkpoint-dir", path] if device == "cuda" else
+    cmd += (["--dtype", "bfloat16", "--quick", "--only", "throughput", "single_stream", "--checkpoint-dir", path]
+            if device == "cuda" else
             ["--smoke", "--repeats", "1", "--only", "throughput", "single_stream",
              "--checkpoint-dir", os.path.join(os.path.dirname(path), "bench-smoke")])
     try:
@@ -260,7 +274,6 @@ def main(argv=None) -> int:
     if cuda and not torch.cuda.is_available():
         rows.append(Check("all", "CUDA", "skip", "no CUDA GPU visible to this torch build; `--device cpu` is the dry run"))
     else:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32 means fp32 on both sides
         parts = [("parity", check_parity, args.device, work), ("tiny", check_tiny_answers, args.device, 50 if cuda else 5)]
         seqs, max_len = (128, 32768) if cuda else (2, 2048)  # CUDA: a pool sized by free memory, not by the cap
         parts += [("memory", check_memory, PRESETS[0], args.device, work, seqs, max_len),
