@@ -3,7 +3,7 @@
 
     python -m bench.phases [--workload uniform|varied] [--threads 1] [--repeats 3]
 
-The engine is stepped in this thread (no loop thread). Phases: processor (rendering and validating requests),
+The engine's core is stepped in this thread (no loop thread). Phases: processor (rendering and validating requests),
 vision tower, decoder forward in prefill and in decode steps, the runner's own work around the model (input
 tensors, embedding lookup, logits, sampling) and the engine's per step (scheduler, detokenising, stop checks)."""
 import argparse
@@ -42,27 +42,24 @@ def timed(obj, name: str, totals: dict, key: str):
 def profile(engine, requests, new_tokens: int) -> dict[str, float]:
     """CPU seconds per phase for one run of `requests` (nothing served from the prefix cache)."""
     engine.reset_prefix_cache()
-    t = {}
+    core, model, t = engine.core, engine.model, {}
     start = time.thread_time()
-    seqs = [engine.make_sequence(r, SamplingParams(max_tokens=new_tokens, ignore_eos=True)) for r in requests]
+    new = [engine.make_sequence(r, SamplingParams(max_tokens=new_tokens, ignore_eos=True)) for r in requests]
     t["processor"] = time.thread_time() - start
-    for seq in seqs:
-        engine.scheduler.add(seq)
-    with timed(engine.vision, "encode", t, "vision"), timed(engine.decoder, "forward", t, "forward"), \
-            timed(engine.runner, "run", t, "run"):
-        while engine.scheduler.has_work():
+    with timed(model.vision, "encode", t, "vision"), timed(model.decoder, "forward", t, "forward"), \
+            timed(core.runner, "encode_images", t, "run"), timed(core.runner, "forward", t, "run"), \
+            timed(core.runner, "sample_tokens", t, "run"):
+        while new or core.scheduler.has_work():
             before = dict(t)
-            prefill = bool(engine.scheduler.waiting)
+            phase = "prefill" if new or core.scheduler.waiting else "decode"
             step = time.thread_time()
-            engine.step()
-            phase = "prefill" if prefill else "decode"
+            core.step(new)
+            new = []
             delta = {k: t.get(k, 0.0) - before.get(k, 0.0) for k in ("vision", "forward", "run")}
-            t[f"{phase}: decoder forward"] = t.get(f"{phase}: decoder forward", 0.0) + delta["forward"]
-            t[f"{phase}: runner around the model"] = (t.get(f"{phase}: runner around the model", 0.0)
-                                                      + delta["run"] - delta["forward"] - delta["vision"])
-            t[f"{phase}: engine per step"] = (t.get(f"{phase}: engine per step", 0.0)
-                                              + time.thread_time() - step - delta["run"])
-            t[f"{phase} steps"] = t.get(f"{phase} steps", 0) + 1
+            for name, value in (("decoder forward", delta["forward"]),
+                                ("runner around the model", delta["run"] - delta["forward"] - delta["vision"]),
+                                ("engine per step", time.thread_time() - step - delta["run"]), ("steps", 1)):
+                t[f"{phase}: {name}"] = t.get(f"{phase}: {name}", 0) + value
     for k in ("forward", "run"):
         t.pop(k, None)
     return t
@@ -119,12 +116,11 @@ def single_stream_ms(engine, model, processor, request, new_tokens: int = 48) ->
     """CPU milliseconds per decode step of one request: the engine stepped in this thread, and HF generate."""
     from bench.workload import hf_inputs
     engine.reset_prefix_cache()
-    engine.scheduler.add(engine.make_sequence(request, SamplingParams(max_tokens=new_tokens, ignore_eos=True)))
-    engine.step()  # prefill
+    engine.core.step([engine.make_sequence(request, SamplingParams(max_tokens=new_tokens, ignore_eos=True))])
     steps = []
-    while engine.scheduler.has_work():
+    while engine.core.scheduler.has_work():
         t = time.thread_time()
-        engine.step()
+        engine.core.step([])
         steps.append(time.thread_time() - t)
     clock = CpuClock()
     with torch.inference_mode():
@@ -155,7 +151,7 @@ def main(argv=None):
                                           BENCH_MODEL))
     requests = (uniform_requests if args.workload == "uniform" else mixed_requests)(16)
     profile(engine, requests[:2], 2)  # warm-up
-    model, processor = load_hf(engine.model_dir)
+    model, processor = load_hf(engine.model.model_dir)
     hf_profile(model, processor, requests[:2], 2)
     ours, theirs = [], []
     for _ in range(args.repeats):  # interleaved, like the bench

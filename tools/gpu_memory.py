@@ -74,10 +74,10 @@ def planned_activation_peak(engine) -> int:
     """The prefill/vision activation peak the memory plan reserved for this engine (minivlm.budget.estimate)."""
     from minivlm.budget import estimate
     cfg = engine.config
-    return estimate(engine.hf_config, dtype=engine.dtype_name, kv_dtype=engine.dtype_name,
+    return estimate(engine.hf_config, dtype=engine.model.dtype_name, kv_dtype=engine.model.dtype_name,
                     max_model_len=cfg.max_model_len, num_seqs=cfg.max_num_seqs,
                     max_num_batched_tokens=cfg.max_num_batched_tokens, block_size=cfg.block_size,
-                    device_memory_bytes=2 ** 40, weights_bytes=engine.weights_bytes()).activation_peak_bytes
+                    device_memory_bytes=2 ** 40, weights_bytes=engine.model.weights_bytes()).activation_peak_bytes
 
 
 def memory_checks(preset: str, device: str, work: str, num_seqs: int, max_model_len: int) -> list[tuple]:
