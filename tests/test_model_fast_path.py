@@ -30,7 +30,7 @@ def test_patch_projection_refuses_a_conv_that_is_not_per_patch():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_vision_tower_runs_the_engines_linears_and_equals_hf(family, checkpoints, engines):
-    tower = engines[family].vision.module
+    tower = engines[family].model.vision.module
     assert isinstance(tower.patch_embed.proj, PatchProjection)
     assert not [n for n, m in tower.named_modules() if type(m) in (nn.Linear, nn.Conv3d)]
     assert any(isinstance(m, FastLinear) for m in tower.modules())
@@ -45,7 +45,7 @@ def test_vision_tower_runs_the_engines_linears_and_equals_hf(family, checkpoints
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_decoder_fuses_qkv_and_gate_up(family, engines):
-    layer = engines[family].decoder.layers[0]
+    layer = engines[family].model.decoder.layers[0]
     assert isinstance(layer.self_attn.qkv_proj, FastLinear) and isinstance(layer.mlp.gate_up_proj, FastLinear)
     assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "gate_proj")
 
