@@ -127,7 +127,8 @@ def single_stream_ms(engine, model, processor, request, new_tokens: int = 48) ->
         model.generate(**hf_inputs(processor, [request]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                        do_sample=False, eos_token_id=None, pad_token_id=processor.tokenizer.pad_token_id,
                        streamer=clock)
-    return 1000 * statistics.median(steps), 1000 * statistics.median(b - a for a, b in zip(clock.times, clock.times[1:]))
+    hf_steps = [b - a for a, b in zip(clock.times, clock.times[1:])]
+    return 1000 * statistics.median(steps), 1000 * statistics.median(hf_steps)
 
 
 def show(title: str, runs: list[dict]):

@@ -48,8 +48,8 @@ def measure_workload(ctx, name: str, requests: list, new_tokens: int) -> list[Ro
     # per row: requests whose engine tokens equal HF's in every repeat
     same = {side: sum(all(rep[i] == results["engine"][i] for rep in results[side]) for i in range(n))
             for side in ("one", "batch")}
-    ctx.details[f"throughput_{name}"] = {"times_s": times, "new_tokens": total, "prompt_tokens": results["prompt_tokens"],
-                                         "same_tokens_as_engine": same}
+    ctx.details[f"throughput_{name}"] = {"times_s": times, "new_tokens": total, "same_tokens_as_engine": same,
+                                         "prompt_tokens": results["prompt_tokens"]}
     rows = []
     for side in ("one", "batch"):
         ratio, goal = rate["engine"] / rate[side], GOALS[(name, side)]

@@ -5,9 +5,10 @@ import torch
 
 from tools import gpu_check
 
-NO_CUDA = "no CUDA GPU visible to this torch build; on a GPU machine run `python -m tools.gpu_check` (see bench/RESULTS.md)"
-DEVICES = [pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)]),
-           "cpu"]
+NO_CUDA = ("no CUDA GPU visible to this torch build; on a GPU machine run `python -m tools.gpu_check` "
+           "(see bench/RESULTS.md)")
+ON_CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)]
+DEVICES = [pytest.param("cuda", marks=ON_CUDA), "cpu"]
 
 
 def assert_no_failure(rows):
@@ -64,7 +65,8 @@ def test_a_failing_part_becomes_a_row_and_the_command_exits_1(tmp_path, monkeypa
     gpu_check.run_part(rows, gpu_check.Budget(100), "parity", check_broken, "cpu")
     assert rows[0].status == "FAIL" and "broken on purpose" in rows[0].detail
     monkeypatch.setattr(gpu_check, "check_attention", lambda device, work: [gpu_check.Check("x", "y", "FAIL", "z")])
-    assert gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--skip", "parity", "tiny", "memory", "bench"]) == 1
+    only_attention = ["--skip", "parity", "tiny", "memory", "bench"]
+    assert gpu_check.main(["--device", "cpu", "--out", str(tmp_path), *only_attention]) == 1
 
 
 def test_budget_skips_parts_that_would_overrun(tmp_path):

@@ -245,14 +245,16 @@ def check_bench(device: str, work: str, out: str, budget: Budget) -> list[Check]
 def run_part(rows: list, budget: Budget, part: str, fn, *args):
     """Run one part if the wall-time budget still allows it; an exception becomes a FAIL row, not a crash."""
     if budget.left() < NEEDS_S[part]:
-        rows.append(Check(part, fn.__name__, "skip", f"wall-time budget: {budget.left():.0f}s left, needs ~{NEEDS_S[part]}s"))
+        rows.append(Check(part, fn.__name__, "skip",
+                          f"wall-time budget: {budget.left():.0f}s left, needs ~{NEEDS_S[part]}s"))
         return
     t = time.monotonic()
     try:
         rows += fn(*args)
     except Exception as e:  # noqa: BLE001 -- the table must still print
         rows.append(Check(part, fn.__name__, "FAIL", f"{type(e).__name__}: {e}"[:300]))
-    print(f"[gpu_check] {part} {fn.__name__}{args[:1]}: {time.monotonic() - t:.0f}s, {budget.left():.0f}s left", flush=True)
+    print(f"[gpu_check] {part} {fn.__name__}{args[:1]}: {time.monotonic() - t:.0f}s, {budget.left():.0f}s left",
+          flush=True)
 
 
 def table(rows: list[Check]) -> str:
@@ -272,9 +274,11 @@ def main(argv=None) -> int:
     work = args.work or os.path.join(args.out, "checkpoints")
     os.makedirs(work, exist_ok=True)
     if cuda and not torch.cuda.is_available():
-        rows.append(Check("all", "CUDA", "skip", "no CUDA GPU visible to this torch build; `--device cpu` is the dry run"))
+        rows.append(Check("all", "CUDA", "skip",
+                          "no CUDA GPU visible to this torch build; `--device cpu` is the dry run"))
     else:
-        parts = [("parity", check_parity, args.device, work), ("tiny", check_tiny_answers, args.device, 50 if cuda else 5)]
+        parts = [("parity", check_parity, args.device, work),
+                 ("tiny", check_tiny_answers, args.device, 50 if cuda else 5)]
         seqs, max_len = (128, 32768) if cuda else (2, 2048)  # CUDA: a pool sized by free memory, not by the cap
         parts += [("memory", check_memory, PRESETS[0], args.device, work, seqs, max_len),
                   ("flash", check_attention, args.device, work),

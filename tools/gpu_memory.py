@@ -120,8 +120,10 @@ def memory_checks(preset: str, device: str, work: str, num_seqs: int, max_model_
                      "pass" if measured <= 1.05 * planned else "FAIL",
                      f"{measured / 2**30:.2f} GiB measured, {planned / 2**30:.2f} GiB planned"))
         used = others + torch.cuda.max_memory_reserved()
-        rows.append((f"{label}: device use at peak <= gpu_memory_utilization", "pass" if used <= util * total else "FAIL",
-                     f"{used / total:.1%} of {total / 2**30:.0f} GiB (limit {util:.0%}; others {others / 2**30:.2f} GiB)"))
+        rows.append((f"{label}: device use at peak <= gpu_memory_utilization",
+                     "pass" if used <= util * total else "FAIL",
+                     f"{used / total:.1%} of {total / 2**30:.0f} GiB (limit {util:.0%}; "
+                     f"others {others / 2**30:.2f} GiB)"))
     engine.close()
     if cuda:
         freed = (base + static) - torch.cuda.memory_allocated()

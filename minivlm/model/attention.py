@@ -82,14 +82,14 @@ def _decode(q, k_cache, v_cache, meta, scale):
     # GQA folded into the query axis: the heads sharing a KV head become `group` queries against it, all with the
     # same mask (one token per sequence), so K/V are read once per KV head instead of being expanded per head.
     grouped = q.view(bsz, kv_heads, heads // kv_heads, d)
-    o = F.scaled_dot_product_attention(grouped, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=meta.decode_mask,
-                                       scale=scale)
+    o = F.scaled_dot_product_attention(grouped, keys.transpose(1, 2), values.transpose(1, 2),
+                                       attn_mask=meta.decode_mask, scale=scale)
     return o.reshape(bsz, heads, d)
 
 
 def use_flash_attn(q: torch.Tensor, meta: AttentionMetadata) -> bool:
-    return (FLASH_ATTN_ENABLED and flash_attn_with_kvcache is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-            and meta.block_size % 256 == 0)
+    return (FLASH_ATTN_ENABLED and flash_attn_with_kvcache is not None and q.is_cuda
+            and q.dtype in (torch.float16, torch.bfloat16) and meta.block_size % 256 == 0)
 
 
 def _flash(q, k_cache, v_cache, meta, scale):

@@ -1,5 +1,6 @@
 """The Qwen-VL text decoder over paged KV: one class for Qwen2-VL, Qwen2.5-VL (qkv bias, chunked M-RoPE)
-and Qwen3-VL (q/k RMSNorm, interleaved M-RoPE, deepstack). Parameter names match HF checkpoints."""
+and Qwen3-VL (q/k RMSNorm, interleaved M-RoPE, deepstack). It reads HF checkpoints as they are; q/k/v and
+gate/up are fused into one matrix each at load."""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,7 +20,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # normalise in fp32 like HF (one fused op), then cast back before the weight
+        # normalise in fp32 like HF (one call), then cast back before the weight
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 

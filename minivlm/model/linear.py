@@ -1,6 +1,6 @@
 """The engine's linear layer. On x86-64 CPUs, fp32 inference goes through oneDNN with weights prepacked in its
-blocked layout: PyTorch's default fp32 CPU GEMM (MKL) takes a slower path on some CPUs (AMD EPYC: 2-3x slower
-for prefill-sized products), and prepacked weights stream faster in memory-bound decode. Everywhere else
+blocked layout: PyTorch's default fp32 CPU GEMM (MKL) takes a slower path on some CPUs (2-3x slower on one AMD
+EPYC, 10-20 % on another), and prepacked weights stream faster in memory-bound decode. Everywhere else
 (other CPUs, other dtypes, CUDA, MPS, training) it is plain nn.Linear."""
 import platform
 
