@@ -6,9 +6,10 @@
 Checks: (1) engine vs HF parity for all three families in fp32 and bf16, and the tiny model's answers on 50
 fresh scenes vs HF generate; (2) random checkpoints with Qwen2.5-VL-3B's and -7B's exact dimensions (built
 here, on the device): memory_report() vs the CUDA allocator, KV pool sized from free memory staying under
-gpu_memory_utilization at a full prefill peak, memory returned on close(); (3) flash-attn's paged path at
-block_size 256 vs SDPA over gathered blocks, tokens/s of both; (4) `python -m bench --device cuda --dtype
-bfloat16` on the 3B-dimension checkpoint. A part that cannot run says why in the table.
+gpu_memory_utilization at a full prefill peak, memory returned on close() (3B, then 7B); (3) flash-attn's
+paged path at block_size 256 vs SDPA over gathered blocks, tokens/s of both; (4) last, with the time left,
+`python -m bench --device cuda --dtype bfloat16` on the 3B-dimension checkpoint. A part that cannot run says why
+in the table.
 """
 import argparse
 import math
@@ -23,7 +24,6 @@ import torch
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
 from minivlm.model import attention
-from minivlm.multimodal import build_prompt
 from minivlm.processor import load_processor
 from tools.gpu_memory import PRESETS, build_real_checkpoint, free_device, memory_checks
 
@@ -66,16 +66,18 @@ def load_hf(path: str, dtype, device: str):
 
 @torch.inference_mode()
 def teacher_forced(model, processor, request: Request, generated: list[int], device: str) -> torch.Tensor:
-    """HF's log-softmax at each generated position, prompt + generated fed at once: [n, vocab] fp32."""
-    prompt = build_prompt(processor, request.to_messages(), None, 16)
-    ids = torch.tensor([prompt.token_ids + generated], device=device)
+    """HF's log-softmax at each generated position, prompt + generated fed at once: [n, vocab] fp32. The prompt
+    is rendered by HF's own apply_chat_template (none of the engine's prompt building on this side)."""
+    inputs = processor.apply_chat_template(request.to_messages(), tokenize=True, return_dict=True,
+                                           add_generation_prompt=True, return_tensors="pt").to(device)
+    n = inputs["input_ids"].shape[1]
+    new = torch.tensor([generated], device=device)
+    ids = torch.cat([inputs["input_ids"], new], dim=1)
     kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids),
-                  mm_token_type_ids=torch.tensor([prompt.token_types + [0] * len(generated)], device=device))
-    if prompt.images:
-        kwargs.update(pixel_values=prompt.pixel_values.to(device, model.dtype),
-                      image_grid_thw=torch.tensor([im.grid_thw for im in prompt.images], device=device))
+                  mm_token_type_ids=torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(new)], dim=1))
+    if "pixel_values" in inputs:
+        kwargs.update(pixel_values=inputs["pixel_values"].to(model.dtype), image_grid_thw=inputs["image_grid_thw"])
     logits = model(**kwargs).logits[0].float()
-    n = len(prompt.token_ids)
     return torch.log_softmax(logits[n - 1:n - 1 + len(generated)], dim=-1)
 
 
