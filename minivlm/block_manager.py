@@ -17,6 +17,7 @@ class Block:
         self.ref_count = 0
         self.key: str | None = None       # prefix-cache key under the engine's strategy
         self.truth: str | None = None     # strategy-C key of the content actually stored here
+        self.parent: str | None = None    # key of the block before it in its chain (an edge of the prefix tree)
         self.token_ids: list[int] = []
         self.kind = "free"                # text | image | mixed, remembered for cached-but-free blocks
 
@@ -90,6 +91,7 @@ class BlockManager:
             return
         block = self.blocks[seq.block_table[i]]
         block.key, block.truth = seq.block_keys[i], seq.truth_keys[i]
+        block.parent = seq.block_keys[i - 1] if i else None
         block.token_ids = seq.block_tokens(i, self.block_size)
         block.kind = block_kind(seq.token_types[i * self.block_size:(i + 1) * self.block_size])
         self.key_to_block.setdefault(block.key, block.block_id)

@@ -9,10 +9,12 @@ import time
 
 import torch
 
+from minivlm.anatomy import build_anatomy
 from minivlm.config import EngineConfig
 from minivlm.multimodal import build_prompt
 from minivlm.model.rope import mrope_positions
 from minivlm.prefix_keys import extend_keys
+from minivlm.prefix_tree import prefix_forest
 from minivlm.request import Request, SamplingParams
 from minivlm.sequence import Sequence
 from minivlm.snapshot import StreamEvent
@@ -143,6 +145,15 @@ class Engine(EngineCore):
         """Submit requests at once (all validated first) and yield every event of all of them as steps produce
         them; closing the generator aborts whatever still runs."""
         yield from self._events(self._make_sequences(list(requests), params), snapshots)
+
+    def anatomy(self, request: Request):
+        """How `request` becomes tokens, M-RoPE positions, blocks and A/B/C keys (no model run; minivlm.anatomy)."""
+        return build_anatomy(self, request)
+
+    def prefix_tree(self):
+        """The prefix cache now as a forest of chained keys (list[TreeNode], minivlm.prefix_tree)."""
+        with self._lock:
+            return prefix_forest(self.block_manager)
 
     def abort(self, request_id: str):
         """Cancel a request; its blocks are freed at the next step."""
