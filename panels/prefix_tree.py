@@ -8,7 +8,7 @@ from panels.holder import EngineHolder
 
 KIND_COLORS = {"text": "#7eaef5", "image": "#f2a65a", "mixed": "#b28ae8"}
 NEXT_EVICTED = "#d62728"
-ROW_PX = 26
+ROW_PX = 44
 
 
 def layout(nodes) -> dict[int, tuple[int, float]]:
@@ -82,9 +82,9 @@ def tree_figure(nodes) -> go.Figure:
             f"branch point{'s' if branches != 1 else ''}" + (f", {orphans} orphaned (parent evicted)" if orphans else "")
             + "<br><sup>a lookup walks right from a root while the keys match · faded: free but cached (revivable) · "
               "×n: shared by n requests · red ring: the next block the free queue overwrites</sup>")),
-        height=min(900, 150 + int(rows * ROW_PX)), margin=dict(l=10, r=10, t=100, b=30), plot_bgcolor="white",
+        height=min(900, 190 + int(rows * ROW_PX)), margin=dict(l=10, r=10, t=100, b=40), plot_bgcolor="white",
         xaxis=dict(title="position in the chain (logical block index)", dtick=1, zeroline=False, showgrid=False),
-        yaxis=dict(visible=False, autorange="reversed"), legend=dict(orientation="h", y=-0.02, yanchor="top"))
+        yaxis=dict(visible=False, range=[rows - 0.4, -0.6]), legend=dict(x=1.01, y=1))
     return fig
 
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from minivlm import Request
+from minivlm import Request, SamplingParams
 from minivlm.multimodal import load_image
 
 from panels.anatomy import BLUE, RED, pixels_kwargs
@@ -68,3 +68,22 @@ def test_anatomy_tab_shows_the_engine_anatomy(app, page, shots):
     same_tokens = [i for i, (x, y) in enumerate(zip(b.blocks, a.blocks)) if x.full and y.full and
                    [t.token_id for t in b.tokens[x.start:x.end]] == [t.token_id for t in a.tokens[y.start:y.end]]]
     assert same_tokens and all(colors["B"][i] == rgb(SAME) and colors["C"][i] == rgb(DIFFERENT) for i in same_tokens)
+
+
+def test_kv_tab_shows_the_prefix_tree_and_paging(app, page, shots):
+    holder, _ = app
+    engine = holder.get()
+    for question in ("What color is the shape?", "What shape is it?"):
+        engine.generate(Request(prompt=question, images=[RED]), SamplingParams(max_tokens=2))
+    nodes = engine.prefix_tree()
+    open_tab(page, "KV blocks (live)")
+    page.locator("#kv-map .js-plotly-plot").wait_for()
+    page.get_by_role("button", name="Refresh now").click()
+    page.wait_for_function(f"""() => {{
+        const el = document.querySelector('#kv-tree .js-plotly-plot');
+        return el && el.data.filter(t => (t.name || '').endsWith(' block'))
+                             .reduce((n, t) => n + t.x.length, 0) === {len(nodes)}; }}""")
+    title = page.evaluate("document.querySelector('#kv-tree .js-plotly-plot').layout.title.text")
+    assert f"{len(nodes)} cached blocks" in title and "1 branch point" in title
+    assert "Paged vs contiguous" in page.locator("#kv-summary").inner_text()
+    page.locator("#kv-tree").screenshot(path=os.path.join(shots, "prefix_tree.png"))
