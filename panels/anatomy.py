@@ -76,10 +76,10 @@ def build(holder: EngineHolder, tab=None, chatbot=None):
         from_chat = gr.Button("Use the chat's last request", elem_id="anat-from-chat", visible=chatbot is not None)
     gr.Examples(EXAMPLES, [image, other, prompt], label="Examples")
     summary = gr.Markdown(elem_id="anat-summary")
-    grid = gr.Plot(label="1 · the image as the vision tower sees it: resized, cut into patches, merged into tokens",
-                   elem_id="anat-grid")
-    strip = gr.Plot(label="2 · the prompt as tokens, in KV blocks", elem_id="anat-strip")
-    rope = gr.Plot(label="3 · M-RoPE positions (t, h, w) of each image token", elem_id="anat-rope")
+    with gr.Row(equal_height=True):
+        grid = gr.Plot(label="1 · the image as the vision tower sees it", elem_id="anat-grid")
+        rope = gr.Plot(label="2 · M-RoPE positions (t, h, w) of the image tokens", elem_id="anat-rope")
+    strip = gr.Plot(label="3 · the prompt as tokens, in KV blocks", elem_id="anat-strip")
     keys = gr.HTML(label="4 · prefix-cache keys per block under A, B and C", elem_id="anat-keys")
     outputs = [summary, grid, strip, rope, keys]
 

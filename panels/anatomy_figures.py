@@ -15,6 +15,7 @@ GRID_DISPLAY = 360    # the longest side of each image on the grid picture, in p
 ROW_GAP, BLOCK_GAP, IMAGE_GAP, STRIP_TOP = 16, 6, 28, 16
 AXES = ("t (time)", "h (row)", "w (column)")
 TOP_MARGIN = 100      # what gradio's plot gives a titled figure whatever the layout asks
+TITLE = dict(font=dict(size=13), y=1, yref="container", yanchor="top", pad=dict(t=44))  # below gradio's label
 
 
 def data_uri(pixels: np.ndarray) -> str:
@@ -29,7 +30,7 @@ def raster_figure(pixels: np.ndarray, traces: list, title: str, width_hint: int 
     shown `width_hint` px wide (about a tab's width), enlarged at most `max_scale` times."""
     h, w = pixels.shape[:2]
     fig = go.Figure([go.Image(source=data_uri(pixels), x0=0, y0=0, dx=1, dy=1, hoverinfo="skip"), *traces])
-    fig.update_layout(title=dict(text=title, font=dict(size=14)), showlegend=False, plot_bgcolor="white",
+    fig.update_layout(title=dict(TITLE, text=title), showlegend=False, plot_bgcolor="white",
                       height=int(h * min(max_scale, width_hint / w)) + TOP_MARGIN + 10,
                       margin=dict(l=10, r=10, t=TOP_MARGIN, b=10),
                       xaxis=dict(visible=False, range=[0, w]),
@@ -156,7 +157,8 @@ def rope_figure(anatomy) -> go.Figure:
     image starts where the text before it ended; the text after it resumes at start + max(rows, cols))."""
     if not anatomy.images:
         fig = go.Figure()
-        fig.update_layout(title="No image: every token's (t, h, w) is (i, i, i), plain 1-D RoPE", height=120,
+        fig.update_layout(title=dict(TITLE, text="No image: every token's (t, h, w) is (i, i, i), plain 1-D RoPE"),
+                          height=TOP_MARGIN + 20,
                           xaxis=dict(visible=False), yaxis=dict(visible=False))
         return fig
     titles = [f"image {k + 1}: {axis}" for k in range(len(anatomy.images)) for axis in AXES]
@@ -178,7 +180,8 @@ def rope_figure(anatomy) -> go.Figure:
     tail = f"; the text after it resumes at {after[0].position[0]}" if after else ""
     fig.update_layout(height=TOP_MARGIN + 260 * len(anatomy.images), margin=dict(l=10, r=10, t=TOP_MARGIN, b=10),
                       plot_bgcolor="white",
-                      title=dict(font=dict(size=14), text=f"M-RoPE ids per image token: image 1 starts at "
-                                 f"{anatomy.tokens[anatomy.images[0].start].position[0]}{tail}; generated token i "
-                                 f"then gets i {anatomy.rope_delta:+d} on all three axes (the rope delta)"))
+                      title=dict(TITLE, text=(
+                          f"image 1 starts at {anatomy.tokens[anatomy.images[0].start].position[0]}{tail}<br>"
+                          f"<sup>generated token i then gets i {anatomy.rope_delta:+d} on all three axes "
+                          f"(the rope delta)</sup>")))
     return fig

@@ -27,47 +27,59 @@ def extra_fields(item) -> list[tuple[str, str]]:
         return [("salt", str(item[1])[:24])]
     digest, grid, settings, offset = item  # C: an image overlapping the block
     lo, hi, patch, merge = settings[:4]
-    return [("image", digest[:12]), ("grid t×h×w", "×".join(map(str, grid))), ("pixels", f"{lo:,}–{hi:,}"),
-            ("patch · merge", f"{patch} · {merge}"), ("image starts at slot", str(offset))]
+    return [("image", digest[:12]), ("grid", "×".join(map(str, grid))), ("pixels", f"{lo:,}–{hi:,}"),
+            ("patch", str(patch)), ("merge", str(merge)), ("at slot", str(offset))]
 
 
-def key_fields(anatomy, i: int, strategy: str) -> list[tuple[str, str]]:
-    """Everything hashed into block i's key under `strategy`: parent key, token ids, extra material."""
+def key_lines(anatomy, i: int, strategy: str) -> list[list[tuple[str, str]]]:
+    """Everything hashed into block i's key under `strategy`, as lines of named fields: parent key and token ids,
+    then one line per element of the extra material."""
     b = anatomy.blocks[i]
     parent = anatomy.blocks[i - 1].keys[strategy][:10] + "…" if i else "root"
     ids = [t.token_id for t in anatomy.tokens[b.start:b.end]]
-    return [("parent", parent), ("tokens", run_length(ids))] + [f for x in b.key_inputs[strategy] for f in extra_fields(x)]
+    return [[("parent", parent), ("tokens", run_length(ids))]] + [extra_fields(x) for x in b.key_inputs[strategy]]
 
 
-def numbered(fields):
+def numbered(lines) -> dict[tuple[str, int], str]:
     """(name, k-th occurrence) -> value, so two requests' fields line up."""
     seen: dict[str, int] = {}
     out = {}
-    for name, value in fields:
+    for name, value in (f for line in lines for f in line):
         seen[name] = seen.get(name, -1) + 1
         out[(name, seen[name])] = value
     return out
 
 
+def field_html(name: str, value: str, theirs: dict | None, slot: tuple[str, int]) -> str:
+    text = html.escape(value)
+    if theirs is not None and theirs.get(slot) != value:
+        text = f"<mark>{text}</mark> ≠ <mark>{html.escape(theirs.get(slot, '—'))}</mark>"
+    return f"<span style='color:#666'>{name}</span> {text}"
+
+
 def cell(first, second, i: int, strategy: str) -> str:
-    mine = numbered(key_fields(first, i, strategy))
-    theirs = numbered(key_fields(second, i, strategy)) if second and i < len(second.blocks) else None
+    lines = key_lines(first, i, strategy)
+    theirs = numbered(key_lines(second, i, strategy)) if second and i < len(second.blocks) else None
     key = first.blocks[i].keys[strategy]
     other = second.blocks[i].keys[strategy] if theirs is not None else None
     color = NONE if key is None or other is None else SAME if key == other else DIFFERENT
     verdict = {SAME: " = same key", DIFFERENT: " ≠ different key", NONE: ""}[color]
-    lines = [f"<b>{strategy}</b> <code>{key[:12] + '…' if key else 'no key (partial block)'}</code>"
-             f"<span style='color:{EDGE[color]}'>{verdict}</span>"]
-    for (name, _), value in mine.items():
-        text = html.escape(value)
-        if theirs is not None and theirs.get((name, _)) != value:
-            text = f"<mark>{text}</mark> ≠ <mark>{html.escape(theirs.get((name, _), '—'))}</mark>"
-        lines.append(f"<span style='color:#666'>{name}:</span> {text}")
+    out = [f"<b>{strategy}</b> <code>{key[:12] + '…' if key else 'no key (partial block)'}</code>"
+           f"<span style='color:{EDGE[color]}'>{verdict}</span>"]
+    seen: dict[str, int] = {}
+    for line in lines:
+        parts = []
+        for name, value in line:
+            seen[name] = seen.get(name, -1) + 1
+            parts.append(field_html(name, value, theirs, (name, seen[name])))
+        out.append(" · ".join(parts))
+    mine = numbered(lines)
     if theirs is not None:
-        lines += [f"<span style='color:#666'>{name}:</span> — ≠ <mark>{html.escape(v)}</mark>"
-                  for (name, k), v in theirs.items() if (name, k) not in mine]
+        extra = [f"<span style='color:#666'>{name}</span> — ≠ <mark>{html.escape(v)}</mark>"
+                 for (name, k), v in theirs.items() if (name, k) not in mine]
+        out += [" · ".join(extra)] if extra else []
     return (f"<td style='background:{color};border-left:4px solid {EDGE[color]};padding:4px 8px;vertical-align:top;"
-            f"font:12px/1.45 ui-monospace,monospace;word-break:break-all'>" + "<br>".join(lines) + "</td>")
+            f"font:12px/1.45 ui-monospace,monospace'>" + "<br>".join(out) + "</td>")
 
 
 def keys_html(first, second=None, names=("request 1", "request 2")) -> str:
