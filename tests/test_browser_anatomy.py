@@ -87,3 +87,20 @@ def test_kv_tab_shows_the_prefix_tree_and_paging(app, page, shots):
     assert f"{len(nodes)} cached blocks" in title and "1 branch point" in title
     assert "Paged vs contiguous" in page.locator("#kv-summary").inner_text()
     page.locator("#kv-tree").screenshot(path=os.path.join(shots, "prefix_tree.png"))
+
+
+def test_anatomy_of_the_chats_last_request(app, page):
+    holder, _ = app
+    open_tab(page, "Chat")
+    page.locator("#chat-input input[type=file]").set_input_files(BLUE)
+    page.locator("#chat-input textarea").fill(PROMPT)
+    page.locator("#chat-input textarea").press("Enter")
+    page.wait_for_function("document.querySelector('#chat-stats')?.innerText.includes('finish:')")
+    answer = page.locator("#chatbot .message-row.bot-row, #chatbot [data-testid=bot]").last.inner_text().strip()
+    open_tab(page, "Anatomy")
+    page.locator("#anat-from-chat").click()
+    messages = [{"role": "user", "content": [{"type": "image", "image": BLUE}, {"type": "text", "text": PROMPT}]},
+                {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+    a = holder.get().anatomy(Request(messages=messages))
+    page.wait_for_function(f"document.querySelector('#anat-summary').innerText.includes('{len(a.tokens)} prompt tokens')")
+    assert strip_points(page) == len(a.tokens)
