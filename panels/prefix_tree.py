@@ -41,7 +41,8 @@ def hover(n) -> str:
              f"{'s' if n.evicted_after != 1 else ''} (eviction rank {n.eviction_rank})")
     parent = ("root (a prompt's first block)" if n.parent_key is None else
               f"block {n.parent_block}" if n.parent_block is not None else "evicted: no lookup reaches this block")
-    return f"block {n.block_id} · {n.kind} · {n.num_tokens} tokens<br>key {n.key[:16]}…<br>parent: {parent}<br>{state}"
+    return (f"block {n.block_id} · {n.kind} · {n.num_tokens} tokens<br>key {n.key[:16]}…<br>parent: {parent}"
+            f"<br>{state}")
 
 
 def tree_figure(nodes) -> go.Figure:
@@ -65,7 +66,8 @@ def tree_figure(nodes) -> go.Figure:
             marker=dict(size=22, symbol="square", color=color, opacity=[1.0 if n.ref_count else 0.45 for n in group],
                         line=dict(width=[2.5 if n.ref_count > 1 else 1 for n in group], color="#222"))))
     shared = [n for n in nodes if n.ref_count > 1]
-    fig.add_trace(go.Scatter(x=[pos[n.block_id][0] + 0.28 for n in shared], y=[pos[n.block_id][1] - 0.3 for n in shared],
+    fig.add_trace(go.Scatter(x=[pos[n.block_id][0] + 0.28 for n in shared],
+                             y=[pos[n.block_id][1] - 0.3 for n in shared],
                              text=[f"×{n.ref_count}" for n in shared], mode="text", hoverinfo="skip",
                              name="ref count", showlegend=False, textfont=dict(size=10, color="#222")))
     nxt = [n for n in nodes if n.eviction_rank == 0]
@@ -79,7 +81,8 @@ def tree_figure(nodes) -> go.Figure:
     fig.update_layout(
         title=dict(font=dict(size=14), text=(
             f"Prefix cache as a tree: {len(nodes)} cached blocks, {roots} root{'s' if roots != 1 else ''}, {branches} "
-            f"branch point{'s' if branches != 1 else ''}" + (f", {orphans} orphaned (parent evicted)" if orphans else "")
+            f"branch point{'s' if branches != 1 else ''}"
+            + (f", {orphans} orphaned (parent evicted)" if orphans else "")
             + "<br><sup>a lookup walks right from a root while the keys match · faded: free but cached (revivable) · "
               "×n: shared by n requests · red ring: the next block the free queue overwrites</sup>")),
         height=min(900, 190 + int(rows * ROW_PX)), margin=dict(l=10, r=10, t=100, b=40), plot_bgcolor="white",

@@ -19,7 +19,8 @@ def noise(w: int, h: int, seed: int) -> Image.Image:
 
 
 def turn(role: str, text: str, images=()) -> dict:
-    return {"role": role, "content": [{"type": "image", "image": im} for im in images] + [{"type": "text", "text": text}]}
+    images = [{"type": "image", "image": im} for im in images]
+    return {"role": role, "content": images + [{"type": "text", "text": text}]}
 
 
 CASES = {  # 1, 2 and 3 images of different shapes; the 2- and 3-image chats are multi-turn

@@ -32,6 +32,10 @@ def rgb(hex_color: str) -> str:
     return f"rgb({r}, {g}, {b})"
 
 
+def wait_for_summary(page, num_tokens: int):
+    page.wait_for_function(f"document.querySelector('#anat-summary').innerText.includes('{num_tokens} prompt tokens')")
+
+
 def strip_points(page) -> int:
     return page.evaluate("document.querySelector('#anat-strip .js-plotly-plot').data[1].hovertext.length")
 
@@ -62,7 +66,7 @@ def test_anatomy_tab_shows_the_engine_anatomy(app, page, shots):
     page.locator("#anat-show").click()
     b = engine.anatomy(Request(prompt=PROMPT, images=[load_image(RED)[0]],
                                mm_processor_kwargs=pixels_kwargs(engine, small)))
-    page.wait_for_function(f"document.querySelector('#anat-summary').innerText.includes('{len(b.tokens)} prompt tokens')")
+    wait_for_summary(page, len(b.tokens))
     assert len(b.tokens) < len(a.tokens) and strip_points(page) == len(b.tokens)
     colors = key_colors(page)
     same_tokens = [i for i, (x, y) in enumerate(zip(b.blocks, a.blocks)) if x.full and y.full and
@@ -102,5 +106,5 @@ def test_anatomy_of_the_chats_last_request(app, page):
     messages = [{"role": "user", "content": [{"type": "image", "image": BLUE}, {"type": "text", "text": PROMPT}]},
                 {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
     a = holder.get().anatomy(Request(messages=messages))
-    page.wait_for_function(f"document.querySelector('#anat-summary').innerText.includes('{len(a.tokens)} prompt tokens')")
+    wait_for_summary(page, len(a.tokens))
     assert strip_points(page) == len(a.tokens)
