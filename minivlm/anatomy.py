@@ -80,7 +80,8 @@ def original_sizes(request: Request) -> list[tuple[int, int]]:
 def build_anatomy(engine, request: Request) -> Anatomy:
     """Render `request` through the engine (no model run) and lay out its tokens, images, blocks and keys."""
     seq = engine.make_sequence(request, SamplingParams(max_tokens=1))
-    patch, merge, bs = engine.processor.image_processor.patch_size, engine.merge, engine.config.block_size
+    model, bs = engine.model, engine.config.block_size
+    patch, merge = engine.processor.image_processor.patch_size, model.merge
     images = [ImageInfo(size, (g[2] * patch, g[1] * patch), tuple(g), g[0] * g[1] * g[2], im.num_tokens,
                         im.content_hash, im.start, patch, merge, im.settings)
               for im, size, g in zip(seq.images, original_sizes(request), [im.grid_thw for im in seq.images])]
@@ -95,12 +96,12 @@ def build_anatomy(engine, request: Request) -> Anatomy:
               for i, (t, text, kind, pos) in enumerate(zip(seq.token_ids, token_texts(engine.tokenizer, seq.token_ids),
                                                            seq.token_types, positions))]
     blocks, parents = [], dict.fromkeys(KEY_STRATEGIES)
-    for i in range(engine.block_manager.blocks_needed(len(seq))):
+    for i in range(-(-len(seq) // bs)):  # every block the prompt touches, the last maybe partial
         start, end = i * bs, min((i + 1) * bs, len(seq))
         full = end - start == bs
         keys, inputs = {}, {}
         for s in KEY_STRATEGIES:
-            key, extra = block_key(seq, i, parents[s], bs, s, engine.model_id, engine.dtype_name)
+            key, extra = block_key(seq, i, parents[s], bs, s, model.model_id, model.dtype_name)
             keys[s], inputs[s] = (key if full else None), extra
             parents[s] = key
         blocks.append(BlockAnatomy(i, start, end, full, keys, inputs, block_kind(seq.token_types[start:end])))

@@ -39,9 +39,13 @@ def extend_keys(seq, block_size: int, strategy: str, model_id: str, dtype: str):
     num_full = len(seq) // block_size
     for i in range(len(seq.truth_keys), num_full):
         parent_truth = seq.truth_keys[i - 1] if i else None
-        seq.truth_keys.append(block_key(seq, i, parent_truth, block_size, "C", model_id, dtype)[0])
+        truth_key, truth_extra = block_key(seq, i, parent_truth, block_size, "C", model_id, dtype)
+        seq.truth_keys.append(truth_key)
         if strategy == "C":
-            seq.block_keys.append(seq.truth_keys[-1])
+            seq.block_keys.append(truth_key)
+            seq.block_extras.append(truth_extra)
         elif strategy in ("A", "B"):
             parent = seq.block_keys[i - 1] if i else None
-            seq.block_keys.append(block_key(seq, i, parent, block_size, strategy, model_id, dtype)[0])
+            key, extra = block_key(seq, i, parent, block_size, strategy, model_id, dtype)
+            seq.block_keys.append(key)
+            seq.block_extras.append(extra)

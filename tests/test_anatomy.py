@@ -110,7 +110,7 @@ def test_keys_are_the_ones_the_engine_caches(engines):
         req = Request(prompt="what color is the shape?", images=[noise(200, 140, 10)])
         a = engine.anatomy(req)
         engine.generate(req, SamplingParams(max_tokens=1))
-        held = engine.block_manager.key_to_block
+        held = engine.core.block_manager.key_to_block
         assert all(k in held for k in block_keys(a, "C")) and a.strategy == "C"
         assert not any(k in held for k in block_keys(a, "A") + block_keys(a, "B"))
     finally:
@@ -131,7 +131,7 @@ def test_prefix_tree_edges_and_eviction_order(engines):
         expected = {(keys[i - 1] if i else None, keys[i]) for a in anatomies for keys in [block_keys(a, "C")]
                     for i in range(len(keys))}
         assert {(n.parent_key, n.key) for n in tree} == expected
-        bm = engine.block_manager
+        bm = engine.core.block_manager
         assert {n.key: n.block_id for n in tree} == bm.key_to_block
         by_key = {n.key: n for n in tree}
         assert all(n.parent_block == by_key[n.parent_key].block_id for n in tree if n.parent_key)

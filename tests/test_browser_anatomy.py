@@ -60,7 +60,7 @@ def test_anatomy_tab_shows_the_engine_anatomy(app, page, shots):
 
     # the same image at a smaller max_pixels: fewer tokens, C's keys change, B's keys stay where the tokens match
     page.locator("#anat-img2 button[aria-label='Remove Image']").click()
-    small = 4 * (engine.processor.image_processor.patch_size * engine.merge) ** 2 * 4
+    small = 4 * (engine.processor.image_processor.patch_size * engine.model.merge) ** 2 * 4
     page.locator("#anat-pixels input[type=number]").fill(str(small))
     page.locator("#anat-pixels input[type=number]").press("Enter")
     page.locator("#anat-show").click()
