@@ -82,9 +82,11 @@ def build_anatomy(engine, request: Request) -> Anatomy:
     seq = engine.make_sequence(request, SamplingParams(max_tokens=1))
     model, bs = engine.model, engine.config.block_size
     patch, merge = engine.processor.image_processor.patch_size, model.merge
-    images = [ImageInfo(size, (g[2] * patch, g[1] * patch), tuple(g), g[0] * g[1] * g[2], im.num_tokens,
-                        im.content_hash, im.start, patch, merge, im.settings)
-              for im, size, g in zip(seq.images, original_sizes(request), [im.grid_thw for im in seq.images])]
+    images = []
+    for im, size in zip(seq.images, original_sizes(request)):
+        t, h, w = im.grid_thw  # in patches: the resized image is exactly the grid times the patch size
+        images.append(ImageInfo(size, (w * patch, h * patch), (t, h, w), t * h * w, im.num_tokens, im.content_hash,
+                                im.start, patch, merge, im.settings))
     owner = {}  # token index -> (image index, row, col) on the merged grid
     for k, im in enumerate(seq.images):
         cols = im.grid_thw[2] // merge
@@ -92,9 +94,9 @@ def build_anatomy(engine, request: Request) -> Anatomy:
         for j in range(im.num_tokens):
             owner[im.start + j] = (k, j % per_frame // cols, j % cols)
     positions = seq.prompt_positions.T.tolist()
+    texts = token_texts(engine.tokenizer, seq.token_ids)
     tokens = [TokenInfo(i, t, text, "image" if kind else "text", *owner.get(i, (None, None, None)), tuple(pos))
-              for i, (t, text, kind, pos) in enumerate(zip(seq.token_ids, token_texts(engine.tokenizer, seq.token_ids),
-                                                           seq.token_types, positions))]
+              for i, (t, text, kind, pos) in enumerate(zip(seq.token_ids, texts, seq.token_types, positions))]
     blocks, parents = [], dict.fromkeys(KEY_STRATEGIES)
     for i in range(-(-len(seq) // bs)):  # every block the prompt touches, the last maybe partial
         start, end = i * bs, min((i + 1) * bs, len(seq))
