@@ -94,6 +94,8 @@ def tree_figure(nodes) -> go.Figure:
 def attach(holder: EngineHolder, block_map: gr.Plot) -> gr.Plot:
     """A tree view that redraws from the engine's state whenever the block map changes."""
     tree = gr.Plot(label="Prefix cache as a tree (the engine now)", elem_id="kv-tree")
+    # its own queue slot: the map's poll never waits behind a tree that waits for the engine's current step
     block_map.change(lambda: tree_figure(holder.get().prefix_tree()), None, tree, api_name=False,
-                     show_progress="hidden", trigger_mode="always_last", concurrency_id="kv_view")
+                     show_progress="hidden", trigger_mode="always_last", concurrency_id="kv_tree",
+                     concurrency_limit=1)
     return tree
