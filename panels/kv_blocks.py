@@ -10,6 +10,7 @@ import gradio as gr
 from minivlm import Request, SamplingParams
 
 from panels.chat import EXAMPLES
+from panels import prefix_tree
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
 from panels.kv_run import POLL_S, SHARED_LAUNCH_BLOCKS, Runs, live_view, view
 
@@ -77,6 +78,7 @@ def build(holder: EngineHolder):
         with gr.Column(scale=2):
             gr.Markdown("**Decision log** (newest step first; the engine's own words)")
             decisions = gr.Markdown(elem_id="kv-decisions", max_height=520, container=True)
+    prefix_tree.attach(holder, block_map)
     with gr.Row():
         n = gr.Slider(1, most_requests, value=8, step=1, label="concurrent requests", elem_id="kv-n")
         max_tokens = gr.Slider(4, most_tokens, value=48, step=1, label="tokens each (EOS ignored)",

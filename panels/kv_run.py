@@ -12,6 +12,7 @@ from minivlm.events import replay, replay_steps
 
 from panels.decisions import decision_log, frame_line, lifetime_line, run_line
 from panels.holder import EngineHolder
+from panels.paged_vs_contiguous import paging_markdown
 from panels.plots import block_map_figure, block_table
 from panels.timeline import timeline_figure
 
@@ -171,8 +172,9 @@ def view(run: Run | None, engine, step: int | None):
     """The tab's outputs for one moment: live (step=None: the engine now) or the replay of `step` of the run."""
     if run is None:
         snap = engine.snapshot()
-        return (block_map_figure(snap), block_table(snap), frame_line(snap, "live") + "<br>" + lifetime_line(snap),
-                timeline_figure([]), decision_log([]), gr.update())
+        summary = "<br>".join([frame_line(snap, "live"), lifetime_line(snap),
+                               paging_markdown(snap, engine.config.max_model_len)])
+        return (block_map_figure(snap), block_table(snap), summary, timeline_figure([]), decision_log([]), gr.update())
     events = run.all_events()
     mine = [e for e in events if e.seq > run.start_seq]
     live = run.engine.snapshot()
@@ -187,6 +189,7 @@ def view(run: Run | None, engine, step: int | None):
             snap, shows = live, f"live (no replay: {e})"
     paused = " · **engine paused: press Step or Run**" if run.engine.loop.is_paused() else ""
     summary = "<br>".join([frame_line(snap, shows) + paused, run_line(mine), lifetime_line(live),
+                           paging_markdown(snap, run.engine.config.max_model_len),
                            *[f"⚠ {e}" for e in run.errors[-3:]]])
     label = (f"replay step ({last - run.start_step} steps recorded in this run: {run.start_step}–{last}; "
              f"{run.start_step} is before the first arrival)")
