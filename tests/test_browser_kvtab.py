@@ -69,9 +69,10 @@ def test_pause_launch_step_five_times(app, page):
     page.locator("#kv-n input[type=number]").fill("4")
     page.locator("#kv-n input[type=number]").press("Tab")
     page.locator("#kv-launch").click()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
     while not engine.has_unfinished() and time.monotonic() < deadline:
         time.sleep(0.2)  # the launch reached the engine's inbox
+    assert engine.has_unfinished(), "the launch never reached the engine"
     assert engine.snapshot().step == start  # paused: nothing ran
     for i in range(1, 6):
         page.locator("#kv-step1").click()
