@@ -1,12 +1,14 @@
 """The shipped tiny Qwen3-VL: standard HF layout, loads with Auto classes, and really sees (through our Engine)."""
 import json
 import os
+import random
 
 import pytest
 import torch
 
 from tools.eval_tiny import EngineBackend, HFBackend, evaluate
-from tools.scenes import COLORS, COUNT_WORDS, SHAPES, Scene, Shape, describe, position
+from tools.scenes import (COLORS, COUNT_WORDS, SHAPES, Scene, Shape, answer_to, ask, describe, position,
+                          possible_types, random_scene)
 from tools.tiny_tokenizer import CORPUS, POSITION_WORDS, build_tokenizer
 
 MODEL_DIR = os.path.join(os.path.dirname(__file__), "..", "assets", "tiny-qwen-vl")
@@ -83,3 +85,14 @@ def test_engine_greedy_matches_hf_generate(engine_results):
     _, hf_answers = evaluate(HFBackend(MODEL_DIR), PER_TYPE, seed=TEST_SEED, types=types)
     for q in types:
         assert engine_answers[q] == hf_answers[q], q
+
+
+def test_answer_to_agrees_with_the_generated_questions():
+    for seed in range(200):
+        rng = random.Random(seed)
+        scene = random_scene(rng)
+        for qtype in possible_types(scene):
+            question, truth = ask(scene, qtype, rng)
+            assert answer_to(scene, question) == truth, (question, truth)
+    with pytest.raises(ValueError, match="not a question of the trained forms"):
+        answer_to(scene, "What is the meaning of this?")

@@ -165,6 +165,29 @@ def ask(scene: Scene, qtype: str, rng: random.Random, hard=(0.4, 0.8)):
     return f"Is there {article(color)} {color} {kind}?", answer
 
 
+def answer_to(scene: Scene, question: str) -> str:
+    """The true answer to any question of the trained forms about the scene (the app's examples use it)."""
+    for qtype in possible_types(scene):
+        for form in _FORMS[qtype](scene):
+            if form[0] == question:
+                return form[1]
+    raise ValueError(f"{question!r} is not a question of the trained forms for shapes "
+                     f"{[(s.color, s.kind) for s in scene.shapes]}")
+
+
+_FORMS = {  # every (question, answer) a type can ask about a scene
+    "color": lambda sc: [("What color is the shape?", sc.shapes[0].color)],
+    "shape": lambda sc: [("What shape is it?", sc.shapes[0].kind)],
+    "count": lambda sc: [("How many shapes are there?", COUNT_WORDS[len(sc.shapes) - 1])],
+    "color_of": lambda sc: [(f"What color is the {s.kind}?", s.color) for s in sc.shapes
+                            if [t.kind for t in sc.shapes].count(s.kind) == 1],
+    "is_there": lambda sc: [(f"Is there {article(c)} {c} {k}?", "yes" if (c, k) in {
+        (s.color, s.kind) for s in sc.shapes} else "no") for c in COLORS for k in SHAPES],
+    "describe": lambda sc: [("Describe the picture.", describe(sc))],
+    "where": lambda sc: [(f"Where is the {s.color} {s.kind}?", position(s, sc)) for s in unique_pairs(sc)],
+}
+
+
 def sample(seed: int, qtype: str = None, num_shapes: int = None):
     """A fresh (image, question, answer, qtype) from one integer seed; qtype None picks one the scene allows;
     num_shapes fixes the number of shapes (color and shape questions always have one)."""
