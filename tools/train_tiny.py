@@ -88,7 +88,7 @@ def conversation(rng: random.Random, step: int, args):
     table = weights_at(step, args)
     weights = [table.get(t, 0.0) for t in types]
     hard = (0.1, 0.9) if step >= args.bind_from or args.init else (0.4, 0.8)
-    turns = rng.choice([1, 1, 2, 3])
+    turns = rng.choice([2, 3, 4] if args.init else [1, 1, 2, 3])  # fine-tuning: more answers per image
     messages = []
     for i in range(turns):
         question, answer = ask(scene, rng.choices(types, weights)[0], rng, hard)
@@ -191,7 +191,7 @@ def main():
     p.add_argument("--stop-at", type=int, default=None, help="stop (with a checkpoint) before --steps")
     p.add_argument("--aux-weight", type=float, default=0.5)
     p.add_argument("--init", default=None, help="fine-tune this trained checkpoint on DESCRIBE_WEIGHTS")
-    p.add_argument("--position-weight", type=float, default=0.5, help="aux loss on positions (with --init)")
+    p.add_argument("--position-weight", type=float, default=1.0, help="aux loss on positions (with --init)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every-s", type=float, default=180)
@@ -232,9 +232,10 @@ def main():
         lm_loss = model(**batch).loss
         # dense per-token shape (and position) labels give the ViT a direct signal (the heads are not shipped)
         aux = torch.nn.functional.cross_entropy(aux_head["kind"](captured["tokens"]), token_truth[:, 0])
-        if args.init:
+        if args.init:  # position of the shape a token lies in (background tokens have none)
+            where = token_truth[:, 1].masked_fill(token_truth[:, 1] == len(POSITIONS), -100)
             aux = aux + args.position_weight / args.aux_weight * torch.nn.functional.cross_entropy(
-                aux_head["position"](captured["tokens"]), token_truth[:, 1])
+                aux_head["position"](captured["tokens"]), where)
         opt.zero_grad(set_to_none=True)
         (lm_loss + args.aux_weight * aux).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
