@@ -17,7 +17,7 @@ from transformers import Qwen3VLForConditionalGeneration
 
 from minivlm.processor import load_processor
 from tools.make_checkpoint import save_processor, tiny_config
-from tools.scenes import QUESTION_TYPES, ROWS, SHAPES, ask, position, possible_types, random_scene, render, sample
+from tools.scenes import QUESTION_TYPES, SHAPES, ask, possible_types, random_scene, render, sample
 from tools.tiny_tokenizer import build_tokenizer, extend_tokenizer
 
 FAMILY = "qwen3_vl"
@@ -34,8 +34,6 @@ BIND_WEIGHTS = {"color": 0.3, "shape": 0.5, "count": 0.3, "color_of": 1.5, "is_t
 # fine-tuning a trained model (--init) on descriptions and positions, replaying the five one-word types
 DESCRIBE_WEIGHTS = {"color": 0.3, "shape": 0.5, "count": 0.5, "color_of": 1.0, "is_there": 2.0, "describe": 4.0,
                     "where": 3.0}
-POSITIONS = [f"{r} {c}" for r in ROWS for c in ("left", "center", "right")]
-POSITIONS[4] = "center"
 
 
 def weights_at(step: int, args) -> dict:
@@ -98,19 +96,24 @@ def conversation(rng: random.Random, step: int, args):
 
 
 def token_labels(scene, grid_thw, patch: int = PATCH) -> torch.Tensor:
-    """Per merged vision token (row-major), of the shape whose box holds its centre: kind index (3 if background)
-    and position index in POSITIONS (9 if background)."""
+    """Per merged vision token (row-major): the index of the shape kind whose box holds its centre (3 if
+    background), the token's own centre and the centre of the box it lies in (its own if background), both as
+    fractions of the canvas's width and height."""
     _, gh, gw = (int(v) for v in grid_thw)
     rows, cols = gh // 2, gw // 2
     sx, sy = scene.width / (gw * patch), scene.height / (gh * patch)
-    labels = torch.tensor([len(SHAPES), len(POSITIONS)]).repeat(rows, cols, 1)
+    labels = torch.zeros(rows, cols, 5)
     for r in range(rows):
         for c in range(cols):
             x, y = (c + 0.5) * 2 * patch * sx, (r + 0.5) * 2 * patch * sy
+            labels[r, c] = torch.tensor([len(SHAPES), x, y, x, y])
             for sh in scene.shapes:
                 if sh.x <= x < sh.x + sh.side and sh.y <= y < sh.y + sh.side:
-                    labels[r, c] = torch.tensor([SHAPES.index(sh.kind), POSITIONS.index(position(sh, scene))])
-    return labels.reshape(-1, 2)
+                    labels[r, c] = torch.tensor([SHAPES.index(sh.kind), x, y, sh.x + sh.side / 2,
+                                                 sh.y + sh.side / 2])
+    labels[..., 1::2] /= scene.width
+    labels[..., 2::2] /= scene.height
+    return labels.reshape(-1, 5)
 
 
 def answer_labels(input_ids: torch.Tensor, prefix: list, end_id: int) -> torch.Tensor:
@@ -191,7 +194,7 @@ def main():
     p.add_argument("--stop-at", type=int, default=None, help="stop (with a checkpoint) before --steps")
     p.add_argument("--aux-weight", type=float, default=0.5)
     p.add_argument("--init", default=None, help="fine-tune this trained checkpoint on DESCRIBE_WEIGHTS")
-    p.add_argument("--position-weight", type=float, default=1.0, help="aux loss on positions (with --init)")
+    p.add_argument("--position-weight", type=float, default=10.0, help="aux loss on positions (with --init)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every-s", type=float, default=180)
@@ -206,7 +209,7 @@ def main():
     model.model.visual.register_forward_hook(lambda m, i, out: captured.update(tokens=out.pooler_output))
     hidden = model.config.text_config.hidden_size
     aux_head = torch.nn.ModuleDict({"kind": torch.nn.Linear(hidden, len(SHAPES) + 1),
-                                    "position": torch.nn.Linear(hidden, len(POSITIONS) + 1)})
+                                    "position": torch.nn.Linear(hidden, 4)})
     vision = [p for n, p in model.named_parameters() if ".visual." in f".{n}"] + list(aux_head.parameters())
     text = [p for n, p in model.named_parameters() if ".visual." not in f".{n}"]
     opt = torch.optim.AdamW([{"params": vision, "lr": args.vision_lr}, {"params": text, "lr": args.lr}],
@@ -231,11 +234,10 @@ def main():
         batch, token_truth = make_batch(processor, step, args)
         lm_loss = model(**batch).loss
         # dense per-token shape (and position) labels give the ViT a direct signal (the heads are not shipped)
-        aux = torch.nn.functional.cross_entropy(aux_head["kind"](captured["tokens"]), token_truth[:, 0])
-        if args.init:  # position of the shape a token lies in (background tokens have none)
-            where = token_truth[:, 1].masked_fill(token_truth[:, 1] == len(POSITIONS), -100)
-            aux = aux + args.position_weight / args.aux_weight * torch.nn.functional.cross_entropy(
-                aux_head["position"](captured["tokens"]), where)
+        aux = torch.nn.functional.cross_entropy(aux_head["kind"](captured["tokens"]), token_truth[:, 0].long())
+        if args.init:  # where the token is and where the centre of its shape is, regressed
+            aux = aux + args.position_weight / args.aux_weight * torch.nn.functional.mse_loss(
+                aux_head["position"](captured["tokens"]), token_truth[:, 1:])
         opt.zero_grad(set_to_none=True)
         (lm_loss + args.aux_weight * aux).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
