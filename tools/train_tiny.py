@@ -154,7 +154,7 @@ VALID_SEED = 10**9  # the probe's validation stream (eval_tiny --seed VALID_SEED
 
 
 @torch.no_grad()
-def probe(model, processor, per_type: int = 30):
+def probe(model, processor, per_type: int = 30, device: str = "cpu"):
     """Teacher-forced exact match per question type on fixed validation scenes: every answer token and the
     closing <|im_end|> must be the argmax, which is exactly when greedy decoding returns the true answer."""
     model.eval()
@@ -166,11 +166,37 @@ def probe(model, processor, per_type: int = 30):
             "type": "text", "text": q}]}, {"role": "assistant", "content": a}], tokenize=False)
             for _, q, a, _ in items]
         batch = processor(text=texts, images=[im for im, _, _, _ in items], padding=True, return_tensors="pt")
-        labels = answer_labels(batch["input_ids"], prefix, end_id)[:, 1:]
+        batch = batch.to(device)
+        labels = answer_labels(batch["input_ids"].cpu(), prefix, end_id)[:, 1:].to(device)
         hit = (model(**batch).logits[:, :-1].argmax(-1) == labels) | (labels == -100)
         acc[qtype if num is None else f"{qtype}_{num}"] = hit.all(-1).float().mean().item()
     model.train()
     return acc
+
+
+class StepBatches(torch.utils.data.Dataset):
+    """Batches of steps start..stop-1, so DataLoader workers can build them ahead (each a pure function of
+    (seed, step), whichever worker builds it)."""
+
+    def __init__(self, processor, args, start: int, stop: int):
+        self.processor, self.args, self.start, self.stop = processor, args, start, stop
+
+    def __len__(self):
+        return max(0, self.stop - self.start)
+
+    def __getitem__(self, i):
+        return make_batch(self.processor, self.start + i, self.args)
+
+
+def losses_of(model, aux_head, batch, token_truth, captured, args):
+    """The answer tokens' loss and the vision tokens' auxiliary loss of one batch."""
+    lm_loss = model(**batch).loss
+    # dense per-token shape (and position) labels give the ViT a direct signal (the heads are not shipped)
+    aux = torch.nn.functional.cross_entropy(aux_head["kind"](captured["tokens"]), token_truth[:, 0].long())
+    if args.init:  # where the token is and where the centre of its shape is, regressed
+        aux = aux + args.position_weight / args.aux_weight * torch.nn.functional.mse_loss(
+            aux_head["position"](captured["tokens"]), token_truth[:, 1:])
+    return lm_loss, aux
 
 
 def lr_scale(step: int, warmup: int, total: int) -> float:
@@ -199,6 +225,8 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every-s", type=float, default=180)
     p.add_argument("--probe-every", type=int, default=150)
+    p.add_argument("--device", default="cpu", help="e.g. cuda: the batches are the same, only the arithmetic moves")
+    p.add_argument("--workers", type=int, default=0, help="processes building batches ahead (0: in the loop)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     tokenizer, model = build_model(args.seed, args.init)
@@ -210,6 +238,8 @@ def main():
     hidden = model.config.text_config.hidden_size
     aux_head = torch.nn.ModuleDict({"kind": torch.nn.Linear(hidden, len(SHAPES) + 1),
                                     "position": torch.nn.Linear(hidden, 4)})
+    model.to(args.device)
+    aux_head.to(args.device)
     vision = [p for n, p in model.named_parameters() if ".visual." in f".{n}"] + list(aux_head.parameters())
     text = [p for n, p in model.named_parameters() if ".visual." not in f".{n}"]
     opt = torch.optim.AdamW([{"params": vision, "lr": args.vision_lr}, {"params": text, "lr": args.lr}],
@@ -217,7 +247,7 @@ def main():
     base_lrs = [args.vision_lr, args.lr]
     ckpt_path, step, best = os.path.join(args.out, "ckpt.pt"), 0, -1.0
     if os.path.exists(ckpt_path):
-        state = torch.load(ckpt_path, weights_only=False)
+        state = torch.load(ckpt_path, weights_only=False, map_location=args.device)
         model.load_state_dict(state["model"])
         aux_head.load_state_dict(state["aux_head"])
         opt.load_state_dict(state["opt"])
@@ -228,16 +258,12 @@ def main():
     model.train()
     last_save, t0, losses = time.time(), time.time(), []
     stop = min(args.stop_at or args.steps, args.steps)
-    while step < stop:
+    batches = torch.utils.data.DataLoader(StepBatches(processor, args, step, stop), batch_size=None,
+                                          num_workers=args.workers, prefetch_factor=8 if args.workers else None)
+    for batch, token_truth in batches:
         for group, base in zip(opt.param_groups, base_lrs):
             group["lr"] = base * lr_scale(step, args.warmup, args.steps)
-        batch, token_truth = make_batch(processor, step, args)
-        lm_loss = model(**batch).loss
-        # dense per-token shape (and position) labels give the ViT a direct signal (the heads are not shipped)
-        aux = torch.nn.functional.cross_entropy(aux_head["kind"](captured["tokens"]), token_truth[:, 0].long())
-        if args.init:  # where the token is and where the centre of its shape is, regressed
-            aux = aux + args.position_weight / args.aux_weight * torch.nn.functional.mse_loss(
-                aux_head["position"](captured["tokens"]), token_truth[:, 1:])
+        lm_loss, aux = losses_of(model, aux_head, batch.to(args.device), token_truth.to(args.device), captured, args)
         opt.zero_grad(set_to_none=True)
         (lm_loss + args.aux_weight * aux).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -249,7 +275,7 @@ def main():
             print(f"step {step} loss {lm:.4f} aux {ax:.4f} {(time.time() - t0) / 25:.2f}s/step", flush=True)
             losses, t0 = [], time.time()
         if step % args.probe_every == 0 or step == args.steps:
-            acc = probe(model, processor)
+            acc = probe(model, processor, device=args.device)
             mean = sum(acc.values()) / len(acc)
             print(f"probe step {step} " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()) + f" mean={mean:.3f}",
                   flush=True)
