@@ -9,21 +9,20 @@ import torch
 from tools.eval_tiny import EngineBackend, HFBackend, evaluate
 from tools.scenes import (COLORS, COUNT_WORDS, SHAPES, Scene, Shape, answer_to, ask, describe, position,
                           possible_types, random_scene)
-from tools.tiny_tokenizer import CORPUS, POSITION_WORDS, build_tokenizer
+from tools.tiny_tokenizer import CORPUS, POSITION_WORDS, build_tokenizer, extend_tokenizer
 
 MODEL_DIR = os.path.join(os.path.dirname(__file__), "..", "assets", "tiny-qwen-vl")
-# a few points under the model card's measured table (targets: colour 98, shape 90, count 90, colour-of 85,
-# is-there 85, where 90, describe 95 / 85 / 70 with 1 / 2 / 3 shapes)
-THRESHOLDS = {"color": 0.95, "shape": 0.85, "count": 0.85, "color_of": 0.80, "is_there": 0.80, "where": 0.80,
-              "describe_1": 0.85, "describe_2": 0.75, "describe_3": 0.55, "follow_up": 0.75}
-PER_TYPE = 12  # x 10 rows = 120 fresh scenes
+# the rows the shipped model was trained for, a few points under the model card's table (its targets: colour 98,
+# shape 90, count 90, colour-of 85, is-there 85); follow-ups ask questions of these types
+THRESHOLDS = {"color": 0.95, "shape": 0.85, "count": 0.85, "color_of": 0.80, "is_there": 0.80, "follow_up": 0.75}
+PER_TYPE = 20  # x 6 rows = 120 fresh scenes
 TEST_SEED = 9_100_000  # disjoint from eval_tiny's streams and from training's
 
 
 @pytest.fixture(scope="module")
 def engine_results():
     torch.set_num_threads(2)
-    return evaluate(EngineBackend(MODEL_DIR), PER_TYPE, seed=TEST_SEED)
+    return evaluate(EngineBackend(MODEL_DIR), PER_TYPE, seed=TEST_SEED, types=list(THRESHOLDS))
 
 
 def test_checkpoint_files_are_standard_and_small():
@@ -43,21 +42,21 @@ def test_loads_with_auto_classes_and_answer_words_are_single_tokens():
     model = AutoModelForImageTextToText.from_pretrained(MODEL_DIR)
     assert type(model).__name__ == "Qwen3VLForConditionalGeneration"
     assert sum(p.numel() for p in model.parameters()) > 1_000_000
-    # every answer word is one token, at the start of an answer and (colours, shapes, positions) after a space
-    spaced = [" " + w for w in (*COLORS, *SHAPES)] + [w for w in POSITION_WORDS if w.startswith(" ")]
-    for word in (*COLORS, *SHAPES, *COUNT_WORDS, "yes", "no", "top", "middle", "bottom", "center", *spaced):
-        assert len(processor.tokenizer(word).input_ids) == 1, word
+    for word in (*COLORS, *SHAPES, *COUNT_WORDS, "yes", "no", *(" " + w for w in (*COLORS, *SHAPES))):
+        assert len(processor.tokenizer(word).input_ids) == 1, word  # at an answer's start and after a space
     assert processor.tokenizer.chat_template
     assert model.get_input_embeddings().weight.shape[0] == len(processor.tokenizer)
 
 
-def test_extended_tokenizer_keeps_the_first_models_ids():
-    import minivlm.processor  # noqa: F401
-    from transformers import AutoProcessor
-    shipped, first = AutoProcessor.from_pretrained(MODEL_DIR).tokenizer, build_tokenizer()
-    for text in CORPUS:
-        assert shipped(text).input_ids == first(text).input_ids, text
-    assert shipped.get_vocab().items() >= first.get_vocab().items()
+def test_extended_tokenizer_keeps_every_id_and_makes_position_words_one_token():
+    first = build_tokenizer()
+    extended = extend_tokenizer(first)
+    for text in CORPUS + ["<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Is there an orange cat?"]:
+        assert extended(text).input_ids == first(text).input_ids, text
+    assert extended.get_vocab().items() >= first.get_vocab().items()
+    for word in POSITION_WORDS:
+        assert len(extended(word).input_ids) == 1, word
+    assert len(extended("purple triangle at the top right and red circle at the center").input_ids) == 12
 
 
 def test_positions_and_descriptions_follow_the_thirds_rule():
@@ -81,8 +80,8 @@ def test_engine_is_accurate_on_fresh_scenes(engine_results):
 
 def test_engine_greedy_matches_hf_generate(engine_results):
     _, engine_answers = engine_results
-    types = ("shape", "is_there", "where", "describe_3", "follow_up")
-    _, hf_answers = evaluate(HFBackend(MODEL_DIR), PER_TYPE, seed=TEST_SEED, types=types)
+    types = ("shape", "is_there", "follow_up")
+    _, hf_answers = evaluate(HFBackend(MODEL_DIR), PER_TYPE, seed=TEST_SEED, types=types, asked=set(THRESHOLDS))
     for q in types:
         assert engine_answers[q] == hf_answers[q], q
 

@@ -34,9 +34,9 @@ def chat(image, turns):
     return messages
 
 
-def items(row: str, n: int, seed: int):
+def items(row: str, n: int, seed: int, asked=QUESTION_TYPES):
     """n fresh (messages, truth) pairs for a row of ROWS; follow_up chats carry a first turn answered with the
-    truth."""
+    truth, both questions of the types in `asked`."""
     index, (_, qtype, num) = next((i, r) for i, r in enumerate(ROWS) if r[0] == row)
     out = []
     for i in range(n):
@@ -47,8 +47,9 @@ def items(row: str, n: int, seed: int):
             continue
         rng = random.Random(s)
         scene = random_scene(rng)
-        first = ask(scene, rng.choice(possible_types(scene)), rng)
-        question, answer = ask(scene, rng.choice(possible_types(scene)), rng)
+        types = [t for t in possible_types(scene) if t in asked]
+        first = ask(scene, rng.choice(types), rng)
+        question, answer = ask(scene, rng.choice(types), rng)
         out.append((chat(render(scene), [first, (question, None)]), answer))
     return out
 
@@ -100,11 +101,14 @@ class EngineBackend:
         self.engine.close()
 
 
-def evaluate(backend, per_type: int, seed: int = EVAL_SEED, types=None):
-    """{row: (accuracy, n)} and the answers given, on fresh scenes (`types`: row names, default all ROWS)."""
+def evaluate(backend, per_type: int, seed: int = EVAL_SEED, types=None, asked=None):
+    """{row: (accuracy, n)} and the answers given, on fresh scenes (`types`: row names, default all ROWS;
+    follow_up asks questions of the types in `asked`, by default those of the other rows)."""
     table, answers = {}, {}
-    for qtype in types or [name for name, _, _ in ROWS]:
-        data = items(qtype, per_type, seed)
+    types = types or [name for name, _, _ in ROWS]
+    asked = asked or {qtype for name, qtype, _ in ROWS if name in types}
+    for qtype in types:
+        data = items(qtype, per_type, seed, asked)
         got = backend.answer([m for m, _ in data])
         table[qtype] = (sum(g == truth for g, (_, truth) in zip(got, data)) / len(data), len(data))
         answers[qtype] = got
