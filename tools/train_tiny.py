@@ -1,9 +1,13 @@
 """Train the tiny Qwen3-VL on synthetic shape scenes generated on the fly (seeded, resumable).
 
     nice -n 10 python -m tools.train_tiny --out runs/tiny --steps 8000
+    nice -n 10 python -m tools.train_tiny --init assets/tiny-qwen-vl --out runs/describe --steps 1300
 
-(the exact sequence of invocations behind the shipped weights is in assets/tiny-qwen-vl/README.md). Every batch is a pure function of (seed, step), so a run resumed from its checkpoint sees the same data as an
-uninterrupted one. The loss covers only the assistant answers and their <|im_end|>.
+The first trains from scratch on the five one-word question types (the exact invocations behind the shipped
+weights are in assets/tiny-qwen-vl/README.md); the second fine-tunes a trained checkpoint on descriptions and
+positions as well (tools/checkpoints/README.md). Every batch is a pure function of (seed, step), so a run resumed
+from its checkpoint sees the same data as an uninterrupted one. The loss covers only the assistant answers and
+their <|im_end|>.
 """
 import argparse
 import json
@@ -274,7 +278,7 @@ def main():
             lm, ax = (sum(v) / len(losses) for v in zip(*losses))
             print(f"step {step} loss {lm:.4f} aux {ax:.4f} {(time.time() - t0) / 25:.2f}s/step", flush=True)
             losses, t0 = [], time.time()
-        if step % args.probe_every == 0 or step == args.steps:
+        if step % args.probe_every == 0 or step == stop:  # a run always ends with an export
             acc = probe(model, processor, device=args.device)
             mean = sum(acc.values()) / len(acc)
             print(f"probe step {step} " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()) + f" mean={mean:.3f}",
