@@ -6,8 +6,9 @@ import os
 import gradio as gr
 
 from panels.holder import EXAMPLES_DIR, EngineHolder  # first: it imports `spaces` (ZeroGPU) before torch
-from panels import cache_inspector, chat, header, kv_blocks, vram
+from panels import anatomy, cache_inspector, chat, header, kv_blocks, vram
 from minivlm import EngineConfig
+from minivlm.api import ApiSettings, create_router
 
 QUEUE_MAX_SIZE = 64  # beyond this many waiting events the page says the app is busy
 TINY_MODEL_BLOCKS = 256  # the tiny model's pool is pinned small so the block map stays readable and fills up
@@ -33,6 +34,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
+    p.add_argument("--api-key", action="append", default=None,
+                   help="Bearer key the HTTP API (/v1) requires; repeatable (default: $MINIVLM_API_KEY). On a shared "
+                        "deployment the API is off without one")
+    p.add_argument("--allowed-media-domains", nargs="*", default=[],
+                   help="domains the API may fetch http(s) image URLs from (default: none, data: URLs only)")
     return p.parse_args(argv)
 
 
@@ -43,7 +49,9 @@ def build_app(holder: EngineHolder) -> gr.Blocks:
         header.build(holder)
         with gr.Tabs():
             with gr.Tab("Chat", id="chat"):
-                chat.build(holder)
+                chatbot = chat.build(holder)
+            with gr.Tab("Anatomy", id="anatomy") as anatomy_tab:
+                anatomy.build(holder, anatomy_tab, chatbot)
             with gr.Tab("KV blocks (live)", id="kv"):
                 kv_blocks.build(holder)
             with gr.Tab("Cache inspector", id="inspector"):
@@ -57,11 +65,14 @@ def build_app(holder: EngineHolder) -> gr.Blocks:
 
 
 def serve(holder: EngineHolder, host: str = "127.0.0.1", port: int = 7860, share: bool = False,
-          block: bool = True) -> gr.Blocks:
-    """Build the UI and start serving it (block=False returns at once, for tests)."""
+          block: bool = True, api: ApiSettings | None = None) -> gr.Blocks:
+    """Build the UI and serve it with the HTTP API (/v1, /metrics) on the same port (block=False returns at once,
+    for tests). The API always uses the holder's current engine."""
     demo = build_app(holder)
+    api_routes = create_router(holder.get, api or ApiSettings(shared=holder.shared)).routes
     demo.launch(server_name=host, server_port=port, share=share, css=CSS, allowed_paths=[EXAMPLES_DIR],
-                 theme=gr.themes.Soft(), prevent_thread_lock=not block, quiet=not block)
+                theme=gr.themes.Soft(), prevent_thread_lock=not block, quiet=not block,
+                app_kwargs={"routes": api_routes})  # Gradio's FastAPI app starts with the API's routes
     return demo
 
 
@@ -75,7 +86,11 @@ def main(argv=None):
                           block_size=args.block_size, num_blocks=num_blocks or None, max_model_len=args.max_model_len)
     holder = EngineHolder(config, shared=args.shared or bool(os.environ.get("SPACE_ID")))
     print(holder.load(), flush=True)
-    serve(holder, args.host, args.port, args.share)
+    keys = args.api_key or [k for k in os.environ.get("MINIVLM_API_KEY", "").split(",") if k]
+    api = ApiSettings(keys, holder.shared, [d.lower() for d in args.allowed_media_domains])
+    print(f"HTTP API at /v1 (OpenAI format) and /metrics: {'key required' if keys else 'no key'}" if api.enabled
+          else "HTTP API off (a shared deployment needs --api-key or MINIVLM_API_KEY)", flush=True)
+    serve(holder, args.host, args.port, args.share, api=api)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ class Block:
         self.ref_count = 0
         self.key: str | None = None       # prefix-cache key under the engine's strategy
         self.truth: str | None = None     # strategy-C key of the content actually stored here
+        self.parent: str | None = None    # key of the block before it in its chain (an edge of the prefix tree)
         self.token_ids: list[int] = []
         self.kind = "free"                # text | image | mixed, remembered for cached-but-free blocks
 
@@ -55,7 +56,8 @@ class BlockManager:
         return self.blocks_needed(len(seq)) - len(hits) + revived <= self.num_free
 
     def allocate(self, seq):
-        """Give seq a block table for all its tokens: cache hits first (shared), fresh blocks for the rest."""
+        """Give seq a block table for all its tokens: cache hits first (shared), fresh blocks for the rest. The
+        scheduler publishes the fresh blocks as the steps that fill them are scheduled (publish)."""
         assert not seq.block_table
         hits = self.match_prefix(seq)
         cache_hits = []
@@ -80,21 +82,27 @@ class BlockManager:
         fresh = [self._take_free() for _ in range(len(hits), self.blocks_needed(len(seq)))]
         seq.block_table += fresh
         self.events.emit("allocated", seq.request_id, block_ids=fresh)
-        for i in range(len(hits), len(seq.block_table)):
-            self.register(seq, i)  # computed in this very step, before anyone can read it
+
+    def publish(self, seq, end: int):
+        """Register the full blocks that computing seq's tokens [num_computed, end) completes."""
+        for i in range(seq.num_computed // self.block_size, end // self.block_size):
+            self.register(seq, i)
 
     def register(self, seq, i: int):
         """Publish full block i of seq under its key (its K/V are written in the current step)."""
         if not self.caching or i >= len(seq.block_keys):
             return
         block = self.blocks[seq.block_table[i]]
+        if block.key == seq.block_keys[i]:
+            return  # already published (a cache hit, or a recomputed block that kept its key)
         block.key, block.truth = seq.block_keys[i], seq.truth_keys[i]
+        block.parent = seq.block_keys[i - 1] if i else None
         block.token_ids = seq.block_tokens(i, self.block_size)
         block.kind = block_kind(seq.token_types[i * self.block_size:(i + 1) * self.block_size])
         self.key_to_block.setdefault(block.key, block.block_id)
         self.dirty.add(block.block_id)
         self.events.emit("BlockStored", seq.request_id, block_ids=[block.block_id], block_hashes=[block.key],
-                         parent_block_hash=seq.block_keys[i - 1] if i else None, token_ids=block.token_ids,
+                         parent_block_hash=block.parent, token_ids=block.token_ids,
                          extra_keys=seq.block_extras[i], block_kind=block.kind)
 
     def _take_free(self) -> int:

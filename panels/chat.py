@@ -61,7 +61,7 @@ def refuse(history: list[dict], error: Exception):
 
 
 def build(holder: EngineHolder):
-    """Lay out the chat tab and wire its events (api names: chat, stop)."""
+    """Lay out the chat tab and wire its events (api names: chat, stop); returns the chatbot (its history)."""
     active: dict[str, str] = {}  # session -> request id now streaming, so Stop can abort exactly that one
     active_lock = threading.Lock()
     chatbot = gr.Chatbot(label="minivlm", height=440, elem_id="chatbot")
@@ -135,4 +135,5 @@ def build(holder: EngineHolder):
                concurrency_limit=holder.config.max_num_seqs)
     stop.click(stop_request, None, None, api_name="stop", queue=False)
     clear.click(lambda: ([], None, ""), None, [chatbot, box, stats], api_name=False, queue=False)
+    return chatbot
 

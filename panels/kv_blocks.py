@@ -10,6 +10,8 @@ from minivlm import Request, SamplingParams
 
 from panels.chat import EXAMPLES
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
+from panels import prefix_tree
+from panels.paged_vs_contiguous import paging_markdown
 from panels.plots import block_map_figure, block_table, snapshot_summary
 
 RENDER_SHARE = 0.02  # live rendering may take at most 2 % of wall time while the engine decodes,
@@ -17,9 +19,10 @@ LIVE_INTERVAL = 0.5  # and happens at most twice a second (the replay shows ever
 KEPT_TIMELINES = 8   # sessions whose last run stays replayable
 
 
-def render(snap):
-    """A snapshot as the tab's three outputs."""
-    return block_map_figure(snap), block_table(snap), snapshot_summary(snap)
+def render(snap, max_model_len: int | None = None):
+    """A snapshot as the tab's three outputs (with max_model_len the summary adds paged vs contiguous)."""
+    paging = "<br>" + paging_markdown(snap, max_model_len) if max_model_len else ""
+    return block_map_figure(snap), block_table(snap), snapshot_summary(snap) + paging
 
 
 class Throttle:
@@ -81,6 +84,7 @@ def build(holder: EngineHolder):
         refresh = gr.Button("Refresh now", size="sm")
     summary = gr.Markdown(elem_id="kv-summary")
     block_map = gr.Plot(label="Physical KV blocks", elem_id="kv-map")
+    prefix_tree.attach(holder, block_map)
     with gr.Row():
         n = gr.Slider(1, 32, value=8, step=1, label="concurrent requests")
         max_tokens = gr.Slider(4, 256, value=48, step=1, label="tokens each (EOS ignored)")
@@ -92,7 +96,7 @@ def build(holder: EngineHolder):
 
     def current():
         snap = holder.get().snapshot()
-        return (*render(snap), snap.step)
+        return (*render(snap, holder.config.max_model_len), snap.step)
 
     def poll(is_live, seen, request: gr.Request):
         if not is_live or (request and request.session_hash in launching):
@@ -100,7 +104,7 @@ def build(holder: EngineHolder):
         snap = holder.get().snapshot()
         if snap.step == seen:
             return gr.skip(), gr.skip(), gr.skip(), seen
-        return (*render(snap), snap.step)
+        return (*render(snap, holder.config.max_model_len), snap.step)
 
     @gpu
     def run(count, n_tokens, request: gr.Request):
@@ -114,7 +118,7 @@ def build(holder: EngineHolder):
             for kind, *data in record_run(engine, requests, params, throttle):
                 if kind == "live":
                     t0 = time.thread_time()
-                    frame = render(data[0])
+                    frame = render(data[0], holder.config.max_model_len)
                     throttle.spent(time.thread_time() - t0)
                     yield *frame, gr.skip(), data[0].step
         finally:
@@ -123,7 +127,7 @@ def build(holder: EngineHolder):
         for e in errors:
             gr.Warning(e)
         if not timeline:
-            yield *render(engine.snapshot()), gr.skip(), -1
+            yield *render(engine.snapshot(), holder.config.max_model_len), gr.skip(), -1
             return
         timelines[session] = timeline
         timelines.move_to_end(session)
@@ -134,14 +138,14 @@ def build(holder: EngineHolder):
                            label=f"replay step ({len(timeline)} steps recorded, "
                                  f"{timeline[-1].num_preemptions - preempted_before} preemptions; "
                                  f"showing the fullest step)")
-        yield *render(busiest), slider, busiest.step
+        yield *render(busiest, holder.config.max_model_len), slider, busiest.step
 
     def replay(value, request: gr.Request):
         timeline = timelines.get(request.session_hash if request else "", [])
         if not timeline:
             raise gr.Error("Launch a run first: replay shows the steps of your last run.")
         snap = next((s for s in reversed(timeline) if s.step <= value), timeline[0])
-        return render(snap)
+        return render(snap, holder.config.max_model_len)
 
     outs = [block_map, table, summary]
     timer.tick(poll, [live, last_step], outs + [last_step], api_name=False, show_progress="hidden",
