@@ -35,10 +35,20 @@ def chat(image, turns):
     return messages
 
 
+def _row(name: str):
+    """(seed index, question type, number of shapes) of a row name, or of a bare question type (1-3 shapes)."""
+    for index, (row, qtype, num) in enumerate(ROWS):
+        if row == name:
+            return index, qtype, num
+    if name in QUESTION_TYPES:
+        return len(ROWS) + QUESTION_TYPES.index(name), name, None
+    raise ValueError(f"unknown row {name!r}; rows are {[r for r, _, _ in ROWS]}")
+
+
 def items(row: str, n: int, seed: int, asked=QUESTION_TYPES):
-    """n fresh (messages, truth) pairs for a row of ROWS; follow_up chats carry a first turn answered with the
+    """n fresh (messages, truth) pairs for a row of ROWS (or a question type); follow_up chats carry a first turn answered with the
     truth, both questions of the types in `asked`."""
-    index, (_, qtype, num) = next((i, r) for i, r in enumerate(ROWS) if r[0] == row)
+    index, qtype, num = _row(row)
     out = []
     for i in range(n):
         s = seed + 100_000 * index + i
