@@ -64,7 +64,8 @@ def build_model(seed: int, init: str = None):
     with torch.no_grad():
         emb = model.get_input_embeddings().weight
         for i in range(n_old, len(tokenizer)):
-            emb[i] = emb[old(tokenizer.convert_tokens_to_string([tokenizer.convert_ids_to_tokens(i)])).input_ids].mean(0)
+            word = tokenizer.convert_tokens_to_string([tokenizer.convert_ids_to_tokens(i)])
+            emb[i] = emb[old(word).input_ids].mean(0)
     return tokenizer, model
 
 
@@ -154,7 +155,7 @@ def make_batch(processor, step: int, args):
 
 
 PROBE_ROWS = [(q, None) for q in QUESTION_TYPES if q != "describe"] + [("describe", n) for n in (1, 2, 3)]
-VALID_SEED = 10**9  # the probe's validation stream (eval_tiny --seed VALID_SEED picks checkpoints on it too)
+VALID_SEED = 10**9  # the probe's validation stream (eval_tiny --split valid draws from another one)
 
 
 @torch.no_grad()
