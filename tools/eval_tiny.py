@@ -46,8 +46,8 @@ def _row(name: str):
 
 
 def items(row: str, n: int, seed: int, asked=QUESTION_TYPES):
-    """n fresh (messages, truth) pairs for a row of ROWS (or a question type); follow_up chats carry a first turn answered with the
-    truth, both questions of the types in `asked`."""
+    """n fresh (messages, truth) pairs for a row of ROWS (or a question type); follow_up chats carry a first
+    turn answered with the truth, both questions of the types in `asked`."""
     index, qtype, num = _row(row)
     out = []
     for i in range(n):

@@ -132,7 +132,8 @@ def possible_types(scene: Scene):
 
 def ask(scene: Scene, qtype: str, rng: random.Random, hard=(0.4, 0.8)):
     """One (question, answer) of type qtype about the scene, exact phrasing, lowercase answer (one word for the
-    first five types, a position for "where", a sentence for "describe"); a "no" to is_there keeps a present shape's colour with probability hard[0], its kind with hard[1] - hard[0]."""
+    first five types, a position for "where", a sentence for "describe"); a "no" to is_there keeps a present
+    shape's colour with probability hard[0], its kind with hard[1] - hard[0]."""
     kinds = [s.kind for s in scene.shapes]
     if qtype not in possible_types(scene):
         raise ValueError(f"question type {qtype!r} is not defined for a scene with shapes {kinds}")
