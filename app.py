@@ -5,11 +5,14 @@ import os
 
 import gradio as gr
 
-from panels.holder import EXAMPLES_DIR, EngineHolder  # first: it imports `spaces` (ZeroGPU) before torch
+from panels.holder import EXAMPLES_DIR, OPERATOR_TOKEN_ENV, EngineHolder  # first: imports `spaces` before torch
 from panels import cache_inspector, chat, header, kv_blocks, vram
 from minivlm import EngineConfig
+from minivlm.config import DEVICES, DTYPES, STRATEGIES
 
 QUEUE_MAX_SIZE = 64  # beyond this many waiting events the page says the app is busy
+MAX_FILE_SIZE = "10mb"  # uploads above this are refused (HTTP 413) before they reach the disk's cache
+UPLOAD_TTL_S = 3600  # uploaded and generated temp files older than this are deleted (checked as often)
 TINY_MODEL_BLOCKS = 256  # the tiny model's pool is pinned small so the block map stays readable and fills up
 CSS = """
 #device-picker label[data-testid*="unavailable"] { opacity: 0.45; pointer-events: none; }
@@ -20,27 +23,33 @@ CSS = """
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="minivlm: a paged-KV Qwen-VL engine with a teaching UI")
     p.add_argument("--model", default=EngineConfig().model, help="local HF checkpoint dir or hub id (default: tiny)")
-    p.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--strategy", default="C", choices=["none", "A", "B", "C"], help="prefix-cache strategy")
+    p.add_argument("--device", default="auto", choices=DEVICES,
+                   help="auto = cuda > mps > cpu, except that the shipped tiny model skips mps (less tested)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--strategy", default="C", choices=STRATEGIES, help="prefix-cache strategy")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-blocks", type=int, default=None,
                    help=f"pin the KV pool size (default: {TINY_MODEL_BLOCKS} for the tiny model, else from memory; "
                         "0 = from memory)")
     p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--shared", action="store_true", help="public deployment: strategy C + a cache salt per session "
-                                                         "(automatic on Hugging Face Spaces)")
+    p.add_argument("--shared", action="store_true",
+                   help="public deployment (automatic on Hugging Face Spaces): strategy C, a cache salt per session, "
+                        f"the engine settings read-only for visitors (the operator unlocks them with ${OPERATOR_TOKEN_ENV})")
+    p.add_argument("--max-file-size", default=MAX_FILE_SIZE, help="largest accepted upload, e.g. 10mb, 500kb")
+    p.add_argument("--upload-ttl", type=int, default=UPLOAD_TTL_S,
+                   help="seconds after which uploaded and generated temp files are deleted")
+    p.add_argument("--verbose", action="store_true", help="log every engine built (also the isolated pools)")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
     return p.parse_args(argv)
 
 
-def build_app(holder: EngineHolder) -> gr.Blocks:
-    """The whole UI around one engine holder."""
-    with gr.Blocks(title="minivlm") as demo:
+def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S) -> gr.Blocks:
+    """The whole UI around one engine holder; temp files older than `upload_ttl` seconds are deleted."""
+    with gr.Blocks(title="minivlm", delete_cache=(upload_ttl, upload_ttl)) as demo:
         gr.Markdown("# minivlm · a paged-KV engine for Qwen-VL you can watch")
-        header.build(holder)
+        header.build(holder, demo)
         with gr.Tabs():
             with gr.Tab("Chat", id="chat"):
                 chat.build(holder)
@@ -57,25 +66,29 @@ def build_app(holder: EngineHolder) -> gr.Blocks:
 
 
 def serve(holder: EngineHolder, host: str = "127.0.0.1", port: int = 7860, share: bool = False,
-          block: bool = True) -> gr.Blocks:
+          block: bool = True, max_file_size: str | int = MAX_FILE_SIZE, upload_ttl: int = UPLOAD_TTL_S) -> gr.Blocks:
     """Build the UI and start serving it (block=False returns at once, for tests)."""
-    demo = build_app(holder)
+    demo = build_app(holder, upload_ttl)
     demo.launch(server_name=host, server_port=port, share=share, css=CSS, allowed_paths=[EXAMPLES_DIR],
-                 theme=gr.themes.Soft(), prevent_thread_lock=not block, quiet=not block)
+                theme=gr.themes.Soft(), prevent_thread_lock=not block, quiet=not block,
+                max_file_size=max_file_size)
     return demo
 
 
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(format="%(message)s")
-    logging.getLogger("minivlm").setLevel(logging.INFO)  # the engine's vLLM-style start-up lines
+    # the engine's vLLM-style start-up line per engine (one per isolated pool, too) only when asked for
+    logging.getLogger("minivlm").setLevel(logging.INFO if args.verbose else logging.WARNING)
     num_blocks = args.num_blocks if args.num_blocks is not None else \
         TINY_MODEL_BLOCKS if args.model == EngineConfig().model else 0
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, cache_strategy=args.strategy,
                           block_size=args.block_size, num_blocks=num_blocks or None, max_model_len=args.max_model_len)
-    holder = EngineHolder(config, shared=args.shared or bool(os.environ.get("SPACE_ID")))
+    holder = EngineHolder(config, shared=args.shared or bool(os.environ.get("SPACE_ID")),
+                          operator_token=os.environ.get(OPERATOR_TOKEN_ENV))
     print(holder.load(), flush=True)
-    serve(holder, args.host, args.port, args.share)
+    serve(holder, args.host, args.port, args.share, max_file_size=args.max_file_size,
+          upload_ttl=args.upload_ttl)
 
 
 if __name__ == "__main__":

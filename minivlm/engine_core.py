@@ -34,7 +34,7 @@ class EngineCore:
         self._build_kv_cache(config)
 
     def _load_model(self, config: EngineConfig):
-        self.device = pick_device(config.device)
+        self.device = pick_device(config.device, config.model)
         self.dtype = pick_dtype(config.dtype, self.device)
         self.dtype_name = str(self.dtype).removeprefix("torch.")
         model_dir, self.model_type, self.hf_config, self.processor, text_sd, vision_sd = load_checkpoint(config.model)

@@ -161,3 +161,80 @@ def test_vram_preset_changes_the_numbers(page, shots):
     after = kv_blocks_in(headline.inner_text())
     assert after > 3 * before > 0  # 80 GB against the 24 GB L4 the tab starts with
     page.screenshot(path=os.path.join(shots, "vram.png"), full_page=True)
+
+
+def toast_text(page) -> str:
+    """The text of the newest toast the page shows (gr.Warning / gr.Error / gr.Info)."""
+    toast = page.locator("[data-testid=toast-body]").last
+    toast.wait_for()
+    return toast.inner_text()
+
+
+def close_toasts(page):
+    for close in page.locator("[data-testid=toast-close]").all():
+        close.click()
+
+
+def test_failed_hub_load_leaves_the_header_on_what_serves(app, page):
+    """Bug: after a failed hub load the picker kept the hub id, so the next change retried it."""
+    holder, _ = app
+    page.locator("#model-picker input").click()
+    page.get_by_role("option", name="Qwen/Qwen3-VL-2B-Instruct (hub)").click()
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Still serving')")
+    assert "--local-dir <dir>" in toast_text(page)  # the placeholder is text, not a swallowed tag
+    close_toasts(page)
+    page.wait_for_function("document.querySelector('#model-picker input').value.startsWith('tiny-qwen-vl')")
+    page.locator("#strategy-picker").get_by_text("B", exact=True).click()
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('prefix cache: B')")
+    assert holder.config.cache_strategy == "B" and holder.config.model == (APP_MODEL or EngineConfig().model)
+    page.locator("#strategy-picker").get_by_text("C", exact=True).click()
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('prefix cache: C')")
+    assert page.locator("#strategy-picker input[value=C]").is_checked()
+
+
+def test_seed_field_is_empty(page):
+    """Bug: the seed field showed 0 while the request sent None (the engine's seed)."""
+    open_tab(page, "Chat")
+    page.get_by_text("Sampling", exact=True).click()
+    seed = page.get_by_label("seed (empty = engine's)")
+    seed.wait_for()
+    assert seed.input_value() == ""
+
+
+def test_inspector_names_the_unreadable_image(page, tmp_path):
+    """Bug: a non-image upload showed a bare red "Error"."""
+    open_tab(page, "Cache inspector")
+    notes = tmp_path / "notes.png"
+    notes.write_text("these are lecture notes, not a picture")
+    page.locator("#insp-img1 input[type=file]").set_input_files(str(notes))
+    page.locator("#insp-img2 input[type=file]").set_input_files(os.path.join(EXAMPLES_DIR, "red_circle.png"))
+    page.locator("#insp-img2 img").wait_for()
+    page.locator("#insp-run").click()
+    text = toast_text(page)
+    assert "Image 1" in text and "notes.png" in text and "not a readable image" in text, text
+    close_toasts(page)
+
+
+def map_step(page) -> int:
+    title = page.evaluate("document.querySelector('#kv-map .js-plotly-plot').layout.title.text")
+    return int(title.split("step ")[1].split(":")[0])
+
+
+def test_replay_slider_redraws_on_enter_and_arrow_keys(page):
+    """Bug: a typed step applied only on blur, arrow keys moved the slider without redrawing the map."""
+    open_tab(page, "KV blocks (live)")
+    page.locator("#kv-live input").uncheck()  # only the replay may redraw the map now
+    page.locator("#kv-launch").click()
+    page.wait_for_function("document.querySelector('#kv-step')?.innerText.includes('steps recorded')")
+    number = page.locator("#kv-step input[type=number]")
+    low = int(page.locator("#kv-step input[type=range]").get_attribute("min"))
+    number.fill(str(low + 2))
+    number.press("Enter")
+    page.wait_for_function(f"document.querySelector('#kv-map .js-plotly-plot').layout.title.text"
+                           f".includes('step {low + 2}:')")
+    page.locator("#kv-step input[type=range]").focus()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function(f"document.querySelector('#kv-map .js-plotly-plot').layout.title.text"
+                           f".includes('step {low + 3}:')")
+    assert map_step(page) == low + 3
+    page.locator("#kv-live input").check()
