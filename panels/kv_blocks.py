@@ -97,8 +97,9 @@ def build(holder: EngineHolder):
         gr.Markdown(f"Shared deployment: your launch runs on its own {SHARED_LAUNCH_BLOCKS}-block pool (the weights "
                     f"are shared, the other visitors' requests and cache are not), at most {most_requests} requests.")
     with gr.Row():
-        n = gr.Slider(1, most_requests, value=8, step=1, label="concurrent requests")
-        max_tokens = gr.Slider(4, most_tokens, value=48, step=1, label="tokens each (EOS ignored)")
+        n = gr.Slider(1, most_requests, value=8, step=1, label="concurrent requests", elem_id="kv-n")
+        max_tokens = gr.Slider(4, most_tokens, value=48, step=1, label="tokens each (EOS ignored)",
+                               elem_id="kv-tokens")
         launch = gr.Button("Launch N requests", variant="primary", elem_id="kv-launch")
     step = StepSlider(0, 1, value=0, step=1, label="replay step (after a run)", interactive=False, elem_id="kv-step")
     table = gr.Dataframe(label="Block tables: logical index → physical block", elem_id="kv-table", max_height=360)

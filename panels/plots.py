@@ -6,11 +6,11 @@ import zlib
 import pandas as pd
 import plotly.graph_objects as go
 
-# 20 request colours picked greedily for the largest smallest CIELAB distance: any two differ by ΔE76 >= 30, and
-# each is >= 40 from the greys below (free, cached, unowned) and from white; no near-black (the ◆ marks are black)
-PALETTE = ["#3399ee", "#ddbb00", "#ee1166", "#00cc99", "#8822aa", "#774411", "#ee99dd", "#336600", "#ff6633",
-           "#ffaa99", "#88cc33", "#773366", "#bbbb77", "#1166ee", "#ee44bb", "#991122", "#ffaa55", "#887700",
-           "#bb88ff", "#444499"]
+# 20 request colours picked greedily for the largest smallest CIEDE2000 difference: any two differ by ΔE00 >= 18
+# (consecutive request ids never look alike), and each is >= 25 from the map's greys below, white and black
+PALETTE = ["#2288dd", "#ffff00", "#114400", "#880000", "#ff9977", "#000077", "#ff00ff", "#00ffee", "#00aa11",
+           "#997700", "#991166", "#009999", "#ff2266", "#5544ff", "#ffbb44", "#88ff88", "#ff99cc", "#cc5500",
+           "#bbbb77", "#9966aa"]
 FREE_COLOR, CACHED_COLOR = "#eef1f5", "#b9c3d6"  # free vs cached-but-free (revivable through its hash)
 UNOWNED_COLOR = "#555555"  # in use but held by no live request (only between engine steps)
 TABLE_COLUMNS = ["request", "logical", "physical", "fill", "kind", "ref_count", "hash"]

@@ -2,7 +2,6 @@
 engine says: one coloured cell per block in use, ref-count labels equal to the snapshot's ref counts, block tables
 equal to the snapshot's, hit maps equal to the outputs' cache hits."""
 import itertools
-import math
 import os
 
 import pytest
@@ -17,6 +16,7 @@ from panels.kv_blocks import Throttle, demo_requests, record_run
 from panels.plots import (CACHED_COLOR, FREE_COLOR, PALETTE, UNOWNED_COLOR, block_cell, block_map_figure,
                           block_table, request_color)
 from panels.vram import budget_figure, comparison, engine_parts, estimate_parts
+from tests.colour_difference import ciede2000, delta_e
 
 RED, BLUE = os.path.join(EXAMPLES_DIR, "red_circle.png"), os.path.join(EXAMPLES_DIR, "blue_circle.png")
 
@@ -94,27 +94,20 @@ def test_block_map_cells_and_labels_match_snapshot(timeline):
     assert checked_shared > 0 and checked_image > 0
 
 
-def cielab(color: str) -> tuple[float, float, float]:
-    """sRGB hex -> CIELAB (D65), from the CIE formulas."""
-    srgb = [int(color[i:i + 2], 16) / 255 for i in (1, 3, 5)]
-    r, g, b = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in srgb]
-    xyz = (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, 0.2126 * r + 0.7152 * g + 0.0722 * b, \
-        (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883
-    fx, fy, fz = [t ** (1 / 3) if t > 216 / 24389 else (24389 / 27 * t + 16) / 116 for t in xyz]
-    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
-
-
-def delta_e(a: str, b: str) -> float:
-    return math.dist(cielab(a), cielab(b))
+def test_colour_difference_matches_the_published_cases():
+    for lab1, lab2, expected in [((50, 2.6772, -79.7751), (50, 0, -82.7485), 2.0425),
+                                 ((50, 0, 0), (50, -1, 2), 2.3669), ((50, 2.5, 0), (73, 25, -18), 27.1492),
+                                 ((2.0776, 0.0795, -1.135), (0.9033, -0.0636, -0.5514), 0.9082)]:
+        assert ciede2000(lab1, lab2) == pytest.approx(expected, abs=1e-4)
 
 
 def test_request_colours_are_told_apart():
-    """Any two request colours (so any neighbours, e.g. req-10/req-11) differ clearly; none is near a grey of the
-    map (free, cached, unowned), white or black."""
-    assert min(delta_e(a, b) for a, b in itertools.combinations(PALETTE, 2)) >= 30
+    """Any two request colours (so any neighbours, e.g. req-10/req-11) differ clearly (ΔE00 >= 18; the old palette
+    had pairs at 7 to 14); none is near a grey of the map (free, cached, unowned), white or black (>= 25)."""
+    assert min(delta_e(a, b) for a, b in itertools.combinations(PALETTE, 2)) >= 18
     for grey in (FREE_COLOR, CACHED_COLOR, UNOWNED_COLOR, "#ffffff", "#000000"):
-        assert min(delta_e(c, grey) for c in PALETTE) >= 40, grey
-    assert delta_e(request_color("req-10"), request_color("req-11")) >= 30
+        assert min(delta_e(c, grey) for c in PALETTE) >= 25, grey
+    assert len(set(request_color(f"req-{n}") for n in range(len(PALETTE)))) == len(PALETTE)
 
 
 def test_legend_sorts_requests_naturally_and_shows_the_ref_count_symbol(engine):
