@@ -34,7 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--shared", action="store_true",
                    help="public deployment (automatic on Hugging Face Spaces): strategy C, a cache salt per session, "
-                        f"the engine settings read-only for visitors (the operator unlocks them with ${OPERATOR_TOKEN_ENV})")
+                        "the engine settings read-only for visitors (the operator unlocks them with "
+                        f"${OPERATOR_TOKEN_ENV})")
     p.add_argument("--max-file-size", default=MAX_FILE_SIZE, help="largest accepted upload, e.g. 10mb, 500kb")
     p.add_argument("--upload-ttl", type=int, default=UPLOAD_TTL_S,
                    help="seconds after which uploaded and generated temp files are deleted")

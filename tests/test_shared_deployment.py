@@ -115,8 +115,9 @@ def test_each_session_has_its_own_cache(before, alice, app):
 def upload(url: str, name: str, size: int) -> tuple[int, str]:
     """POST a file to gradio's upload route as a browser does (multipart); returns status and body."""
     boundary = "minivlm-test-boundary"
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"{name}\"\r\n"
-            f"Content-Type: application/octet-stream\r\n\r\n").encode() + b"x" * size + f"\r\n--{boundary}--\r\n".encode()
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"{name}\"\r\n"
+            f"Content-Type: application/octet-stream\r\n\r\n")
+    body = head.encode() + b"x" * size + f"\r\n--{boundary}--\r\n".encode()
     req = urllib.request.Request(url + "gradio_api/upload", body,
                                  {"Content-Type": f"multipart/form-data; boundary={boundary}"})
     try:
