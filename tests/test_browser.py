@@ -78,29 +78,33 @@ def test_block_map_matches_engine_snapshot(app, page, shots):
     recorded, streams = {}, []
     started = threading.Event()
 
-    def decode(name, question):
+    def decode(name, question, max_tokens):
         req = Request(prompt=question, images=[os.path.join(EXAMPLES_DIR, name)])
-        stream = engine.stream(req, SamplingParams(max_tokens=1200, ignore_eos=True), snapshots=True)
+        stream = engine.stream(req, SamplingParams(max_tokens=max_tokens, ignore_eos=True), snapshots=True)
         streams.append((req.request_id, stream))
         for ev in stream:
             if ev.snapshot is not None:  # the final (abort) event carries none
                 recorded[ev.snapshot.step] = ev.snapshot
                 started.set()
+    # the two long ones share their prompt blocks until the pool runs out; the page polls once a second
     threads = [threading.Thread(target=decode, args=a, daemon=True) for a in
-               [("red_circle.png", "What color is the shape?"), ("red_circle.png", "What color is the shape?"),
-                ("two_shapes.png", "How many shapes are there?")]]
+               [("red_circle.png", "What color is the shape?", 1200)] * 2 +
+               [("two_shapes.png", "How many shapes are there?", 64)]]
+    open_tab(page, "KV blocks (live)")  # polling before the requests start, so no shared frame is missed
     threads[0].start()
     started.wait(60)  # its prompt blocks are in the cache now: the same prompt next shares them (ref count 2)
     for t in threads[1:]:
         t.start()
-    open_tab(page, "KV blocks (live)")
     page.locator("#kv-map .js-plotly-plot").wait_for()
     plot = page.wait_for_function("""() => {
         const el = document.querySelector('#kv-map .js-plotly-plot');
         const z = el && el.data && el.data[0].z;
-        if (!z || !z.flat().some(v => v >= 3)) return null;  // wait for a frame with blocks in use
+        const labels = el && el.data &&
+            el.data.filter(t => t.name === 'ref count (shared)').map(t => [t.x, t.y, t.text])[0];
+        // wait for a frame with blocks in use, some of them shared already
+        if (!z || !z.flat().some(v => v >= 3) || !labels || !labels[0] || !labels[0].length) return null;
         return {z: z, scale: el.data[0].colorscale, title: el.layout.title.text, cols: el.layout.meta.cols,
-                labels: el.data.filter(t => t.name === 'ref count (shared)').map(t => [t.x, t.y, t.text])[0]};
+                labels: labels};
     }""").json_value()
     for rid, _ in streams:
         engine.abort(rid)
