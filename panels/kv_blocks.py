@@ -160,7 +160,8 @@ def build(holder: EngineHolder):
                            label=f"replay step ({len(timeline)} steps recorded, "
                                  f"{timeline[-1].num_preemptions - preempted_before} preemptions; "
                                  f"showing the fullest step)")
-        yield *render(busiest), slider, busiest.step
+        # last_step = the engine's step now: live polling redraws only once the engine moves on, not over the replay
+        yield *render(busiest), slider, holder.get().snapshot().step
 
     def replay(step, request: gr.Request):  # the argument names the API's parameter (it shadows the slider)
         timeline = timelines.get(request.session_hash if request else "", [])

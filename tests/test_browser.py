@@ -57,6 +57,11 @@ def shots(tmp_path_factory):
     return out
 
 
+SHOWN_STEP = ("(() => { const el = document.querySelector('#kv-map .js-plotly-plot');"
+              " const m = el && el.layout && /step (\\d+):/.exec(el.layout.title.text); return m ? +m[1] : null; })()")
+SHOWN_STEP_IS_SLIDER_VALUE = f"{SHOWN_STEP} === +document.querySelector('#kv-step input[type=range]').value"
+
+
 def open_tab(page, name):
     page.get_by_role("tab", name=name).click()
 
@@ -124,6 +129,9 @@ def test_block_map_matches_engine_snapshot(app, page, shots):
         t.join(60)
     page.locator("#kv-launch").click()
     page.wait_for_function("document.querySelector('#kv-step')?.innerText.includes('steps recorded')")
+    page.wait_for_function(SHOWN_STEP_IS_SLIDER_VALUE)
+    time.sleep(2.5)  # the live timer (1 s) fires meanwhile: an idle engine must not draw over the replayed step
+    assert page.evaluate(SHOWN_STEP_IS_SLIDER_VALUE)
     page.screenshot(path=os.path.join(shots, "kv_blocks.png"), full_page=True)
 
 
@@ -218,10 +226,6 @@ def test_inspector_names_the_unreadable_image(page, tmp_path):
     assert "Image 1" in text and "notes.png" in text and "not a readable image" in text, text
     close_toasts(page)
 
-
-SHOWN_STEP = ("(() => { const el = document.querySelector('#kv-map .js-plotly-plot');"
-              " const m = el && el.layout && /step (\\d+):/.exec(el.layout.title.text); return m ? +m[1] : null; })()")
-SHOWN_STEP_IS_SLIDER_VALUE = f"{SHOWN_STEP} === +document.querySelector('#kv-step input[type=range]').value"
 
 
 def test_replay_slider_redraws_on_enter_and_arrow_keys(page):
