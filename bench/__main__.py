@@ -10,14 +10,15 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 
-from bench import memory, panel_overhead, prefix_cache, single_stream, throughput
+from bench import events_overhead, memory, panel_overhead, prefix_cache, single_stream, throughput
 from bench.report import machine, markdown_table, text_table
 from bench.workload import (BENCH_MODEL, SMOKE_MODEL, build_checkpoint, hf_generate, load_hf, make_engine,
                             mixed_requests, param_count)
 from minivlm import SamplingParams
 
 MEASUREMENTS = {"throughput": throughput.measure, "single_stream": single_stream.measure,
-                "prefix_cache": prefix_cache.measure, "memory": memory.measure, "panel": panel_overhead.measure}
+                "prefix_cache": prefix_cache.measure, "memory": memory.measure, "panel": panel_overhead.measure,
+                "events": events_overhead.measure}
 
 
 @dataclass

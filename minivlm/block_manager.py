@@ -1,14 +1,9 @@
 """Physical KV blocks: a free queue, reference counts, and a hash table that lets freed blocks be revived."""
 from collections import deque
 
+from minivlm.events import EventLog
 from minivlm.request import CacheHit
-
-
-def block_kind(token_types: list[int]) -> str:
-    """text | image | mixed by the token types a block holds (free when it holds none)."""
-    if not token_types:
-        return "free"
-    return "image" if all(token_types) else "mixed" if any(token_types) else "text"
+from minivlm.snapshot import block_kind
 
 
 class Block:
@@ -25,9 +20,10 @@ class BlockManager:
     """Allocates blocks to sequences. Full blocks are registered by key; a freed block keeps its key (and KV)
     until the free queue hands it out again, so an identical prefix arriving later is served from it."""
 
-    def __init__(self, num_blocks: int, block_size: int, caching: bool):
+    def __init__(self, num_blocks: int, block_size: int, caching: bool, events=None):
         self.block_size = block_size
         self.caching = caching
+        self.events = events or EventLog(0)  # every change of a block's owner or key is logged here
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: deque[int] = deque(range(num_blocks))  # left = evicted first
         self.key_to_block: dict[str, int] = {}
@@ -73,6 +69,7 @@ class BlockManager:
             cache_hits.append(CacheHit(b, i, false_hit))
             seq.block_table.append(b)
         seq.num_computed = len(hits) * self.block_size
+        self.events.emit("cache_lookup", seq.request_id, hits=cache_hits, num_cached_tokens=seq.num_computed)
         if seq.num_output_tokens == 0:  # a re-admission after preemption is not a new prompt lookup
             seq.cache_hits, seq.num_cached_tokens = cache_hits, seq.num_computed
             if self.caching:
@@ -80,8 +77,10 @@ class BlockManager:
                 self.stats["hits"] += len(hits)
                 self.stats["false_hits"] += sum(h.false_hit for h in cache_hits)
                 self.stats["true_hits"] += sum(not h.false_hit for h in cache_hits)
-        for i in range(len(hits), self.blocks_needed(len(seq))):
-            seq.block_table.append(self._take_free())
+        fresh = [self._take_free() for _ in range(len(hits), self.blocks_needed(len(seq)))]
+        seq.block_table += fresh
+        self.events.emit("allocated", seq.request_id, block_ids=fresh)
+        for i in range(len(hits), len(seq.block_table)):
             self.register(seq, i)  # computed in this very step, before anyone can read it
 
     def register(self, seq, i: int):
@@ -94,14 +93,16 @@ class BlockManager:
         block.kind = block_kind(seq.token_types[i * self.block_size:(i + 1) * self.block_size])
         self.key_to_block.setdefault(block.key, block.block_id)
         self.dirty.add(block.block_id)
+        self.events.emit("BlockStored", seq.request_id, block_ids=[block.block_id], block_hashes=[block.key],
+                         parent_block_hash=seq.block_keys[i - 1] if i else None, token_ids=block.token_ids,
+                         extra_keys=seq.block_extras[i], block_kind=block.kind)
 
     def _take_free(self) -> int:
         b = self.free.popleft()
         block = self.blocks[b]
         assert block.ref_count == 0
-        if block.key is not None and self.key_to_block.get(block.key) == b:
-            del self.key_to_block[block.key]  # evict: its old content is about to be overwritten
-        block.key = block.truth = None
+        if block.key is not None:  # evict: its old content is about to be overwritten
+            self._unpublish(block)
         block.token_ids = []
         block.ref_count = 1
         self.dirty.add(b)
@@ -109,6 +110,7 @@ class BlockManager:
 
     def deallocate(self, seq):
         """Drop seq's references; blocks reaching zero go to the free queue, tail blocks first to be evicted."""
+        freed = []
         for b in reversed(seq.block_table):
             block = self.blocks[b]
             block.ref_count -= 1
@@ -116,17 +118,24 @@ class BlockManager:
             self.dirty.add(b)
             if block.ref_count == 0:
                 self.free.append(b)
+                freed.append(b)
         seq.block_table = []
+        if freed:
+            self.events.emit("freed", seq.request_id, block_ids=freed)
         seq.num_computed = 0
 
     def forget(self, seq):
         """Unpublish blocks whose K/V were never written (a failed step), then free them."""
         for b in seq.block_table[seq.num_computed // self.block_size:]:
-            block = self.blocks[b]
-            if block.key is not None and self.key_to_block.get(block.key) == b:
-                del self.key_to_block[block.key]
-            block.key = block.truth = None
+            if self.blocks[b].key is not None:
+                self._unpublish(self.blocks[b])
         self.deallocate(seq)
+
+    def _unpublish(self, block: Block):
+        if self.key_to_block.get(block.key) == block.block_id:
+            del self.key_to_block[block.key]
+        self.events.emit("BlockRemoved", block_ids=[block.block_id], block_hashes=[block.key])
+        block.key = block.truth = None
 
     def can_append(self, seq) -> bool:
         """Room for the K/V of seq's newest token."""
@@ -135,6 +144,7 @@ class BlockManager:
     def append_slot(self, seq):
         if self.blocks_needed(len(seq)) > len(seq.block_table):
             seq.block_table.append(self._take_free())
+            self.events.emit("allocated", seq.request_id, block_ids=seq.block_table[-1:])
 
     def reset(self):
         """Forget every cached-but-free block (used blocks keep their content)."""
@@ -142,3 +152,4 @@ class BlockManager:
             self.blocks[b].key = self.blocks[b].truth = None
             self.dirty.add(b)
         self.key_to_block = {k: b for k, b in self.key_to_block.items() if self.blocks[b].ref_count > 0}
+        self.events.emit("AllBlocksCleared")

@@ -10,7 +10,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 @dataclass
 class EngineConfig:
-    """Engine settings (see API.md). num_blocks=None derives the KV pool from the memory budget."""
+    """Engine settings (docs/API.md describes each). num_blocks=None derives the KV pool from the memory budget."""
     model: str = DEFAULT_MODEL
     device: str = "auto"
     dtype: str = "auto"
@@ -25,6 +25,7 @@ class EngineConfig:
     vision_cache_bytes: int = 64 * 2**20
     max_images_per_request: int = 8
     cpu_memory_budget_bytes: int = 2 * 2**30
+    event_log_size: int = 20_000    # events kept in the ring log, about 400 bytes each (0 = no event log)
 
     def __post_init__(self):
         def positive_int(name):
@@ -43,6 +44,8 @@ class EngineConfig:
             positive_int(name)
         if self.num_blocks is not None:
             positive_int("num_blocks")
+        if not isinstance(self.event_log_size, int) or isinstance(self.event_log_size, bool) or self.event_log_size < 0:
+            raise ValueError(f"EngineConfig.event_log_size must be an integer >= 0, got {self.event_log_size!r}")
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = max(self.max_model_len, 2048)
         positive_int("max_num_batched_tokens")

@@ -1,15 +1,18 @@
-"""Checkpoint dir or hub id -> (transformers config, image-only processor, state dicts for text and vision)."""
+"""Checkpoint dir or hub id -> a LoadedModel: weights on the device, processor, tokenizer, end-of-turn ids."""
 import glob
 import json
 import os
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig
+from transformers import AutoConfig, GenerationConfig
 
-from minivlm.processor import PROCESSORS, load_processor
-
-SUPPORTED = tuple(PROCESSORS)  # qwen2_vl, qwen2_5_vl, qwen3_vl
+from minivlm.config import EngineConfig
+from minivlm.device import pick_device, pick_dtype
+from minivlm.families import FAMILIES
+from minivlm.model.decoder import QwenVLDecoder
+from minivlm.model.vision import VisionTower
+from minivlm.processor import load_processor
 FETCH_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer*"]
 
 
@@ -40,8 +43,8 @@ def read_model_type(model_dir: str) -> str:
             model_type = json.load(f).get("model_type")
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"checkpoint {model_dir!r} has no readable config.json: {e}") from e
-    if model_type not in SUPPORTED:
-        raise ValueError(f"unsupported architecture {model_type!r} in {path}; minivlm runs {', '.join(SUPPORTED)}")
+    if model_type not in FAMILIES:
+        raise ValueError(f"unsupported architecture {model_type!r} in {path}; minivlm runs {', '.join(FAMILIES)}")
     return model_type
 
 
@@ -83,3 +86,41 @@ def load_checkpoint(model: str):
     processor = load_processor(model_dir, model_type)
     text, vision = split_state_dict(load_state_dict(model_dir))
     return model_dir, model_type, config, processor, text, vision
+
+
+class LoadedModel:
+    """One checkpoint on its device: decoder, vision tower, processor, tokenizer, end-of-turn ids. Read-only once
+    built, so several engines (Engine.isolated) share one."""
+
+    def __init__(self, config: EngineConfig):
+        self.device = pick_device(config.device)
+        self.dtype = pick_dtype(config.dtype, self.device)
+        self.dtype_name = str(self.dtype).removeprefix("torch.")
+        self.model_dir, self.model_type, self.hf_config, self.processor, text_sd, vision_sd = load_checkpoint(config.model)
+        self.model_id = config.model
+        self.tokenizer = self.processor.tokenizer
+        text_cfg = self.hf_config.text_config
+        tied = bool(getattr(self.hf_config, "tie_word_embeddings", False) or getattr(text_cfg, "tie_word_embeddings", False))
+        with torch.device("meta"):  # no random init of weights we are about to overwrite
+            self.decoder = QwenVLDecoder(self.model_type, text_cfg, tied)
+        self.decoder.load_weights(text_sd, tied, self.device, self.dtype)
+        self.decoder.eval()
+        self.vision = VisionTower(self.model_type, self.hf_config.vision_config, vision_sd, self.device, self.dtype)
+        self.merge = self.hf_config.vision_config.spatial_merge_size
+        self.eos_ids = self._eos_ids()
+
+    def _eos_ids(self) -> set[int]:
+        """Every id that ends a turn: config, tokenizer and generation_config.json may each name some."""
+        try:
+            generation_eos = GenerationConfig.from_pretrained(self.model_dir).eos_token_id
+        except OSError:
+            generation_eos = None
+        ids = set()
+        for v in (getattr(self.hf_config.text_config, "eos_token_id", None), getattr(self.hf_config, "eos_token_id", None),
+                  self.tokenizer.eos_token_id, generation_eos):
+            ids.update(v if isinstance(v, (list, tuple)) else [v] if v is not None else [])
+        return ids
+
+    def weights_bytes(self) -> int:
+        params = {id(p): p for p in self.decoder.parameters()}  # tied embeddings count once
+        return sum(p.numel() * p.element_size() for p in params.values()) + self.vision.num_bytes()

@@ -117,7 +117,7 @@ def split_images(messages: list[dict]) -> tuple[list[dict], list]:
     return clean, images
 
 
-def processor_settings(processor, mm_kwargs: dict | None) -> tuple[dict, tuple]:
+def image_settings(processor, mm_kwargs: dict | None) -> tuple[dict, tuple]:
     """Validate per-request overrides; return (processor call kwargs, the settings tuple that enters keys)."""
     ip = processor.image_processor
     mm_kwargs = dict(mm_kwargs or {})
@@ -138,7 +138,7 @@ def build_prompt(processor, messages: list[dict], mm_kwargs: dict | None, max_im
     clean, raw_images = split_images(messages)
     if len(raw_images) > max_images:
         raise ValueError(f"too many images: {len(raw_images)} (this engine allows {max_images} per request)")
-    call_kwargs, settings = processor_settings(processor, mm_kwargs)
+    call_kwargs, settings = image_settings(processor, mm_kwargs)
     loaded = [load_image(im) for im in raw_images]
     try:
         text = processor.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)

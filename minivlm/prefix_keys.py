@@ -33,9 +33,12 @@ def extend_keys(seq, block_size: int, strategy: str, model_id: str, dtype: str):
     for i in range(len(seq.truth_keys), num_full):
         tokens = seq.block_tokens(i, block_size)
         parent_truth = seq.truth_keys[i - 1] if i else None
-        seq.truth_keys.append(hash_block(parent_truth, tokens, block_extra(seq, i, block_size, "C", model_id, dtype)))
+        truth_extra = block_extra(seq, i, block_size, "C", model_id, dtype)
+        seq.truth_keys.append(hash_block(parent_truth, tokens, truth_extra))
         if strategy == "C":
             seq.block_keys.append(seq.truth_keys[-1])
+            seq.block_extras.append(truth_extra)
         elif strategy in ("A", "B"):
             parent = seq.block_keys[i - 1] if i else None
-            seq.block_keys.append(hash_block(parent, tokens, block_extra(seq, i, block_size, strategy, model_id, dtype)))
+            seq.block_extras.append(block_extra(seq, i, block_size, strategy, model_id, dtype))
+            seq.block_keys.append(hash_block(parent, tokens, seq.block_extras[-1]))

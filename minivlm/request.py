@@ -1,4 +1,4 @@
-"""Requests, sampling parameters, outputs, and the per-request state the scheduler moves between queues."""
+"""What a caller sends: a Request (prompt + images, or chat messages) and its SamplingParams."""
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -71,17 +71,3 @@ class CacheHit:
     block_id: int
     logical_index: int
     false_hit: bool
-
-
-@dataclass
-class Output:
-    """The result of one request."""
-    request_id: str
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_cached_tokens: int = 0
-    cache_hits: list[CacheHit] = field(default_factory=list)
-    logprobs: list[dict[int, float]] | None = None
-    notes: list[str] = field(default_factory=list)  # what was done to the input, e.g. "converted CMYK image to RGB"

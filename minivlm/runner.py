@@ -1,5 +1,5 @@
 """One forward step: turn scheduled sequences into flat tensors (tokens, M-RoPE positions, slots, block
-tables, image embeddings), run the decoder over the paged KV cache, and sample one token per sequence."""
+tables, image embeddings), run the decoder over the paged KV cache; then sample one token per sequence."""
 import torch
 
 from minivlm.model.attention import AttentionMetadata
@@ -8,13 +8,12 @@ from minivlm.vision_cache import VisionCache
 
 
 class ModelRunner:
-    def __init__(self, decoder, vision, kv_cache: torch.Tensor, block_size: int, device, vision_cache: VisionCache,
-                 model_id: str, dtype_name: str):
-        self.decoder, self.vision = decoder, vision
+    def __init__(self, model, kv_cache: torch.Tensor, block_size: int, vision_cache: VisionCache):
+        self.decoder, self.vision, self.device = model.decoder, model.vision, model.device
         self.kv_caches = [(kv_cache[0, i], kv_cache[1, i]) for i in range(kv_cache.shape[1])]
-        self.block_size, self.device = block_size, device
+        self.block_size = block_size
         self.vision_cache = vision_cache
-        self.model_id, self.dtype_name = model_id, dtype_name
+        self.model_id, self.dtype_name = model.model_id, model.dtype_name
 
     def encode_images(self, seq):
         """Vision embeddings of seq's images, once per request; images seen before come from the vision cache."""
@@ -41,8 +40,8 @@ class ModelRunner:
         return table[idx // self.block_size] * self.block_size + idx % self.block_size
 
     @torch.inference_mode()
-    def run(self, seqs: list, is_prefill: bool) -> list[tuple[int, dict | None]]:
-        """Compute K/V for every not-yet-computed token of seqs; return (next token, logprobs dict) per seq."""
+    def forward(self, seqs: list, is_prefill: bool) -> torch.Tensor:
+        """Compute K/V for every not-yet-computed token of seqs; return each one's next-token logits [B, vocab]."""
         ids, positions, slots, q_lens, ctx_lens = [], [], [], [], []
         image_at, image_rows, seq_of_image = [], [], []
         offset = 0
@@ -77,7 +76,12 @@ class ModelRunner:
                                  torch.tensor(ctx_lens, device=dev), self.block_size)
         hidden = self.decoder(embeds, torch.cat(positions, dim=1).to(dev), self.kv_caches, meta, deepstack)
         last = torch.tensor(q_lens).cumsum(0) - 1
-        logits = self.decoder.compute_logits(hidden[last.to(dev)])
+        return self.decoder.compute_logits(hidden[last.to(dev)])
+
+    @staticmethod
+    @torch.inference_mode()
+    def sample_tokens(seqs: list, logits: torch.Tensor) -> list[tuple[int, dict | None]]:
+        """(next token, {token: logprob} or None) per sequence, by its SamplingParams and generator."""
         tokens, logprobs = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
         out = []
         for i, (seq, tok) in enumerate(zip(seqs, tokens)):

@@ -1,10 +1,14 @@
 """Per-request state while a request lives in the scheduler: tokens, positions, image embeddings, blocks."""
 import enum
+import itertools
 
 import torch
 
 from minivlm.multimodal import Prompt
 from minivlm.request import CacheHit, Request, SamplingParams
+
+
+_seq_ids = itertools.count()
 
 
 class Status(enum.Enum):
@@ -14,10 +18,12 @@ class Status(enum.Enum):
 
 
 class Sequence:
-    """One request inside the engine. Tokens [0, num_computed) have their K/V in the blocks of block_table."""
+    """One submission of a request inside the engine. Tokens [0, num_computed) have their K/V in the blocks of
+    block_table. seq_id is internal and unique per submission; request_id is the caller's label."""
 
     def __init__(self, request: Request, prompt: Prompt, params: SamplingParams, positions: torch.Tensor,
                  rope_delta: int, generator: torch.Generator | None):
+        self.seq_id = next(_seq_ids)
         self.request_id = request.request_id
         self.cache_salt = request.cache_salt
         self.params = params
@@ -36,14 +42,16 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_keys: list[str] = []    # key of each full block under the engine's strategy
         self.truth_keys: list[str] = []    # strategy-C key of each full block (ground truth for false hits)
+        self.block_extras: list[tuple] = []  # the extra key material of each block_keys entry
         self.num_computed = 0
         self.num_cached_tokens = 0
         self.cache_hits: list[CacheHit] = []
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
-        self.text = ""
-        self.sent_text_len = 0
+        self.detokenizer = None                     # the output path's per-request text state
         self.finish_reason: str | None = None
-        self.aborted = False
+        self.aborted = False                        # set by any thread (Engine.abort), read by the loop
+        self.sink = None                            # the submitting caller's queue (thread-safe)
+        self.wants_snapshot = False                 # attach a KVSnapshot to this request's events
 
     def __len__(self) -> int:
         return len(self.token_ids)

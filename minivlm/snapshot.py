@@ -1,8 +1,16 @@
 """Plain-data views of the engine (safe to hand to another thread): KV block map, stream events, memory."""
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from minivlm.block_manager import block_kind
-from minivlm.request import Output
+if TYPE_CHECKING:
+    from minivlm.output import Output
+
+
+def block_kind(token_types: list[int]) -> str:
+    """text | image | mixed by the token types a block holds (free when it holds none)."""
+    if not token_types:
+        return "free"
+    return "image" if all(token_types) else "mixed" if any(token_types) else "text"
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,7 @@ class KVSnapshot:
     waiting: list[str] = field(default_factory=list)
     num_preemptions: int = 0
     cache_stats: dict[str, int] = field(default_factory=dict)
+    last_event_seq: int = 0           # the event log's last seq at this moment: events(since=it) follow it
 
 
 @dataclass
@@ -39,7 +48,7 @@ class StreamEvent:
     text: str
     finished: bool
     snapshot: KVSnapshot | None
-    output: Output | None = None
+    output: "Output | None" = None
 
 
 @dataclass
@@ -66,7 +75,8 @@ class SnapshotBuilder:
         self.bm = bm
         self.infos = [BlockInfo(b.block_id, 0, 0, None, [], "free", False) for b in bm.blocks]
 
-    def build(self, running: list, waiting: list, step: int, num_preemptions: int, full: bool = False) -> KVSnapshot:
+    def build(self, running: list, waiting: list, step: int, num_preemptions: int, full: bool = False,
+              last_event_seq: int = 0) -> KVSnapshot:
         """full=True rebuilds every block (the reference the incremental path is tested against)."""
         bm, bs = self.bm, self.bm.block_size
         owners: dict[int, list[str]] = {}
@@ -89,4 +99,4 @@ class SnapshotBuilder:
             self.infos[b] = BlockInfo(b, blk.ref_count, n, blk.key[:16] if blk.key else None,
                                       owners.get(b, []), kind, cached)
         return KVSnapshot(bs, len(bm.blocks), list(self.infos), tables, step, [s.request_id for s in running],
-                          [s.request_id for s in waiting], num_preemptions, dict(bm.stats))
+                          [s.request_id for s in waiting], num_preemptions, dict(bm.stats), last_event_seq)

@@ -9,7 +9,7 @@ class VisionCache:
         self.max_bytes = max_bytes
         self.entries: OrderedDict[str, tuple[torch.Tensor, list[torch.Tensor]]] = OrderedDict()
         self.bytes = 0
-        self.hits = self.misses = 0
+        self.hits = 0
 
     @staticmethod
     def _size(value) -> int:
@@ -19,7 +19,6 @@ class VisionCache:
     def get(self, key: str):
         value = self.entries.get(key)
         if value is None:
-            self.misses += 1
             return None
         self.entries.move_to_end(key)
         self.hits += 1

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from PIL import Image, UnidentifiedImageError
 
 from minivlm import Request, SamplingParams
-from minivlm.experiments.mm_cache import compare_strategies, max_logprob_diff
+from minivlm.cache_study import compare_strategies, max_logprob_diff
 
 from panels.access import refusal
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu

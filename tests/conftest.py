@@ -3,9 +3,11 @@ import os
 import pytest
 import torch
 
+from minivlm.families import FAMILIES as REGISTRY
+
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+FAMILIES = list(REGISTRY)  # qwen2_vl, qwen2_5_vl, qwen3_vl
 
 
 @pytest.fixture(scope="session")

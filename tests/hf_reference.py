@@ -1,28 +1,34 @@
-"""The independent truth: HF transformers' own model on the same checkpoint, teacher-forced."""
+"""The independent truth: HF transformers' own model on the same checkpoint, teacher-forced, with the prompt
+rendered by the checkpoint's processor and chat template through HF's own apply_chat_template (none of
+minivlm's prompt building is used on this side)."""
 import functools
 
 import torch
-from transformers import AutoModelForImageTextToText
+from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from minivlm.multimodal import build_prompt
-from minivlm.processor import load_processor
+import minivlm.processor  # noqa: F401  (registers the image-only processors: AutoProcessor otherwise needs torchvision)
 
 
 @functools.lru_cache(maxsize=8)
-def hf_model(path: str):
-    return AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+def hf_model(path: str, dtype: torch.dtype = torch.float32):
+    return AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).eval()
 
 
-def teacher_forced_logprobs(path: str, model_type: str, request, generated: list[int]) -> torch.Tensor:
-    """log-softmax of HF's logits at each generated position, given prompt + generated tokens: [n, vocab]."""
-    processor = load_processor(path, model_type)
-    prompt = build_prompt(processor, request.to_messages(), request.mm_processor_kwargs, 16)
-    ids = torch.tensor([prompt.token_ids + generated])
-    types = torch.tensor([prompt.token_types + [0] * len(generated)])
+@functools.lru_cache(maxsize=8)
+def hf_processor(path: str):
+    return AutoProcessor.from_pretrained(path)
+
+
+def teacher_forced_logprobs(path: str, request, generated: list[int], dtype=torch.float32) -> torch.Tensor:
+    """log-softmax (fp32) of HF's logits at each generated position, given prompt + generated tokens: [n, vocab]."""
+    inputs = hf_processor(path).apply_chat_template(request.to_messages(), tokenize=True, return_dict=True,
+                                                    add_generation_prompt=True, return_tensors="pt")
+    n = inputs["input_ids"].shape[1]
+    ids = torch.cat([inputs["input_ids"], torch.tensor([generated])], dim=1)
+    types = torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, len(generated), dtype=torch.long)], dim=1)
     kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types)
-    if prompt.images:
-        kwargs.update(pixel_values=prompt.pixel_values, image_grid_thw=torch.tensor([im.grid_thw for im in prompt.images]))
+    if "pixel_values" in inputs:
+        kwargs.update(pixel_values=inputs["pixel_values"].to(dtype), image_grid_thw=inputs["image_grid_thw"])
     with torch.no_grad():
-        logits = hf_model(path)(**kwargs).logits[0].float()
-    n = len(prompt.token_ids)
+        logits = hf_model(path, dtype)(**kwargs).logits[0].float()
     return torch.log_softmax(logits[n - 1:n - 1 + len(generated)], dim=-1)

@@ -9,7 +9,8 @@ METRICS = ["throughput vs HF one-by-one", "ceiling: HF one-by-one time / engine 
            "throughput vs HF padded batch", "single-stream decode vs HF generate",
            "single-stream decode vs bandwidth bound", "TTFT repeated image+prompt (C) vs cold",
            "TTFT same image, new text (C) vs cold", "KV used / allocated at peak (paged vs contiguous)",
-           "KV waste per request", "stream() + snapshot every step vs generate()"]
+           "KV waste per request", "stream() + snapshot every step vs generate()",
+           "decode throughput, event log on vs off"]
 
 
 def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
@@ -30,4 +31,5 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
     assert all(n > 0 for n in details["panel_overhead"]["snapshots_per_run"])
     assert "| metric |" in md.read_text() and "command: python -m bench --smoke" in md.read_text()
     raw = json.loads(js.read_text())
-    assert set(raw) == {"throughput", "single_stream", "prefix_cache", "memory", "panel_overhead"}
+    assert set(raw) == {"throughput", "single_stream", "prefix_cache", "memory", "panel_overhead",
+                        "events_overhead"}

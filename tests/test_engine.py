@@ -84,11 +84,11 @@ def test_stop_strings_and_seeded_sampling(engines):
     a = engine.generate(req, SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=7, ignore_eos=True))
     b = engine.generate(req, SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=7, ignore_eos=True))
     assert a.token_ids == b.token_ids
-    if len(a.text) > 3:
-        stop = a.text[2:4]
-        c = engine.generate(req, SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=7,
-                                                ignore_eos=True, stop=[stop]))
-        assert c.finish_reason == "stop" and stop not in c.text and a.text.startswith(c.text)
+    assert len(a.text) > 3, "16 sampled tokens decode to more than 3 characters"
+    stop = a.text[2:4]
+    c = engine.generate(req, SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=7,
+                                            ignore_eos=True, stop=[stop]))
+    assert c.finish_reason == "stop" and stop not in c.text and a.text.startswith(c.text)
 
 
 @pytest.mark.parametrize("make, message", [
@@ -129,10 +129,11 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path):
 def test_incremental_snapshots_equal_full_rebuilds(checkpoints):
     with Engine(EngineConfig(model=checkpoints["qwen3_vl"], num_blocks=24, block_size=8)) as engine:
         def compare():
-            with engine._lock:  # both views of the same moment
+            core = engine.core
+            with engine.loop.lock:  # both views of the same moment
                 incremental = engine.snapshot()
-                full = engine.snapshots.build(list(engine.scheduler.running), list(engine.scheduler.waiting),
-                                              engine.step_count, engine.scheduler.num_preemptions, full=True)
+                full = core.snapshots.build(list(core.scheduler.running), list(core.scheduler.waiting),
+                                            core.step_count, core.scheduler.num_preemptions, full=True)
             assert incremental.blocks == full.blocks and incremental.block_tables == full.block_tables
         params = SamplingParams(max_tokens=12, ignore_eos=True)
         for _ in engine.stream(mixed_requests()[0], params):
@@ -150,8 +151,10 @@ def test_num_blocks_comes_from_the_budget_calculator(checkpoints):
     with Engine(config) as engine:
         est = estimate(engine.hf_config, dtype="float32", kv_dtype="float32", max_model_len=512, num_seqs=256,
                        block_size=16, max_num_batched_tokens=config.max_num_batched_tokens,
-                       device_memory_bytes=560 * 2**20, weights_bytes=engine.weights_bytes(), gpu_memory_utilization=1.0)
+                       device_memory_bytes=560 * 2**20, weights_bytes=engine.model.weights_bytes(), gpu_memory_utilization=1.0)
         report = engine.memory_report()
         assert 0 < engine.num_blocks == est.num_blocks < 256 * 512 // 16
-        assert report.kv_cache_bytes == est.num_blocks * 16 * est.kv_bytes_per_token == engine.kv_cache.nbytes
+        assert report.kv_cache_bytes == est.num_blocks * 16 * est.kv_bytes_per_token == engine.core.pool.kv_cache.nbytes
         assert report.kv_bytes_per_token == est.kv_bytes_per_token
+    after = engine.memory_report()  # closed: the pool is gone, the report still answers
+    assert after.kv_cache_bytes == 0 and after.weights_bytes == report.weights_bytes

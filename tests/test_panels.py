@@ -8,7 +8,7 @@ import pytest
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
 
-from minivlm.experiments.mm_cache import max_logprob_diff
+from minivlm.cache_study import max_logprob_diff
 from panels.cache_inspector import HIT_COLORS, hits_figure, results_table, run_pair
 from panels.chat import finished_text, to_hf_messages, user_turn
 from panels.holder import EXAMPLES_DIR, EngineHolder

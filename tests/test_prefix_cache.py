@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from minivlm import Request, SamplingParams
-from minivlm.experiments.mm_cache import Q, RED, BLUE, cases, compare_strategies, shape_image
+from minivlm.cache_study import compare_strategies
+from minivlm.experiments.mm_cache import BLUE, Q, RED, cases, shape_image
 
 CASES = cases()
 
@@ -14,13 +15,14 @@ def results(engines):
             for name, pair in CASES.items()}
 
 
-def test_strategy_c_never_false_hits_and_reuses_identical_blocks(results):
+def test_strategy_c_reuse_gives_exactly_the_cold_run(results):
+    """Whatever C reuses must be what the request would compute: same tokens and logprobs as a run with no cache."""
     for name, per in results.items():
-        assert per["C"].false_hits == 0, name
-        assert all(not h.false_hit for h in per["C"].second.cache_hits)
+        c = per["C"]
+        assert c.second.token_ids == c.cold.token_ids, name
+        assert c.max_logprob_diff < 1e-4, f"{name}: C reused K/V that moved logprobs by {c.max_logprob_diff}"
     for name in ("2 identical request", "3 same image, different text"):
-        assert results[name]["C"].true_hits > 0, name
-        assert results[name]["C"].max_logprob_diff < 1e-4, "a C hit must give the cold run's logprobs"
+        assert results[name]["C"].hits > 0, f"{name}: C must reuse the identical blocks"
 
 
 def test_strategy_a_false_hits_on_a_different_image(results):
@@ -44,10 +46,10 @@ def test_true_hit_kv_is_identical_to_recomputed_kv(engines):
         table = list(first_table.values())[0]
         n_full = engine.generate(req, params).num_cached_tokens // engine.config.block_size
         assert n_full > 0
-        cached_kv = engine.kv_cache[:, :, table[:n_full]].clone()
+        cached_kv = engine.core.pool.kv_cache[:, :, table[:n_full]].clone()
         engine.reset_prefix_cache()
         fresh = next(iter(engine.stream(req, params))).snapshot.block_tables
-        recomputed = engine.kv_cache[:, :, list(fresh.values())[0][:n_full]]
+        recomputed = engine.core.pool.kv_cache[:, :, list(fresh.values())[0][:n_full]]
         assert torch.allclose(cached_kv, recomputed, atol=1e-6, rtol=0)
 
 
@@ -74,12 +76,12 @@ def test_salt_isolates_under_every_strategy(engines, strategy):
 def test_repeated_image_skips_the_vision_tower(engines, monkeypatch):
     with engines["qwen3_vl"].isolated(cache_strategy="none", num_blocks=64) as engine:
         calls = []
-        real = engine.vision.encode
-        monkeypatch.setattr(engine.vision, "encode", lambda *a: calls.append(1) or real(*a))
+        real = engine.model.vision.encode
+        monkeypatch.setattr(engine.model.vision, "encode", lambda *a: calls.append(1) or real(*a))
         img = shape_image(RED)
         engine.generate(Request(prompt=Q, images=[img]), SamplingParams(max_tokens=2))
         engine.generate(Request(prompt="What shape is it?", images=[img.copy()]), SamplingParams(max_tokens=2))
-        assert len(calls) == 1 and engine.vision_cache.hits == 1
+        assert len(calls) == 1 and engine.core.vision_cache.hits == 1
 
 
 def test_shipped_model_answers_red_for_blue_under_a_only():

@@ -2,11 +2,11 @@
 is served under strategies A / B / C, and we report hits (true / false), the answers, and how far the second
 request's logprobs moved from a cold run.  Run: python -m minivlm.experiments.mm_cache [--model DIR]"""
 import argparse
-from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
 
-from minivlm.request import Output, Request, SamplingParams
+from minivlm.cache_study import compare_strategies
+from minivlm.request import Request
 
 
 def shape_image(color: tuple, size=(224, 224), kind="circle") -> Image.Image:
@@ -44,56 +44,6 @@ def cases() -> dict[str, tuple[Request, Request]]:
                                  Request(prompt="How many shapes are there?", images=[green, red])),
         "6 same image, other position": (Request(prompt=Q, images=[red]), text_then_image),
     }
-
-
-@dataclass
-class StrategyResult:
-    """Request 2 served under one strategy after request 1 warmed the pool, next to request 2 run cold."""
-    strategy: str
-    first: Output
-    second: Output
-    cold: Output
-
-    @property
-    def hits(self) -> int:
-        return len(self.second.cache_hits)
-
-    @property
-    def false_hits(self) -> int:
-        return sum(h.false_hit for h in self.second.cache_hits)
-
-    @property
-    def true_hits(self) -> int:
-        return self.hits - self.false_hits
-
-    @property
-    def max_logprob_diff(self) -> float:
-        return max_logprob_diff(self.second, self.cold)
-
-
-def max_logprob_diff(warm: Output, cold: Output) -> float:
-    """Largest |Δlogprob| over tokens both runs report, at every position up to and including the first where
-    their tokens diverge (after that the two condition on different prefixes)."""
-    worst = 0.0
-    for i, (lw, lc) in enumerate(zip(warm.logprobs or [], cold.logprobs or [])):
-        worst = max([worst] + [abs(lw[t] - lc[t]) for t in lw.keys() & lc.keys()])
-        if warm.token_ids[i] != cold.token_ids[i]:
-            break
-    return worst
-
-
-def compare_strategies(engine, first: Request, second: Request, params: SamplingParams | None = None,
-                       strategies=("A", "B", "C"), num_blocks: int = 128) -> list[StrategyResult]:
-    """Run first then second on a fresh isolated pool per strategy (the engine's own cache is never touched)."""
-    params = params or SamplingParams(max_tokens=8, logprobs=5)
-    with engine.isolated(cache_strategy="none", num_blocks=num_blocks) as cold_engine:
-        cold = cold_engine.generate(second, params)
-    results = []
-    for strategy in strategies:
-        with engine.isolated(cache_strategy=strategy, num_blocks=num_blocks) as iso:
-            out1 = iso.generate(first, params)  # its blocks stay cached after it ends
-            results.append(StrategyResult(strategy, out1, iso.generate(second, params), cold))
-    return results
 
 
 def main():

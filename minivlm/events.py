@@ -1,0 +1,230 @@
+"""The event log: every decision the engine makes, in order, tagged with its scheduler step. It is the one
+source for replay (the KV state at any step), step-through, timelines and per-run counters. Block events use
+vLLM's KV-event names (BlockStored, BlockRemoved, AllBlocksCleared) and fields."""
+import dataclasses
+import json
+from itertools import islice
+from collections import deque
+from dataclasses import dataclass, field
+
+from minivlm.snapshot import BlockInfo, KVSnapshot, block_kind
+
+KINDS = ("arrived", "scheduled", "cache_lookup", "allocated", "BlockStored", "freed", "BlockRemoved",
+         "AllBlocksCleared", "preempted", "finished")
+
+
+@dataclass
+class EngineEvent:
+    """One decision. Kind-specific fields (see KINDS and docs/API.md) read as attributes: ev.block_ids, ev.reason."""
+    seq: int                      # position in the log, monotonic from 1
+    step: int                     # the scheduler step it happened in
+    kind: str
+    request_id: str | None        # None for block-only events
+    fields: dict = field(default_factory=dict)
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["fields"][name]
+        except KeyError:
+            raise AttributeError(f"{self.kind} event has no field {name!r}") from None
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready data (CacheHits become dicts, tuples lists)."""
+        def plain(v):
+            if dataclasses.is_dataclass(v):
+                return dataclasses.asdict(v)
+            return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+        return {"seq": self.seq, "step": self.step, "kind": self.kind, "request_id": self.request_id,
+                **{k: plain(v) for k, v in self.fields.items()}}
+
+
+class EventLog:
+    """A ring of the last `capacity` events (0 = logging off); `dropped` counts the ones pushed out."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.ring: deque[EngineEvent] = deque(maxlen=max(capacity, 1))
+        self.next_seq, self.dropped, self.step = 1, 0, 0
+
+    def emit(self, kind: str, request_id: str | None = None, **fields):
+        if not self.capacity:
+            return
+        if len(self.ring) == self.capacity:
+            self.dropped += 1
+        self.ring.append(EngineEvent(self.next_seq, self.step, kind, request_id, fields))
+        self.next_seq += 1
+
+    def since(self, seq: int = 0) -> list[EngineEvent]:
+        """Events with .seq > seq, in order (seq numbers in the ring are consecutive)."""
+        if not self.ring:
+            return []
+        return list(islice(self.ring, max(0, seq + 1 - self.ring[0].seq), None))
+
+    @property
+    def last_seq(self) -> int:
+        return self.next_seq - 1
+
+
+def to_jsonl(events: list[EngineEvent]) -> str:
+    return "".join(json.dumps(e.to_dict()) + "\n" for e in events)
+
+
+class _Replay:
+    """The KV state rebuilt from events alone (see replay)."""
+
+    def __init__(self, num_blocks: int, block_size: int, base: KVSnapshot | None):
+        self.num_blocks, self.bs = num_blocks, block_size
+        self.keys: list[str | None] = [None] * num_blocks
+        self.cached_kind = ["free"] * num_blocks
+        self.tables: dict[str, list[int]] = {}
+        self.types: dict[str, list[int]] = {}      # token types per request (1 = image placeholder)
+        self.computed: dict[str, int] = {}
+        self.running: list[str] = []
+        self.waiting: list[str] = []
+        self.step = self.preemptions = 0
+        if base is not None:  # an idle pool: only cached blocks carry state
+            if base.running or base.waiting or base.num_blocks != num_blocks:
+                raise ValueError("a replay base must be a snapshot of this pool taken while no request was queued")
+            self.keys = [b.block_hash if b.cached else None for b in base.blocks]
+            self.cached_kind = [b.kind for b in base.blocks]
+            self.step, self.preemptions = base.step, base.num_preemptions
+
+    def apply(self, ev: EngineEvent):
+        rid, f = ev.request_id, ev.fields
+        self.step = ev.step
+        if ev.kind == "arrived":
+            types = [0] * f["num_prompt_tokens"]
+            for start, n in f["image_spans"]:
+                types[start:start + n] = [1] * n
+            self.types[rid], self.computed[rid] = types, 0
+            self.waiting.append(rid)
+        elif ev.kind == "cache_lookup":
+            self.tables[rid] = [h.block_id for h in f["hits"]]
+            self.computed[rid] = f["num_cached_tokens"]
+            self.waiting.remove(rid)
+            self.running.append(rid)
+        elif ev.kind == "allocated":
+            self.tables[rid] += f["block_ids"]
+        elif ev.kind == "scheduled":
+            for r in f["request_ids"]:
+                self.computed[r] = len(self.types[r])
+                self.types[r].append(0)  # the token this step samples
+        elif ev.kind == "BlockStored":
+            for b, key in zip(f["block_ids"], f["block_hashes"]):
+                self.keys[b] = key
+                self.cached_kind[b] = f["block_kind"]
+        elif ev.kind == "BlockRemoved":
+            for b in f["block_ids"]:
+                self.keys[b] = None
+        elif ev.kind == "AllBlocksCleared":
+            held = {b for t in self.tables.values() for b in t}
+            self.keys = [k if b in held else None for b, k in enumerate(self.keys)]
+        elif ev.kind in ("preempted", "finished"):
+            self.tables.pop(rid, None)
+            for queue in (self.running, self.waiting):
+                if rid in queue:
+                    queue.remove(rid)
+            if ev.kind == "preempted":
+                self.waiting.insert(0, rid)
+                self.computed[rid], self.preemptions = 0, self.preemptions + 1
+
+    def snapshot(self) -> KVSnapshot:
+        bs, owners, fill = self.bs, {}, {}
+        for rid in self.running + self.waiting:
+            for j, b in enumerate(self.tables.get(rid, [])):
+                owners.setdefault(b, []).append(rid)
+                n = max(0, min(bs, self.computed[rid] - j * bs))
+                if n >= fill.get(b, (-1, ""))[0]:
+                    fill[b] = (n, block_kind(self.types[rid][j * bs:j * bs + max(n, 1)]))
+        blocks = []
+        for b in range(self.num_blocks):
+            cached = b not in owners and self.keys[b] is not None
+            n, kind = fill.get(b, (bs if cached else 0, self.cached_kind[b] if cached else "free"))
+            key = self.keys[b]
+            blocks.append(BlockInfo(b, len(owners.get(b, [])), n, key[:16] if key else None, owners.get(b, []),
+                                    kind, cached))
+        tables = {rid: list(self.tables[rid]) for rid in self.running + self.waiting if rid in self.tables}
+        return KVSnapshot(bs, self.num_blocks, blocks, tables, self.step, list(self.running), list(self.waiting),
+                          self.preemptions)
+
+
+def _start(events: list[EngineEvent], num_blocks: int, block_size: int, base: KVSnapshot | None) -> _Replay:
+    first = base.last_event_seq + 1 if base is not None else 1
+    if events and events[0].seq != first:
+        raise ValueError(f"replay needs the log from seq {first} on, but it starts at {events[0].seq} "
+                         f"(events were dropped: raise event_log_size)")
+    return _Replay(num_blocks, block_size, base)
+
+
+def replay_steps(events: list[EngineEvent], num_blocks: int, block_size: int, base: KVSnapshot | None = None):
+    """Yield (step, KVSnapshot after that step) for every step the events cover."""
+    state = _start(events, num_blocks, block_size, base)
+    for i, ev in enumerate(events):
+        state.apply(ev)
+        if i + 1 == len(events) or events[i + 1].step != ev.step:
+            yield ev.step, state.snapshot()
+
+
+def replay(events: list[EngineEvent], num_blocks: int, block_size: int, until_step: int | None = None,
+           base: KVSnapshot | None = None) -> KVSnapshot:
+    """The KV state (blocks, block tables, running, waiting, step) after `until_step` (default: the last event's
+    step), rebuilt from events alone: equal to what engine.snapshot() showed then. The events start at seq 1,
+    or, given `base` (a snapshot of the idle pool), right after base.last_event_seq: events(since=base.last_event_seq)."""
+    state = _start(events, num_blocks, block_size, base)
+    for ev in events:
+        if until_step is not None and ev.step > until_step:
+            break
+        state.apply(ev)
+    return state.snapshot()
+
+
+def _blocks(ids: list[int]) -> str:
+    return f"block {ids[0]}" if len(ids) == 1 else f"blocks {', '.join(map(str, ids))}"
+
+
+def describe(ev: EngineEvent) -> str:
+    """One event as a plain-English sentence, e.g. "req-3 filled block 41 (16/16) → stored under key 9f3a1c2b…"."""
+    rid, f = ev.request_id, ev.fields
+    if ev.kind == "arrived":
+        return f"{rid} arrived: {f['num_prompt_tokens']} prompt tokens, {f['num_images']} image(s)"
+    if ev.kind == "scheduled":
+        return f"{f['step_kind']} {len(f['request_ids'])} request(s), {f['num_tokens']} token(s)"
+    if ev.kind == "cache_lookup":
+        hits, false = f["hits"], [h.block_id for h in f["hits"] if h.false_hit]
+        if not hits:
+            return f"{rid} found no cached prefix"
+        return (f"{rid} reused {len(hits)} cached block(s) ({f['num_cached_tokens']} tokens)"
+                + (f", FALSE hits on {_blocks(false)}" if false else ""))
+    if ev.kind == "allocated":
+        return f"{rid} got {_blocks(f['block_ids'])}" if f["block_ids"] else f"{rid} needed no new block"
+    if ev.kind == "BlockStored":
+        n = len(f["token_ids"])
+        return f"{rid} filled block {f['block_ids'][0]} ({n}/{n}) → stored under key {f['block_hashes'][0][:8]}…"
+    if ev.kind == "freed":
+        return f"{rid} released {_blocks(f['block_ids'])} (content stays cached until reused)"
+    if ev.kind == "BlockRemoved":
+        return f"{_blocks(f['block_ids'])} evicted: key {f['block_hashes'][0][:8]}… forgotten"
+    if ev.kind == "AllBlocksCleared":
+        return "prefix cache reset: every free block's key forgotten"
+    if ev.kind == "preempted":
+        return f"{rid} preempted: {f['reason']}"
+    if f.get("finish_reason") == "error":
+        return f"{rid} failed during {f['stage']}: {f['error']}"
+    return f"{rid} finished ({f['finish_reason']})"
+
+
+def describe_step(events: list[EngineEvent]) -> str:
+    """The decisions of one step in a line: "step 14 · decode 8 request(s), 8 token(s) · req-3 filled block …"."""
+    if not events:
+        return ""
+    head = [describe(e) for e in events if e.kind == "scheduled"]
+    rest = [describe(e) for e in events if e.kind != "scheduled"]
+    return " · ".join([f"step {events[0].step}", *head, *(["; ".join(rest)] if rest else [])])
+
+
+def by_step(events: list[EngineEvent]) -> dict[int, list[EngineEvent]]:
+    """Events grouped by step, steps in order."""
+    steps: dict[int, list[EngineEvent]] = {}
+    for e in events:
+        steps.setdefault(e.step, []).append(e)
+    return steps

@@ -1,0 +1,183 @@
+"""The event log: replay of the log equals snapshot() at every step; preemptions say who and why; false hits
+show in cache_lookup events; a paused engine advances one step per step() and gives free running's tokens."""
+import json
+import threading
+import time
+
+import pytest
+
+from minivlm import Engine, EngineConfig, Request, SamplingParams
+from minivlm.events import by_step, describe, describe_step, replay, replay_steps
+from minivlm.experiments.mm_cache import BLUE, GREEN, Q, RED, shape_image
+
+LONG = SamplingParams(max_tokens=40, ignore_eos=True)
+
+
+def tight_engine(path, strategy):
+    return Engine(EngineConfig(model=path, num_blocks=22, block_size=8, max_model_len=512, cache_strategy=strategy))
+
+
+def check_replay_every_step(engine, mismatches: list):
+    """Debug hook: after every step, the state rebuilt from the log equals the engine's own snapshot."""
+    def check(core):
+        snap = core.snapshot()
+        rebuilt = replay(core.events.since(0), core.num_blocks, core.config.block_size)
+        for field in ("blocks", "block_tables", "running", "waiting", "step"):
+            if getattr(rebuilt, field) != getattr(snap, field):
+                mismatches.append((core.step_count, field))
+    engine.core.after_step = check
+
+
+def workload(engine):
+    """Warm the cache, then: a same-text other-image request (a false hit under A), more requests than the pool
+    holds (preemption), one aborted midway, a cache reset, and one more request afterwards."""
+    engine.generate(Request(prompt=Q, images=[shape_image(RED)], request_id="warm"), SamplingParams(max_tokens=4))
+    reqs = [Request(prompt=Q, images=[shape_image(BLUE)], request_id="blue")] + [
+        Request(prompt=f"Describe the scene {i}.", images=[shape_image(GREEN, size=(96 + 16 * i, 96))],
+                request_id=f"load-{i}") for i in range(4)]
+    gen = engine.stream_many(reqs, LONG)
+    for n, ev in enumerate(gen):
+        if n == 20:
+            engine.abort("load-3")
+    engine.reset_prefix_cache()
+    engine.generate(Request(prompt=Q, images=[shape_image(RED)], request_id="after"), SamplingParams(max_tokens=3))
+
+
+@pytest.mark.parametrize("strategy", ["A", "C"])
+def test_replay_equals_snapshot_at_every_step(checkpoints, strategy):
+    mismatches = []
+    with tight_engine(checkpoints["qwen3_vl"], strategy) as engine:
+        check_replay_every_step(engine, mismatches)
+        workload(engine)
+        events = engine.events()
+        final = replay(events, engine.num_blocks, engine.config.block_size)
+        snap = engine.snapshot()
+        kinds = {e.kind for e in events}
+    assert not mismatches, mismatches[:5]
+    assert final.blocks == snap.blocks and final.block_tables == snap.block_tables == {}
+    assert {"arrived", "scheduled", "cache_lookup", "allocated", "BlockStored", "freed", "BlockRemoved",
+            "AllBlocksCleared", "preempted", "finished"} <= kinds
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    aborted = [e for e in events if e.kind == "finished" and e.request_id == "load-3"]
+    assert aborted and aborted[0].finish_reason == "abort"
+    steps = dict(replay_steps(events, engine.num_blocks, engine.config.block_size))
+    assert sorted(steps) == sorted(by_step(events)) and steps[max(steps)].blocks == snap.blocks
+
+
+def test_replay_of_one_run_from_a_snapshot_of_the_idle_pool(checkpoints):
+    """A timeline of the current run: replay its events on top of the snapshot taken when it started."""
+    mismatches = []
+    with tight_engine(checkpoints["qwen3_vl"], "A") as engine:
+        engine.generate(Request(prompt=Q, images=[shape_image(RED)], request_id="earlier"), SamplingParams(max_tokens=4))
+        base = engine.snapshot()
+        assert any(b.cached for b in base.blocks)
+
+        def check(core):
+            snap = core.snapshot()
+            rebuilt = replay(core.events.since(base.last_event_seq), core.num_blocks, 8, base=base)
+            if (rebuilt.blocks, rebuilt.block_tables, rebuilt.step) != (snap.blocks, snap.block_tables, snap.step):
+                mismatches.append(core.step_count)
+        engine.core.after_step = check
+        out = engine.generate(Request(prompt=Q, images=[shape_image(BLUE)], request_id="blue"), LONG)
+        run = engine.events(since=base.last_event_seq)
+    assert not mismatches, mismatches
+    assert out.cache_hits and run[0].kind == "arrived" and run[0].request_id == "blue"
+    with pytest.raises(ValueError, match=f"from seq {base.last_event_seq + 1}"):
+        replay(run[1:], engine.num_blocks, 8, base=base)
+
+
+def test_preemptions_name_the_victim_and_the_reason(checkpoints):
+    with tight_engine(checkpoints["qwen3_vl"], "C") as engine:
+        workload(engine)
+        events = engine.events()
+    preempted = [e for e in events if e.kind == "preempted"]
+    assert preempted
+    for e in preempted:
+        assert "needs a block for its next token" in e.reason and e.request_id in e.reason
+        assert e.block_ids and f"releasing its {len(e.block_ids)} blocks" in e.reason
+        later = [x for x in events if x.seq > e.seq and x.request_id == e.request_id]
+        assert later[0].kind == "freed" or later[0].kind == "cache_lookup"  # its blocks go, then it is re-admitted
+        assert any(x.kind == "cache_lookup" for x in later), "a preempted request is recomputed later"
+
+
+def test_false_hits_under_a_are_cache_lookup_events_on_the_right_blocks(checkpoints):
+    with tight_engine(checkpoints["qwen3_vl"], "A") as engine:
+        engine.generate(Request(prompt=Q, images=[shape_image(RED)], request_id="red"), SamplingParams(max_tokens=2))
+        out = engine.generate(Request(prompt=Q, images=[shape_image(BLUE)], request_id="blue"),
+                              SamplingParams(max_tokens=2))
+        seq = engine.make_sequence(Request(prompt=Q, images=[shape_image(BLUE)]), SamplingParams())
+        lookup = [e for e in engine.events() if e.kind == "cache_lookup" and e.request_id == "blue"][0]
+    bs, first_image = 8, seq.images[0].start
+    # Independent truth: the prompts differ only inside the image, so every reused block from the one holding the
+    # first image token on (keys are chained) holds the red image's K/V; blocks before it are true hits.
+    expected = [i >= first_image // bs for i in range(len(lookup.hits))]
+    assert len(lookup.hits) == (len(seq) - 1) // bs and any(expected)
+    assert [h.false_hit for h in lookup.hits] == expected
+    assert [h.logical_index for h in lookup.hits] == list(range(len(lookup.hits)))
+    assert lookup.hits == out.cache_hits and lookup.num_cached_tokens == out.num_cached_tokens
+    assert "FALSE hits" in describe(lookup)
+
+
+def test_paused_engine_advances_one_step_per_step_call_and_matches_free_running(checkpoints):
+    reqs = lambda: [Request(prompt=f"Describe the scene {i}.", images=[shape_image(GREEN, size=(96 + 16 * i, 96))],
+                            request_id=f"r{i}") for i in range(4)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    with tight_engine(checkpoints["qwen3_vl"], "C") as free:
+        expected = [o.token_ids for o in free.generate(reqs(), params)]
+    with tight_engine(checkpoints["qwen3_vl"], "C") as engine:
+        engine.pause()
+        results = {}
+        caller = threading.Thread(target=lambda: results.update(out=engine.generate(reqs(), params)))
+        caller.start()
+        time.sleep(1.0)  # the loop would have run several steps by now
+        assert engine.core.step_count == 0 and engine.has_unfinished() and not engine.events()
+        for k in range(1, 6):
+            events = engine.step()
+            assert engine.core.step_count == k and {e.step for e in engine.events()} <= set(range(1, k + 1))
+            assert all(ev.delta is not None for ev in events)
+        time.sleep(0.3)
+        assert engine.core.step_count == 5, "a paused engine does not step by itself"
+        while "out" not in results and engine.has_unfinished():
+            engine.step()  # step-through to the end
+        caller.join(timeout=30)
+        assert [o.token_ids for o in results["out"]] == expected
+        engine.resume()
+        assert [o.token_ids for o in engine.generate(reqs(), params)] == expected
+        with pytest.raises(RuntimeError, match="pause"):
+            engine.step()
+
+
+def test_resume_continues_exactly(checkpoints):
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    req = lambda: Request(prompt="Describe the scene.", images=[shape_image(BLUE)], request_id="one")
+    with tight_engine(checkpoints["qwen3_vl"], "C") as engine:
+        expected = engine.generate(req(), params).token_ids
+        engine.reset_prefix_cache()
+        engine.pause()
+        out = {}
+        caller = threading.Thread(target=lambda: out.update(o=engine.generate(req(), params)))
+        caller.start()
+        time.sleep(0.3)
+        for _ in range(4):
+            engine.step()
+        engine.resume()
+        caller.join(timeout=30)
+        assert out["o"].token_ids == expected
+
+
+def test_jsonl_ring_bound_and_sentences(checkpoints):
+    with Engine(EngineConfig(model=checkpoints["qwen3_vl"], num_blocks=64, block_size=8, event_log_size=40)) as engine:
+        engine.generate([Request(prompt=Q, images=[shape_image(RED)]), Request(prompt="Hello")],
+                        SamplingParams(max_tokens=20, ignore_eos=True))
+        events = engine.events()
+        lines = engine.events_jsonl(since=events[-5].seq).splitlines()
+        assert len(events) == 40 and engine.events_dropped > 0 and events[0].seq == engine.events_dropped + 1
+        assert [json.loads(line)["seq"] for line in lines] == [e.seq for e in events[-4:]]
+        with pytest.raises(ValueError, match="needs the log from seq 1"):
+            replay(events, engine.num_blocks, 8)
+        steps = by_step(events)
+        line = describe_step(steps[max(steps)])
+        assert line.startswith(f"step {max(steps)} · decode") and "finished (length)" in line
+    with Engine(EngineConfig(model=checkpoints["qwen3_vl"], num_blocks=64, event_log_size=0)) as quiet:
+        quiet.generate(Request(prompt="Hello"), SamplingParams(max_tokens=3))
+        assert quiet.events() == []
