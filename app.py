@@ -8,6 +8,7 @@ import gradio as gr
 from panels.holder import EXAMPLES_DIR, OPERATOR_TOKEN_ENV, EngineHolder  # first: imports `spaces` before torch
 from panels import cache_inspector, chat, header, kv_blocks, vram
 from minivlm import EngineConfig
+from minivlm.api import ApiSettings, create_router
 from minivlm.config import DEVICES, DTYPES, STRATEGIES
 
 QUEUE_MAX_SIZE = 64  # beyond this many waiting events the page says the app is busy
@@ -43,6 +44,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
+    p.add_argument("--api-key", action="append", default=None,
+                   help="Bearer key the HTTP API (/v1) requires; repeatable (default: $MINIVLM_API_KEY). On a shared "
+                        "deployment the API is off without one")
+    p.add_argument("--allowed-media-domains", nargs="*", default=[],
+                   help="domains the API may fetch http(s) image URLs from (default: none, data: URLs only)")
     return p.parse_args(argv)
 
 
@@ -67,12 +73,15 @@ def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S) -> gr.Blocks
 
 
 def serve(holder: EngineHolder, host: str = "127.0.0.1", port: int = 7860, share: bool = False,
-          block: bool = True, max_file_size: str | int = MAX_FILE_SIZE, upload_ttl: int = UPLOAD_TTL_S) -> gr.Blocks:
-    """Build the UI and start serving it (block=False returns at once, for tests)."""
+          block: bool = True, api: ApiSettings | None = None, max_file_size: str | int = MAX_FILE_SIZE,
+          upload_ttl: int = UPLOAD_TTL_S) -> gr.Blocks:
+    """Build the UI and serve it with the HTTP API (/v1, /metrics) on the same port (block=False returns at once,
+    for tests). The API always uses the holder's current engine."""
     demo = build_app(holder, upload_ttl)
+    api_routes = create_router(holder.get, api or ApiSettings(shared=holder.shared)).routes
     demo.launch(server_name=host, server_port=port, share=share, css=CSS, allowed_paths=[EXAMPLES_DIR],
-                theme=gr.themes.Soft(), prevent_thread_lock=not block, quiet=not block,
-                max_file_size=max_file_size)
+                theme=gr.themes.Soft(), prevent_thread_lock=not block, quiet=not block, max_file_size=max_file_size,
+                app_kwargs={"routes": api_routes})  # Gradio's FastAPI app starts with the API's routes
     return demo
 
 
@@ -88,7 +97,11 @@ def main(argv=None):
     holder = EngineHolder(config, shared=args.shared or bool(os.environ.get("SPACE_ID")),
                           operator_token=os.environ.get(OPERATOR_TOKEN_ENV))
     print(holder.load(), flush=True)
-    serve(holder, args.host, args.port, args.share, max_file_size=args.max_file_size,
+    keys = args.api_key or [k for k in os.environ.get("MINIVLM_API_KEY", "").split(",") if k]
+    api = ApiSettings(keys, holder.shared, [d.lower() for d in args.allowed_media_domains])
+    print(f"HTTP API at /v1 (OpenAI format) and /metrics: {'key required' if keys else 'no key'}" if api.enabled
+          else "HTTP API off (a shared deployment needs --api-key or MINIVLM_API_KEY)", flush=True)
+    serve(holder, args.host, args.port, args.share, api=api, max_file_size=args.max_file_size,
           upload_ttl=args.upload_ttl)
 
 

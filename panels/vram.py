@@ -1,34 +1,22 @@
-"""VRAM budget tab: minivlm.budget.estimate for a model and device preset and a workload, as a stacked bar against
-the device line, next to what this engine really allocated (memory_report)."""
-import json
-import os
-
+"""VRAM budget tab: minivlm.budget.estimate for a model, a device (one GPU or several, tensor parallel) and a workload:
+the plan per GPU as a stacked bar, the workload's KV demand against the pool, why it does not fit in words, which
+GPUs would fit it, and what this engine really allocated (memory_report)."""
 import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from minivlm.budget import estimate
+from minivlm.budget import device_presets, estimate, gpus_needed, model_preset_names
 
 from panels.holder import EngineHolder, gpu
 
-PRESETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "presets")
 THIS_ENGINE = "this engine's model"
 CUSTOM = "custom size"
 SEGMENTS = [("LLM weights", "#1f77b4"), ("vision encoder", "#9467bd"), ("activations", "#ff7f0e"),
             ("KV cache", "#2ca02c"), ("overhead", "#7f7f7f")]
+TP_SIZES = [1, 2, 4, 8]
+EXAMPLE_72B = ("Qwen2.5-VL-72B-Instruct", 4, 32768, 8)  # model, images per request, context, concurrent requests
 GIB = 2 ** 30
-
-
-def model_presets() -> list[str]:
-    """Names of the shipped model configs (assets/presets/models/*.json)."""
-    return sorted(f[:-5] for f in os.listdir(os.path.join(PRESETS, "models")) if f.endswith(".json"))
-
-
-def device_presets() -> list[str]:
-    """Names of the shipped devices (assets/presets/devices.json), in file order."""
-    with open(os.path.join(PRESETS, "devices.json")) as f:
-        return list(json.load(f)["devices"])
 
 
 def estimate_parts(est) -> list[int]:
@@ -44,22 +32,35 @@ def engine_parts(rep) -> list[int]:
     return [rep.weights_bytes - rep.vision_weights_bytes, rep.vision_weights_bytes, act, rep.kv_cache_bytes, 0]
 
 
-def budget_figure(est_parts, eng_parts, memory_bytes: int, budget_bytes: int, device: str, engine_device: str):
-    """Two stacked bars (GiB), each on its own scale: the estimate against the device's memory and budget lines,
-    and what this engine holds now."""
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12,
-                        subplot_titles=[f"estimate on {device}", f"this engine now ({engine_device})"])
+def budget_figure(est_parts, eng_parts, memory_bytes: int, budget_bytes: int, device: str, engine_device: str,
+                  kv_tokens: tuple[int, int, str] | None = None):
+    """Two stacked bars (GiB), each on its own scale: the estimate per GPU against the device's memory and budget
+    lines, and what this engine holds now; below, when kv_tokens = (pool, demand, demand label) is given, the
+    workload's KV demand against the pool in tokens. Every label sits beside a bar or in the legend, never on one."""
+    rows = 2 if kv_tokens else 1
+    fig = make_subplots(rows=rows, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12, vertical_spacing=0.2,
+                        row_heights=[0.72, 0.28][:rows], specs=[[{}, {}]] + ([[{"colspan": 2}, None]] if kv_tokens
+                                                                             else []),
+                        subplot_titles=[f"estimate per GPU on {device}", f"this engine now ({engine_device})"]
+                        + (["KV cache: this workload's demand against the pool (tokens)"] if kv_tokens else []))
     for col, parts in ((1, est_parts), (2, eng_parts)):
         for (name, color), b in zip(SEGMENTS, parts):
             fig.add_trace(go.Bar(name=name, x=["memory"], y=[b / GIB],
                                  marker_color=color, legendgroup=name, showlegend=col == 1,
                                  hovertemplate=f"{name}: %{{y:.4f}} GiB<extra></extra>"), row=1, col=col)
-    fig.add_hline(memory_bytes / GIB, line=dict(color="black", width=2), row=1, col=1,
-                  annotation_text=f"{device}: {memory_bytes / GIB:.1f} GiB", annotation_position="top left")
-    fig.add_hline(budget_bytes / GIB, line=dict(color="red", dash="dash"), row=1, col=1,
-                  annotation_text=f"budget {budget_bytes / GIB:.1f} GiB", annotation_position="bottom left")
-    fig.update_layout(barmode="stack", height=420, margin=dict(l=10, r=10, t=40, b=10))
-    fig.update_yaxes(title_text="GiB")
+    fig.add_hline(memory_bytes / GIB, line=dict(color="black", width=2), row=1, col=1, showlegend=True,
+                  name=f"device memory {memory_bytes / GIB:.1f} GiB")
+    fig.add_hline(budget_bytes / GIB, line=dict(color="red", dash="dash"), row=1, col=1, showlegend=True,
+                  name=f"budget {budget_bytes / GIB:.1f} GiB")
+    if kv_tokens:
+        pool, demand, label = kv_tokens
+        fig.add_trace(go.Bar(y=[label, f"KV pool: {pool:,} tokens"], x=[demand, pool], orientation="h",
+                             marker_color=["#d62728" if demand > pool else "#17becf", "#2ca02c"], showlegend=False,
+                             name="KV demand vs pool", hovertemplate="%{y}<extra></extra>"), row=2, col=1)
+        fig.update_xaxes(title_text="tokens", row=2, col=1)
+    fig.update_layout(barmode="stack", height=640 if kv_tokens else 420, margin=dict(l=10, r=10, t=40, b=10),
+                      legend=dict(orientation="h", yanchor="top", y=-0.12 if kv_tokens else -0.08, x=0))
+    fig.update_yaxes(title_text="GiB", row=1)
     return fig
 
 
@@ -74,7 +75,44 @@ def comparison(est, rep) -> pd.DataFrame:
             ("max concurrency (x)", est.max_concurrency, rep.max_concurrency),
             ("peak (MiB)", None, None if rep.peak_bytes is None else rep.peak_bytes / 2**20)]
     return pd.DataFrame([(k, _fmt(a), _fmt(b)) for k, a, b in rows],
-                        columns=["quantity", "estimate", f"this engine now ({rep.device}, {rep.dtype})"])
+                        columns=["quantity", "estimate (per GPU)", f"this engine now ({rep.device}, {rep.dtype})"])
+
+
+def gpu_table(plans) -> pd.DataFrame:
+    """The planner's answer per device: the fewest GPUs that fit, per-GPU weights, and the limit where none do."""
+    rows = []
+    for p in plans:
+        e = p.estimate
+        rows.append((p.device, f"{p.gpus} × {p.device}" if p.gpus else "none up to 8",
+                     _fmt(e.weights_bytes / GIB) if e else "n/a", _fmt(e.workload_concurrency) if e else "n/a",
+                     "" if p.gpus else p.reason))
+    return pd.DataFrame(rows, columns=["GPU", "fewest that fit", "weights per GPU (GiB)", "requests at once",
+                                       "why not (at the most GPUs tried)"])
+
+
+def headline(est, device: str, n_seqs: int) -> str:
+    """The verdict in words: blocks and concurrency, and, when it does not fit, every limit it hits."""
+    gpus = (f" · {est.tensor_parallel_size} GPUs, tensor parallel: every figure is per GPU, the KV pool spans them"
+            if est.tensor_parallel_size > 1 else "")
+    text = (f"### {'Fits' if est.fits else 'Does not fit'}: {est.num_blocks:,} KV blocks = {est.kv_pool_tokens:,} "
+            f"tokens · max concurrency **{est.max_concurrency:.2f}x** at {est.max_model_len:,} tokens · this "
+            f"workload ({est.needed_tokens_per_request:,} tokens per request, {est.vision_tokens_per_image:,} vision "
+            f"tokens per image resized to {est.resized_image[1]}×{est.resized_image[0]}): "
+            f"**{est.workload_concurrency:,}** requests at once (asked for {n_seqs}) on {device}{gpus}")
+    return text + "".join(f"\n- **{limit}**" for limit in est.limits)
+
+
+def base_device(name: str) -> str:
+    """The single-GPU preset of a multi-GPU one ('4× H100 80GB' -> 'H100 80GB')."""
+    return name.split("× ", 1)[1] if "× " in name else name
+
+
+def device_for(device: str, tp: int) -> str:
+    """The preset that matches a GPU count: the multi-GPU preset of that size when one exists, else the single GPU."""
+    if device == CUSTOM or "× " not in device and tp == 1:
+        return device
+    multi = f"{tp}× {base_device(device)}"
+    return multi if tp > 1 and multi in device_presets() else base_device(device)
 
 
 def _fmt(v) -> str:
@@ -82,57 +120,96 @@ def _fmt(v) -> str:
 
 
 def build(holder: EngineHolder):
-    """Lay out the VRAM tab and wire its events (api name: vram)."""
+    """Lay out the VRAM tab and wire its events (api names: vram, vram_gpus); returns what the page runs on load."""
+    devices = device_presets()
     with gr.Row():
-        model = gr.Dropdown([THIS_ENGINE] + model_presets(), value="Qwen2.5-VL-3B-Instruct", label="Model",
+        model = gr.Dropdown([THIS_ENGINE] + model_preset_names(), value="Qwen2.5-VL-3B-Instruct", label="Model",
                             elem_id="vram-model")
-        device = gr.Dropdown(device_presets() + [CUSTOM], value="L4", label="Device", elem_id="vram-device")
+        device = gr.Dropdown(list(devices) + [CUSTOM], value="L4", label="Device", elem_id="vram-device")
         memory_gb = gr.Number(24, label="custom device memory (GiB)", minimum=0.1, visible=False)
+        tp = gr.Radio(TP_SIZES, value=1, label="GPUs (tensor parallel)", elem_id="vram-tp")
         util = gr.Slider(0.1, 1.0, value=0.9, step=0.01, label="gpu_memory_utilization")
     with gr.Row():
         width = gr.Number(1024, label="image width (px)", precision=0, minimum=1)
         height = gr.Number(768, label="image height (px)", precision=0, minimum=1)
-        images = gr.Slider(0, 8, value=1, step=1, label="images per request")
-        context = gr.Number(4096, label="context length (max_model_len)", precision=0, minimum=1)
-        seqs = gr.Slider(1, 256, value=8, step=1, label="concurrent requests")
+        images = gr.Slider(0, 8, value=1, step=1, label="images per request", elem_id="vram-images")
+        context = gr.Number(4096, label="context length (max_model_len)", precision=0, minimum=1,
+                            elem_id="vram-context")
+        seqs = gr.Slider(1, 256, value=8, step=1, label="concurrent requests", elem_id="vram-seqs")
     with gr.Row():
         dtype = gr.Dropdown(["bfloat16", "float16", "float32", "int8", "int4"], value="bfloat16", label="weights dtype")
         kv_dtype = gr.Dropdown(["auto", "bfloat16", "float16", "float32", "fp8"], value="auto", label="KV cache dtype")
         block_size = gr.Dropdown([8, 16, 32, 64], value=16, label="block size")
-    headline = gr.Markdown(elem_id="vram-headline")
+        example = gr.Button("Which GPUs for 72B, 4 images per request, 32k context?", elem_id="vram-example-72b")
+    summary = gr.Markdown(elem_id="vram-headline")
     figure = gr.Plot(label="Memory plan", elem_id="vram-plot")
-    with gr.Row():
-        versus = gr.Dataframe(label="Estimate vs this engine now", elem_id="vram-engine")
-        breakdown = gr.Dataframe(label="Breakdown (formulas)", wrap=True)
+    gpus = gr.Dataframe(label="Which GPUs fit this workload (fewest of each GPU model, tensor parallel up to 8)",
+                        wrap=True, column_widths=["12%", "14%", "10%", "9%", "55%"], max_height=520,
+                        elem_id="vram-gpus")
+    versus = gr.Dataframe(label="Estimate vs this engine now", elem_id="vram-engine")
+    breakdown = gr.Dataframe(label="Breakdown (formulas)", wrap=True, column_widths=["22%", "8%", "70%"],
+                             elem_id="vram-breakdown")
+
+    def workload(model_name, utilization, w, h, n_images, ctx, n_seqs, wdtype, kvdtype, bs) -> tuple:
+        config = holder.get().hf_config if model_name == THIS_ENGINE else model_name
+        return config, dict(dtype=wdtype, kv_dtype=kvdtype, max_model_len=int(ctx or 0), num_seqs=int(n_seqs),
+                            images_per_request=int(n_images), image_size=(int(w or 0), int(h or 0)),
+                            gpu_memory_utilization=float(utilization), block_size=int(bs))
 
     @gpu
-    def calculate(model_name, device_name, gb, utilization, w, h, n_images, ctx, n_seqs, wdtype, kvdtype, bs):
-        engine = holder.get()
-        report = engine.memory_report()  # inside the GPU function: on ZeroGPU the device exists only here
-        config = engine.hf_config if model_name == THIS_ENGINE else model_name
+    def calculate(model_name, device_name, gb, utilization, w, h, n_images, ctx, n_seqs, wdtype, kvdtype, bs, n_gpus=1):
+        report = holder.get().memory_report()  # inside the GPU function: on ZeroGPU the device exists only here
+        config, work = workload(model_name, utilization, w, h, n_images, ctx, n_seqs, wdtype, kvdtype, bs)
         where = {"device_memory_gb": float(gb or 0)} if device_name == CUSTOM else {"device": device_name}
+        multi = device_name != CUSTOM and devices[device_name].get("gpus", 1) > 1  # the preset fixes the count
         try:
-            est = estimate(config, dtype=wdtype, kv_dtype=kvdtype, max_model_len=int(ctx or 0), num_seqs=int(n_seqs),
-                           images_per_request=int(n_images), image_size=(int(w or 0), int(h or 0)),
-                           gpu_memory_utilization=float(utilization), block_size=int(bs), **where)
+            est = estimate(config, **work, **where, tensor_parallel_size=None if multi else int(n_gpus or 1))
         except ValueError as e:
             raise gr.Error(str(e))
-        verdict = "Fits" if est.fits else "Does not fit"
-        text = (f"### {verdict}: {est.num_blocks:,} KV blocks = {est.num_blocks * est.block_size:,} tokens · max "
-                f"concurrency **{est.max_concurrency:.2f}x** at {int(ctx):,} tokens · this workload "
-                f"({est.tokens_per_request:,} tokens per request, {est.vision_tokens_per_image:,} vision tokens per "
-                f"image resized to {est.resized_image[1]}×{est.resized_image[0]}): **{est.workload_concurrency:,}** "
-                f"requests at once (asked for {int(n_seqs)})")
-        fig = budget_figure(estimate_parts(est), engine_parts(report), est.memory_bytes,
-                            int(est.memory_bytes * float(utilization)), device_name if device_name != CUSTOM
-                            else f"{gb} GiB", report.device)
+        shown = device_name if device_name != CUSTOM else f"{gb} GiB"
+        demand = (f"{est.num_seqs:,} requests × {est.kv_demand_tokens // est.num_seqs:,}: "
+                  f"{est.kv_demand_tokens:,} tokens")
+        title = shown if est.tensor_parallel_size == 1 or multi else f"{est.tensor_parallel_size} × {shown}"
+        fig = budget_figure(estimate_parts(est), engine_parts(report), est.memory_bytes, est.budget_bytes, title,
+                            report.device, kv_tokens=(est.kv_pool_tokens, est.kv_demand_tokens, demand))
         table = pd.DataFrame([(b.name, f"{b.bytes / GIB:,.3f}", b.formula) for b in est.breakdown],
                              columns=["item", "GiB", "formula"])
-        return text, fig, comparison(est, report), table
+        return headline(est, shown, int(n_seqs)), fig, comparison(est, report), table
+
+    def plan(model_name, utilization, w, h, n_images, ctx, n_seqs, wdtype, kvdtype, bs):
+        config, work = workload(model_name, utilization, w, h, n_images, ctx, n_seqs, wdtype, kvdtype, bs)
+        try:
+            return gpu_table(gpus_needed(config, **work))
+        except ValueError as e:
+            raise gr.Error(str(e))
+
+    def load(*values):
+        return *calculate(*values), plan(values[0], *values[3:12])
+
+    def on_device(device_name, n_gpus):
+        count = devices.get(device_name, {}).get("gpus", 1)
+        return gr.skip() if count == 1 or count == n_gpus else count
+
+    def on_gpus(device_name, n_gpus):
+        target = device_for(device_name, int(n_gpus))
+        return gr.skip() if target == device_name else target
+
+    def the_72b_question():
+        name, n_images, ctx, n_seqs = EXAMPLE_72B
+        h100 = gpus_needed(name, devices=["H100 80GB"], images_per_request=n_images, max_model_len=ctx,
+                           num_seqs=n_seqs)[0]
+        n = h100.gpus or 8
+        return name, n_images, ctx, n_seqs, device_for("H100 80GB", n), n
 
     device.change(lambda d: gr.Number(visible=d == CUSTOM), device, memory_gb, api_name=False, queue=False)
-    inputs = [model, device, memory_gb, util, width, height, images, context, seqs, dtype, kv_dtype, block_size]
-    outputs = [headline, figure, versus, breakdown]
+    device.change(on_device, [device, tp], tp, api_name=False, queue=False)
+    tp.change(on_gpus, [device, tp], device, api_name=False, queue=False)
+    example.click(the_72b_question, None, [model, images, context, seqs, device, tp], api_name=False)
+    inputs = [model, device, memory_gb, util, width, height, images, context, seqs, dtype, kv_dtype, block_size, tp]
+    outputs = [summary, figure, versus, breakdown]
     gr.on([c.change for c in inputs], calculate, inputs, outputs, api_name="vram", concurrency_id="vram",
-          concurrency_limit=4, show_progress="hidden")
-    return calculate, inputs, outputs
+          concurrency_limit=1, show_progress="hidden")
+    plan_inputs = [model, util, width, height, images, context, seqs, dtype, kv_dtype, block_size]
+    gr.on([c.change for c in plan_inputs], plan, plan_inputs, gpus, api_name="vram_gpus", concurrency_id="vram",
+          show_progress="hidden")
+    return load, inputs, outputs + [gpus]

@@ -13,17 +13,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
-from minivlm.budget import estimate, load_device_preset, prefill_peak, vision_peak
-from minivlm.param_count import PRESET_DIR, hf_config, model_shape, parameter_count, vision_params
+from minivlm import Engine
+from minivlm.budget import (FAMILY_PROCESSOR, PRESET_DIR, estimate, hf_config, load_device_preset, model_shape,
+                            parameter_count, prefill_peak, smart_resize, vision_params, vision_peak, vision_tokens)
 from minivlm.processor import load_processor
-from minivlm.vision_tokens import FAMILY_PROCESSOR, smart_resize, vision_tokens
 from tools.make_checkpoint import FAMILIES, make_random_checkpoint
 
 PRESETS = ["Qwen2.5-VL-3B-Instruct", "Qwen2.5-VL-7B-Instruct", "Qwen3-VL-2B-Instruct", "Qwen3-VL-4B-Instruct",
            "Qwen3-VL-8B-Instruct"]
 # Parameter counts of the published checkpoints, as reported by people who loaded them (see the presets' _source).
 PUBLISHED = {"Qwen2.5-VL-3B-Instruct": 3_754_622_976, "Qwen3-VL-4B-Instruct": 4_437_815_808}
-# model-facts.md: KV bytes per token in bfloat16.
+# KV bytes per token in bfloat16 from the published configs: 2 · layers · KV heads · head_dim 128 · 2 B.
 KV_FACTS = {"Qwen2.5-VL-3B-Instruct": 36_864, "Qwen2.5-VL-7B-Instruct": 57_344, "Qwen3-VL-4B-Instruct": 147_456,
             "Qwen3-VL-8B-Instruct": 147_456}
 PATCH = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
@@ -83,7 +83,6 @@ def test_weight_bytes_equal_checkpoint_and_loaded_tensors(checkpoints, family):
     assert estimate(path, dtype="bfloat16", device_memory_gb=1).predicted_weights_bytes == loaded
 
 
-@pytest.mark.skipif(not os.path.isdir(TINY_MODEL), reason="assets/tiny-qwen-vl is not shipped yet")
 def test_weight_bytes_of_the_shipped_tiny_model():
     dtype = hf_config(TINY_MODEL).text_config.dtype or "float32"
     est = estimate(TINY_MODEL, dtype=str(dtype), device_memory_gb=1)
@@ -126,9 +125,8 @@ def test_kv_bytes_equal_hf_cache_and_paged_pool_allocation(checkpoints, family):
 
 
 def test_engine_kv_pool_and_weights_match_the_estimate(checkpoints):
-    engine_module = pytest.importorskip("minivlm.engine")
     path = checkpoints["qwen2_5_vl"]
-    with engine_module.Engine(model=path, device="cpu", dtype="float32", num_blocks=7, block_size=4) as engine:
+    with Engine(model=path, device="cpu", dtype="float32", num_blocks=7, block_size=4) as engine:
         report = engine.memory_report()
     est = estimate(path, dtype="float32", kv_dtype="float32", device_memory_gb=1, block_size=4)
     assert report.kv_bytes_per_token == est.kv_bytes_per_token

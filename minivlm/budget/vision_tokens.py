@@ -3,15 +3,12 @@ import json
 import math
 import os
 
-from minivlm.param_count import hf_config
+from minivlm.budget.shapes import hf_config
+from minivlm.families import FAMILIES
 
-# Image processor defaults of the published checkpoints (their preprocessor_config.json), per family.
-# Qwen2/2.5-VL: min_pixels 56*56, max_pixels 28*28*16384; Qwen3-VL: size {shortest_edge 256², longest_edge 4096²}.
-FAMILY_PROCESSOR = {
-    "qwen2_vl": {"patch_size": 14, "merge_size": 2, "min_pixels": 3136, "max_pixels": 12845056},
-    "qwen2_5_vl": {"patch_size": 14, "merge_size": 2, "min_pixels": 3136, "max_pixels": 12845056},
-    "qwen3_vl": {"patch_size": 16, "merge_size": 2, "min_pixels": 65536, "max_pixels": 16777216},
-}
+# Image processor defaults of the published checkpoints, per family (from the family registry).
+FAMILY_PROCESSOR = {name: {"patch_size": f.patch_size, "merge_size": f.merge_size, "min_pixels": f.min_pixels,
+                           "max_pixels": f.max_pixels} for name, f in FAMILIES.items()}
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -47,7 +44,8 @@ def checkpoint_image_processor(path: str) -> dict | None:
     return None
 
 
-def processor_settings(family_or_config, min_pixels=None, max_pixels=None, patch_size=None, merge_size=None) -> dict:
+def image_processor_settings(family_or_config, min_pixels=None, max_pixels=None, patch_size=None,
+                             merge_size=None) -> dict:
     """patch/merge/min/max pixels: explicit arguments, else a checkpoint dir's saved processor, else the family
     defaults (patch and merge size taken from the model config when one is given)."""
     saved = checkpoint_image_processor(family_or_config) if isinstance(family_or_config, str) else None
@@ -71,16 +69,10 @@ def processor_settings(family_or_config, min_pixels=None, max_pixels=None, patch
     return settings
 
 
-def resized_size(height: int, width: int, family_or_config, **overrides) -> tuple[int, int]:
-    """(height, width) the processor resizes an image to, for a family name, checkpoint dir or model config."""
-    s = processor_settings(family_or_config, **overrides)
-    return smart_resize(height, width, s["patch_size"] * s["merge_size"], s["min_pixels"], s["max_pixels"])
-
-
 def vision_tokens(height: int, width: int, family_or_config, min_pixels=None, max_pixels=None, patch_size=None,
                   merge_size=None) -> int:
     """Image placeholder tokens for one height x width image: (H'/factor)·(W'/factor), factor = patch · merge."""
-    s = processor_settings(family_or_config, min_pixels, max_pixels, patch_size, merge_size)
+    s = image_processor_settings(family_or_config, min_pixels, max_pixels, patch_size, merge_size)
     factor = s["patch_size"] * s["merge_size"]
     h, w = smart_resize(height, width, factor, s["min_pixels"], s["max_pixels"])
     return (h // factor) * (w // factor)

@@ -1,0 +1,40 @@
+"""Peak live activation bytes on one GPU: the vision encoder on one image, and one LLM forward over a step."""
+from minivlm.budget.shapes import ModelShape
+from minivlm.budget.tensor_parallel import kv_heads_per_gpu, split, vision_split
+
+
+def vision_peak(s: ModelShape, patches: int, act: int, eager: bool, tp: int = 1) -> tuple[int, str]:
+    """Live bytes at the peak of encoding one image of `patches` ViT patches (images are encoded one by one); with a
+    split tower the head- and MLP-wide tensors are split, the block-wide ones are not."""
+    w, i, head_dim, n = s.vision_width, s.vision_intermediate, s.vision_width // s.vision_heads, vision_split(s, tp)
+    pixels = patches * s.in_channels * s.temporal_patch_size * s.patch_size ** 2 * 4  # float32 pixel_values
+    # MLP intermediates alive at once: gated SiLU (2.5) holds gate, up, product; quick_gelu (2) fc1, sigmoid, product;
+    # Qwen3's fused tanh-GELU only fc1 and its output
+    mlp_live = 2 if s.family == "qwen3_vl" else 3
+    # block input + residual + normed input, plus the attention (q, k, v, rotated q/k, output: 6 widths) or the
+    # MLP intermediates; rotary cos/sin; Qwen3-VL also keeps the patch + position-table sum alive
+    attn, mlp = 3 * w + 6 * split(w, n), 3 * w + mlp_live * split(i, n)
+    per_patch = max(attn, mlp) + 2 * head_dim + (w if s.family == "qwen3_vl" else 0)
+    deepstack = s.deepstack * (patches // s.merge_size ** 2) * s.vision_out  # kept for the LLM until the end
+    scores = split(s.vision_heads, n) * patches ** 2 * (act + 4) if eager else 0  # eager: scores + fp32 softmax
+    total = pixels + (patches * per_patch + deepstack) * act + scores
+    return total, (f"{patches} patches × (max({attn} attention, {mlp} MLP) + 2·{head_dim}"
+                   + (f" + {w}" if s.family == "qwen3_vl" else "") + f") · {act} B + float32 pixel values"
+                   + (f" + {s.deepstack} deepstack features" if s.deepstack else "")
+                   + (f" + {split(s.vision_heads, n)} heads × {patches}² eager scores" if eager else ""))
+
+
+def prefill_peak(s: ModelShape, tokens: int, num_seqs: int, act: int, eager: bool, tp: int = 1) -> tuple[int, str]:
+    """Live bytes at the peak of one LLM forward over `tokens` step tokens on one GPU (paged attention: no tokens²
+    term); the last-position logits are gathered whole on every GPU."""
+    h, heads = s.hidden, split(s.heads, tp)
+    q, kv = heads * s.head_dim, kv_heads_per_gpu(s.kv_heads, tp) * s.head_dim
+    attn = 3 * h + 3 * q + 3 * kv + (q + kv if s.family == "qwen3_vl" else 0)  # + q/k norm outputs in Qwen3
+    mlp = 3 * h + 3 * split(s.intermediate, tp)
+    per_token = max(attn, mlp) + 2 * s.head_dim  # layer input, residual, normed + rotary
+    logits = num_seqs * s.vocab * (act + 4)  # last-position logits per sequence, upcast to float32 for sampling
+    scores = heads * tokens ** 2 * (act + 4) if eager else 0
+    return (tokens * per_token * act + logits + scores,
+            f"{tokens} tokens × (max({attn} attention, {mlp} MLP) + 2·{s.head_dim}) · {act} B"
+            f" + {num_seqs} × {s.vocab} logits · ({act}+4) B"
+            + (f" + {heads} heads × {tokens}² eager scores" if eager else ""))

@@ -1,0 +1,189 @@
+"""VRAM budget: weights, KV cache, vision tokens and activation peaks of a Qwen-VL deployment in one view.
+
+estimate() is a pure function of a model config and settings; the engine sizes its own KV pool with it, so the
+calculator and the engine cannot disagree. The KV pool rule (vLLM's), per GPU:
+
+    usable     = floor(memory · gpu_memory_utilization) − weights − activation peak − framework overhead
+    num_blocks = max(0, usable // (block_size · kv_bytes_per_token))
+    KV pool    = num_blocks · block_size · kv_bytes_per_token; per layer K and V are [num_blocks, block_size,
+                 kv_heads per GPU, head_dim] tensors of kv_dtype, so
+    kv_bytes_per_token = 2 · layers · kv_heads per GPU · head_dim · bytes(kv_dtype)
+
+With tensor parallelism (tensor_parallel.py) every GPU holds its share of the weights and of every token's K/V, so
+a block of the pool spans all GPUs: num_blocks, the concurrency and the pool's tokens are those of the one replica.
+"""
+import math
+from dataclasses import dataclass, field
+
+from minivlm.budget.activations import prefill_peak, vision_peak
+from minivlm.budget.devices import device_memory, tensor_parallel_for
+from minivlm.budget.limits import why_it_does_not_fit
+from minivlm.budget.params import text_params, vision_params
+from minivlm.budget.shapes import model_shape
+from minivlm.budget.tensor_parallel import check_tensor_parallel, kv_heads_per_gpu, vision_split
+from minivlm.budget.vision_tokens import image_processor_settings, smart_resize
+from minivlm.budget.weights import DTYPE_BYTES, QUANTIZED, dtype_name, kv_bytes_per_token, weight_bytes
+
+DEFAULT_OVERHEAD_BYTES = 512 * 2 ** 20  # CUDA context, cuBLAS workspaces, allocator fragmentation
+ATTENTION = ("sdpa", "flash_attention_2", "paged", "eager")  # only eager materialises heads x tokens² scores
+
+
+@dataclass
+class BudgetItem:
+    """One row of the breakdown: what, how many bytes, and the formula in words (with the numbers used)."""
+    name: str
+    bytes: int
+    formula: str
+
+
+@dataclass
+class Estimate:
+    """Everything the VRAM panel shows; bytes unless named otherwise, per GPU where the model is split."""
+    weights_bytes: int
+    predicted_weights_bytes: int
+    text_weights_bytes: int
+    vision_weights_bytes: int
+    num_parameters: int
+    kv_bytes_per_token: int
+    block_size: int
+    num_blocks: int
+    kv_cache_bytes: int
+    max_concurrency: float
+    vision_tokens_per_image: int
+    resized_image: tuple[int, int]
+    tokens_per_request: int
+    fits_context: bool
+    workload_concurrency: int
+    vision_peak_bytes: int
+    prefill_peak_bytes: int
+    activation_peak_bytes: int
+    overhead_bytes: int
+    memory_bytes: int
+    usable_bytes: int
+    fits: bool
+    tensor_parallel_size: int = 1
+    kv_heads_per_gpu: int = 0
+    vision_split: int = 1  # the vision tower is split over this many GPUs (1: replicated on each)
+    images_per_request: int = 0
+    text_tokens_per_request: int = 0
+    needed_tokens_per_request: int = 0  # before clipping to max_model_len (tokens_per_request is clipped)
+    max_model_len: int = 0
+    num_seqs: int = 0
+    gpu_memory_utilization: float = 0.0
+    budget_bytes: int = 0
+    kv_pool_tokens: int = 0
+    kv_demand_tokens: int = 0  # num_seqs requests of needed_tokens_per_request, each rounded up to whole blocks
+    limits: list[str] = field(default_factory=list)  # why it does not fit, one sentence per limit hit
+    breakdown: list[BudgetItem] = field(default_factory=list)
+
+
+def check_settings(max_model_len, num_seqs, block_size, gpu_memory_utilization, images_per_request, image_size,
+                   attn_implementation) -> None:
+    """Refuse settings no deployment can have, each with the value that is wrong."""
+    for name, value in (("max_model_len", max_model_len), ("num_seqs", num_seqs), ("block_size", block_size)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if images_per_request < 0:
+        raise ValueError(f"images_per_request must be >= 0, got {images_per_request}")
+    if len(image_size) != 2 or min(image_size) <= 0:
+        raise ValueError(f"image_size must be (width, height) with positive sides, got {image_size!r}")
+    if attn_implementation not in ATTENTION:
+        raise ValueError(f"attn_implementation must be one of {ATTENTION}, got {attn_implementation!r}")
+
+
+def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096, num_seqs=8,
+             images_per_request=1, image_size=(1024, 768), device_memory_gb=None, gpu_memory_utilization=0.9,
+             block_size=16, min_pixels=None, max_pixels=None, *, device=None, device_memory_bytes=None,
+             weights_bytes=None, max_num_batched_tokens=None, text_tokens_per_request=512, overhead_bytes=None,
+             attn_implementation="sdpa", tensor_parallel_size=None) -> Estimate:
+    """The memory plan of one deployment, per GPU (see the module doc for the num_blocks rule).
+
+    image_size is each image's (width, height), as PIL's Image.size; the encoder peak is for one such image.
+    dtype: float32 | bfloat16 | float16 | int8 | int4 (int weights compute in bfloat16); kv_dtype "auto" = the
+    compute dtype, or a float type / fp8. max_num_batched_tokens (the step token budget of the prefill peak)
+    defaults to max_model_len. weights_bytes replaces the predicted weights (of one GPU) with measured ones;
+    overhead_bytes replaces DEFAULT_OVERHEAD_BYTES. Memory (of one GPU): exactly one of device (preset),
+    device_memory_gb (GiB) or device_memory_bytes. tensor_parallel_size: GPUs the model is split over (default:
+    the device preset's GPU count, else 1)."""
+    s = model_shape(model_config)
+    dtype = dtype_name(dtype)
+    act_dtype = "bfloat16" if dtype in QUANTIZED else dtype
+    kv_dtype = act_dtype if kv_dtype == "auto" else dtype_name(kv_dtype)
+    if kv_dtype in QUANTIZED:
+        raise ValueError(f"kv_dtype {kv_dtype} is not supported; use a float type or fp8")
+    check_settings(max_model_len, num_seqs, block_size, gpu_memory_utilization, images_per_request, image_size,
+                   attn_implementation)
+    memory = device_memory(device, device_memory_gb, device_memory_bytes)
+    tp = tensor_parallel_for(device, tensor_parallel_size)
+    check_tensor_parallel(s, tp)
+    act, eager = DTYPE_BYTES[act_dtype], attn_implementation == "eager"
+
+    text_b, vision_b, text_formula, vision_formula = weight_bytes(s, dtype, tp)
+    predicted = text_b + vision_b
+    used_weights = predicted if weights_bytes is None else int(weights_bytes)
+    per_token = kv_bytes_per_token(s, kv_dtype, tp)
+
+    proc = image_processor_settings(model_config, min_pixels, max_pixels)
+    factor = proc["patch_size"] * proc["merge_size"]
+    width, height = image_size
+    resized = smart_resize(height, width, factor, proc["min_pixels"], proc["max_pixels"])
+    image_tokens = (resized[0] // factor) * (resized[1] // factor)
+    patches = image_tokens * proc["merge_size"] ** 2
+    needed_tokens = images_per_request * (image_tokens + 2) + text_tokens_per_request  # + vision start/end
+    request_tokens = min(max_model_len, needed_tokens)
+
+    vis_peak, vis_formula = vision_peak(s, patches, act, eager, tp) if images_per_request else (0, "no images")
+    step_tokens = max_num_batched_tokens or max_model_len
+    llm_peak, llm_formula = prefill_peak(s, step_tokens, min(num_seqs, step_tokens), act, eager, tp)
+    peak = max(vis_peak, llm_peak)  # the encoder's activations are freed before the LLM forward runs
+    overhead = DEFAULT_OVERHEAD_BYTES if overhead_bytes is None else int(overhead_bytes)
+
+    budget = int(memory * gpu_memory_utilization)
+    usable = budget - used_weights - peak - overhead
+    block_bytes = block_size * per_token
+    num_blocks = max(0, usable // block_bytes)
+    kv_cache = num_blocks * block_bytes
+    workload = num_blocks // math.ceil(request_tokens / block_size)
+    kv_heads = kv_heads_per_gpu(s.kv_heads, tp)
+    vis_split = vision_split(s, tp)
+    on_gpus = f" per GPU, split over {tp} GPUs" if tp > 1 else ""
+    kv_split = ("" if tp == 1 else f"; {s.kv_heads} KV heads over {tp} GPUs" +
+                (f", each head on {tp // s.kv_heads} GPUs" if s.kv_heads < tp else ""))
+    vision_note = ("" if tp == 1 else f"; split over {tp} GPUs" if vis_split == tp else
+                   f"; replicated on each GPU ({s.vision_heads} heads or {s.vision_intermediate} MLP width do not "
+                   f"divide by {tp})")
+    breakdown = [
+        BudgetItem("LLM weights", text_b, text_formula + on_gpus
+                   + ("; lm_head tied to the embeddings" if s.tied else "")),
+        BudgetItem("Vision tower weights", vision_b, vision_formula + vision_note),
+        BudgetItem("Activation peak", peak, f"max(vision encoder {vis_peak:,}, LLM prefill {llm_peak:,})"),
+        BudgetItem("Vision encoder peak (largest image)", vis_peak, vis_formula),
+        BudgetItem("LLM prefill peak (step token budget)", llm_peak, llm_formula),
+        BudgetItem("Framework overhead", overhead, "CUDA context, library workspaces, allocator fragmentation"),
+        BudgetItem("KV cache pool", kv_cache, f"{num_blocks} blocks × {block_size} tokens × {per_token:,} B/token "
+                   f"(2 · {s.layers} layers · {kv_heads} kv heads · {s.head_dim} head_dim · "
+                   f"{DTYPE_BYTES[kv_dtype]} B {kv_dtype}{kv_split})"),
+        *([BudgetItem("Measured weights beyond the prediction", used_weights - predicted,
+                      f"weights_bytes {used_weights:,} passed in minus the formula's {predicted:,}")]
+          if used_weights != predicted else []),
+        BudgetItem("Unallocated" if usable >= 0 else "Over budget", budget - used_weights - peak - overhead - kv_cache,
+                   f"{gpu_memory_utilization} × {memory:,} B minus all of the above"),
+    ]
+    est = Estimate(
+        weights_bytes=used_weights, predicted_weights_bytes=predicted, text_weights_bytes=text_b,
+        vision_weights_bytes=vision_b, num_parameters=sum(text_params(s).values()) + sum(vision_params(s).values()),
+        kv_bytes_per_token=per_token, block_size=block_size, num_blocks=num_blocks, kv_cache_bytes=kv_cache,
+        max_concurrency=num_blocks / math.ceil(max_model_len / block_size), vision_tokens_per_image=image_tokens,
+        resized_image=resized, tokens_per_request=request_tokens, fits_context=needed_tokens <= max_model_len,
+        workload_concurrency=workload, vision_peak_bytes=vis_peak, prefill_peak_bytes=llm_peak,
+        activation_peak_bytes=peak, overhead_bytes=overhead, memory_bytes=memory, usable_bytes=usable,
+        fits=workload >= num_seqs and needed_tokens <= max_model_len, tensor_parallel_size=tp,
+        kv_heads_per_gpu=kv_heads, vision_split=vis_split, images_per_request=images_per_request,
+        text_tokens_per_request=text_tokens_per_request, needed_tokens_per_request=needed_tokens,
+        max_model_len=max_model_len, num_seqs=num_seqs, gpu_memory_utilization=gpu_memory_utilization,
+        budget_bytes=budget, kv_pool_tokens=num_blocks * block_size,
+        kv_demand_tokens=num_seqs * math.ceil(needed_tokens / block_size) * block_size, breakdown=breakdown)
+    est.limits = why_it_does_not_fit(est)
+    return est

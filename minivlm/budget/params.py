@@ -1,0 +1,83 @@
+"""Exact parameter counts of the Qwen-VL families per GPU, read off a config (no weights, no model instantiation).
+
+Each count mirrors one module of transformers' modeling_qwen2_vl / qwen2_5_vl / qwen3_vl, split over tp GPUs as
+tensor_parallel.py says; the tests check the totals against models built on the meta device (whole and sharded)
+and against the tensors stored in real checkpoints.
+"""
+from dataclasses import dataclass
+
+from minivlm.budget.shapes import ModelShape, model_shape
+from minivlm.budget.tensor_parallel import kv_heads_per_gpu, split, vision_split, vocab_per_gpu
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    """The shape of one nn.Linear (or the matrix of a conv / embedding): weight out x in, optional bias of size out."""
+    name: str
+    out_features: int
+    in_features: int
+    bias: bool = False
+
+    @property
+    def params(self) -> int:
+        return self.out_features * self.in_features + (self.out_features if self.bias else 0)
+
+
+def column(name: str, out_features: int, in_features: int, bias: bool, tp: int) -> LinearShape:
+    """A column-parallel linear on one GPU: the outputs (and their biases) split."""
+    return LinearShape(name, split(out_features, tp), in_features, bias)
+
+
+def row(name: str, out_features: int, in_features: int, bias: bool, tp: int) -> LinearShape:
+    """A row-parallel linear on one GPU: the inputs split, the bias whole."""
+    return LinearShape(name, out_features, split(in_features, tp), bias)
+
+
+def decoder_linears(s: ModelShape, tp: int = 1) -> list[LinearShape]:
+    """The Linear layers of one LLM decoder layer on one GPU: GQA projections (biased q/k/v in Qwen2/2.5) and the
+    SwiGLU MLP."""
+    qkv_bias = s.family != "qwen3_vl" or s.attention_bias  # Qwen2/2.5: q/k/v always biased; Qwen3: a config flag
+    o_bias = s.family == "qwen3_vl" and s.attention_bias
+    q, kv = s.heads * s.head_dim, kv_heads_per_gpu(s.kv_heads, tp) * s.head_dim
+    return [column("q_proj", q, s.hidden, qkv_bias, tp), LinearShape("k_proj", kv, s.hidden, qkv_bias),
+            LinearShape("v_proj", kv, s.hidden, qkv_bias), row("o_proj", s.hidden, q, o_bias, tp),
+            column("gate_proj", s.intermediate, s.hidden, False, tp),
+            column("up_proj", s.intermediate, s.hidden, False, tp),
+            row("down_proj", s.hidden, s.intermediate, False, tp)]
+
+
+def text_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
+    """LLM parameters on one GPU by part; lm_head is 0 when tied (it shares the embedding's storage)."""
+    per_layer = sum(lin.params for lin in decoder_linears(s, tp)) + 2 * s.hidden  # + input / post-attention RMSNorm
+    if s.family == "qwen3_vl":
+        per_layer += 2 * s.head_dim  # q_norm and k_norm over the head dim
+    rows = vocab_per_gpu(s.vocab, tp)
+    return {"embed_tokens": rows * s.hidden, "decoder_layers": s.layers * per_layer, "final_norm": s.hidden,
+            "lm_head": 0 if s.tied else rows * s.hidden}
+
+
+def vision_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
+    """Vision tower parameters on one GPU by part: patch embed, position table, blocks, merger, deepstack mergers."""
+    w, i, out, merged = s.vision_width, s.vision_intermediate, s.vision_out, s.vision_width * s.merge_size ** 2
+    n = vision_split(s, tp)
+    conv = s.in_channels * s.temporal_patch_size * s.patch_size ** 2 * w
+    attn = column("qkv", 3 * w, w, True, n).params + row("proj", w, w, True, n).params
+    if s.family == "qwen2_5_vl":  # RMSNorms (weight only), gated MLP with biases, RMSNorm before the merger
+        mlp = 2 * column("up", i, w, True, n).params + row("down", w, i, True, n).params
+        norms, merger_norm = 2 * w, w
+    else:  # LayerNorms (weight + bias), plain fc1 -> GELU -> fc2 with biases
+        mlp = column("fc1", i, w, True, n).params + row("fc2", w, i, True, n).params
+        norms, merger_norm = 4 * w, 2 * w
+    merger_mlp = column("fc1", merged, merged, True, n).params + row("fc2", out, merged, True, n).params
+    return {"patch_embed": conv + (w if s.family == "qwen3_vl" else 0),  # only Qwen3's patch conv has a bias
+            "pos_embed": s.num_position_embeddings * w if s.family == "qwen3_vl" else 0,
+            "vision_blocks": s.vision_depth * (norms + attn + mlp),
+            "merger": merger_norm + merger_mlp,
+            "deepstack_mergers": s.deepstack * (2 * merged + merger_mlp)}  # LayerNorm after the 2x2 shuffle
+
+
+def parameter_count(model_config, tp: int = 1) -> int:
+    """Unique parameters of the whole model on one of tp GPUs (a tied lm_head counted once), as model.parameters()
+    counts them (tp = 1: the whole model)."""
+    s = model_config if isinstance(model_config, ModelShape) else model_shape(model_config)
+    return sum(text_params(s, tp).values()) + sum(vision_params(s, tp).values())

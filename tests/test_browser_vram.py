@@ -1,0 +1,112 @@
+"""The VRAM tab in a real browser (Debian's chromium, headless): the KV-demand bar follows images per request, the
+why-it-does-not-fit sentences appear, no label sits on a bar, the formulas are not clipped at 1400 px, the GPU
+picker follows the device, and the 72B example answers which GPUs it needs. Its screenshot is docs/screenshots'
+vram.png when $MINIVLM_SCREENSHOTS points there."""
+import contextlib
+import os
+import time
+
+import pytest
+
+from minivlm.budget import gpus_needed
+from tests.test_browser import TIMEOUT_MS, app, open_tab, page, shots  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.browser
+DEMAND = """() => {
+  const plot = document.querySelector('#vram-plot .js-plotly-plot');
+  const kv = plot && plot.data.find(t => t.name === 'KV demand vs pool');
+  return kv ? [kv.x[0], kv.x[1]] : null;
+}"""
+LABELS_ON_BARS = """() => {
+  const box = e => e.getBoundingClientRect();
+  const bars = [...document.querySelectorAll('#vram-plot .bars path')].map(box)
+    .filter(r => r.width > 1 && r.height > 1);
+  const labels = [...document.querySelectorAll('#vram-plot .annotation-text, #vram-plot .xtick text, ' +
+                                              '#vram-plot .ytick text, #vram-plot .legendtext')].map(box);
+  const hit = (a, b) => a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+  return labels.filter(l => bars.some(b => hit(l, b))).length;
+}"""
+CLIPPED = """(id) => [...document.querySelectorAll(id + ' *')].filter(e => {
+  const style = getComputedStyle(e);
+  return ['auto', 'scroll', 'hidden'].includes(style.overflowX) && e.checkVisibility({checkVisibilityCSS: true}) &&
+         e.scrollWidth > e.clientWidth + 1;
+}).length"""
+
+
+def wait_for(page, predicate, what):
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def set_number(page, elem_id, value):
+    box = page.locator(f"#{elem_id} input[type=number]").first
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def tokens_needed(images: int, seqs: int) -> int:
+    """By hand: 1024×768 on Qwen2.5-VL is 27 × 37 = 999 vision tokens + start/end, 512 text tokens, whole blocks
+    of 16."""
+    return seqs * -(-(images * 1001 + 512) // 16) * 16
+
+
+def test_vram_tab_explains_and_plans(page, shots):  # noqa: F811 (fixture)
+    open_tab(page, "VRAM budget")
+    headline = page.locator("#vram-headline")
+    page.wait_for_function("document.querySelector('#vram-headline')?.innerText.includes('KV blocks')")
+    wait_for(page, lambda: page.evaluate(DEMAND), "the KV demand bar")
+    demand, pool = page.evaluate(DEMAND)
+    assert demand == tokens_needed(1, 8) and pool > demand  # Qwen2.5-VL-3B on an L4: 1 image, 8 requests
+
+    set_number(page, "vram-images", 8)
+    demand8, pool8 = wait_for(page, lambda: (d := page.evaluate(DEMAND)) and d[0] != demand and d, "a new demand")
+    assert demand8 == tokens_needed(8, 8) and pool8 == pool  # the demand bar moved, the pool did not
+    wait_for(page, lambda: "Does not fit" in headline.inner_text(), "the verdict")
+    assert "8 images × 1,001 tokens (999 vision + start/end) + 512 text tokens = 8,520 tokens per request > " \
+           "max_model_len 4,096" in headline.inner_text()
+
+    set_number(page, "vram-context", 16384)
+    set_number(page, "vram-seqs", 64)
+    wait_for(page, lambda: "64 requests × 8,528 tokens" in headline.inner_text(), "the KV pool sentence")
+    assert "the KV pool holds" in headline.inner_text()
+    assert page.evaluate(DEMAND)[0] == tokens_needed(8, 64)
+
+    assert page.evaluate(LABELS_ON_BARS) == 0
+    assert page.evaluate(CLIPPED, "#vram-breakdown") == 0  # the formulas wrap inside 1400 px
+
+    page.locator("#vram-example-72b").click()
+    final = ("4,516 tokens per request", "at 32,768 tokens", "(asked for 8) on 4× H100 80GB")  # every input set
+    wait_for(page, lambda: all(s in headline.inner_text() for s in final), "the 72B answer")
+    assert "Fits:" in headline.inner_text() and "Does not fit" not in headline.inner_text()
+    plans = {p.device: p.gpus for p in gpus_needed("Qwen2.5-VL-72B-Instruct", images_per_request=4,
+                                                   max_model_len=32768, num_seqs=8)}
+    expected = {gpu: f"{plans[gpu]} × {gpu}" for gpu in ("A100 80GB", "H100 80GB", "H200")} | {"L4": "none up to 8"}
+    rows = {}
+    with contextlib.suppress(AssertionError):  # a clear failure below names what the table shows
+        wait_for(page, lambda: (rows := {r[0]: r[1] for r in table_rows(page, "#vram-gpus")}) and
+                 all(rows.get(k) == v for k, v in expected.items()), "the GPU table")
+    rows = {r[0]: r[1] for r in table_rows(page, "#vram-gpus")}
+    assert {k: rows.get(k) for k in expected} == expected
+    assert page.evaluate(LABELS_ON_BARS) == 0
+    page.screenshot(path=os.path.join(shots, "vram.png"), full_page=True)
+
+    page.locator("#vram-tp label", has_text="2").click()  # half the GPUs: the device follows, the weights do not fit
+    wait_for(page, lambda: "leave no room for the KV cache" in headline.inner_text(), "the memory sentence")
+    assert "Does not fit" in headline.inner_text() and "on 2× H100 80GB" in headline.inner_text()
+
+
+def table_rows(page, elem_id) -> list[list[str]]:
+    """The body rows of a Gradio dataframe as the page shows them (cells carry data-testid cell-ROW-COL)."""
+    return page.evaluate("""(id) => {
+      const rows = {};
+      for (const cell of document.querySelectorAll(id + ' [data-testid^=cell-]')) {
+        const [, r, c] = cell.dataset.testid.split('-');
+        (rows[r] = rows[r] || [])[c] = cell.innerText.trim();
+      }
+      return Object.values(rows);
+    }""", elem_id)

@@ -1,0 +1,143 @@
+"""GET /metrics read with prometheus_client's own text parser: after a known workload each counter has moved by
+exactly what the responses (and the engine) say happened."""
+import dataclasses
+import os
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from minivlm import Request, SamplingParams
+from panels.holder import EXAMPLES_DIR
+from tests.api_app import MODEL, QUESTION, image_message, inprocess_app
+
+
+@pytest.fixture(scope="module")
+def app():
+    """The app served from this process, so the test can also submit requests the way the UI does."""
+    with inprocess_app(num_blocks=40, cache_strategy="A") as (holder, url):
+        yield holder, url, openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample of /metrics by name (labels other than model_name and finished_reason summed away)."""
+    r = httpx.get(url + "metrics", timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            key = s.name + (f"[{s.labels['finished_reason']}]" if "finished_reason" in s.labels else "")
+            if "le" in s.labels:
+                continue
+            out[key] = out.get(key, 0) + s.value
+    return out
+
+
+def ask(client, name: str, **kw):
+    return client.chat.completions.create(model=MODEL, temperature=0, messages=image_message(name), **kw)
+
+
+def delta(after, before, name):
+    return after.get(name, 0) - before.get(name, 0)
+
+
+def test_vllm_metric_names_are_served(app):
+    _, url, _ = app
+    names = set(scrape(url))
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "minivlm:prefix_cache_false_hits_total",
+                 "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count"):
+        assert name in names, name
+
+
+def test_counters_move_by_what_the_workload_did(app):
+    """Strategy A: red circle cold, red again (true hits), then blue and (streamed) green with the same text
+    (false hits: A keys image blocks by text tokens only)."""
+    holder, url, client = app
+    holder.get().reset_prefix_cache()
+    before = scrape(url)
+    red = ask(client, "red_circle.png")
+    red_again = ask(client, "red_circle.png")
+    blue = ask(client, "blue_circle.png")
+    chunks = list(ask(client, "green_triangle.png", stream=True, stream_options={"include_usage": True}))
+    streamed = chunks[-1].usage
+    after = scrape(url)
+    usages = [red.usage, red_again.usage, blue.usage, streamed]
+    hits = sum(u.prompt_tokens_details.cached_tokens for u in usages)
+    finish = next(c for c in chunks if c.choices and c.choices[0].finish_reason)
+    reports = [r.model_extra["minivlm"] for r in (red, red_again, blue, finish)]
+    false_blocks = sum(r["false_hit_blocks"] for r in reports)
+    assert reports[1]["false_hit_blocks"] == 0 < reports[1]["cache_hit_blocks"]  # red again: true hits
+    assert reports[2]["false_hit_blocks"] > 0  # blue reuses red's image blocks under A
+    assert delta(after, before, "vllm:prefix_cache_hits_total") == hits
+    assert delta(after, before, "minivlm:prefix_cache_false_hits_total") == false_blocks * 16
+    assert delta(after, before, "vllm:prefix_cache_queries_total") == sum(u.prompt_tokens for u in usages)
+    assert delta(after, before, "vllm:prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
+    assert delta(after, before, "vllm:generation_tokens_total") == sum(u.completion_tokens for u in usages)
+    assert delta(after, before, "vllm:request_success_total[stop]") == 4
+    assert delta(after, before, "vllm:time_to_first_token_seconds_count") == 4
+    assert delta(after, before, "vllm:e2e_request_latency_seconds_count") == 4
+    assert delta(after, before, "vllm:inter_token_latency_seconds_count") == \
+        sum(u.completion_tokens - 1 for u in usages)
+    assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
+    assert after["vllm:kv_cache_usage_perc"] == 0
+
+
+def test_engine_wide_counters_include_the_uis_requests_and_preemptions(app):
+    """Requests submitted to the engine directly (as the UI's tabs do) move the prefix-cache and preemption
+    counters too; a 40-block pool under 8 requests of 120 tokens each must preempt."""
+    holder, url, _ = app
+    engine = holder.get()
+    before, snap_before = scrape(url), engine.snapshot()
+    path = os.path.join(EXAMPLES_DIR, "yellow_square.png")
+    outs = engine.generate([Request(prompt=QUESTION, images=[path]) for _ in range(8)],
+                           SamplingParams(max_tokens=120, ignore_eos=True))
+    after, snap_after = scrape(url), engine.snapshot()
+    preempted = snap_after.num_preemptions - snap_before.num_preemptions
+    assert preempted > 0
+    assert delta(after, before, "vllm:num_preemptions_total") == preempted
+    assert delta(after, before, "vllm:prefix_cache_hits_total") == sum(o.num_cached_tokens for o in outs) > 0
+
+
+def test_token_counters_include_the_uis_requests(app):
+    """Requests that never touch the HTTP API (the UI's) count in the token and request counters too."""
+    holder, url, _ = app
+    before = scrape(url)
+    outs = holder.get().generate([Request(prompt=QUESTION, images=[os.path.join(EXAMPLES_DIR, name)])
+                                  for name in ("red_circle.png", "two_shapes.png", "blue_circle.png")],
+                                 SamplingParams(max_tokens=20, ignore_eos=True))
+    after = scrape(url)
+    assert delta(after, before, "vllm:prompt_tokens_total") == sum(o.num_prompt_tokens for o in outs)
+    assert delta(after, before, "vllm:prefix_cache_queries_total") == sum(o.num_prompt_tokens for o in outs)
+    assert delta(after, before, "vllm:generation_tokens_total") == sum(len(o.token_ids) for o in outs) == 60
+    assert delta(after, before, "vllm:request_success_total[length]") == 3
+
+
+def test_counters_survive_an_engine_rebuild(app):
+    holder, url, client = app
+    ask(client, "red_circle.png")
+    before = scrape(url)
+    holder.load(dataclasses.replace(holder.config))
+    rebuilt = scrape(url)
+    for name in ("vllm:prefix_cache_hits_total", "vllm:num_preemptions_total", "vllm:prompt_tokens_total"):
+        assert rebuilt[name] == before[name], name  # a new engine starts at zero; the exported total does not
+    ask(client, "red_circle.png")
+    again = ask(client, "red_circle.png")
+    after = scrape(url)
+    assert delta(after, rebuilt, "vllm:prefix_cache_hits_total") == again.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_without_an_event_log_the_api_counts_its_own_requests():
+    """An engine built with event_log_size=0 has no log to read: the API layer counts the requests it serves."""
+    with inprocess_app(event_log_size=0) as (_, url):
+        client = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=120)
+        before = scrape(url)
+        usages = [ask(client, name).usage for name in ("red_circle.png", "red_circle.png")]
+        after = scrape(url)
+    assert delta(after, before, "vllm:prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
+    assert delta(after, before, "vllm:generation_tokens_total") == sum(u.completion_tokens for u in usages)
+    assert delta(after, before, "vllm:prefix_cache_hits_total") == usages[1].prompt_tokens_details.cached_tokens > 0
+    assert delta(after, before, "vllm:request_success_total[stop]") == 2
