@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 
-from bench import events_overhead, memory, panel_overhead, prefix_cache, single_stream, throughput
+from bench import chunked_prefill, events_overhead, memory, panel_overhead, prefix_cache, single_stream, throughput
 from bench.report import machine, markdown_table, text_table
 from bench.workload import (BENCH_MODEL, SMOKE_MODEL, build_checkpoint, hf_generate, load_hf, make_engine,
                             mixed_requests, param_count)
@@ -18,7 +18,7 @@ from minivlm import SamplingParams
 
 MEASUREMENTS = {"throughput": throughput.measure, "single_stream": single_stream.measure,
                 "prefix_cache": prefix_cache.measure, "memory": memory.measure, "panel": panel_overhead.measure,
-                "events": events_overhead.measure}
+                "events": events_overhead.measure, "chunked_prefill": chunked_prefill.measure}
 
 
 @dataclass

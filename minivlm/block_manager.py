@@ -55,7 +55,8 @@ class BlockManager:
         return self.blocks_needed(len(seq)) - len(hits) + revived <= self.num_free
 
     def allocate(self, seq):
-        """Give seq a block table for all its tokens: cache hits first (shared), fresh blocks for the rest."""
+        """Give seq a block table for all its tokens: cache hits first (shared), fresh blocks for the rest. The
+        scheduler publishes the fresh blocks as the steps that fill them are scheduled (publish)."""
         assert not seq.block_table
         hits = self.match_prefix(seq)
         cache_hits = []
@@ -80,14 +81,19 @@ class BlockManager:
         fresh = [self._take_free() for _ in range(len(hits), self.blocks_needed(len(seq)))]
         seq.block_table += fresh
         self.events.emit("allocated", seq.request_id, block_ids=fresh)
-        for i in range(len(hits), len(seq.block_table)):
-            self.register(seq, i)  # computed in this very step, before anyone can read it
+
+    def publish(self, seq, end: int):
+        """Register the full blocks that computing seq's tokens [num_computed, end) completes."""
+        for i in range(seq.num_computed // self.block_size, end // self.block_size):
+            self.register(seq, i)
 
     def register(self, seq, i: int):
         """Publish full block i of seq under its key (its K/V are written in the current step)."""
         if not self.caching or i >= len(seq.block_keys):
             return
         block = self.blocks[seq.block_table[i]]
+        if block.key == seq.block_keys[i]:
+            return  # already published (a cache hit, or a recomputed block that kept its key)
         block.key, block.truth = seq.block_keys[i], seq.truth_keys[i]
         block.token_ids = seq.block_tokens(i, self.block_size)
         block.kind = block_kind(seq.token_types[i * self.block_size:(i + 1) * self.block_size])

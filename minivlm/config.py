@@ -19,7 +19,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 16
     max_model_len: int = 4096
-    max_num_batched_tokens: int | None = None
+    max_num_batched_tokens: int | None = None   # tokens one step may compute (the step's token budget)
+    enable_chunked_prefill: bool = False    # split long prefills into chunks mixed with the decodes of each step
     cache_strategy: str = "C"
     seed: int = 0
     vision_cache_bytes: int = 64 * 2**20
@@ -46,10 +47,13 @@ class EngineConfig:
             positive_int("num_blocks")
         if not isinstance(self.event_log_size, int) or isinstance(self.event_log_size, bool) or self.event_log_size < 0:
             raise ValueError(f"EngineConfig.event_log_size must be an integer >= 0, got {self.event_log_size!r}")
-        if self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = max(self.max_model_len, 2048)
+        if not isinstance(self.enable_chunked_prefill, bool):
+            raise ValueError(f"EngineConfig.enable_chunked_prefill must be True or False, got {self.enable_chunked_prefill!r}")
+        if self.max_num_batched_tokens is None:  # chunked: a short step, so decodes keep their pace
+            self.max_num_batched_tokens = 512 if self.enable_chunked_prefill else max(self.max_model_len, 2048)
         positive_int("max_num_batched_tokens")
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"EngineConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
-        if self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError("EngineConfig.max_num_batched_tokens must be >= max_model_len (prompts are not chunked)")
+        if self.max_num_batched_tokens < self.max_model_len and not self.enable_chunked_prefill:
+            raise ValueError("EngineConfig.max_num_batched_tokens must be >= max_model_len unless "
+                             "enable_chunked_prefill=True (otherwise a long prompt could never be scheduled)")

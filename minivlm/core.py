@@ -56,7 +56,8 @@ class EngineCore:
         self.after_step = None  # debug hook: called with the core after every step (tests check invariants)
 
     def step(self, new: list[Sequence]) -> StepResult:
-        """One scheduler step: prefill a batch of waiting requests, or decode one token for every running one."""
+        """One scheduler step: prefill a batch of waiting requests, or decode one token for every running one
+        (chunked prefill: decodes and prefill chunks together, within the step's token budget)."""
         res = StepResult()
         aborted = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.aborted]
         if not (new or aborted or self.scheduler.has_work()):
@@ -77,19 +78,17 @@ class EngineCore:
         batch = self.scheduler.schedule()
         for seq, e in batch.failed:
             self.fail(seq, "schedule", e, res)
-        seqs = batch.seqs
-        if seqs:
-            self.events.emit("scheduled", step_kind="prefill" if batch.is_prefill else "decode",
-                             request_ids=[s.request_id for s in seqs],
-                             num_tokens=sum(len(s) - s.num_computed for s in seqs) if batch.is_prefill else len(seqs))
-        if batch.is_prefill:
-            seqs, _ = self._isolate("vision encode", seqs, lambda b: [self.runner.encode_images(s) for s in b], res)
+        seqs, _ = self._isolate("vision encode", batch.seqs, self.runner.encode_step_images, res)
         if not seqs:
             return
-        seqs, logits = self._isolate("model run", seqs, lambda b: list(self.runner.forward(b, batch.is_prefill)), res)
+        seqs, logits = self._isolate("model run", seqs, lambda b: list(self.runner.forward(b)), res)
         rows = {s.seq_id: row for s, row in zip(seqs, logits)}
+        for s in seqs:
+            if s.chunk_end < len(s):  # a prefill chunk: its K/V are written, no token to sample yet
+                s.num_computed = s.chunk_end
+        seqs = [s for s in seqs if s.chunk_end == len(s)]
         seqs, samples = self._isolate("sampling", seqs, lambda b: self.runner.sample_tokens(
-            b, torch.stack([rows[s.seq_id] for s in b])), res)
+            b, torch.stack([rows[s.seq_id] for s in b])), res) if seqs else ([], [])
         events = [(s, ev) for s, (token, lp) in zip(seqs, samples)
                   for ev in self._isolate("advance", [s], lambda b: [self._advance(b[0], token, lp)], res)[1]]
         self._attach_snapshot([(s, ev) for s, ev in events if s.wants_snapshot], res)

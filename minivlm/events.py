@@ -106,9 +106,10 @@ class _Replay:
         elif ev.kind == "allocated":
             self.tables[rid] += f["block_ids"]
         elif ev.kind == "scheduled":
-            for r in f["request_ids"]:
-                self.computed[r] = len(self.types[r])
-                self.types[r].append(0)  # the token this step samples
+            for r, n in f["num_scheduled_tokens"].items():
+                self.computed[r] += n
+                if self.computed[r] == len(self.types[r]):
+                    self.types[r].append(0)  # its prefill is complete: this step samples a token
         elif ev.kind == "BlockStored":
             for b, key in zip(f["block_ids"], f["block_hashes"]):
                 self.keys[b] = key
@@ -188,7 +189,11 @@ def describe(ev: EngineEvent) -> str:
     if ev.kind == "arrived":
         return f"{rid} arrived: {f['num_prompt_tokens']} prompt tokens, {f['num_images']} image(s)"
     if ev.kind == "scheduled":
-        return f"{f['step_kind']} {len(f['request_ids'])} request(s), {f['num_tokens']} token(s)"
+        head = f"{f['step_kind']} {len(f['request_ids'])} request(s), {f['num_tokens']} token(s)"
+        if f["step_kind"] != "mixed":
+            return head
+        chunks = [f"{r} {n}" for r, n in f["num_scheduled_tokens"].items() if n > 1]
+        return f"{head}: prefill chunk(s) {', '.join(chunks)}; the rest decode" if chunks else head
     if ev.kind == "cache_lookup":
         hits, false = f["hits"], [h.block_id for h in f["hits"] if h.false_hit]
         if not hits:

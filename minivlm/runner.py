@@ -39,22 +39,35 @@ class ModelRunner:
         table = torch.tensor(seq.block_table)
         return table[idx // self.block_size] * self.block_size + idx % self.block_size
 
+    def encode_step_images(self, seqs: list) -> list[None]:
+        """The vision tower for the requests whose tokens this step include image placeholders."""
+        for seq in seqs:
+            if self.has_images_to_compute(seq):
+                self.encode_images(seq)
+        return [None] * len(seqs)
+
+    @staticmethod
+    def has_images_to_compute(seq) -> bool:
+        """Whether this step's tokens of seq [num_computed, chunk_end) include image placeholders."""
+        return seq.num_computed < seq.num_prompt_tokens and any(seq.token_types[seq.num_computed:seq.chunk_end])
+
     @torch.inference_mode()
-    def forward(self, seqs: list, is_prefill: bool) -> torch.Tensor:
-        """Compute K/V for every not-yet-computed token of seqs; return each one's next-token logits [B, vocab]."""
+    def forward(self, seqs: list) -> torch.Tensor:
+        """Compute K/V for each sequence's tokens [num_computed, chunk_end) (a whole prefill, a prefill chunk or
+        one decode token); return the next-token logits after each one's last computed token [B, vocab]."""
         ids, positions, slots, q_lens, ctx_lens = [], [], [], [], []
         image_at, image_rows, seq_of_image = [], [], []
         offset = 0
         for n, seq in enumerate(seqs):
-            start, end = (seq.num_computed, len(seq)) if is_prefill else (len(seq) - 1, len(seq))
+            start, end = seq.num_computed, seq.chunk_end
             ids.append(torch.tensor(seq.token_ids[start:end]))
             positions.append(seq.positions(start, end))
             slots.append(self.slots(seq, start, end))
             q_lens.append(end - start)
             ctx_lens.append(end)
-            local = torch.nonzero(torch.tensor(seq.token_types[start:end]) == 1).flatten() if is_prefill else []
-            if len(local):  # image tokens to compute (a prefix-cache hit may already cover them all)
-                self.encode_images(seq)
+            if self.has_images_to_compute(seq):  # a prefix-cache hit or an earlier chunk may cover them all
+                local = torch.nonzero(torch.tensor(seq.token_types[start:end]) == 1).flatten()
+                self.encode_images(seq)  # once per request; each chunk takes its rows
                 image_at.append(local + offset)
                 image_rows.append(seq.image_rank[start:end][local])
                 seq_of_image.append(n)
@@ -72,7 +85,8 @@ class ModelRunner:
                                   for j in range(layers)])
         max_blocks = max(len(s.block_table) for s in seqs)
         tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs])
-        meta = AttentionMetadata(is_prefill, torch.cat(slots).to(dev), q_lens, ctx_lens, tables.to(dev),
+        # one token per sequence takes the batched decode path; any longer chunk needs per-sequence prefill
+        meta = AttentionMetadata(max(q_lens) > 1, torch.cat(slots).to(dev), q_lens, ctx_lens, tables.to(dev),
                                  torch.tensor(ctx_lens, device=dev), self.block_size)
         hidden = self.decoder(embeds, torch.cat(positions, dim=1).to(dev), self.kv_caches, meta, deepstack)
         last = torch.tensor(q_lens).cumsum(0) - 1

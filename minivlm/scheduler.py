@@ -10,9 +10,10 @@ from minivlm.sequence import Sequence, Status
 
 
 class Batch(NamedTuple):
-    """One step's work: the sequences to run, prefill or decode, and those whose scheduling raised."""
+    """One step's work: the sequences to run (each computes tokens [num_computed, chunk_end)), the step's kind
+    (prefill, decode, or mixed: decodes and prefill chunks together), and those whose scheduling raised."""
     seqs: list[Sequence]
-    is_prefill: bool
+    kind: str
     failed: list[tuple[Sequence, Exception]]
 
 
@@ -22,6 +23,7 @@ class Scheduler:
         self.events = events or EventLog(0)
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.chunked = config.enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0
@@ -33,31 +35,65 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> Batch:
-        """Prefill as many waiting requests as fit; if none, decode every running one. A request whose block
-        bookkeeping raises is dropped (its blocks forgotten) and reported in Batch.failed; the rest go on."""
-        batch, failed, tokens = [], [], 0
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        """Pick this step's work (below) and log it with each request's token count."""
+        batch = self._pick()
+        if batch.seqs:
+            counts = {s.request_id: s.chunk_end - s.num_computed for s in batch.seqs}
+            self.events.emit("scheduled", step_kind=batch.kind, request_ids=list(counts),
+                             num_tokens=sum(counts.values()), num_scheduled_tokens=counts)
+        return batch
+
+    def _pick(self) -> Batch:
+        """Chunked: the running requests first (a decode token each, or their prefill's next chunk), then new
+        ones, until the token budget is spent. Otherwise: prefill as many waiting requests as fit whole; if
+        none, decode every running one. A request whose block bookkeeping raises is dropped (its blocks
+        forgotten) and reported in Batch.failed; the rest go on."""
+        if self.chunked:
+            batch, failed = self._continue_running(self.max_num_batched_tokens)
+            budget = self.max_num_batched_tokens - sum(s.chunk_end - s.num_computed for s in batch)
+            batch += self._admit_waiting(budget, failed)
+            kinds = {s.is_decoding for s in batch}
+            return Batch(batch, "mixed" if len(kinds) > 1 else "decode" if True in kinds else "prefill", failed)
+        failed = []
+        batch = self._admit_waiting(self.max_num_batched_tokens, failed, whole=True)
+        if batch or failed:
+            return Batch(batch, "prefill", failed)
+        batch, failed = self._continue_running(None)
+        return Batch(batch, "decode", failed)
+
+    def _admit_waiting(self, budget: int, failed: list, whole: bool = False) -> list[Sequence]:
+        """Admit waiting requests in order while sequence slots, budget and blocks last; whole=True admits
+        only prompts that fit the budget whole (always the first one, which the config guarantees fits)."""
+        batch = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if batch and tokens + len(seq) > self.max_num_batched_tokens:
+            if whole and batch and len(seq) - seq.num_computed > budget:
                 break
             try:
                 if not self.bm.can_allocate(seq):
                     break
-                self.bm.allocate(seq)
+                self.bm.allocate(seq)  # the whole prompt's blocks: a prefill never waits for memory midway
+                self._plan(seq, len(seq) - seq.num_computed if whole else budget)
             except Exception as e:
                 self.waiting.popleft()
                 failed.append((seq, self._drop(seq, e)))
                 continue
-            tokens += len(seq) - seq.num_computed
+            budget -= seq.chunk_end - seq.num_computed
             seq.status = Status.RUNNING
             self.waiting.popleft()
             self.running.append(seq)
             batch.append(seq)
-        if batch or failed:
-            return Batch(batch, True, failed)
-        survivors = deque()
+        return batch
+
+    def _continue_running(self, budget: int | None) -> tuple[list[Sequence], list]:
+        """Every running request, oldest first, gets its next token or prefill chunk while the budget (None: no
+        limit) lasts; a request that needs a block when none is free preempts the newest running one."""
+        survivors, batch, failed = deque(), [], []
         while self.running:
             seq = self.running.popleft()
+            if budget is not None and budget <= 0:
+                survivors.append(seq)  # stays running; its turn comes next step
+                continue
             try:
                 while not self.bm.can_append(seq):
                     need = f"{seq.request_id} needs a block for its next token; none is free; "
@@ -68,11 +104,24 @@ class Scheduler:
                     self.preempt(victim, need + f"preempting the newest running request, {victim.request_id}")
                 else:
                     self.bm.append_slot(seq)
+                    self._plan(seq, budget if budget is not None else len(seq) - seq.num_computed)
                     survivors.append(seq)
+                    batch.append(seq)
+                    if budget is not None:
+                        budget -= seq.chunk_end - seq.num_computed
             except Exception as e:
                 failed.append((seq, self._drop(seq, e)))
         self.running = survivors
-        return Batch(list(survivors), False, failed)
+        return batch, failed
+
+    def _plan(self, seq: Sequence, max_tokens: int):
+        """Schedule up to max_tokens of seq's uncomputed tokens for this step. The full blocks they complete
+        are published now: their K/V are written in this step's forward, in every layer before any attention
+        reads the cache, so a request that hits them in this same step reads written K/V."""
+        bs = self.bm.block_size
+        seq.chunk_end = min(len(seq), seq.num_computed + max_tokens)
+        self.bm.dirty.update(seq.block_table[seq.num_computed // bs:-(-seq.chunk_end // bs)])  # fills change
+        self.bm.publish(seq, seq.chunk_end)
 
     def _drop(self, seq: Sequence, error: Exception) -> Exception:
         """Take a request whose scheduling raised out of the engine: its blocks were never computed."""

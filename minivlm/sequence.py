@@ -44,6 +44,7 @@ class Sequence:
         self.truth_keys: list[str] = []    # strategy-C key of each full block (ground truth for false hits)
         self.block_extras: list[tuple] = []  # the extra key material of each block_keys entry
         self.num_computed = 0
+        self.chunk_end = 0                 # tokens [num_computed, chunk_end) are computed in the current step
         self.num_cached_tokens = 0
         self.cache_hits: list[CacheHit] = []
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
@@ -55,6 +56,11 @@ class Sequence:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def is_decoding(self) -> bool:
+        """Its prompt (and any recomputed output) is in the cache: each step adds one token."""
+        return self.num_output_tokens > 0 and self.num_computed == len(self) - 1
 
     @property
     def num_output_tokens(self) -> int:

@@ -10,7 +10,10 @@ METRICS = ["throughput vs HF one-by-one", "ceiling: HF one-by-one time / engine 
            "single-stream decode vs bandwidth bound", "TTFT repeated image+prompt (C) vs cold",
            "TTFT same image, new text (C) vs cold", "KV used / allocated at peak (paged vs contiguous)",
            "KV waste per request", "stream() + snapshot every step vs generate()",
-           "decode throughput, event log on vs off"]
+           "decode throughput, event log on vs off",
+           "ITL p50, 8 streams + 448² arrivals: chunked vs whole prefill",
+           "ITL p99, 8 streams + 448² arrivals: chunked vs whole prefill",
+           "ITL p99, same, image embeddings cached: chunked vs whole"]
 
 
 def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
@@ -32,4 +35,4 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
     assert "| metric |" in md.read_text() and "command: python -m bench --smoke" in md.read_text()
     raw = json.loads(js.read_text())
     assert set(raw) == {"throughput", "single_stream", "prefix_cache", "memory", "panel_overhead",
-                        "events_overhead"}
+                        "events_overhead", "chunked_prefill"}

@@ -21,6 +21,12 @@ def make_seq(tokens: list[int]) -> Sequence:
     return seq
 
 
+def admit(bm: BlockManager, seq: Sequence):
+    """Allocate seq's blocks and publish them, as the scheduler does for a prefill computed in one step."""
+    bm.allocate(seq)
+    bm.publish(seq, len(seq))
+
+
 def check_invariants(bm: BlockManager, live: list[Sequence]):
     owners = {}
     for s in live:
@@ -48,7 +54,7 @@ def run_ops(num_blocks: int, program):
             base = prefixes[r % 3] if op == "alloc_shared" else []
             seq = make_seq(base + [r % 50 + 10 + i for i in range(1 + r % 9)])
             if bm.can_allocate(seq):
-                bm.allocate(seq)
+                admit(bm, seq)
                 live.append(seq)
         elif op == "append" and live:
             seq = live[r % len(live)]
@@ -66,7 +72,7 @@ def run_ops(num_blocks: int, program):
             seq = live.pop(r % len(live))
             bm.deallocate(seq)
             if op == "preempt" and bm.can_allocate(seq):  # recompute: re-admit at once
-                bm.allocate(seq)
+                admit(bm, seq)
                 live.append(seq)
         check_invariants(bm, live)
     for seq in live:
@@ -91,29 +97,29 @@ def test_block_manager_invariants_at_scale(num_blocks, program):
 def test_shared_prefix_is_shared_and_revivable():
     bm = BlockManager(8, BS, caching=True)
     a, b = make_seq(list(range(10))), make_seq(list(range(10)))
-    bm.allocate(a)
-    bm.allocate(b)
+    admit(bm, a)
+    admit(bm, b)
     assert a.block_table[:2] == b.block_table[:2] and b.num_cached_tokens == 8
     assert bm.blocks[a.block_table[0]].ref_count == 2
     bm.deallocate(a), bm.deallocate(b)
     c = make_seq(list(range(10)))
-    bm.allocate(c)  # freed blocks keep their keys: revived, not recomputed
+    admit(bm, c)  # freed blocks keep their keys: revived, not recomputed
     assert c.num_cached_tokens == 8 and not any(h.false_hit for h in c.cache_hits)
 
 
 def test_eviction_order_is_exact_tail_blocks_first_never_used_blocks_before_cached_ones():
     bm = BlockManager(6, BS, caching=True)
     a = make_seq(list(range(10)))                      # 2 full blocks + 1 partial
-    bm.allocate(a)
+    admit(bm, a)
     assert a.block_table == [0, 1, 2] and list(bm.free) == [3, 4, 5]
     assert set(bm.key_to_block.values()) == {0, 1}       # only full blocks are published
     bm.deallocate(a)
     assert list(bm.free) == [3, 4, 5, 2, 1, 0]           # a prefix's tail goes first, its head (most shared) last
     b = make_seq([100 + t for t in range(12)])
-    bm.allocate(b)
+    admit(bm, b)
     assert b.block_table == [3, 4, 5] and set(bm.key_to_block.values()) == {0, 1, 3, 4, 5}
     c = make_seq([200 + t for t in range(8)])
-    bm.allocate(c)                                        # takes block 2 (never published), then evicts block 1
+    admit(bm, c)                                        # takes block 2 (never published), then evicts block 1
     assert c.block_table == [2, 1] and bm.blocks[0].key is not None and bm.key_to_block[bm.blocks[1].key] == 1
     d = make_seq(list(range(10)))
     assert bm.match_prefix(d) == [0]                      # a's head block survived, its second block did not
@@ -122,8 +128,8 @@ def test_eviction_order_is_exact_tail_blocks_first_never_used_blocks_before_cach
 def test_a_block_published_in_the_same_step_is_a_hit():
     bm = BlockManager(8, BS, caching=True)
     a, b = make_seq(list(range(9))), make_seq(list(range(9)))
-    bm.allocate(a)                                        # one scheduling pass: a, then b, before any forward
-    bm.allocate(b)
+    admit(bm, a)                                        # one scheduling pass: a, then b, before any forward
+    admit(bm, b)
     assert b.block_table[:2] == a.block_table[:2] and b.num_computed == 8
     assert [(h.block_id, h.logical_index, h.false_hit) for h in b.cache_hits] == [(0, 0, False), (1, 1, False)]
     assert [bm.blocks[i].ref_count for i in range(4)] == [2, 2, 1, 1] and list(bm.free) == [4, 5, 6, 7]
@@ -132,8 +138,8 @@ def test_a_block_published_in_the_same_step_is_a_hit():
 def test_forget_after_a_failed_step_unpublishes_what_was_never_written():
     bm = BlockManager(8, BS, caching=True)
     a, b = make_seq(list(range(9))), make_seq(list(range(9)))
-    bm.allocate(a)
-    bm.allocate(b)
+    admit(bm, a)
+    admit(bm, b)
     bm.forget(a)                                          # a's forward failed: its blocks hold no K/V
     assert bm.key_to_block == {} and all(bm.blocks[i].key is None for i in range(3))
     assert [bm.blocks[i].ref_count for i in range(4)] == [1, 1, 0, 1] and list(bm.free) == [4, 5, 6, 7, 2]

@@ -13,8 +13,10 @@ from minivlm.experiments.mm_cache import BLUE, GREEN, Q, RED, shape_image
 LONG = SamplingParams(max_tokens=40, ignore_eos=True)
 
 
-def tight_engine(path, strategy):
-    return Engine(EngineConfig(model=path, num_blocks=22, block_size=8, max_model_len=512, cache_strategy=strategy))
+def tight_engine(path, strategy, chunk=None):
+    chunked = {"enable_chunked_prefill": True, "max_num_batched_tokens": chunk} if chunk else {}
+    return Engine(EngineConfig(model=path, num_blocks=22, block_size=8, max_model_len=512, cache_strategy=strategy,
+                               **chunked))
 
 
 def check_replay_every_step(engine, mismatches: list):
@@ -43,10 +45,10 @@ def workload(engine):
     engine.generate(Request(prompt=Q, images=[shape_image(RED)], request_id="after"), SamplingParams(max_tokens=3))
 
 
-@pytest.mark.parametrize("strategy", ["A", "C"])
-def test_replay_equals_snapshot_at_every_step(checkpoints, strategy):
+@pytest.mark.parametrize("strategy,chunk", [("A", None), ("C", None), ("C", 13)])
+def test_replay_equals_snapshot_at_every_step(checkpoints, strategy, chunk):
     mismatches = []
-    with tight_engine(checkpoints["qwen3_vl"], strategy) as engine:
+    with tight_engine(checkpoints["qwen3_vl"], strategy, chunk) as engine:
         check_replay_every_step(engine, mismatches)
         workload(engine)
         events = engine.events()
@@ -58,6 +60,8 @@ def test_replay_equals_snapshot_at_every_step(checkpoints, strategy):
     assert {"arrived", "scheduled", "cache_lookup", "allocated", "BlockStored", "freed", "BlockRemoved",
             "AllBlocksCleared", "preempted", "finished"} <= kinds
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    if chunk:  # prefill chunks ran beside decodes, and replay followed the partial fills
+        assert "mixed" in {e.step_kind for e in events if e.kind == "scheduled"}
     aborted = [e for e in events if e.kind == "finished" and e.request_id == "load-3"]
     assert aborted and aborted[0].finish_reason == "abort"
     steps = dict(replay_steps(events, engine.num_blocks, engine.config.block_size))

@@ -1,0 +1,110 @@
+"""7. Chunked prefill: inter-token latency (ITL) of 8 running streams while 448x448-image requests arrive every
+0.5 s, on an engine with chunked prefill against the same engine without it, run side by side. Without
+chunking each arrival's whole prefill is one step in which no stream advances; with it the prefill is split
+into chunks that share each step's token budget with the streams' decode tokens. The vision tower still runs
+whole, in the step of an image's first chunk, so the rows are measured twice: with new images (the tower's
+stall included) and with the image's embeddings already in the vision cache (only the prefill is left)."""
+import threading
+import time
+
+from minivlm import Request, SamplingParams
+
+from bench.timing import Row
+from bench.workload import PROMPTS, scene
+
+STREAMS, PERIOD = 8, 0.5
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+def big_request(k: int, seed: int, salt: str) -> Request:
+    """A 448x448-image request; the salt keeps it from reusing earlier requests' KV blocks."""
+    return Request(prompt=PROMPTS[1], images=[scene(448, 448, seed)], request_id=f"big-{k}", cache_salt=salt)
+
+
+def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_images: bool = True) -> tuple[list, dict]:
+    """Run the 8 streams; once each has its first token, submit `arrivals` 448x448-image requests PERIOD apart
+    and keep going for `duration` seconds and until the last arrival is answered. Returns every stream's
+    token-to-token gaps that overlap that window (a stall across its edge counts), and each stream's tokens.
+    new_images=False: every arrival shows one image whose vision embeddings are cached beforehand."""
+    engine.reset_prefix_cache()
+    if not new_images:
+        engine.generate(big_request(-1, -1, "warm"), SamplingParams(max_tokens=1))
+    streams = [Request(prompt=PROMPTS[i % len(PROMPTS)], images=[scene(112, 112, i)], request_id=f"stream-{i}")
+               for i in range(STREAMS)]
+    stamps: dict[str, list[float]] = {r.request_id: [] for r in streams}
+    tokens, window = {}, []
+
+    def arrive():
+        start = time.perf_counter()
+        callers = []
+        for k in range(arrivals):
+            time.sleep(max(0.0, start + k * PERIOD - time.perf_counter()))
+            big = big_request(k, 1000 * round_no + k if new_images else -1, f"run-{round_no}-{k}")
+            callers.append(threading.Thread(target=engine.generate, args=(big, SamplingParams(max_tokens=1))))
+            callers[-1].start()
+        time.sleep(max(0.0, start + duration - time.perf_counter()))
+        for c in callers:
+            c.join()
+        window.append(time.perf_counter())
+        seen = {rid: len(ts) for rid, ts in stamps.items()}
+        while any(len(stamps[rid]) == n for rid, n in seen.items()):
+            time.sleep(0.005)  # every stream's next token: the gap that spans the window's end is measured too
+        for r in streams:
+            engine.abort(r.request_id)
+
+    feeder = threading.Thread(target=arrive)
+    params = SamplingParams(max_tokens=900, ignore_eos=True)
+    for ev in engine.stream_many(streams, params, snapshots=False):
+        stamps[ev.request_id].append(time.perf_counter())
+        if not window and not feeder.is_alive() and all(stamps.values()):
+            window.append(time.perf_counter())
+            feeder.start()
+        if ev.finished:
+            tokens[ev.request_id] = ev.output.token_ids
+    feeder.join()
+    start, end = window
+    gaps = [b - a for ts in stamps.values() for a, b in zip(ts, ts[1:]) if b > start and a < end]
+    return gaps, tokens
+
+
+def measure(ctx, budget: int = 32) -> list[Row]:
+    arrivals = 3 * ctx.repeats
+    chunked = ctx.engine.isolated(enable_chunked_prefill=True, max_num_batched_tokens=budget, max_num_seqs=32)
+    whole = ctx.engine.isolated(max_num_seqs=32)
+    runs = {"steady": (chunked, 0, True), "chunked": (chunked, arrivals, True), "whole": (whole, arrivals, True),
+            "chunked, cached vision": (chunked, arrivals, False), "whole, cached vision": (whole, arrivals, False)}
+    gaps = {name: [] for name in runs}
+    same = True
+    try:
+        for r in range(max(1, ctx.repeats // 2)):  # interleaved rounds: machine noise lands on every side alike
+            tokens = []
+            for name, (engine, n, new_images) in runs.items():
+                got, toks = stream_gaps(engine, n, arrivals * PERIOD, r, new_images)
+                gaps[name] += got
+                tokens.append(toks)
+            n = min(len(t) for toks in tokens for t in toks.values())
+            same &= all(toks[k][:n] == tokens[0][k][:n] for toks in tokens for k in toks)
+    finally:
+        chunked.close(), whole.close()
+    ms = {k: (1e3 * percentile(v, 0.5), 1e3 * percentile(v, 0.99)) for k, v in gaps.items()}
+    steady = ms["steady"][0]
+    ctx.details["chunked_prefill"] = {"gaps_s": gaps, "budget_tokens": budget, "arrivals_per_run": arrivals,
+                                      "stream_tokens_equal": same, "p50_p99_ms": ms}
+    note = (f"{STREAMS} streams, a 448x448 image request every {PERIOD}s ({arrivals} a run), token budget {budget}; "
+            f"steady-state ITL (p50, no arrivals) {steady:.1f} ms; stream tokens equal in every run: "
+            f"{'yes' if same else 'NO'}")
+
+    def row(metric, q, on, off, goal=True):
+        a, b = ms[on][q], ms[off][q]
+        if not goal:
+            return Row(metric, a, b, "ms", b / a, "context", None, note)
+        return Row(metric, a, b, "ms", b / a, "chunked p99 <= 2x steady ITL", a <= 2 * steady,
+                   f"chunked p99 / steady ITL = {a / steady:.1f}")
+    return [row("ITL p50, 8 streams + 448² arrivals: chunked vs whole prefill", 0, "chunked", "whole", goal=False),
+            row("ITL p99, 8 streams + 448² arrivals: chunked vs whole prefill", 1, "chunked", "whole"),
+            row("ITL p99, same, image embeddings cached: chunked vs whole", 1, "chunked, cached vision",
+                "whole, cached vision")]
