@@ -40,18 +40,20 @@ PRESETS = {  # the seeds' cases: (image 1, image 2, prompt, second prompt or "",
 }
 
 
-class UploadedImage(gr.Image):
-    """gr.Image whose unreadable upload is refused with a message naming the image and its file (gradio's own
-    decoding would fail first, with a bare "Error")."""
-    is_template = True  # the page draws it as a plain gr.Image
+def refuse_unreadable(image: gr.Image) -> gr.Image:
+    """Make `image` refuse an unreadable upload with a message naming the image and its file (gradio's own decoding
+    would fail first, with a bare "Error"). Wrapped on the instance: a gr.Image subclass makes gradio write a stub."""
+    decode = image.preprocess
 
-    def preprocess(self, payload):
+    def preprocess(payload):
         try:
-            return super().preprocess(payload)
+            return decode(payload)
         except (UnidentifiedImageError, OSError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
             name = payload.orig_name or os.path.basename(payload.path or "") or "the upload"
-            raise refusal(f"{self.label} ({name}) is not a readable image: {type(e).__name__}. "
+            raise refusal(f"{image.label} ({name}) is not a readable image: {type(e).__name__}. "
                           "Upload a PNG, JPEG, WebP or GIF picture.") from None
+    image.preprocess = preprocess
+    return image
 
 
 def hits_figure(results: dict, block_size: int) -> go.Figure:
@@ -117,10 +119,10 @@ def build(holder: EngineHolder):
                 "uncached tail, a differently shaped matrix product); a false hit's differ by whole units.")
     with gr.Row():
         with gr.Column():
-            img1 = UploadedImage(type="pil", label="Image 1", height=200, elem_id="insp-img1")
+            img1 = refuse_unreadable(gr.Image(type="pil", label="Image 1", height=200, elem_id="insp-img1"))
             resize1 = gr.Dropdown(list(RESIZES), value="processor default", label="resize image 1")
         with gr.Column():
-            img2 = UploadedImage(type="pil", label="Image 2", height=200, elem_id="insp-img2")
+            img2 = refuse_unreadable(gr.Image(type="pil", label="Image 2", height=200, elem_id="insp-img2"))
             resize2 = gr.Dropdown(list(RESIZES), value="processor default", label="resize image 2")
     with gr.Row():
         prompt = gr.Textbox("What color is the shape?", label="Prompt", scale=3)

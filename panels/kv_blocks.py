@@ -20,14 +20,6 @@ LAUNCH_LIMITS = {False: (32, 256), True: (8, 128)}  # shared deployment? -> most
 SHARED_LAUNCH_BLOCKS = 96  # a shared deployment's launcher gets its own pool this small (it still preempts)
 
 
-class StepSlider(gr.Slider):
-    """The replay slider; the API describes its value as what it is (its range is only known after a run)."""
-    is_template = True  # drawn as a plain gr.Slider
-
-    def api_info(self) -> dict:
-        return {"type": "number", "description": "an engine step recorded in your last launch"}
-
-
 def render(snap):
     """A snapshot as the tab's three outputs."""
     return block_map_figure(snap), block_table(snap), snapshot_summary(snap)
@@ -101,7 +93,9 @@ def build(holder: EngineHolder):
         max_tokens = gr.Slider(4, most_tokens, value=48, step=1, label="tokens each (EOS ignored)",
                                elem_id="kv-tokens")
         launch = gr.Button("Launch N requests", variant="primary", elem_id="kv-launch")
-    step = StepSlider(0, 1, value=0, step=1, label="replay step (after a run)", interactive=False, elem_id="kv-step")
+    step = gr.Slider(0, 1, value=0, step=1, label="replay step (after a run)", interactive=False, elem_id="kv-step")
+    # the API describes the step as what it is, not by the placeholder range 0-1 (the real one comes with a run)
+    step.api_info = lambda: {"type": "number", "description": "an engine step recorded in your last launch"}
     table = gr.Dataframe(label="Block tables: logical index → physical block", elem_id="kv-table", max_height=360)
     last_step = gr.State(-1)
     timer = gr.Timer(1.0)
