@@ -6,7 +6,7 @@ import os
 import gradio as gr
 
 from panels.holder import EXAMPLES_DIR, OPERATOR_TOKEN_ENV, EngineHolder  # first: imports `spaces` before torch
-from panels import cache_inspector, chat, header, kv_blocks, vram
+from panels import anatomy, cache_inspector, chat, header, kv_blocks, vram
 from minivlm import EngineConfig
 from minivlm.api import ApiSettings, create_router
 from minivlm.config import DEVICES, DTYPES, STRATEGIES
@@ -59,7 +59,9 @@ def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S) -> gr.Blocks
         header.build(holder, demo)
         with gr.Tabs():
             with gr.Tab("Chat", id="chat"):
-                chat.build(holder)
+                chatbot = chat.build(holder)
+            with gr.Tab("Anatomy", id="anatomy") as anatomy_tab:
+                anatomy.build(holder, anatomy_tab, chatbot)
             with gr.Tab("KV blocks (live)", id="kv"):
                 kv_blocks.build(holder)
             with gr.Tab("Cache inspector", id="inspector"):

@@ -4,7 +4,7 @@ import platform
 
 import torch
 
-HEADER = ("metric", "engine", "baseline", "ratio", "goal", "")
+HEADER = ("metric", "engine", "baseline", "ratio", "goal", "", "tokens = HF", "spread of repeats")
 
 
 def fmt(value: float, unit: str) -> str:
@@ -16,7 +16,8 @@ def fmt(value: float, unit: str) -> str:
 def cells(row) -> tuple[str, ...]:
     ratio = f"{row.ratio:.0%}" if "%" in row.goal and "slower" not in row.goal else f"{row.ratio:.2f}x"
     mark = "" if row.passed is None else "✓" if row.passed else "✗"
-    return (row.metric, fmt(row.engine, row.unit), fmt(row.baseline, row.unit), ratio, row.goal, mark)
+    return (row.metric, fmt(row.engine, row.unit), fmt(row.baseline, row.unit), ratio, row.goal, mark, row.same,
+            row.spread)
 
 
 def text_table(rows) -> str:

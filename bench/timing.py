@@ -19,6 +19,8 @@ class Row:
     goal: str
     passed: bool | None
     note: str = ""
+    same: str = ""      # requests whose greedy tokens equal HF's, e.g. "16/16" ("" where HF is not run)
+    spread: str = ""    # min-max of the raw repeats, engine; baseline
 
 
 def interleaved(runs: dict, repeats: int) -> dict[str, list[float]]:
@@ -35,6 +37,13 @@ def interleaved(runs: dict, repeats: int) -> dict[str, list[float]]:
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+def spread(engine: list[float], baseline: list[float], unit: str = "s") -> str:
+    """The range of each side's raw repeats, so a reader sees how much the machine moved them."""
+    def rng(xs):
+        return f"{min(xs):.3g}–{max(xs):.3g}"
+    return f"{rng(engine)}; {rng(baseline)} {unit}"
 
 
 def copy_bandwidth(device="cpu", nbytes: int = 256 * 2**20, repeats: int = 7) -> float:

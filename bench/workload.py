@@ -1,5 +1,6 @@
 """The benchmark's model and inputs: a random-weight Qwen2.5-VL-architecture checkpoint built locally,
 synthetic scene images and prompts, and the same checkpoint loaded in HF transformers as the baseline."""
+import glob
 import os
 import random
 
@@ -7,6 +8,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from minivlm import Engine, EngineConfig, Request
+from minivlm.model.linear import use_fast_linears
 
 # ~70M parameters: a 8-layer 768-wide GQA decoder and a 4-block ViT (tiny vocabulary, so almost all weights
 # are in the layers, like the real models).
@@ -26,9 +28,10 @@ IMAGE_SIZES = [(224, 224), (112, 112), (448, 448), (168, 224), (280, 196), (112,
 
 
 def build_checkpoint(out_dir: str, model: dict) -> str:
-    """Write the random checkpoint once; later runs reuse the directory."""
+    """Write the random checkpoint once; later runs reuse the directory (or any checkpoint already there, e.g.
+    tools/gpu_check.py's random one with Qwen2.5-VL-3B's dimensions)."""
     from tools.make_checkpoint import make_random_checkpoint
-    if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):
+    if not glob.glob(os.path.join(out_dir, "*.safetensors")):
         make_random_checkpoint(FAMILY, out_dir, seed=0, max_pixels=MAX_PIXELS, **model)
     return out_dir
 
@@ -52,6 +55,12 @@ def mixed_requests(n: int, seed: int = 0) -> list[Request]:
     return [Request(prompt=PROMPTS[i % len(PROMPTS)], images=[scene(*sizes[i], seed * 1000 + i)]) for i in range(n)]
 
 
+def uniform_requests(n: int, seed: int = 0) -> list[Request]:
+    """n requests with equal 224x224 images (each its own picture) and one prompt: every prompt has the same
+    length, so a padded batch pads nothing (HF's best case)."""
+    return [Request(prompt=PROMPTS[1], images=[scene(224, 224, seed * 1000 + 500 + i)]) for i in range(n)]
+
+
 def make_engine(model_dir: str, device: str = "cpu", dtype: str = "float32", **overrides) -> Engine:
     """The engine with the same device and dtype as the HF baseline."""
     cfg = dict(model=model_dir, device=device, dtype=dtype, max_model_len=1024, max_num_seqs=16, num_blocks=1200)
@@ -65,22 +74,11 @@ def load_hf(model_dir: str, onednn: bool = False, device: str = "cpu", dtype: st
     from transformers import AutoModelForImageTextToText
     from minivlm.processor import load_processor
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
-    if onednn:
-        use_engine_linears(model)
+    if onednn:  # every nn.Linear, HF's vision tower's included (its Conv3d patch embedding stays)
+        use_fast_linears(model, "cpu", torch.float32)
     processor = load_processor(model_dir, FAMILY)
     processor.tokenizer.padding_side = "left"
     return model, processor
-
-
-def use_engine_linears(model):
-    """Swap every nn.Linear of an HF model for the engine's (oneDNN, prepacked weights; tied ones stay dense)."""
-    from minivlm.model.decoder import Linear
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    for m in model.modules():
-        if type(m) is torch.nn.Linear:
-            m.__class__ = Linear
-            if id(m.weight) not in embeddings:
-                m.pack()
 
 
 def hf_inputs(processor, requests: list[Request], device="cpu") -> dict:
@@ -103,5 +101,8 @@ def hf_generate(model, processor, requests: list[Request], max_new_tokens: int) 
 def param_count(model_dir: str) -> int:
     """Parameters stored in the checkpoint (tied embeddings once)."""
     from safetensors import safe_open
-    with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
-        return sum(torch.Size(f.get_slice(k).get_shape()).numel() for k in f.keys())
+    total = 0
+    for path in glob.glob(os.path.join(model_dir, "*.safetensors")):
+        with safe_open(path, "pt") as f:
+            total += sum(torch.Size(f.get_slice(k).get_shape()).numel() for k in f.keys())
+    return total

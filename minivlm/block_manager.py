@@ -12,6 +12,7 @@ class Block:
         self.ref_count = 0
         self.key: str | None = None       # prefix-cache key under the engine's strategy
         self.truth: str | None = None     # strategy-C key of the content actually stored here
+        self.parent: str | None = None    # key of the block before it in its chain (an edge of the prefix tree)
         self.token_ids: list[int] = []
         self.kind = "free"                # text | image | mixed, remembered for cached-but-free blocks
 
@@ -95,12 +96,13 @@ class BlockManager:
         if block.key == seq.block_keys[i]:
             return  # already published (a cache hit, or a recomputed block that kept its key)
         block.key, block.truth = seq.block_keys[i], seq.truth_keys[i]
+        block.parent = seq.block_keys[i - 1] if i else None
         block.token_ids = seq.block_tokens(i, self.block_size)
         block.kind = block_kind(seq.token_types[i * self.block_size:(i + 1) * self.block_size])
         self.key_to_block.setdefault(block.key, block.block_id)
         self.dirty.add(block.block_id)
         self.events.emit("BlockStored", seq.request_id, block_ids=[block.block_id], block_hashes=[block.key],
-                         parent_block_hash=seq.block_keys[i - 1] if i else None, token_ids=block.token_ids,
+                         parent_block_hash=block.parent, token_ids=block.token_ids,
                          extra_keys=seq.block_extras[i], block_kind=block.kind)
 
     def _take_free(self) -> int:

@@ -4,12 +4,14 @@ import dataclasses
 
 import torch
 
+from minivlm.anatomy import build_anatomy
 from minivlm.config import EngineConfig
 from minivlm.core import EngineCore
 from minivlm.events import EngineEvent, to_jsonl
 from minivlm.intake import Intake
 from minivlm.loader import LoadedModel
 from minivlm.loop import EngineLoop
+from minivlm.prefix_tree import prefix_forest
 from minivlm.request import Request, SamplingParams
 from minivlm.sequence import Sequence
 from minivlm.snapshot import KVSnapshot, MemoryReport, StreamEvent
@@ -136,3 +138,12 @@ class Engine:
         """Forget every cached-but-free block and every cached vision embedding."""
         with self.loop.lock:
             self.core.reset_prefix_cache()
+
+    def anatomy(self, request: Request):
+        """How `request` becomes tokens, M-RoPE positions, blocks and A/B/C keys (no model run; minivlm.anatomy)."""
+        return build_anatomy(self, request)
+
+    def prefix_tree(self):
+        """The prefix cache now as a forest of chained keys (list[TreeNode], minivlm.prefix_tree)."""
+        with self.loop.lock:
+            return prefix_forest(self.core.block_manager)

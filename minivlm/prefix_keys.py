@@ -27,18 +27,25 @@ def block_extra(seq, index: int, block_size: int, strategy: str, model_id: str, 
     return extra
 
 
+def block_key(seq, index: int, parent: str | None, block_size: int, strategy: str, model_id: str,
+              dtype: str) -> tuple[str, tuple]:
+    """Key of full block `index` chained on `parent` under `strategy`, and the extra material hashed into it."""
+    extra = block_extra(seq, index, block_size, strategy, model_id, dtype)
+    return hash_block(parent, seq.block_tokens(index, block_size), extra), extra
+
+
 def extend_keys(seq, block_size: int, strategy: str, model_id: str, dtype: str):
     """Compute keys (strategy's and the strategy-C truth) for every full block of seq not keyed yet."""
     num_full = len(seq) // block_size
     for i in range(len(seq.truth_keys), num_full):
-        tokens = seq.block_tokens(i, block_size)
         parent_truth = seq.truth_keys[i - 1] if i else None
-        truth_extra = block_extra(seq, i, block_size, "C", model_id, dtype)
-        seq.truth_keys.append(hash_block(parent_truth, tokens, truth_extra))
+        truth_key, truth_extra = block_key(seq, i, parent_truth, block_size, "C", model_id, dtype)
+        seq.truth_keys.append(truth_key)
         if strategy == "C":
-            seq.block_keys.append(seq.truth_keys[-1])
+            seq.block_keys.append(truth_key)
             seq.block_extras.append(truth_extra)
         elif strategy in ("A", "B"):
             parent = seq.block_keys[i - 1] if i else None
-            seq.block_extras.append(block_extra(seq, i, block_size, strategy, model_id, dtype))
-            seq.block_keys.append(hash_block(parent, tokens, seq.block_extras[-1]))
+            key, extra = block_key(seq, i, parent, block_size, strategy, model_id, dtype)
+            seq.block_keys.append(key)
+            seq.block_extras.append(extra)

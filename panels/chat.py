@@ -91,7 +91,8 @@ def finished_text(text: str, finish_reason: str) -> str:
 
 
 def build(holder: EngineHolder):
-    """Lay out the chat tab and wire its events (api names: chat, regenerate, stop)."""
+    """Lay out the chat tab and wire its events (api names: chat, regenerate, stop); returns the chatbot (its
+    history)."""
     active: dict[str, str | None] = {}  # session -> request id now streaming, so Stop can abort exactly that one
     active_lock = threading.Lock()
     chatbot = gr.Chatbot(label="chat history", height=440, elem_id="chatbot")
@@ -206,3 +207,5 @@ def build(holder: EngineHolder):
     stop.click(stop_request, None, None, api_name="stop", queue=False,
                api_description="Stop this session's answer that is streaming now.")
     clear.click(lambda: ([], None, ""), None, [chatbot, box, stats], api_name=False, queue=False)
+    return chatbot
+

@@ -11,6 +11,8 @@ from minivlm import Request, SamplingParams
 from panels.access import refusal
 from panels.chat import EXAMPLES
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
+from panels import prefix_tree
+from panels.paged_vs_contiguous import paging_markdown
 from panels.plots import block_map_figure, block_table, snapshot_summary
 
 RENDER_SHARE = 0.02  # live rendering may take at most 2 % of wall time while the engine decodes,
@@ -20,9 +22,10 @@ LAUNCH_LIMITS = {False: (32, 256), True: (8, 128)}  # shared deployment? -> most
 SHARED_LAUNCH_BLOCKS = 96  # a shared deployment's launcher gets its own pool this small (it still preempts)
 
 
-def render(snap):
-    """A snapshot as the tab's three outputs."""
-    return block_map_figure(snap), block_table(snap), snapshot_summary(snap)
+def render(snap, max_model_len: int | None = None):
+    """A snapshot as the tab's three outputs (with max_model_len the summary adds paged vs contiguous)."""
+    paging = "<br>" + paging_markdown(snap, max_model_len) if max_model_len else ""
+    return block_map_figure(snap), block_table(snap), snapshot_summary(snap) + paging
 
 
 class Throttle:
@@ -88,6 +91,7 @@ def build(holder: EngineHolder):
     if holder.shared:
         gr.Markdown(f"Shared deployment: your launch runs on its own {SHARED_LAUNCH_BLOCKS}-block pool (the weights "
                     f"are shared, the other visitors' requests and cache are not), at most {most_requests} requests.")
+    prefix_tree.attach(holder, block_map)
     with gr.Row():
         n = gr.Slider(1, most_requests, value=8, step=1, label="concurrent requests", elem_id="kv-n")
         max_tokens = gr.Slider(4, most_tokens, value=48, step=1, label="tokens each (EOS ignored)",
@@ -102,7 +106,7 @@ def build(holder: EngineHolder):
 
     def current():
         snap = holder.get().snapshot()
-        return (*render(snap), snap.step)
+        return (*render(snap, holder.config.max_model_len), snap.step)
 
     def poll(is_live, seen, request: gr.Request):
         if not is_live or (request and request.session_hash in launching):
@@ -110,7 +114,7 @@ def build(holder: EngineHolder):
         snap = holder.get().snapshot()
         if snap.step == seen:
             return gr.skip(), gr.skip(), gr.skip(), seen
-        return (*render(snap), snap.step)
+        return (*render(snap, holder.config.max_model_len), snap.step)
 
     @gpu
     def run(requests, tokens_each, request: gr.Request):
@@ -132,7 +136,7 @@ def build(holder: EngineHolder):
             for kind, *data in record_run(engine, batch, params, throttle):
                 if kind == "live":
                     t0 = time.thread_time()
-                    frame = render(data[0])
+                    frame = render(data[0], holder.config.max_model_len)
                     throttle.spent(time.thread_time() - t0)
                     yield *frame, gr.skip(), data[0].step
         finally:
@@ -143,7 +147,7 @@ def build(holder: EngineHolder):
         for e in errors:
             gr.Warning(e)
         if not timeline:
-            yield *render(holder.get().snapshot()), gr.skip(), -1
+            yield *render(holder.get().snapshot(), holder.config.max_model_len), gr.skip(), -1
             return
         timelines[session] = timeline
         timelines.move_to_end(session)
@@ -155,14 +159,14 @@ def build(holder: EngineHolder):
                                  f"{timeline[-1].num_preemptions - preempted_before} preemptions; "
                                  f"showing the fullest step)")
         # last_step = the engine's step now: live polling redraws only once the engine moves on, not over the replay
-        yield *render(busiest), slider, holder.get().snapshot().step
+        yield *render(busiest, holder.config.max_model_len), slider, holder.get().snapshot().step
 
     def replay(step, request: gr.Request):  # the argument names the API's parameter (it shadows the slider)
         timeline = timelines.get(request.session_hash if request else "", [])
         if not timeline:
             raise refusal("Launch a run first: replay shows the steps of your last run.")
         snap = next((s for s in reversed(timeline) if s.step <= step), timeline[0])
-        return render(snap)
+        return render(snap, holder.config.max_model_len)
 
     outs = [block_map, table, summary]
     timer.tick(poll, [live, last_step], outs + [last_step], api_name=False, show_progress="hidden",

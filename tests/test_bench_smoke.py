@@ -5,8 +5,9 @@ import math
 
 from bench.__main__ import main
 
-METRICS = ["throughput vs HF one-by-one", "ceiling: HF one-by-one time / engine prefill-only time",
-           "throughput vs HF padded batch", "single-stream decode vs HF generate",
+METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-one time / engine prefill-only time",
+           "varied: throughput vs HF padded batch", "uniform: throughput vs HF one-by-one",
+           "uniform: throughput vs HF padded batch", "single-stream decode vs HF generate",
            "single-stream decode vs bandwidth bound", "TTFT repeated image+prompt (C) vs cold",
            "TTFT same image, new text (C) vs cold", "KV used / allocated at peak (paged vs contiguous)",
            "KV waste per request", "stream() + snapshot every step vs generate()",
@@ -24,7 +25,10 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
     for r in rows:
         assert math.isfinite(r.engine) and math.isfinite(r.baseline) and r.engine > 0 and r.baseline > 0, r
     # The timed work is the same on both sides: the engine's greedy tokens equal HF generate's, one by one and batched.
-    assert details["throughput"]["same_tokens_as_engine"] == {"one": 16, "batch": 16}
+    for workload in ("varied", "uniform"):
+        assert details[f"throughput_{workload}"]["same_tokens_as_engine"] == {"one": 16, "batch": 16}
+    assert all(r.same == "16/16" for r in rows if r.metric.endswith(("one-by-one", "padded batch")))
+    assert next(r for r in rows if r.metric.startswith("single-stream")).same == "1/1"
     # Prefix cache: the repeat is served from cache; with new text, at least the image's blocks still are.
     cached = details["prefix_cache"]["cached_tokens"]
     assert cached["cold"] == 0 and cached["same"] > cached["text"] > 0
@@ -34,5 +38,5 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
     assert all(n > 0 for n in details["panel_overhead"]["snapshots_per_run"])
     assert "| metric |" in md.read_text() and "command: python -m bench --smoke" in md.read_text()
     raw = json.loads(js.read_text())
-    assert set(raw) == {"throughput", "single_stream", "prefix_cache", "memory", "panel_overhead",
-                        "events_overhead", "chunked_prefill"}
+    assert set(raw) == {"throughput_varied", "throughput_uniform", "single_stream", "prefix_cache", "memory",
+                        "panel_overhead", "events_overhead", "chunked_prefill"}

@@ -8,6 +8,7 @@ try:  # optional on CUDA: flash-attn's paged kernels (flash-attn 2 needs pages o
     from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 except ImportError:
     flash_attn_varlen_func = flash_attn_with_kvcache = None
+FLASH_ATTN_ENABLED = True  # False forces SDPA over gathered blocks even where flash-attn is installed (comparisons)
 
 
 @dataclass
@@ -22,6 +23,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor      # [B, max_blocks]
     ctx_lens_t: torch.Tensor        # [B] on device
     block_size: int
+    decode_mask: torch.Tensor | None = None  # built by the first layer of a decode step, reused by the others
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):
@@ -73,19 +75,21 @@ def _decode(q, k_cache, v_cache, meta, scale):
     flat = meta.block_tables.reshape(-1)
     keys = k_cache.index_select(0, flat).view(bsz, max_blocks * meta.block_size, kv_heads, d)
     values = v_cache.index_select(0, flat).view(bsz, max_blocks * meta.block_size, kv_heads, d)
-    positions = torch.arange(keys.shape[1], device=q.device)
-    mask = (positions[None, :] < meta.ctx_lens_t[:, None])[:, None, None, :]  # [B, 1, 1, S]
+    if meta.decode_mask is None:  # the same for every layer of this step; additive, so SDPA need not convert it
+        past = torch.arange(keys.shape[1], device=q.device)[None, :] >= meta.ctx_lens_t[:, None]
+        meta.decode_mask = torch.zeros(past.shape, dtype=q.dtype, device=q.device).masked_fill_(past, float("-inf"))
+        meta.decode_mask = meta.decode_mask[:, None, None, :]  # [B, 1, 1, S]
     # GQA folded into the query axis: the heads sharing a KV head become `group` queries against it, all with the
     # same mask (one token per sequence), so K/V are read once per KV head instead of being expanded per head.
     grouped = q.view(bsz, kv_heads, heads // kv_heads, d)
-    o = F.scaled_dot_product_attention(grouped, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask,
-                                       scale=scale)
+    o = F.scaled_dot_product_attention(grouped, keys.transpose(1, 2), values.transpose(1, 2),
+                                       attn_mask=meta.decode_mask, scale=scale)
     return o.reshape(bsz, heads, d)
 
 
 def use_flash_attn(q: torch.Tensor, meta: AttentionMetadata) -> bool:
-    return (flash_attn_with_kvcache is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-            and meta.block_size % 256 == 0)
+    return (FLASH_ATTN_ENABLED and flash_attn_with_kvcache is not None and q.is_cuda
+            and q.dtype in (torch.float16, torch.bfloat16) and meta.block_size % 256 == 0)
 
 
 def _flash(q, k_cache, v_cache, meta, scale):

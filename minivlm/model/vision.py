@@ -1,11 +1,35 @@
-"""The vision tower is transformers' own module, built from the checkpoint's vision_config and its weights."""
+"""The vision tower is transformers' own module, built from the checkpoint's vision_config and its weights, with
+the engine's fast linears in place of its nn.Linear and its Conv3d patch embedding run as the matrix product it is."""
 import torch
+from torch import nn
+from transformers.initialization import no_init_weights
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
+from minivlm.model.linear import FastLinear, use_fast_linears
+
 TOWERS = {"qwen2_vl": Qwen2VisionTransformerPretrainedModel, "qwen2_5_vl": Qwen2_5_VisionTransformerPretrainedModel,
           "qwen3_vl": Qwen3VLVisionModel}
+
+
+class PatchProjection(FastLinear):
+    """A Conv3d whose kernel equals its stride and covers the whole input patch is one matrix product per patch:
+    [N, C, T, P, P] -> [N, embed, 1, 1, 1], the shape the tower's patch embedding expects from its Conv3d."""
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv3d) -> "PatchProjection":
+        if conv.kernel_size != conv.stride or conv.padding != (0, 0, 0) or conv.groups != 1:
+            raise ValueError(f"patch embedding {conv} is not a per-patch projection")
+        w = conv.weight
+        linear = cls(w[0].numel(), w.shape[0], bias=conv.bias is not None, device="meta")
+        linear.weight = nn.Parameter(w.detach().reshape(w.shape[0], -1), requires_grad=False)
+        if conv.bias is not None:
+            linear.bias = nn.Parameter(conv.bias.detach(), requires_grad=False)
+        return linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.flatten(1))[:, :, None, None, None]
 
 
 class VisionTower:
@@ -13,11 +37,14 @@ class VisionTower:
 
     def __init__(self, model_type: str, vision_config, state_dict: dict, device, dtype):
         vision_config._attn_implementation = "sdpa"
-        self.module = TOWERS[model_type]._from_config(vision_config)
+        with no_init_weights():  # no random init of weights that the checkpoint overwrites next
+            self.module = TOWERS[model_type]._from_config(vision_config)
         missing, unexpected = self.module.load_state_dict(state_dict, strict=False)
         if missing or unexpected:
             raise ValueError(f"vision weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
         self.module.to(device=device, dtype=dtype).eval()
+        self.module.patch_embed.proj = PatchProjection.from_conv(self.module.patch_embed.proj)
+        use_fast_linears(self.module, device, dtype)
         self.merge = vision_config.spatial_merge_size
         self.device, self.dtype = device, dtype
 

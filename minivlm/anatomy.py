@@ -1,0 +1,111 @@
+"""Prompt anatomy: how one request becomes tokens, M-RoPE positions, KV blocks and prefix-cache keys.
+Everything comes from the engine's own code path (make_sequence: processor, positions, length checks; then
+prefix_keys.block_key per strategy), so what is shown is what the engine computes, not a re-derivation."""
+from dataclasses import dataclass, field
+
+from minivlm.block_manager import block_kind
+from minivlm.multimodal import load_image, split_images
+from minivlm.prefix_keys import block_key
+from minivlm.request import Request, SamplingParams
+
+KEY_STRATEGIES = ("A", "B", "C")
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """One prompt token. grid_row/grid_col: its merged-patch cell for image tokens; position: M-RoPE (t, h, w)."""
+    index: int
+    token_id: int
+    text: str
+    type: str                          # "text" | "image"
+    image_index: int | None
+    grid_row: int | None
+    grid_col: int | None
+    position: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """One image of the prompt: sizes before and after smart_resize, its patch grid and what it costs in tokens.
+    resized_size = grid (w, h) × patch_size; num_tokens = num_patches / merge_size²."""
+    original_size: tuple[int, int]    # (w, h) as decoded (EXIF-rotated)
+    resized_size: tuple[int, int]     # (w, h) the vision tower sees
+    grid_thw: tuple[int, int, int]    # in patches
+    num_patches: int
+    num_tokens: int
+    content_hash: str
+    start: int = 0                    # index of its first placeholder token
+    patch_size: int = 0
+    merge_size: int = 0
+    settings: tuple = ()              # processor settings that shaped its tokens (they enter key C)
+
+
+@dataclass(frozen=True)
+class BlockAnatomy:
+    """Tokens [start, end) of the prompt as one KV block. keys: its prefix-cache key under A, B and C (None while
+    the block is partial: the engine keys a block only once it is full); key_inputs: the extra material that went
+    into each key besides the parent key and the block's token ids."""
+    index: int
+    start: int
+    end: int
+    full: bool
+    keys: dict
+    key_inputs: dict
+    kind: str = "text"                # text | image | mixed
+
+
+@dataclass
+class Anatomy:
+    """The whole picture of one request (see Engine.anatomy)."""
+    tokens: list[TokenInfo]
+    images: list[ImageInfo]
+    blocks: list[BlockAnatomy]
+    block_size: int
+    strategy: str                     # the engine's own strategy (the key its cache uses)
+    rope_delta: int                   # decode position = sequence length + rope_delta
+    notes: list[str] = field(default_factory=list)
+
+
+def token_texts(tokenizer, token_ids: list[int]) -> list[str]:
+    """Each token's own text (special tokens kept), decoding every distinct id once."""
+    cache = {t: tokenizer.decode([t], skip_special_tokens=False) for t in set(token_ids)}
+    return [cache[t] for t in token_ids]
+
+
+def original_sizes(request: Request) -> list[tuple[int, int]]:
+    """(w, h) of each image of the request, decoded by the engine's own loader."""
+    return [load_image(im)[0].size for im in split_images(request.to_messages())[1]]
+
+
+def build_anatomy(engine, request: Request) -> Anatomy:
+    """Render `request` through the engine (no model run) and lay out its tokens, images, blocks and keys."""
+    seq = engine.make_sequence(request, SamplingParams(max_tokens=1))
+    model, bs = engine.model, engine.config.block_size
+    patch, merge = engine.processor.image_processor.patch_size, model.merge
+    images = []
+    for im, size in zip(seq.images, original_sizes(request)):
+        t, h, w = im.grid_thw  # in patches: the resized image is exactly the grid times the patch size
+        images.append(ImageInfo(size, (w * patch, h * patch), (t, h, w), t * h * w, im.num_tokens, im.content_hash,
+                                im.start, patch, merge, im.settings))
+    owner = {}  # token index -> (image index, row, col) on the merged grid
+    for k, im in enumerate(seq.images):
+        cols = im.grid_thw[2] // merge
+        per_frame = im.grid_thw[1] // merge * cols
+        for j in range(im.num_tokens):
+            owner[im.start + j] = (k, j % per_frame // cols, j % cols)
+    positions = seq.prompt_positions.T.tolist()
+    texts = token_texts(engine.tokenizer, seq.token_ids)
+    tokens = [TokenInfo(i, t, text, "image" if kind else "text", *owner.get(i, (None, None, None)), tuple(pos))
+              for i, (t, text, kind, pos) in enumerate(zip(seq.token_ids, texts, seq.token_types, positions))]
+    blocks, parents = [], dict.fromkeys(KEY_STRATEGIES)
+    for i in range(-(-len(seq) // bs)):  # every block the prompt touches, the last maybe partial
+        start, end = i * bs, min((i + 1) * bs, len(seq))
+        full = end - start == bs
+        keys, inputs = {}, {}
+        for s in KEY_STRATEGIES:
+            key, extra = block_key(seq, i, parents[s], bs, s, model.model_id, model.dtype_name)
+            keys[s], inputs[s] = (key if full else None), extra
+            parents[s] = key
+        blocks.append(BlockAnatomy(i, start, end, full, keys, inputs, block_kind(seq.token_types[start:end])))
+    return Anatomy(tokens, images, blocks, bs, engine.config.cache_strategy, seq.rope_delta,
+                   [n for im in seq.images for n in im.notes])

@@ -1,0 +1,118 @@
+"""Anatomy tab: how one request becomes tokens, M-RoPE positions, KV blocks and prefix-cache keys, drawn from
+engine.anatomy (the engine's own processor, position and key code; no model run). A second image (or the same
+one at another max_pixels) is compared key by key."""
+import os
+import time
+
+import gradio as gr
+
+from minivlm import Request
+from minivlm.multimodal import load_image, split_images
+
+from panels.anatomy_figures import grid_figure, rope_figure, token_strip_figure
+from panels.anatomy_keys import keys_html
+from panels.chat import to_hf_messages
+from panels.holder import EXAMPLES_DIR, EngineHolder
+
+RED, BLUE = os.path.join(EXAMPLES_DIR, "red_circle.png"), os.path.join(EXAMPLES_DIR, "blue_circle.png")
+EXAMPLES = [[RED, BLUE, "What color is the shape?"], [os.path.join(EXAMPLES_DIR, "three_shapes.png"), None,
+                                                       "What color is the triangle?"]]
+LARGEST = 1024 * 768  # the slider reaches a 1024×768 image at full resolution
+
+
+def pixel_range(engine) -> tuple[int, int, int, int]:
+    """(slider min, max, step, default) for max_pixels from the engine's processor."""
+    ip = engine.processor.image_processor
+    unit = (ip.patch_size * ip.merge_size) ** 2  # one merged token's pixels
+    default = int(ip.size.longest_edge)
+    return 4 * unit, max(LARGEST, 4 * default), unit, default
+
+
+def pixels_kwargs(engine, max_pixels) -> dict:
+    """mm_processor_kwargs for a max_pixels choice (min_pixels follows it down when needed)."""
+    lo = int(engine.processor.image_processor.size.shortest_edge)
+    return {"max_pixels": int(max_pixels), "min_pixels": min(lo, int(max_pixels))}
+
+
+def describe(a, seconds: float) -> str:
+    n, bs = len(a.tokens), a.block_size
+    n_image = sum(im.num_tokens for im in a.images)
+    unused = bs * len(a.blocks) - n
+    images = "; ".join(f"image {k + 1}: {im.original_size[0]}×{im.original_size[1]} px → {im.num_tokens} tokens"
+                       for k, im in enumerate(a.images)) or "no image"
+    return (f"**{n} prompt tokens** = {n - n_image} text + {n_image} image ({images}) · **{len(a.blocks)} KV "
+            f"blocks** of {bs} ({sum(b.full for b in a.blocks)} full and keyed; {unused} unused slots in the last) · "
+            f"drawn in {seconds:.2f} s" + "".join(f"<br>note: {x}" for x in a.notes))
+
+
+def render(engine, request: Request, images: list, other: Request | None = None):
+    """The tab's five outputs for `request` (compared with `other`); raises ValueError on a refused request."""
+    start = time.perf_counter()
+    a = engine.anatomy(request)
+    b = engine.anatomy(other) if other is not None else None
+    figures = (grid_figure(images, a.images) if a.images else None, token_strip_figure(a, images), rope_figure(a),
+               keys_html(a, b))
+    return describe(a, time.perf_counter() - start), *figures
+
+
+def build(holder: EngineHolder, tab=None, chatbot=None):
+    """Lay out the tab (drawn when `tab` is selected; `chatbot` lets it take the chat's last request)."""
+    lo, hi, step, default = pixel_range(holder.get())
+    gr.Markdown("How a request becomes what the engine stores: the image cut into patches and merged into tokens, "
+                "the prompt as tokens in KV blocks, each image token's M-RoPE position, and what goes into each "
+                "block's prefix-cache key under A, B and C. Nothing runs the model.")
+    with gr.Row():
+        with gr.Column():
+            image = gr.Image(RED, type="filepath", label="Image", height=180, sources=["upload"], elem_id="anat-img1")
+            pixels = gr.Slider(lo, hi, value=default, step=step, label="max_pixels (image)", elem_id="anat-pixels")
+        with gr.Column():
+            other = gr.Image(BLUE, type="filepath", label="Second image, to compare keys (empty = the same image)",
+                             height=180, sources=["upload"], elem_id="anat-img2")
+            other_pixels = gr.Slider(lo, hi, value=default, step=step, label="max_pixels (second image)",
+                                     elem_id="anat-pixels2")
+    prompt = gr.Textbox("What color is the shape?", label="Prompt (the same for both)", elem_id="anat-prompt")
+    with gr.Row():
+        show = gr.Button("Show anatomy", variant="primary", elem_id="anat-show")
+        from_chat = gr.Button("Use the chat's last request", elem_id="anat-from-chat", visible=chatbot is not None)
+    gr.Examples(EXAMPLES, [image, other, prompt], label="Examples")
+    summary = gr.Markdown(elem_id="anat-summary")
+    with gr.Row(equal_height=True):
+        grid = gr.Plot(label="1 · the image as the vision tower sees it", elem_id="anat-grid")
+        rope = gr.Plot(label="2 · M-RoPE positions (t, h, w) of the image tokens", elem_id="anat-rope")
+    strip = gr.Plot(label="3 · the prompt as tokens, in KV blocks", elem_id="anat-strip")
+    keys = gr.HTML(label="4 · prefix-cache keys per block under A, B and C", elem_id="anat-keys")
+    outputs = [summary, grid, strip, rope, keys]
+
+    def from_form(path, other_path, text, max_px, other_px, request: gr.Request):
+        engine = holder.get()
+        salt = holder.salt(request.session_hash if request else None)
+        try:
+            img = [load_image(path)[0]] if path else []
+            first = Request(prompt=text, images=img, mm_processor_kwargs=pixels_kwargs(engine, max_px), cache_salt=salt)
+            second = [load_image(other_path)[0]] if other_path else img
+            compare = Request(prompt=text, images=second, mm_processor_kwargs=pixels_kwargs(engine, other_px),
+                              cache_salt=salt) if second else None
+            return render(engine, first, img, compare)
+        except ValueError as e:
+            raise gr.Error(str(e))
+
+    def from_history(history, request: gr.Request):
+        messages = to_hf_messages(history or [])
+        if not messages:
+            raise gr.Error("The chat is empty: send a message in the Chat tab first.")
+        salt = holder.salt(request.session_hash if request else None)
+        try:
+            images = [load_image(x)[0] for x in split_images(messages)[1]]
+            return render(holder.get(), Request(messages=messages, cache_salt=salt), images)
+        except ValueError as e:
+            raise gr.Error(str(e))
+
+    inputs = [image, other, prompt, pixels, other_pixels]
+    triggers = [show.click, prompt.submit, pixels.release, other_pixels.release, image.change, other.change]
+    if tab is not None:
+        triggers.append(tab.select)
+    gr.on(triggers, from_form, inputs, outputs, api_name="anatomy", concurrency_id="anatomy", concurrency_limit=2,
+          trigger_mode="always_last")
+    if chatbot is not None:
+        from_chat.click(from_history, [chatbot], outputs, api_name="anatomy_from_chat", concurrency_id="anatomy")
+    return from_form, inputs, outputs

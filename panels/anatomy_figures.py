@@ -1,0 +1,187 @@
+"""Pictures of a prompt's anatomy (pure functions of minivlm's Anatomy and the decoded images): the image with its
+patch and merge grid, the token strip in KV blocks, M-RoPE heatmaps. Pixels are composed into ONE raster per
+figure (a 1000-token image is one go.Image, not 1000 traces); labels and hover are one scatter trace each."""
+import base64
+import io
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+from PIL import Image
+
+TEXT_BG, SPECIAL_BG, EMPTY_BG = (226, 234, 246), (205, 196, 238), (246, 246, 246)
+BLOCK_EDGE, PATCH_LINE, MERGE_LINE = (35, 35, 35), (255, 255, 255), (255, 190, 0)
+GRID_DISPLAY = 360    # the longest side of each image on the grid picture, in px
+ROW_GAP, BLOCK_GAP, IMAGE_GAP, STRIP_TOP = 16, 6, 28, 16
+AXES = ("t (time)", "h (row)", "w (column)")
+TOP_MARGIN = 100      # what gradio's plot gives a titled figure whatever the layout asks
+TITLE = dict(font=dict(size=13), y=1, yref="container", yanchor="top", pad=dict(t=44))  # below gradio's label
+
+
+def data_uri(pixels: np.ndarray) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="JPEG", quality=90)  # 10x faster than PNG on photos, and smaller
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def raster_figure(pixels: np.ndarray, traces: list, title: str, width_hint: int = 1150,
+                  max_scale: float = 4.0) -> go.Figure:
+    """One go.Image of `pixels` in pixel coordinates (y down), with overlay traces; the height fits the raster
+    shown `width_hint` px wide (about a tab's width), enlarged at most `max_scale` times."""
+    h, w = pixels.shape[:2]
+    fig = go.Figure([go.Image(source=data_uri(pixels), x0=0, y0=0, dx=1, dy=1, hoverinfo="skip"), *traces])
+    fig.update_layout(title=dict(TITLE, text=title), showlegend=False, plot_bgcolor="white",
+                      height=int(h * min(max_scale, width_hint / w)) + TOP_MARGIN + 10,
+                      margin=dict(l=10, r=10, t=TOP_MARGIN, b=10),
+                      xaxis=dict(visible=False, range=[0, w]),
+                      yaxis=dict(visible=False, range=[h, 0], scaleanchor="x"))
+    return fig
+
+
+def short_label(text: str, width: int) -> str:
+    """A token's text for a cell: special tokens without <| |>, whitespace made visible, cut to the cell."""
+    if text.startswith("<|") and text.endswith("|>"):
+        text = text[2:-2]
+    text = text.replace("\n", "⏎").replace(" ", "·") or "∅"
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def cell_tiles(image: Image.Image, info, cell: int) -> np.ndarray:
+    """The resized image cut into its merged patches, each scaled to cell×cell: [rows, cols, cell, cell, 3]."""
+    rows, cols = info.grid_thw[1] // info.merge_size, info.grid_thw[2] // info.merge_size
+    px = np.asarray(image.resize((cols * cell, rows * cell), Image.BILINEAR))
+    return px.reshape(rows, cell, cols, cell, 3).transpose(0, 2, 1, 3, 4)
+
+
+def grid_figure(images: list[Image.Image], infos: list) -> go.Figure:
+    """Each image as the vision tower sees it (resized), thin lines between patches, thick ones around each
+    merge×merge group: one group = one token. Hover a group for its token's index and M-RoPE position."""
+    scaled, hover = [], []
+    for im, info in zip(images, infos):
+        s = GRID_DISPLAY / max(info.resized_size)
+        w, h = round(info.resized_size[0] * s), round(info.resized_size[1] * s)
+        px = np.array(im.resize(info.resized_size, Image.BICUBIC).resize((w, h), Image.NEAREST))
+        step = info.patch_size * s
+        for k, y in enumerate(np.arange(0, h + 1, step).round().astype(int)):  # grid lines in the raster itself
+            merge = k % info.merge_size == 0
+            px[max(0, min(h - 1, y) - merge):min(h, y + 1 + merge)] = MERGE_LINE if merge else PATCH_LINE
+        for k, x in enumerate(np.arange(0, w + 1, step).round().astype(int)):
+            merge = k % info.merge_size == 0
+            px[:, max(0, min(w - 1, x) - merge):min(w, x + 1 + merge)] = MERGE_LINE if merge else PATCH_LINE
+        scaled.append(px)
+    height = max(p.shape[0] for p in scaled)
+    canvas = np.full((height + 4, sum(p.shape[1] for p in scaled) + IMAGE_GAP * (len(scaled) - 1), 3), 255, np.uint8)
+    x0, notes = 0, []
+    for px, info, k in zip(scaled, infos, range(len(infos))):
+        canvas[:px.shape[0], x0:x0 + px.shape[1]] = px
+        g = info.patch_size * info.merge_size * px.shape[1] / info.resized_size[0]
+        rows, cols = info.grid_thw[1] // info.merge_size, info.grid_thw[2] // info.merge_size
+        xs, ys = np.meshgrid(x0 + g * (np.arange(cols) + 0.5), g * (np.arange(rows) + 0.5))
+        hover.append(go.Scatter(x=xs.ravel(), y=ys.ravel(), mode="markers", hoverinfo="text",
+                                marker=dict(size=max(4, g * 0.8), opacity=0, symbol="square"),
+                                hovertext=[f"image {k + 1} · token {info.start + j} · merged cell (row {j // cols}, "
+                                           f"col {j % cols})" for j in range(rows * cols)]))
+        notes.append(f"image {k + 1}: {info.original_size[0]}×{info.original_size[1]} → "
+                     f"{info.resized_size[0]}×{info.resized_size[1]} · {info.grid_thw[2]}×{info.grid_thw[1]} "
+                     f"patches of {info.patch_size} px · {info.merge_size}×{info.merge_size} merge → "
+                     f"{cols}×{rows} = {info.num_tokens} tokens")
+        x0 += px.shape[1] + IMAGE_GAP
+    title = "<br>".join(notes) + "<br><sup>white: patch edges · yellow: merge groups (one group = one token)</sup>"
+    return raster_figure(canvas, hover, title, max_scale=1.25)
+
+
+def strip_layout(n: int, block_size: int) -> tuple[int, int]:
+    """(cell px, tokens per row): whole blocks per row, about 32 tokens a row, smaller cells for long prompts."""
+    per_row = max(1, (32 if n <= 400 else 64) // block_size) * block_size
+    return (44 if n <= 400 else 20), per_row
+
+
+def token_strip_figure(anatomy, images: list[Image.Image]) -> go.Figure:
+    """The prompt token by token, wrapped in whole KV blocks: text tokens labelled, image tokens as thumbnails of
+    their merged patch, each block outlined (the empty slots of a partial last block shown as such)."""
+    bs, n = anatomy.block_size, len(anatomy.tokens)
+    cell, per_row = strip_layout(n, bs)
+    nblocks_row = per_row // bs
+    num_rows = -(-max(n, 1) // per_row)
+    width = per_row * cell + (nblocks_row - 1) * BLOCK_GAP + 4
+    canvas = np.full((STRIP_TOP + num_rows * (cell + ROW_GAP), width, 3), 255, np.uint8)
+    tiles = [cell_tiles(im, info, cell) for im, info in zip(images, anatomy.images)]
+
+    def origin(i):  # top-left pixel of token slot i
+        row, col = divmod(i, per_row)
+        return 2 + col * cell + col // bs * BLOCK_GAP, STRIP_TOP + row * (cell + ROW_GAP)
+
+    labels_x, labels_y, labels, hover = [], [], [], []
+    width_chars = max(2, cell // 8)
+    for t in anatomy.tokens:
+        x, y = origin(t.index)
+        if t.type == "image":
+            canvas[y:y + cell - 1, x:x + cell - 1] = tiles[t.image_index][t.grid_row, t.grid_col][:-1, :-1]
+        else:
+            special = t.text.startswith("<|") and t.text.endswith("|>")
+            canvas[y:y + cell - 1, x:x + cell - 1] = SPECIAL_BG if special else TEXT_BG
+            if cell >= 30:
+                labels_x.append(x + cell / 2)
+                labels_y.append(y + cell / 2)
+                labels.append(short_label(t.text, width_chars))
+        where = f"image {t.image_index + 1} (row {t.grid_row}, col {t.grid_col})" if t.type == "image" else "text"
+        hover.append(f"token {t.index} · id {t.token_id} · {t.text!r}<br>{where}<br>"
+                     f"M-RoPE (t, h, w) = {t.position}<br>block {t.index // bs}, slot {t.index % bs}")
+    block_x, block_y, block_text = [], [], []
+    for b in anatomy.blocks:
+        x, y = origin(b.start)
+        for i in range(b.end, b.start + bs):  # unused slots of a partial block: internal fragmentation
+            ex, ey = origin(i)
+            canvas[ey:ey + cell - 1, ex:ex + cell - 1] = EMPTY_BG
+        x1 = x + bs * cell
+        canvas[y - 2:y, x - 2:x1] = canvas[y + cell - 1:y + cell + 1, x - 2:x1] = BLOCK_EDGE
+        canvas[y - 2:y + cell + 1, x - 2:x] = canvas[y - 2:y + cell + 1, x1 - 1:x1 + 1] = BLOCK_EDGE
+        block_x.append(x + 2)
+        block_y.append(y - 3)
+        block_text.append(f"block {b.index}" + ("" if b.full else f" · {b.end - b.start}/{bs}, not keyed yet"))
+    xs, ys = (np.array([origin(i) for i in range(n)]) + cell / 2).reshape(-1, 2).T
+    traces = [go.Scatter(x=xs, y=ys, mode="markers", hoverinfo="text", hovertext=hover,
+                         marker=dict(size=cell * 0.6, opacity=0, symbol="square")),
+              go.Scatter(x=labels_x, y=labels_y, text=labels, mode="text", hoverinfo="skip",
+                         textfont=dict(size=11, family="monospace", color="#222")),
+              go.Scatter(x=block_x, y=block_y, text=block_text, mode="text", hoverinfo="skip", textposition="top right",
+                         textfont=dict(size=11, color="#444"))]
+    n_image = sum(t.type == "image" for t in anatomy.tokens)
+    title = (f"{n} tokens ({n - n_image} text, {n_image} image) in {len(anatomy.blocks)} KV blocks of {bs}"
+             f" · purple: special tokens · grey: empty slots of the last block")
+    return raster_figure(canvas, traces, title)
+
+
+def rope_figure(anatomy) -> go.Figure:
+    """For each image, its tokens' M-RoPE t, h and w ids as heatmaps over its merged grid (the actual ids: the
+    image starts where the text before it ended; the text after it resumes at start + max(rows, cols))."""
+    if not anatomy.images:
+        fig = go.Figure()
+        fig.update_layout(title=dict(TITLE, text="No image: every token's (t, h, w) is (i, i, i), plain 1-D RoPE"),
+                          height=TOP_MARGIN + 20,
+                          xaxis=dict(visible=False), yaxis=dict(visible=False))
+        return fig
+    titles = [f"image {k + 1}: {axis}" for k in range(len(anatomy.images)) for axis in AXES]
+    fig = make_subplots(rows=len(anatomy.images), cols=3, subplot_titles=titles, horizontal_spacing=0.04,
+                        vertical_spacing=0.12 / len(anatomy.images))
+    for k, info in enumerate(anatomy.images):
+        rows, cols = info.grid_thw[1] // info.merge_size, info.grid_thw[2] // info.merge_size
+        pos = np.array([t.position for t in anatomy.tokens[info.start:info.start + rows * cols]])
+        for axis in range(3):
+            z = pos[:, axis].reshape(rows, cols)
+            fig.add_trace(go.Heatmap(z=z, colorscale="Viridis", showscale=False, xgap=1, ygap=1,
+                                     texttemplate="%{z}" if rows * cols <= 256 else None, textfont=dict(size=9),
+                                     hovertemplate=f"{AXES[axis]} = %{{z}}<br>row %{{y}}, col %{{x}}<extra></extra>"),
+                          row=k + 1, col=axis + 1)
+            fig.update_yaxes(autorange="reversed", scaleanchor=f"x{3 * k + axis + 1}", showticklabels=False,
+                             row=k + 1, col=axis + 1)
+            fig.update_xaxes(showticklabels=False, row=k + 1, col=axis + 1)
+    after = [t for t in anatomy.tokens if t.type == "text" and t.index > anatomy.images[-1].start]
+    tail = f"; the text after it resumes at {after[0].position[0]}" if after else ""
+    fig.update_layout(height=TOP_MARGIN + 260 * len(anatomy.images), margin=dict(l=10, r=10, t=TOP_MARGIN, b=10),
+                      plot_bgcolor="white",
+                      title=dict(TITLE, text=(
+                          f"image 1 starts at {anatomy.tokens[anatomy.images[0].start].position[0]}{tail}<br>"
+                          f"<sup>generated token i then gets i {anatomy.rope_delta:+d} on all three axes "
+                          f"(the rope delta)</sup>")))
+    return fig

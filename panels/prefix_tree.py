@@ -1,0 +1,101 @@
+"""The prefix cache as a tree (engine.prefix_tree(): the block manager's state now): each cached block a node, an
+edge from the block its key chains on. A prefix hit walks down from a root while keys match; requests sharing a
+prefix share a path and branch where they differ. The next block the free queue will overwrite is ringed red."""
+import gradio as gr
+import plotly.graph_objects as go
+
+from panels.holder import EngineHolder
+
+KIND_COLORS = {"text": "#7eaef5", "image": "#f2a65a", "mixed": "#b28ae8"}
+NEXT_EVICTED = "#d62728"
+ROW_PX = 44
+
+
+def layout(nodes) -> dict[int, tuple[int, float]]:
+    """block id -> (depth, row): children to the right of their parent, each leaf its own row, a parent centred
+    on its children; roots (and orphans, whose parent was evicted) in block-id order."""
+    children: dict[int, list] = {}
+    for n in nodes:
+        if n.parent_block is not None:
+            children.setdefault(n.parent_block, []).append(n)
+    pos, next_row = {}, [0]
+
+    def place(n, depth):
+        kids = children.get(n.block_id, [])
+        for k in kids:
+            place(k, depth + 1)
+        if kids:
+            row = sum(pos[k.block_id][1] for k in kids) / len(kids)
+        else:
+            row, next_row[0] = next_row[0], next_row[0] + 1
+        pos[n.block_id] = (depth, row)
+
+    for root in (n for n in nodes if n.parent_block is None):
+        place(root, 0)
+    return pos
+
+
+def hover(n) -> str:
+    state = (f"in use by {n.ref_count} request{'s' if n.ref_count > 1 else ''}" if n.ref_count else
+             f"cached, free: overwritten after {n.evicted_after} more block allocation"
+             f"{'s' if n.evicted_after != 1 else ''} (eviction rank {n.eviction_rank})")
+    parent = ("root (a prompt's first block)" if n.parent_key is None else
+              f"block {n.parent_block}" if n.parent_block is not None else "evicted: no lookup reaches this block")
+    return (f"block {n.block_id} · {n.kind} · {n.num_tokens} tokens<br>key {n.key[:16]}…<br>parent: {parent}"
+            f"<br>{state}")
+
+
+def tree_figure(nodes) -> go.Figure:
+    """The forest: one trace for the edges, one per block kind for the nodes, labels with block id and ref count."""
+    pos = layout(nodes)
+    fig = go.Figure()
+    ex, ey = [], []
+    for n in nodes:
+        if n.parent_block is not None:
+            (x0, y0), (x1, y1) = pos[n.parent_block], pos[n.block_id]
+            ex += [x0, x1, None]
+            ey += [y0, y1, None]
+    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#999", width=1.5), hoverinfo="skip",
+                             name="key chains on parent", showlegend=False))
+    for kind, color in KIND_COLORS.items():
+        group = [n for n in nodes if n.kind == kind]
+        fig.add_trace(go.Scatter(
+            x=[pos[n.block_id][0] for n in group], y=[pos[n.block_id][1] for n in group], name=f"{kind} block",
+            mode="markers+text", textposition="middle center", hovertext=[hover(n) for n in group], hoverinfo="text",
+            text=[str(n.block_id) for n in group], textfont=dict(size=9, color="#111"),
+            marker=dict(size=22, symbol="square", color=color, opacity=[1.0 if n.ref_count else 0.45 for n in group],
+                        line=dict(width=[2.5 if n.ref_count > 1 else 1 for n in group], color="#222"))))
+    shared = [n for n in nodes if n.ref_count > 1]
+    fig.add_trace(go.Scatter(x=[pos[n.block_id][0] + 0.28 for n in shared],
+                             y=[pos[n.block_id][1] - 0.3 for n in shared],
+                             text=[f"×{n.ref_count}" for n in shared], mode="text", hoverinfo="skip",
+                             name="ref count", showlegend=False, textfont=dict(size=10, color="#222")))
+    nxt = [n for n in nodes if n.eviction_rank == 0]
+    fig.add_trace(go.Scatter(x=[pos[n.block_id][0] for n in nxt], y=[pos[n.block_id][1] for n in nxt],
+                             mode="markers", name="next to be evicted", hoverinfo="skip",
+                             marker=dict(size=32, symbol="square-open", color=NEXT_EVICTED, line=dict(width=3))))
+    orphans = sum(n.orphan for n in nodes)
+    roots = sum(n.parent_key is None for n in nodes)
+    branches = sum(1 for n in nodes if sum(m.parent_block == n.block_id for m in nodes) > 1)
+    rows = 1 + max((p[1] for p in pos.values()), default=0)
+    fig.update_layout(
+        title=dict(font=dict(size=14), text=(
+            f"Prefix cache as a tree: {len(nodes)} cached blocks, {roots} root{'s' if roots != 1 else ''}, {branches} "
+            f"branch point{'s' if branches != 1 else ''}"
+            + (f", {orphans} orphaned (parent evicted)" if orphans else "")
+            + "<br><sup>a lookup walks right from a root while the keys match · faded: free but cached (revivable) · "
+              "×n: shared by n requests · red ring: the next block the free queue overwrites</sup>")),
+        height=min(900, 190 + int(rows * ROW_PX)), margin=dict(l=10, r=10, t=100, b=40), plot_bgcolor="white",
+        xaxis=dict(title="position in the chain (logical block index)", dtick=1, zeroline=False, showgrid=False),
+        yaxis=dict(visible=False, range=[rows - 0.4, -0.6]), legend=dict(x=1.01, y=1))
+    return fig
+
+
+def attach(holder: EngineHolder, block_map: gr.Plot) -> gr.Plot:
+    """A tree view that redraws from the engine's state whenever the block map changes."""
+    tree = gr.Plot(label="Prefix cache as a tree (the engine now)", elem_id="kv-tree")
+    # its own queue slot: the map's poll never waits behind a tree that waits for the engine's current step
+    block_map.change(lambda: tree_figure(holder.get().prefix_tree()), None, tree, api_name=False,
+                     show_progress="hidden", trigger_mode="always_last", concurrency_id="kv_tree",
+                     concurrency_limit=1)
+    return tree

@@ -1,0 +1,110 @@
+"""The Anatomy tab in a real browser: the pictures show exactly the engine's anatomy of the same request, the key
+table shows A fooled by two different images, and max_pixels changes C's keys but not B's. Screenshot:
+anatomy.png (to $MINIVLM_SCREENSHOTS, as in test_browser.py)."""
+import os
+
+import pytest
+
+from minivlm import Request, SamplingParams
+from minivlm.multimodal import load_image
+
+from panels.anatomy import BLUE, RED, pixels_kwargs
+from panels.anatomy_keys import DIFFERENT, SAME
+from tests.test_browser import app, open_tab, page, shots  # noqa: F401  (the same served app and browser page)
+
+pytestmark = pytest.mark.browser
+PROMPT = "What color is the shape?"
+
+
+def key_colors(page) -> dict[str, list[str]]:
+    """Background of every key cell of the table, per strategy column."""
+    return page.evaluate("""() => {
+        const out = {A: [], B: [], C: []};
+        for (const row of document.querySelectorAll('#anatomy-keys-table tr')) {
+            const cells = row.querySelectorAll('td');
+            if (cells.length === 4) ['A', 'B', 'C'].forEach((s, i) => out[s].push(cells[i + 1].style.background));
+        }
+        return out; }""")
+
+
+def rgb(hex_color: str) -> str:
+    r, g, b = (int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
+def wait_for_summary(page, num_tokens: int):
+    page.wait_for_function(f"document.querySelector('#anat-summary').innerText.includes('{num_tokens} prompt tokens')")
+
+
+def strip_points(page) -> int:
+    return page.evaluate("document.querySelector('#anat-strip .js-plotly-plot').data[1].hovertext.length")
+
+
+def test_anatomy_tab_shows_the_engine_anatomy(app, page, shots):
+    holder, _ = app
+    engine = holder.get()
+    open_tab(page, "Anatomy")
+    page.locator("#anat-strip .js-plotly-plot").wait_for()
+    page.locator("#anatomy-keys-table").wait_for()
+    a = engine.anatomy(Request(prompt=PROMPT, images=[load_image(RED)[0]]))
+    summary = page.locator("#anat-summary").inner_text()
+    assert f"{len(a.tokens)} prompt tokens" in summary and f"{len(a.blocks)} KV blocks" in summary
+    traces = page.evaluate("document.querySelector('#anat-strip .js-plotly-plot').data.map(t => t.type)")
+    assert traces.count("image") == 1 and len(traces) <= 4  # the thumbnails are one raster, not one trace each
+    assert strip_points(page) == len(a.tokens)
+    colors = key_colors(page)
+    full = sum(b.full for b in a.blocks)
+    assert colors["A"][:full] == [rgb(SAME)] * full  # red and blue circle: the same A keys
+    assert colors["B"][:full] == colors["C"][:full] == [rgb(DIFFERENT)] * full
+    page.screenshot(path=os.path.join(shots, "anatomy.png"), full_page=True)
+
+    # the same image at a smaller max_pixels: fewer tokens, C's keys change, B's keys stay where the tokens match
+    page.locator("#anat-img2 button[aria-label='Remove Image']").click()
+    small = 4 * (engine.processor.image_processor.patch_size * engine.model.merge) ** 2 * 4
+    page.locator("#anat-pixels input[type=number]").fill(str(small))
+    page.locator("#anat-pixels input[type=number]").press("Enter")
+    page.locator("#anat-show").click()
+    b = engine.anatomy(Request(prompt=PROMPT, images=[load_image(RED)[0]],
+                               mm_processor_kwargs=pixels_kwargs(engine, small)))
+    wait_for_summary(page, len(b.tokens))
+    assert len(b.tokens) < len(a.tokens) and strip_points(page) == len(b.tokens)
+    colors = key_colors(page)
+    same_tokens = [i for i, (x, y) in enumerate(zip(b.blocks, a.blocks)) if x.full and y.full and
+                   [t.token_id for t in b.tokens[x.start:x.end]] == [t.token_id for t in a.tokens[y.start:y.end]]]
+    assert same_tokens and all(colors["B"][i] == rgb(SAME) and colors["C"][i] == rgb(DIFFERENT) for i in same_tokens)
+
+
+def test_kv_tab_shows_the_prefix_tree_and_paging(app, page, shots):
+    holder, _ = app
+    engine = holder.get()
+    for question in ("What color is the shape?", "What shape is it?"):
+        engine.generate(Request(prompt=question, images=[RED]), SamplingParams(max_tokens=2))
+    nodes = engine.prefix_tree()
+    open_tab(page, "KV blocks (live)")
+    page.locator("#kv-map .js-plotly-plot").wait_for()
+    page.get_by_role("button", name="Refresh now").click()
+    page.wait_for_function(f"""() => {{
+        const el = document.querySelector('#kv-tree .js-plotly-plot');
+        return el && el.data.filter(t => (t.name || '').endsWith(' block'))
+                             .reduce((n, t) => n + t.x.length, 0) === {len(nodes)}; }}""")
+    title = page.evaluate("document.querySelector('#kv-tree .js-plotly-plot').layout.title.text")
+    assert f"{len(nodes)} cached blocks" in title and "1 branch point" in title
+    assert "Paged vs contiguous" in page.locator("#kv-summary").inner_text()
+    page.locator("#kv-tree").screenshot(path=os.path.join(shots, "prefix_tree.png"))
+
+
+def test_anatomy_of_the_chats_last_request(app, page):
+    holder, _ = app
+    open_tab(page, "Chat")
+    page.locator("#chat-input input[type=file]").set_input_files(BLUE)
+    page.locator("#chat-input textarea").fill(PROMPT)
+    page.locator("#chat-input textarea").press("Enter")
+    page.wait_for_function("document.querySelector('#chat-stats')?.innerText.includes('finish:')")
+    answer = page.locator("#chatbot .message-row.bot-row, #chatbot [data-testid=bot]").last.inner_text().strip()
+    open_tab(page, "Anatomy")
+    page.locator("#anat-from-chat").click()
+    messages = [{"role": "user", "content": [{"type": "image", "image": BLUE}, {"type": "text", "text": PROMPT}]},
+                {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+    a = holder.get().anatomy(Request(messages=messages))
+    wait_for_summary(page, len(a.tokens))
+    assert strip_points(page) == len(a.tokens)
