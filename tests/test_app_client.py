@@ -51,8 +51,6 @@ def test_every_endpoint_and_parameter_is_named_for_a_person(client):
     assert {"/rebuild", "/engine_status", "/chat", "/regenerate", "/stop", "/kv_snapshot", "/kv_launch", "/kv_replay",
             "/inspect", "/vram"} <= set(named) and not info["unnamed_endpoints"]
     for name, endpoint in named.items():
-        if name.startswith(("/vram", "/anatomy")):  # not yet: short parameters (w, h, gb), unlabelled outputs
-            continue
         for p in endpoint["parameters"]:
             assert len(p["parameter_name"]) >= 4 and p["label"] and "value_" not in p["parameter_name"], (name, p)
         for r in endpoint["returns"]:
