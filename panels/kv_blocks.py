@@ -8,6 +8,7 @@ import gradio as gr
 
 from minivlm import Request, SamplingParams
 
+from panels.access import refusal
 from panels.chat import EXAMPLES
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
 from panels import prefix_tree
@@ -17,6 +18,8 @@ from panels.plots import block_map_figure, block_table, snapshot_summary
 RENDER_SHARE = 0.02  # live rendering may take at most 2 % of wall time while the engine decodes,
 LIVE_INTERVAL = 0.5  # and happens at most twice a second (the replay shows every step afterwards)
 KEPT_TIMELINES = 8   # sessions whose last run stays replayable
+LAUNCH_LIMITS = {False: (32, 256), True: (8, 128)}  # shared deployment? -> most requests, most tokens each
+SHARED_LAUNCH_BLOCKS = 96  # a shared deployment's launcher gets its own pool this small (it still preempts)
 
 
 def render(snap, max_model_len: int | None = None):
@@ -82,14 +85,21 @@ def build(holder: EngineHolder):
         # off by default on a public deployment, where every open page would poll the engine
         live = gr.Checkbox(not holder.shared, label="Live (poll the engine once a second)", elem_id="kv-live")
         refresh = gr.Button("Refresh now", size="sm")
-    summary = gr.Markdown(elem_id="kv-summary")
+    summary = gr.Markdown(elem_id="kv-summary", label="summary")
     block_map = gr.Plot(label="Physical KV blocks", elem_id="kv-map")
+    most_requests, most_tokens = LAUNCH_LIMITS[holder.shared]
+    if holder.shared:
+        gr.Markdown(f"Shared deployment: your launch runs on its own {SHARED_LAUNCH_BLOCKS}-block pool (the weights "
+                    f"are shared, the other visitors' requests and cache are not), at most {most_requests} requests.")
     prefix_tree.attach(holder, block_map)
     with gr.Row():
-        n = gr.Slider(1, 32, value=8, step=1, label="concurrent requests")
-        max_tokens = gr.Slider(4, 256, value=48, step=1, label="tokens each (EOS ignored)")
+        n = gr.Slider(1, most_requests, value=8, step=1, label="concurrent requests", elem_id="kv-n")
+        max_tokens = gr.Slider(4, most_tokens, value=48, step=1, label="tokens each (EOS ignored)",
+                               elem_id="kv-tokens")
         launch = gr.Button("Launch N requests", variant="primary", elem_id="kv-launch")
     step = gr.Slider(0, 1, value=0, step=1, label="replay step (after a run)", interactive=False, elem_id="kv-step")
+    # the API describes the step as what it is, not by the placeholder range 0-1 (the real one comes with a run)
+    step.api_info = lambda: {"type": "number", "description": "an engine step recorded in your last launch"}
     table = gr.Dataframe(label="Block tables: logical index → physical block", elem_id="kv-table", max_height=360)
     last_step = gr.State(-1)
     timer = gr.Timer(1.0)
@@ -107,15 +117,23 @@ def build(holder: EngineHolder):
         return (*render(snap, holder.config.max_model_len), snap.step)
 
     @gpu
-    def run(count, n_tokens, request: gr.Request):
+    def run(requests, tokens_each, request: gr.Request):
+        if not all(isinstance(v, (int, float)) for v in (requests, tokens_each)) \
+                or not (1 <= requests <= most_requests and 4 <= tokens_each <= most_tokens):
+            raise refusal(f"The launcher runs 1 to {most_requests} requests of 4 to {most_tokens} tokens each here; "
+                          f"got {requests!r} × {tokens_each!r}.")
         session = request.session_hash if request else ""
-        engine, throttle = holder.get(), Throttle(RENDER_SHARE, LIVE_INTERVAL)
-        requests = demo_requests(int(count), holder.salt(session))
-        params = SamplingParams(max_tokens=int(n_tokens), ignore_eos=True)
+        throttle = Throttle(RENDER_SHARE, LIVE_INTERVAL)
+        # shared: a pool of its own, so one visitor's launch can neither fill nor preempt the others'
+        engine = holder.get()
+        if holder.shared:
+            engine = engine.isolated(num_blocks=min(engine.num_blocks, SHARED_LAUNCH_BLOCKS))
+        batch = demo_requests(int(requests), holder.salt(session))
+        params = SamplingParams(max_tokens=int(tokens_each), ignore_eos=True)
         preempted_before = engine.snapshot().num_preemptions  # the engine's counter covers its whole life
         launching.add(session)
         try:
-            for kind, *data in record_run(engine, requests, params, throttle):
+            for kind, *data in record_run(engine, batch, params, throttle):
                 if kind == "live":
                     t0 = time.thread_time()
                     frame = render(data[0], holder.config.max_model_len)
@@ -123,11 +141,13 @@ def build(holder: EngineHolder):
                     yield *frame, gr.skip(), data[0].step
         finally:
             launching.discard(session)
+            if holder.shared:
+                engine.close()
         timeline, errors = data
         for e in errors:
             gr.Warning(e)
         if not timeline:
-            yield *render(engine.snapshot(), holder.config.max_model_len), gr.skip(), -1
+            yield *render(holder.get().snapshot(), holder.config.max_model_len), gr.skip(), -1
             return
         timelines[session] = timeline
         timelines.move_to_end(session)
@@ -138,20 +158,23 @@ def build(holder: EngineHolder):
                            label=f"replay step ({len(timeline)} steps recorded, "
                                  f"{timeline[-1].num_preemptions - preempted_before} preemptions; "
                                  f"showing the fullest step)")
-        yield *render(busiest, holder.config.max_model_len), slider, busiest.step
+        # last_step = the engine's step now: live polling redraws only once the engine moves on, not over the replay
+        yield *render(busiest, holder.config.max_model_len), slider, holder.get().snapshot().step
 
-    def replay(value, request: gr.Request):
+    def replay(step, request: gr.Request):  # the argument names the API's parameter (it shadows the slider)
         timeline = timelines.get(request.session_hash if request else "", [])
         if not timeline:
-            raise gr.Error("Launch a run first: replay shows the steps of your last run.")
-        snap = next((s for s in reversed(timeline) if s.step <= value), timeline[0])
+            raise refusal("Launch a run first: replay shows the steps of your last run.")
+        snap = next((s for s in reversed(timeline) if s.step <= step), timeline[0])
         return render(snap, holder.config.max_model_len)
 
     outs = [block_map, table, summary]
     timer.tick(poll, [live, last_step], outs + [last_step], api_name=False, show_progress="hidden",
                concurrency_id="kv_view", concurrency_limit=4)
     refresh.click(current, None, outs + [last_step], api_name="kv_snapshot", concurrency_id="kv_view")
+    # preprocess=False: the bounds are checked by `run`, with its own message and no traceback in the log
     launch.click(run, [n, max_tokens], outs + [step, last_step], api_name="kv_launch", concurrency_id="kv_launch",
-                 concurrency_limit=1)
-    step.release(replay, [step], outs, api_name="kv_replay", concurrency_id="kv_view")
+                 concurrency_limit=1, preprocess=False)
+    # input: dragging, arrow keys and a typed step (Enter) all redraw, not only releasing the mouse
+    step.input(replay, [step], outs, api_name="kv_replay", concurrency_id="kv_view", trigger_mode="always_last")
     return block_map
