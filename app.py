@@ -5,12 +5,15 @@ import os
 
 import gradio as gr
 
-from panels.holder import EXAMPLES_DIR, EngineHolder  # first: it imports `spaces` (ZeroGPU) before torch
+from panels.holder import EXAMPLES_DIR, OPERATOR_TOKEN_ENV, EngineHolder  # first: imports `spaces` before torch
 from panels import anatomy, cache_inspector, chat, header, kv_blocks, vram
 from minivlm import EngineConfig
 from minivlm.api import ApiSettings, create_router
+from minivlm.config import DEVICES, DTYPES, STRATEGIES
 
 QUEUE_MAX_SIZE = 64  # beyond this many waiting events the page says the app is busy
+MAX_FILE_SIZE = "10mb"  # uploads above this are refused (HTTP 413) before they reach the disk's cache
+UPLOAD_TTL_S = 3600  # uploaded and generated temp files older than this are deleted (checked as often)
 TINY_MODEL_BLOCKS = 256  # the tiny model's pool is pinned small so the block map stays readable and fills up
 CSS = """
 #device-picker label[data-testid*="unavailable"] { opacity: 0.45; pointer-events: none; }
@@ -21,16 +24,23 @@ CSS = """
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="minivlm: a paged-KV Qwen-VL engine with a teaching UI")
     p.add_argument("--model", default=EngineConfig().model, help="local HF checkpoint dir or hub id (default: tiny)")
-    p.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--strategy", default="C", choices=["none", "A", "B", "C"], help="prefix-cache strategy")
+    p.add_argument("--device", default="auto", choices=DEVICES,
+                   help="auto = cuda > mps > cpu, except that the shipped tiny model skips mps (less tested)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--strategy", default="C", choices=STRATEGIES, help="prefix-cache strategy")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-blocks", type=int, default=None,
                    help=f"pin the KV pool size (default: {TINY_MODEL_BLOCKS} for the tiny model, else from memory; "
                         "0 = from memory)")
     p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--shared", action="store_true", help="public deployment: strategy C + a cache salt per session "
-                                                         "(automatic on Hugging Face Spaces)")
+    p.add_argument("--shared", action="store_true",
+                   help="public deployment (automatic on Hugging Face Spaces): strategy C, a cache salt per session, "
+                        "the engine settings read-only for visitors (the operator unlocks them with "
+                        f"${OPERATOR_TOKEN_ENV})")
+    p.add_argument("--max-file-size", default=MAX_FILE_SIZE, help="largest accepted upload, e.g. 10mb, 500kb")
+    p.add_argument("--upload-ttl", type=int, default=UPLOAD_TTL_S,
+                   help="seconds after which uploaded and generated temp files are deleted")
+    p.add_argument("--verbose", action="store_true", help="log every engine built (also the isolated pools)")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
@@ -42,11 +52,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_app(holder: EngineHolder) -> gr.Blocks:
-    """The whole UI around one engine holder."""
-    with gr.Blocks(title="minivlm") as demo:
+def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S) -> gr.Blocks:
+    """The whole UI around one engine holder; temp files older than `upload_ttl` seconds are deleted."""
+    with gr.Blocks(title="minivlm", delete_cache=(upload_ttl, upload_ttl)) as demo:
         gr.Markdown("# minivlm · a paged-KV engine for Qwen-VL you can watch")
-        header.build(holder)
+        header.build(holder, demo)
         with gr.Tabs():
             with gr.Tab("Chat", id="chat"):
                 chatbot = chat.build(holder)
@@ -65,13 +75,14 @@ def build_app(holder: EngineHolder) -> gr.Blocks:
 
 
 def serve(holder: EngineHolder, host: str = "127.0.0.1", port: int = 7860, share: bool = False,
-          block: bool = True, api: ApiSettings | None = None) -> gr.Blocks:
+          block: bool = True, api: ApiSettings | None = None, max_file_size: str | int = MAX_FILE_SIZE,
+          upload_ttl: int = UPLOAD_TTL_S) -> gr.Blocks:
     """Build the UI and serve it with the HTTP API (/v1, /metrics) on the same port (block=False returns at once,
     for tests). The API always uses the holder's current engine."""
-    demo = build_app(holder)
+    demo = build_app(holder, upload_ttl)
     api_routes = create_router(holder.get, api or ApiSettings(shared=holder.shared)).routes
     demo.launch(server_name=host, server_port=port, share=share, css=CSS, allowed_paths=[EXAMPLES_DIR],
-                theme=gr.themes.Soft(), prevent_thread_lock=not block, quiet=not block,
+                theme=gr.themes.Soft(), prevent_thread_lock=not block, quiet=not block, max_file_size=max_file_size,
                 app_kwargs={"routes": api_routes})  # Gradio's FastAPI app starts with the API's routes
     return demo
 
@@ -79,18 +90,21 @@ def serve(holder: EngineHolder, host: str = "127.0.0.1", port: int = 7860, share
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(format="%(message)s")
-    logging.getLogger("minivlm").setLevel(logging.INFO)  # the engine's vLLM-style start-up lines
+    # the engine's vLLM-style start-up line per engine (one per isolated pool, too) only when asked for
+    logging.getLogger("minivlm").setLevel(logging.INFO if args.verbose else logging.WARNING)
     num_blocks = args.num_blocks if args.num_blocks is not None else \
         TINY_MODEL_BLOCKS if args.model == EngineConfig().model else 0
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, cache_strategy=args.strategy,
                           block_size=args.block_size, num_blocks=num_blocks or None, max_model_len=args.max_model_len)
-    holder = EngineHolder(config, shared=args.shared or bool(os.environ.get("SPACE_ID")))
+    holder = EngineHolder(config, shared=args.shared or bool(os.environ.get("SPACE_ID")),
+                          operator_token=os.environ.get(OPERATOR_TOKEN_ENV))
     print(holder.load(), flush=True)
     keys = args.api_key or [k for k in os.environ.get("MINIVLM_API_KEY", "").split(",") if k]
     api = ApiSettings(keys, holder.shared, [d.lower() for d in args.allowed_media_domains])
     print(f"HTTP API at /v1 (OpenAI format) and /metrics: {'key required' if keys else 'no key'}" if api.enabled
           else "HTTP API off (a shared deployment needs --api-key or MINIVLM_API_KEY)", flush=True)
-    serve(holder, args.host, args.port, args.share, api=api)
+    serve(holder, args.host, args.port, args.share, api=api, max_file_size=args.max_file_size,
+          upload_ttl=args.upload_ttl)
 
 
 if __name__ == "__main__":

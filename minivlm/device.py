@@ -5,6 +5,8 @@ os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")  # ops MPS lacks fall 
 
 import torch  # noqa: E402
 
+from minivlm.config import DEFAULT_MODEL  # noqa: E402
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -18,11 +20,13 @@ def available_devices() -> dict[str, str | None]:
     }
 
 
-def pick_device(name: str = "auto") -> torch.device:
-    """auto = cuda > mps > cpu; an explicit but unavailable device is a clear error."""
+def pick_device(name: str = "auto", model: str | None = None) -> torch.device:
+    """auto = cuda > mps > cpu, except that the shipped tiny model skips mps (its steps are too small for the GPU
+    to pay off, and the CPU path is the tested one); an explicit but unavailable device is a clear error."""
     avail = available_devices()
     if name == "auto":
-        name = next(k for k in ("cuda", "mps", "cpu") if avail[k] is None)
+        tiny = model is not None and os.path.abspath(model) == os.path.abspath(DEFAULT_MODEL)
+        name = next(k for k in ("cuda", "mps", "cpu") if avail[k] is None and not (tiny and k == "mps"))
     if name not in avail:
         raise ValueError(f"unknown device {name!r}; choose auto, cuda, mps or cpu")
     if avail[name] is not None:

@@ -93,7 +93,7 @@ class LoadedModel:
     built, so several engines (Engine.isolated) share one."""
 
     def __init__(self, config: EngineConfig):
-        self.device = pick_device(config.device)
+        self.device = pick_device(config.device, config.model)
         self.dtype = pick_dtype(config.dtype, self.device)
         self.dtype_name = str(self.dtype).removeprefix("torch.")
         self.model_dir, self.model_type, self.hf_config, self.processor, text_sd, vision_sd = load_checkpoint(config.model)

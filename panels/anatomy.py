@@ -75,7 +75,7 @@ def build(holder: EngineHolder, tab=None, chatbot=None):
         show = gr.Button("Show anatomy", variant="primary", elem_id="anat-show")
         from_chat = gr.Button("Use the chat's last request", elem_id="anat-from-chat", visible=chatbot is not None)
     gr.Examples(EXAMPLES, [image, other, prompt], label="Examples")
-    summary = gr.Markdown(elem_id="anat-summary")
+    summary = gr.Markdown(label="Anatomy summary", elem_id="anat-summary")
     with gr.Row(equal_height=True):
         grid = gr.Plot(label="1 · the image as the vision tower sees it", elem_id="anat-grid")
         rope = gr.Plot(label="2 · M-RoPE positions (t, h, w) of the image tokens", elem_id="anat-rope")

@@ -7,11 +7,12 @@ import os
 import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from minivlm import Request, SamplingParams
 from minivlm.cache_study import compare_strategies, max_logprob_diff
 
+from panels.access import refusal
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
 
 STRATEGIES = ("A", "B", "C")
@@ -39,8 +40,25 @@ PRESETS = {  # the seeds' cases: (image 1, image 2, prompt, second prompt or "",
 }
 
 
+def refuse_unreadable(image: gr.Image) -> gr.Image:
+    """Make `image` refuse an unreadable upload with a message naming the image and its file (gradio's own decoding
+    would fail first, with a bare "Error"). Wrapped on the instance: a gr.Image subclass makes gradio write a stub."""
+    decode = image.preprocess
+
+    def preprocess(payload):
+        try:
+            return decode(payload)
+        except (UnidentifiedImageError, OSError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
+            name = payload.orig_name or os.path.basename(payload.path or "") or "the upload"
+            raise refusal(f"{image.label} ({name}) is not a readable image: {type(e).__name__}. "
+                          "Upload a PNG, JPEG, WebP or GIF picture.") from None
+    image.preprocess = preprocess
+    return image
+
+
 def hits_figure(results: dict, block_size: int) -> go.Figure:
-    """Rows A/B/C, one cell per full prompt block of request 2: miss, true hit or false hit (physical block id)."""
+    """Rows A/B/C, one cell per full prompt block of request 2 (x: logical block L0, L1, ...): miss, true hit or
+    false hit, labelled with the physical block it reused (#id): the two numberings are different things."""
     fig = go.Figure()
     for row, (name, (second, _)) in enumerate(results.items()):
         n = max(1, second.num_prompt_tokens // block_size)
@@ -48,21 +66,23 @@ def hits_figure(results: dict, block_size: int) -> go.Figure:
         for h in second.cache_hits:
             if h.logical_index < n:
                 state[h.logical_index] = 2 if h.false_hit else 1
-                label[h.logical_index] = str(h.block_id)
+                label[h.logical_index] = f"#{h.block_id}"
         fig.add_trace(go.Scatter(
             x=list(range(n)), y=[name] * n, mode="markers+text", text=label, showlegend=False,
             marker=dict(symbol="square", size=26, color=[HIT_COLORS[s] for s in state]),
             textfont=dict(color="white", size=10),
-            hovertext=[f"{name}: logical block {i} · {['miss', 'true hit', 'FALSE hit'][s]}"
-                       + (f" · physical block {label[i]}" if s else "") for i, s in enumerate(state)],
+            hovertext=[f"{name}: logical block L{i} · {['miss', 'true hit', 'FALSE hit'][s]}"
+                       + (f" · reused physical block {label[i]}" if s else "") for i, s in enumerate(state)],
             hoverinfo="text"))
     for s, name in ((1, "true hit"), (2, "false hit"), (0, "miss")):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(symbol="square", size=12, color=HIT_COLORS[s])))
-    fig.update_layout(title="Request 2's prompt blocks (number = reused physical block)", height=260,
-                      margin=dict(l=10, r=10, t=40, b=10), plot_bgcolor="white",
-                      xaxis=dict(title="logical block", dtick=1), yaxis=dict(categoryorder="array",
-                                                                             categoryarray=list(reversed(STRATEGIES))))
+    n = max(len(t.x) for t in fig.data)
+    fig.update_layout(title="Request 2's prompt blocks by logical index L; #id = the physical block it reused",
+                      height=260, margin=dict(l=10, r=10, t=40, b=10), plot_bgcolor="white",
+                      xaxis=dict(title="logical block of request 2", tickvals=list(range(n)),
+                                 ticktext=[f"L{i}" for i in range(n)]),
+                      yaxis=dict(categoryorder="array", categoryarray=list(reversed(STRATEGIES))))
     return fig
 
 
@@ -94,13 +114,15 @@ def build(holder: EngineHolder):
     """Lay out the inspector tab and wire its events (api name: inspect)."""
     gr.Markdown("Runs request 1 then request 2 on a fresh **isolated** KV pool per strategy (the loaded weights are "
                 "shared, the app's own cache is never touched), and request 2 once more with no cache at all. "
-                "A **false hit** reuses a block whose KV was computed from different content.")
+                "A **false hit** reuses a block whose KV was computed from different content. A true hit's logprobs "
+                "differ from the cold run's only by float rounding (about 1e-6: the cached run computes just the "
+                "uncached tail, a differently shaped matrix product); a false hit's differ by whole units.")
     with gr.Row():
         with gr.Column():
-            img1 = gr.Image(type="pil", label="Image 1", height=200, elem_id="insp-img1")
+            img1 = refuse_unreadable(gr.Image(type="pil", label="Image 1", height=200, elem_id="insp-img1"))
             resize1 = gr.Dropdown(list(RESIZES), value="processor default", label="resize image 1")
         with gr.Column():
-            img2 = gr.Image(type="pil", label="Image 2", height=200, elem_id="insp-img2")
+            img2 = refuse_unreadable(gr.Image(type="pil", label="Image 2", height=200, elem_id="insp-img2"))
             resize2 = gr.Dropdown(list(RESIZES), value="processor default", label="resize image 2")
     with gr.Row():
         prompt = gr.Textbox("What color is the shape?", label="Prompt", scale=3)
@@ -113,19 +135,20 @@ def build(holder: EngineHolder):
     blocks = gr.Plot(label="Which blocks were reused", elem_id="insp-blocks")
 
     @gpu
-    def inspect(im1, im2, p1, p2, r1, r2, n_tokens):
-        if im1 is None or im2 is None:
-            raise gr.Error("Give two images (upload them or pick a preset).")
-        if not (p1 or "").strip():
-            raise gr.Error("Give a prompt.")
-        if r1 not in RESIZES or r2 not in RESIZES:
-            raise gr.Error(f"resize must be one of {list(RESIZES)}")
-        kw = [{"max_pixels": RESIZES[r]} if RESIZES[r] else None for r in (r1, r2)]
+    def inspect(image_1, image_2, prompt, prompt_2, resize_1, resize_2, max_tokens):
+        if image_1 is None or image_2 is None:
+            raise refusal("Give two images (upload them or pick a preset).")
+        if not (prompt or "").strip():
+            raise refusal("Give a prompt.")
+        if resize_1 not in RESIZES or resize_2 not in RESIZES:
+            raise refusal(f"resize must be one of {list(RESIZES)}")
+        kw = [{"max_pixels": RESIZES[r]} if RESIZES[r] else None for r in (resize_1, resize_2)]
         engine = holder.get()
         try:
-            out, cold = run_pair(engine, ((im1, p1, kw[0]), (im2, (p2 or "").strip() or p1, kw[1])), int(n_tokens))
+            second = (image_2, (prompt_2 or "").strip() or prompt, kw[1])
+            out, cold = run_pair(engine, ((image_1, prompt, kw[0]), second), int(max_tokens))
         except ValueError as e:
-            raise gr.Error(str(e))
+            raise refusal(str(e))
         return results_table(out, cold), hits_figure(out, engine.config.block_size)
 
     inputs = [img1, img2, prompt, prompt2, resize1, resize2, max_tokens]

@@ -8,6 +8,7 @@ import gradio as gr
 
 from minivlm import Request, SamplingParams
 
+from panels.access import refusal
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
 
 ERROR_TITLE = "⚠️ request refused"
@@ -20,8 +21,9 @@ def _parts(content) -> list:
     return content if isinstance(content, list) else [content]
 
 
-def to_hf_messages(history: list[dict]) -> list[dict]:
-    """Gradio chat history -> HF messages (images as file paths); a refused turn and its error bubble are dropped."""
+def to_hf_messages(history: list[dict], system_prompt: str = "") -> list[dict]:
+    """Gradio chat history -> HF messages (images as file paths), after the system prompt if one is given; a
+    refused turn and its error bubble are dropped."""
     kept = []
     for m in history:
         if (m.get("metadata") or {}).get("title") == ERROR_TITLE:
@@ -29,7 +31,8 @@ def to_hf_messages(history: list[dict]) -> list[dict]:
                 kept.pop()
             continue
         kept.append(m)
-    messages = []
+    system = (system_prompt or "").strip()
+    messages = [{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []
     for m in kept:
         content = []
         for part in _parts(m["content"]):
@@ -53,51 +56,87 @@ def user_turn(message: dict) -> dict:
     return {"role": "user", "content": files + ([{"type": "text", "text": text}] if text else [])}
 
 
+def turn_files(turn: dict) -> list[str]:
+    """The file paths of one chat message (as user_turn or gradio wrote them)."""
+    return [(part.get("file") or part)["path"] for part in _parts(turn["content"])
+            if isinstance(part, dict) and (part.get("type") == "file" or "path" in part)]
+
+
 def refuse(history: list[dict], error: Exception):
-    """The chat outputs for a request the engine refused or failed: a warning and an error bubble."""
-    gr.Warning(str(error))
-    history.append({"role": "assistant", "content": str(error), "metadata": {"title": ERROR_TITLE}})
-    return history, None, f"refused: {error}"
+    """The chat outputs for a request the engine refused or failed: the reason once, in an error bubble, with each
+    uploaded file called by its own name (never the server's temporary path)."""
+    message = str(error)
+    for m in history:
+        if m["role"] == "user":
+            for path in turn_files(m):
+                message = message.replace(path, os.path.basename(path))
+    history.append({"role": "assistant", "content": message, "metadata": {"title": ERROR_TITLE}})
+    return history, None, "refused (the reason is in the chat)"
+
+
+def parse_seed(text) -> int | None:
+    """The seed box: empty = the engine's seed, else a whole number."""
+    text = "" if text is None else str(text).strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise refusal(f"The seed must be a whole number or empty (the engine's), not {text!r}.") from None
+
+
+def finished_text(text: str, finish_reason: str) -> str:
+    """What the answer bubble shows once the answer is complete: an empty answer says so."""
+    return text if text.strip() else f"(empty answer · finish: {finish_reason})"
 
 
 def build(holder: EngineHolder):
-    """Lay out the chat tab and wire its events (api names: chat, stop); returns the chatbot (its history)."""
-    active: dict[str, str] = {}  # session -> request id now streaming, so Stop can abort exactly that one
+    """Lay out the chat tab and wire its events (api names: chat, regenerate, stop); returns the chatbot (its
+    history)."""
+    active: dict[str, str | None] = {}  # session -> request id now streaming, so Stop can abort exactly that one
     active_lock = threading.Lock()
-    chatbot = gr.Chatbot(label="minivlm", height=440, elem_id="chatbot")
+    chatbot = gr.Chatbot(label="chat history", height=440, elem_id="chatbot")
     box = gr.MultimodalTextbox(file_types=["image"], file_count="multiple", sources=["upload"], elem_id="chat-input",
-                               show_label=False,
+                               label="message (text and images)", show_label=False,
                                placeholder="Attach an image and ask about it, e.g. What color is the shape?")
     with gr.Row():
         stop = gr.Button("Stop", variant="stop", elem_id="chat-stop")
+        regenerate = gr.Button("Regenerate", elem_id="chat-regenerate")
         clear = gr.Button("Clear chat")
-    stats = gr.Markdown(elem_id="chat-stats")
+    stats = gr.Markdown(elem_id="chat-stats", label="answer statistics")
+    system_prompt = gr.Textbox("", label="system prompt (sent before the conversation; empty = none)", lines=1,
+                               elem_id="chat-system")
     with gr.Accordion("Sampling", open=False):
         with gr.Row():
             max_tokens = gr.Slider(1, holder.config.max_model_len, value=64, step=1, label="max tokens")
             temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
             top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             top_k = gr.Slider(0, 100, value=0, step=1, label="top-k (0 = off)")
-            seed = gr.Number(None, label="seed (empty = engine's)", precision=0)
+            seed = gr.Textbox("", label="seed (empty = engine's)", placeholder="engine's seed", elem_id="chat-seed")
             ignore_eos = gr.Checkbox(False, label="ignore EOS (keep decoding to max tokens)")
     gr.Examples([[{"text": q, "files": [os.path.join(EXAMPLES_DIR, f)]}] for f, q in EXAMPLES], inputs=[box],
                 label="Example scenes (the tiny model was trained on such scenes)")
 
-    @gpu
-    def respond(message, history, n_tokens, temp, p, k, seed_value, no_eos, request: gr.Request):
-        history = list(history or [])
-        turn = user_turn(message or {})
-        if not turn["content"]:
-            gr.Warning("Type a question or attach an image first.")
-            yield history, gr.skip(), gr.skip()
-            return
-        history.append(turn)
-        session = request.session_hash if request else None
+    def one_at_a_time(history, session, *sampling):
+        """Stream an answer to `history`, refusing a second one while this session's first still streams."""
+        with active_lock:
+            busy = session in active
+            if not busy:
+                active[session] = None
+        if busy:
+            raise refusal("One answer at a time per session: wait for the current one to finish, or press Stop.")
+        try:
+            yield from answer(history, session, *sampling)
+        finally:
+            with active_lock:
+                active.pop(session, None)
+
+    def answer(history, session, n_tokens, temp, p, k, seed_text, no_eos, system):
         start = time.perf_counter()
         try:
             params = SamplingParams(max_tokens=int(n_tokens), temperature=float(temp), top_p=float(p), top_k=int(k),
-                                    seed=None if seed_value is None else int(seed_value), ignore_eos=bool(no_eos))
-            req = Request(messages=to_hf_messages(history), cache_salt=holder.salt(session))
+                                    seed=parse_seed(seed_text), ignore_eos=bool(no_eos))
+            req = Request(messages=to_hf_messages(history, system), cache_salt=holder.salt(session))
             stream = holder.get().stream(req, params, snapshots=False)
             first = next(stream)  # the engine validates the request here: bad input raises ValueError
         except (ValueError, RuntimeError) as e:  # RuntimeError: the engine was closed by a rebuild meanwhile
@@ -116,13 +155,42 @@ def build(holder: EngineHolder):
             return
         finally:
             stream.close()  # if the page went away mid-answer, this aborts the request in the engine
-            with active_lock:
-                active.pop(session, None)
         out, secs = ev.output, time.perf_counter() - start
-        n = len(out.token_ids) if out else 0
+        if out is None:
+            return
+        history[-1]["content"] = finished_text(out.text, out.finish_reason)
+        n = len(out.token_ids)
         yield history, None, (f"{n} tokens in {secs:.2f} s ({n / max(secs, 1e-9):.1f} tok/s) · prompt "
                               f"{out.num_prompt_tokens} tokens, {out.num_cached_tokens} from the prefix cache · "
-                              f"finish: {out.finish_reason}" if out else "")
+                              f"finish: {out.finish_reason}")
+
+    # the handlers' argument names are the API's parameter names (they shadow the widgets of the same name)
+    @gpu
+    def respond(message, history, max_tokens, temperature, top_p, top_k, seed,
+                ignore_eos, system_prompt, request: gr.Request):
+        history = list(history or [])
+        turn = user_turn(message or {})
+        if not turn["content"]:
+            gr.Warning("Type a question or attach an image first.")
+            yield history, gr.skip(), gr.skip()
+            return
+        history.append(turn)
+        yield from one_at_a_time(history, request.session_hash if request else None, max_tokens,
+                                 temperature, top_p, top_k, seed, ignore_eos,
+                                 system_prompt)
+
+    @gpu
+    def regenerate_last(history, max_tokens, temperature, top_p, top_k, seed,
+                        ignore_eos, system_prompt, request: gr.Request):
+        history = list(history or [])
+        while history and history[-1]["role"] != "user":  # the last answer (or its error bubble) goes
+            history.pop()
+        if not history:
+            raise refusal("Nothing to regenerate yet: ask a question first.")
+        for chat, _, line in one_at_a_time(history, request.session_hash if request else None, max_tokens,
+                                           temperature, top_p, top_k, seed,
+                                           ignore_eos, system_prompt):
+            yield chat, gr.skip(), line  # whatever is typed in the box stays there
 
     def stop_request(request: gr.Request):
         with active_lock:
@@ -130,10 +198,14 @@ def build(holder: EngineHolder):
         if rid is not None:
             holder.get().abort(rid)
 
-    inputs = [box, chatbot, max_tokens, temperature, top_p, top_k, seed, ignore_eos]
-    box.submit(respond, inputs, [chatbot, box, stats], api_name="chat", concurrency_id="chat",
-               concurrency_limit=holder.config.max_num_seqs)
-    stop.click(stop_request, None, None, api_name="stop", queue=False)
+    sampling = [max_tokens, temperature, top_p, top_k, seed, ignore_eos, system_prompt]
+    box.submit(respond, [box, chatbot, *sampling], [chatbot, box, stats], api_name="chat", concurrency_id="chat",
+               concurrency_limit=holder.config.max_num_seqs,
+               api_description="Ask: a message (text and images) after the chat history; streams the answer.")
+    regenerate.click(regenerate_last, [chatbot, *sampling], [chatbot, box, stats], api_name="regenerate",
+                     concurrency_id="chat", api_description="Answer the last question of the history again.")
+    stop.click(stop_request, None, None, api_name="stop", queue=False,
+               api_description="Stop this session's answer that is streaming now.")
     clear.click(lambda: ([], None, ""), None, [chatbot, box, stats], api_name=False, queue=False)
     return chatbot
 

@@ -2,6 +2,7 @@
 tab reads the engine from it at event time; a rebuild swaps it under a lock and closes the old one."""
 import dataclasses
 import gc
+import hmac
 import os
 import threading
 
@@ -14,8 +15,10 @@ except ImportError:
         return fn if fn is not None else (lambda f: f)
 
 from minivlm import Engine, EngineConfig  # noqa: E402
+from minivlm.loader import resolve_model_dir  # noqa: E402
 
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "examples")
+OPERATOR_TOKEN_ENV = "MINIVLM_ADMIN_TOKEN"  # on a shared deployment, whoever knows it may reconfigure the engine
 
 
 def status_line(engine: Engine) -> str:
@@ -29,10 +32,12 @@ def status_line(engine: Engine) -> str:
 
 
 class EngineHolder:
-    """Holds the shared engine; `shared` = a public deployment (strategy C, one cache salt per session)."""
+    """Holds the shared engine; `shared` = a public deployment (strategy C, one cache salt per session, and only
+    the operator, who knows `operator_token`, may reconfigure the engine)."""
 
-    def __init__(self, config: EngineConfig, shared: bool = False):
+    def __init__(self, config: EngineConfig, shared: bool = False, operator_token: str | None = None):
         self.shared = shared
+        self.operator_token = operator_token or None
         self.config = dataclasses.replace(config, cache_strategy="C") if shared else config
         self.engine: Engine | None = None
         self.status = "no engine loaded"
@@ -41,19 +46,24 @@ class EngineHolder:
     def load(self, config: EngineConfig | None = None) -> str:
         """Replace the engine by one built for `config` (default: the current one). The old engine is closed and
         released first, so a big model's memory is free for the new one; if the build fails, the previous
-        configuration is loaded again and the ValueError propagates with the engine's message."""
+        configuration is loaded again and a ValueError says why and that the prefix cache starts empty. A model that
+        cannot be found or fetched fails before anything is released: the old engine and its cache keep serving."""
         config = config or self.config
         if self.shared:
             config = dataclasses.replace(config, cache_strategy="C")
+        resolve_model_dir(config.model)  # download (or fail) while the old engine still serves
         with self._lock:
             previous = self.config if self.engine is not None else None
             self._release()
             try:
                 self.engine = Engine(config)
-            except Exception:
-                if previous is not None:
-                    self.engine = Engine(previous)  # keep serving what worked
-                raise
+            except Exception as e:
+                if previous is None:
+                    raise
+                self.engine = Engine(previous)  # keep serving what worked
+                self.status = status_line(self.engine)
+                raise ValueError(f"{e} · the previous settings were loaded again; their prefix cache starts "
+                                 "empty") from e
             self.config = config
             self.status = status_line(self.engine)
             return self.status
@@ -71,6 +81,18 @@ class EngineHolder:
                 self.engine = Engine(self.config)
                 self.status = status_line(self.engine)
             return self.engine
+
+    def refusal(self, token: str | None) -> str | None:
+        """Why this caller may not reconfigure the engine (None: they may). Checked on the server for every
+        reconfiguring call, since a shared app's API is reachable without its page."""
+        if not self.shared:
+            return None
+        if self.operator_token and token and hmac.compare_digest(token.encode(), self.operator_token.encode()):
+            return None
+        how = (f"enter the operator token (${OPERATOR_TOKEN_ENV}) in the header" if self.operator_token else
+               f"restart the app with other flags, or set ${OPERATOR_TOKEN_ENV} to change it from the header")
+        return (f"This is a shared deployment: its engine configuration belongs to the operator and was not "
+                f"changed. Operator: {how}.")
 
     def salt(self, session_hash: str | None) -> str | None:
         """Per-session cache salt on shared deployments: users never share KV blocks (no timing side channel)."""

@@ -9,6 +9,7 @@ import gradio as gr
 
 from minivlm import Request, SamplingParams
 
+from panels.access import refusal
 from panels.chat import EXAMPLES
 from panels import prefix_tree
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
@@ -72,7 +73,7 @@ def build(holder: EngineHolder):
         gr.Markdown(f"Shared deployment: your launches and your step-through run on a {SHARED_LAUNCH_BLOCKS}-block "
                     f"engine of your own (the weights are shared, the other visitors' requests and cache are not); "
                     f"your chats go to the shared engine, which is never paused.")
-    summary = gr.Markdown(elem_id="kv-summary")
+    summary = gr.Markdown(elem_id="kv-summary", label="summary")
     with gr.Row():
         block_map = gr.Plot(label="Physical KV blocks", elem_id="kv-map", scale=3)
         with gr.Column(scale=2):
@@ -86,6 +87,8 @@ def build(holder: EngineHolder):
         launch = gr.Button("Launch N requests", variant="primary", elem_id="kv-launch")
     step = gr.Slider(0, 1, value=0, step=1, label="replay step (after a launch or a pause)", interactive=False,
                      elem_id="kv-step")
+    # the API describes the step as what it is, not by the placeholder range 0-1 (the real one comes with a run)
+    step.api_info = lambda: {"type": "number", "description": "an engine step recorded in your current run"}
     timeline = gr.Plot(label="Timeline of this run: requests × steps", elem_id="kv-timeline")
     table = gr.Dataframe(label="Block tables: logical index → physical block", elem_id="kv-table", max_height=360)
     with gr.Row():
@@ -124,7 +127,7 @@ def build(holder: EngineHolder):
     def run_launch(requests, tokens_each, request: gr.Request):
         if not all(isinstance(v, (int, float)) for v in (requests, tokens_each)) \
                 or not (1 <= requests <= most_requests and 4 <= tokens_each <= most_tokens):
-            raise gr.Error(f"The launcher runs 1 to {most_requests} requests of 4 to {most_tokens} tokens each here; "
+            raise refusal(f"The launcher runs 1 to {most_requests} requests of 4 to {most_tokens} tokens each here; "
                            f"got {requests!r} × {tokens_each!r}.")
         session = session_of(request)
         run = runs.current(session)
@@ -155,7 +158,7 @@ def build(holder: EngineHolder):
         session = session_of(request)
         run = runs.get(session)
         if run is None or not run.engine.loop.is_paused():
-            raise gr.Error("Press Pause first: Step runs one scheduler iteration of a paused engine.")
+            raise refusal("Press Pause first: Step runs one scheduler iteration of a paused engine.")
         for _ in range(count):
             if not run.engine.has_unfinished():
                 gr.Info("Nothing left to run: launch requests or send a chat, then Step.")
@@ -179,16 +182,16 @@ def build(holder: EngineHolder):
             run.engine.resume()
         return show(session)
 
-    def select(value, request: gr.Request):
+    def select(step, request: gr.Request):  # the argument names the API's parameter (it shadows the slider)
         session = session_of(request)
         if runs.get(session) is None:
-            raise gr.Error("Launch or Pause first: replay shows the steps of your current run.")
-        return show(session, value)
+            raise refusal("Launch or Pause first: replay shows the steps of your current run.")
+        return show(session, step)
 
     def events_jsonl(request: gr.Request):
         run = runs.get(session_of(request))
         if run is None:
-            raise gr.Error("Launch or Pause first: the download holds the events of your current run.")
+            raise refusal("Launch or Pause first: the download holds the events of your current run.")
         path = os.path.join(tempfile.mkdtemp(prefix="minivlm-events-"), "events.jsonl")
         with open(path, "w") as f:
             f.write(run.engine.events_jsonl(since=run.start_seq))

@@ -1,13 +1,16 @@
 """KVSnapshot -> plotly block map, pandas block table and a one-line summary (pure functions, unit-tested)."""
 import math
+import re
 import zlib
 
 import pandas as pd
 import plotly.graph_objects as go
 
-PALETTE = ["#2E91E5", "#E15F99", "#1CA71C", "#FB0D0D", "#DA16FF", "#B68100", "#750D86", "#EB663B", "#511CFB",
-           "#00A08B", "#FB00D1", "#FC0080", "#B2828D", "#6C7C32", "#778AAE", "#862A16", "#A777F1", "#620042",
-           "#1616A7", "#DA60CA", "#6C4516", "#0D2A63", "#AF0038", "#222A2A"]  # plotly's Dark24: distinct, dark
+# 20 request colours picked greedily for the largest smallest CIEDE2000 difference: any two differ by ΔE00 >= 18
+# (consecutive request ids never look alike), and each is >= 25 from the map's greys below, white and black
+PALETTE = ["#2288dd", "#ffff00", "#114400", "#880000", "#ff9977", "#000077", "#ff00ff", "#00ffee", "#00aa11",
+           "#997700", "#991166", "#009999", "#ff2266", "#5544ff", "#ffbb44", "#88ff88", "#ff99cc", "#cc5500",
+           "#bbbb77", "#9966aa"]
 FREE_COLOR, CACHED_COLOR = "#eef1f5", "#b9c3d6"  # free vs cached-but-free (revivable through its hash)
 UNOWNED_COLOR = "#555555"  # in use but held by no live request (only between engine steps)
 TABLE_COLUMNS = ["request", "logical", "physical", "fill", "kind", "ref_count", "hash"]
@@ -15,11 +18,16 @@ TABLE_COLUMNS = ["request", "logical", "physical", "fill", "kind", "ref_count", 
 
 def request_color(request_id: str) -> str:
     """A colour that stays with a request across steps: its counter (req-N) picks it, so a batch never repeats
-    one within 24 consecutive requests; other ids fall back to a checksum."""
+    one within 20 consecutive requests; other ids fall back to a checksum."""
     base = request_id.split("#")[0]
     tail = base.rsplit("-", 1)[-1]
     n = int(tail) if tail.isdigit() else zlib.crc32(base.encode())
     return PALETTE[n % len(PALETTE)]
+
+
+def natural_key(name: str) -> list:
+    """Sort key that puts req-8 before req-10 (digit runs compare as numbers)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def grid_columns(num_blocks: int) -> int:
@@ -47,7 +55,7 @@ def block_map_figure(snap, title: str | None = None) -> go.Figure:
     image blocks marked (◇ image tokens only, ◆ image and text), shared blocks labelled with their ref count."""
     cols = grid_columns(snap.num_blocks)
     rows = math.ceil(snap.num_blocks / cols)
-    owners = sorted({b.owners[0] for b in snap.blocks if b.ref_count > 0 and b.owners})
+    owners = sorted({b.owners[0] for b in snap.blocks if b.ref_count > 0 and b.owners}, key=natural_key)
     colors = [FREE_COLOR, CACHED_COLOR, UNOWNED_COLOR] + [request_color(r) for r in owners]
     index = {r: i + 3 for i, r in enumerate(owners)}
     z = [[None] * cols for _ in range(rows)]
@@ -74,8 +82,10 @@ def block_map_figure(snap, title: str | None = None) -> go.Figure:
         xs, ys = marks[kind]
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=f"{kind} tokens", hoverinfo="skip",
                                  marker=dict(symbol="diamond", size=7, color=fill, line=dict(width=1, color="black"))))
-    fig.add_trace(go.Scatter(x=shared_x, y=shared_y, text=shared_t, mode="text", name="ref count (shared)",
-                             hoverinfo="skip", textfont=dict(color="white", size=12, family="monospace")))
+    # the count on a dark disc: readable on every request colour, and the legend shows the same disc
+    fig.add_trace(go.Scatter(x=shared_x, y=shared_y, text=shared_t, mode="markers+text", name="ref count (shared)",
+                             hoverinfo="skip", textfont=dict(color="white", size=11, family="monospace"),
+                             marker=dict(symbol="circle", size=17, color="rgba(20, 20, 20, 0.72)")))
     legend = [(r, request_color(r)) for r in owners] + [("cached (free)", CACHED_COLOR), ("free", FREE_COLOR)]
     for name, color in legend:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, legendgroup="cells",
@@ -93,7 +103,7 @@ def block_table(snap) -> pd.DataFrame:
     """Every request's block table: logical index -> physical block, its fill, kind, ref count, hash prefix."""
     blocks = {b.block_id: b for b in snap.blocks}
     rows = []
-    for rid in sorted(snap.block_tables):
+    for rid in sorted(snap.block_tables, key=natural_key):
         for logical, pid in enumerate(snap.block_tables[rid]):
             b = blocks[pid]
             rows.append([rid, logical, pid, f"{b.num_tokens}/{snap.block_size}", b.kind, b.ref_count,

@@ -141,7 +141,7 @@ def build(holder: EngineHolder):
         kv_dtype = gr.Dropdown(["auto", "bfloat16", "float16", "float32", "fp8"], value="auto", label="KV cache dtype")
         block_size = gr.Dropdown([8, 16, 32, 64], value=16, label="block size")
         example = gr.Button("Which GPUs for 72B, 4 images per request, 32k context?", elem_id="vram-example-72b")
-    summary = gr.Markdown(elem_id="vram-headline")
+    summary = gr.Markdown(label="Does it fit (and why not)", elem_id="vram-headline")
     figure = gr.Plot(label="Memory plan", elem_id="vram-plot")
     gpus = gr.Dataframe(label="Which GPUs fit this workload (fewest of each GPU model, tensor parallel up to 8)",
                         wrap=True, column_widths=["12%", "14%", "10%", "9%", "55%"], max_height=520,
@@ -150,23 +150,28 @@ def build(holder: EngineHolder):
     breakdown = gr.Dataframe(label="Breakdown (formulas)", wrap=True, column_widths=["22%", "8%", "70%"],
                              elem_id="vram-breakdown")
 
-    def workload(model_name, utilization, w, h, n_images, ctx, n_seqs, wdtype, kvdtype, bs) -> tuple:
+    def workload(model_name, utilization, image_width, image_height, images_per_request, context_length,
+                 concurrent_requests, weights_dtype, kv_cache_dtype, block_size) -> tuple:
         config = holder.get().hf_config if model_name == THIS_ENGINE else model_name
-        return config, dict(dtype=wdtype, kv_dtype=kvdtype, max_model_len=int(ctx or 0), num_seqs=int(n_seqs),
-                            images_per_request=int(n_images), image_size=(int(w or 0), int(h or 0)),
-                            gpu_memory_utilization=float(utilization), block_size=int(bs))
+        return config, dict(dtype=weights_dtype, kv_dtype=kv_cache_dtype, max_model_len=int(context_length or 0),
+                            num_seqs=int(concurrent_requests), images_per_request=int(images_per_request),
+                            image_size=(int(image_width or 0), int(image_height or 0)),
+                            gpu_memory_utilization=float(utilization), block_size=int(block_size))
 
     @gpu
-    def calculate(model_name, device_name, gb, utilization, w, h, n_images, ctx, n_seqs, wdtype, kvdtype, bs, n_gpus=1):
+    def calculate(model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
+                  images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
+                  gpus=1):
         report = holder.get().memory_report()  # inside the GPU function: on ZeroGPU the device exists only here
-        config, work = workload(model_name, utilization, w, h, n_images, ctx, n_seqs, wdtype, kvdtype, bs)
-        where = {"device_memory_gb": float(gb or 0)} if device_name == CUSTOM else {"device": device_name}
+        config, work = workload(model_name, utilization, image_width, image_height, images_per_request,
+                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size)
+        where = {"device_memory_gb": float(custom_memory_gib or 0)} if device_name == CUSTOM else {"device": device_name}
         multi = device_name != CUSTOM and devices[device_name].get("gpus", 1) > 1  # the preset fixes the count
         try:
-            est = estimate(config, **work, **where, tensor_parallel_size=None if multi else int(n_gpus or 1))
+            est = estimate(config, **work, **where, tensor_parallel_size=None if multi else int(gpus or 1))
         except ValueError as e:
             raise gr.Error(str(e))
-        shown = device_name if device_name != CUSTOM else f"{gb} GiB"
+        shown = device_name if device_name != CUSTOM else f"{custom_memory_gib} GiB"
         demand = (f"{est.num_seqs:,} requests × {est.kv_demand_tokens // est.num_seqs:,}: "
                   f"{est.kv_demand_tokens:,} tokens")
         title = shown if est.tensor_parallel_size == 1 or multi else f"{est.tensor_parallel_size} × {shown}"
@@ -174,10 +179,12 @@ def build(holder: EngineHolder):
                             report.device, kv_tokens=(est.kv_pool_tokens, est.kv_demand_tokens, demand))
         table = pd.DataFrame([(b.name, f"{b.bytes / GIB:,.3f}", b.formula) for b in est.breakdown],
                              columns=["item", "GiB", "formula"])
-        return headline(est, shown, int(n_seqs)), fig, comparison(est, report), table
+        return headline(est, shown, int(concurrent_requests)), fig, comparison(est, report), table
 
-    def plan(model_name, utilization, w, h, n_images, ctx, n_seqs, wdtype, kvdtype, bs):
-        config, work = workload(model_name, utilization, w, h, n_images, ctx, n_seqs, wdtype, kvdtype, bs)
+    def plan(model_name, utilization, image_width, image_height, images_per_request, context_length,
+             concurrent_requests, weights_dtype, kv_cache_dtype, block_size):
+        config, work = workload(model_name, utilization, image_width, image_height, images_per_request,
+                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size)
         try:
             return gpu_table(gpus_needed(config, **work))
         except ValueError as e:

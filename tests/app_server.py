@@ -23,11 +23,12 @@ def model_args() -> list[str]:
 
 
 @contextlib.contextmanager
-def running_app(*args: str, log_path: str, timeout: float = 240):
-    """Run app.py with `args` (port via GRADIO_SERVER_PORT, as on Spaces); yields its URL once it serves."""
+def running_app(*args: str, log_path: str, timeout: float = 240, env: dict | None = None):
+    """Run app.py with `args` (port via GRADIO_SERVER_PORT, as on Spaces) and extra `env`; yields its URL once
+    it serves."""
     port = free_port()
     env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", **(env or {})}
     env.pop("SPACE_ID", None)
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "app.py", "--device", "cpu", *model_args(), *args], cwd=ROOT,

@@ -12,7 +12,7 @@ from tests.app_server import APP_MODEL, running_app
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "examples")
 NUM_BLOCKS = 256  # room for the 3000-token stream that the Stop test interrupts
-SAMPLING = (16, 0.0, 1.0, 0, None)  # max tokens, temperature, top-p, top-k, seed
+SAMPLING = (16, 0.0, 1.0, 0, "")  # max tokens, temperature, top-p, top-k, seed (empty = the engine's)
 
 
 def image(name: str):
@@ -45,9 +45,20 @@ def client(url):
     return Client(url, verbose=False)
 
 
-def test_endpoints_are_named(client):
-    named = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
-    assert {"/rebuild", "/chat", "/stop", "/kv_snapshot", "/kv_launch", "/kv_replay", "/inspect", "/vram"} <= named
+def test_every_endpoint_and_parameter_is_named_for_a_person(client):
+    info = client.view_api(print_info=False, return_format="dict")
+    named = info["named_endpoints"]
+    assert {"/rebuild", "/engine_status", "/chat", "/regenerate", "/stop", "/kv_snapshot", "/kv_launch", "/kv_replay",
+            "/inspect", "/vram"} <= set(named) and not info["unnamed_endpoints"]
+    for name, endpoint in named.items():
+        for p in endpoint["parameters"]:
+            assert len(p["parameter_name"]) >= 4 and p["label"] and "value_" not in p["parameter_name"], (name, p)
+        for r in endpoint["returns"]:
+            assert r["label"] and not r["label"].startswith("value_"), (name, r)
+        assert "between 0 and 1" not in json.dumps(endpoint["returns"]), name
+    seed = next(p for p in named["/chat"]["parameters"] if p["parameter_name"] == "seed")
+    assert seed["parameter_has_default"] and seed["parameter_default"] == ""  # empty = the engine's seed
+    assert EngineConfig().model not in json.dumps(info)  # no absolute server path in any choice
 
 
 def test_chat_answers_multi_turn_from_the_prefix_cache(client):
@@ -60,13 +71,30 @@ def test_chat_answers_multi_turn_from_the_prefix_cache(client):
     assert cached >= 16, stats  # the first turn's full blocks come back from the prefix cache
 
 
+def test_regenerate_answers_the_last_question_again(client):
+    history, _, _ = ask(client, "What color is the shape?", ["yellow_square.png"])
+    again, _, stats = client.predict(resend(history), *SAMPLING, False, "", api_name="/regenerate")
+    assert [m["role"] for m in again] == ["user", "assistant"] and answer(again) == "yellow"
+    assert "finish: stop" in stats and int(stats.split(" tokens, ")[1].split()[0]) >= 16  # its prompt was cached
+
+
+def test_system_prompt_goes_before_the_conversation(client):
+    msg = {"text": "What shape is it?", "files": [image("green_triangle.png")]}
+    plain = client.predict(msg, [], *SAMPLING, False, "", api_name="/chat")[2]
+    system = client.predict(msg, [], *SAMPLING, False, "Answer in one word.", api_name="/chat")[2]
+    prompt_tokens = [int(s.split("prompt ")[1].split()[0]) for s in (plain, system)]
+    assert prompt_tokens[1] > prompt_tokens[0]
+
+
 def test_bad_image_is_refused_and_the_app_keeps_serving(client, tmp_path):
     bad = tmp_path / "broken.png"
     bad.write_bytes(b"not a png at all")
     history, _, stats = client.predict({"text": "What color?", "files": [handle_file(str(bad))]}, [], *SAMPLING,
                                        False, api_name="/chat")
     assert history[-1]["metadata"]["title"] == "⚠️ request refused"
-    assert "not a readable image" in answer(history) and stats.startswith("refused: not a readable image")
+    # once (in the bubble, not again in the stats line), with the file's own name, not the server's temp path
+    assert "not a readable image" in answer(history) and "'broken.png'" in answer(history)
+    assert "/" not in answer(history) and "not a readable image" not in stats
     history, _, _ = ask(client, "What color is the shape?", ["green_triangle.png"], history)
     assert answer(history) == "green"
 
@@ -128,22 +156,14 @@ def test_vram_presets_and_this_engine(client):
 
 def test_rebuild_reports_the_new_engine_and_refuses_bad_settings(client):
     model = APP_MODEL or EngineConfig().model
-    status, _ = client.predict(model, "cpu", "float32", 16, 48, "A", api_name="/rebuild")
+    status, *_ = client.predict(model, "cpu", "float32", 16, 48, "A", "", api_name="/rebuild")
     assert "48 blocks × 16 = **768 tokens**" in status and "prefix cache: A" in status
-    status, device = client.predict(model, "cuda", "float32", 16, 48, "A", api_name="/rebuild")
+    status, _, device, *_ = client.predict(model, "cuda", "float32", 16, 48, "A", "", api_name="/rebuild")
     assert status.startswith("⚠️ cuda is not available") and device == "cpu"
-    status, _ = client.predict("no/such-model-offline", "cpu", "float32", 16, 48, "C", api_name="/rebuild")
+    status, shown, *_, strategy = client.predict("no/such-model-offline", "cpu", "float32", 16, 48, "C", "",
+                                                 api_name="/rebuild")
     assert "could not fetch model 'no/such-model-offline'" in status and "Still serving" in status
-    status, _ = client.predict(model, "cpu", "float32", 16, NUM_BLOCKS, "C", api_name="/rebuild")
+    assert "--local-dir &lt;dir&gt;" in status  # shown as text, not swallowed as a tag
+    assert (shown, strategy) == (os.path.basename(model), "A")  # the header shows what still serves
+    status, *_ = client.predict(model, "cpu", "float32", 16, NUM_BLOCKS, "C", "", api_name="/rebuild")
     assert f"{NUM_BLOCKS} blocks" in status and "prefix cache: C" in status
-
-
-def test_shared_deployment_salts_each_session(tmp_path):
-    with running_app("--num-blocks", "64", "--shared", log_path=str(tmp_path / "shared.log")) as u:
-        alice, bob = Client(u, verbose=False), Client(u, verbose=False)
-        question = ("How many shapes are there?", ["three_shapes.png"])
-        assert ask(alice, *question)[2].split(" tokens, ")[1].startswith("0 from")
-        assert not ask(alice, *question)[2].split(" tokens, ")[1].startswith("0 from")  # her own cache
-        assert ask(bob, *question)[2].split(" tokens, ")[1].startswith("0 from")  # never Alice's blocks
-        status, _ = alice.predict(APP_MODEL or EngineConfig().model, "cpu", "auto", 16, 64, "A", api_name="/rebuild")
-        assert "prefix cache: C" in status

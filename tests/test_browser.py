@@ -57,6 +57,11 @@ def shots(tmp_path_factory):
     return out
 
 
+SHOWN_STEP = ("(() => { const el = document.querySelector('#kv-map .js-plotly-plot');"
+              " const m = el && el.layout && /step (\\d+):/.exec(el.layout.title.text); return m ? +m[1] : null; })()")
+SHOWN_STEP_IS_SLIDER_VALUE = f"{SHOWN_STEP} === +document.querySelector('#kv-step input[type=range]').value"
+
+
 def open_tab(page, name):
     page.get_by_role("tab", name=name).click()
 
@@ -78,29 +83,33 @@ def test_block_map_matches_engine_snapshot(app, page, shots):
     recorded, streams = {}, []
     started = threading.Event()
 
-    def decode(name, question):
+    def decode(name, question, max_tokens):
         req = Request(prompt=question, images=[os.path.join(EXAMPLES_DIR, name)])
-        stream = engine.stream(req, SamplingParams(max_tokens=1200, ignore_eos=True), snapshots=True)
+        stream = engine.stream(req, SamplingParams(max_tokens=max_tokens, ignore_eos=True), snapshots=True)
         streams.append((req.request_id, stream))
         for ev in stream:
             if ev.snapshot is not None:  # the final (abort) event carries none
                 recorded[ev.snapshot.step] = ev.snapshot
                 started.set()
+    # the two long ones share their prompt blocks until the pool runs out; the page polls once a second
     threads = [threading.Thread(target=decode, args=a, daemon=True) for a in
-               [("red_circle.png", "What color is the shape?"), ("red_circle.png", "What color is the shape?"),
-                ("two_shapes.png", "How many shapes are there?")]]
+               [("red_circle.png", "What color is the shape?", 1200)] * 2 +
+               [("two_shapes.png", "How many shapes are there?", 64)]]
+    open_tab(page, "KV blocks (live)")  # polling before the requests start, so no shared frame is missed
     threads[0].start()
     started.wait(60)  # its prompt blocks are in the cache now: the same prompt next shares them (ref count 2)
     for t in threads[1:]:
         t.start()
-    open_tab(page, "KV blocks (live)")
     page.locator("#kv-map .js-plotly-plot").wait_for()
     plot = page.wait_for_function("""() => {
         const el = document.querySelector('#kv-map .js-plotly-plot');
         const z = el && el.data && el.data[0].z;
-        if (!z || !z.flat().some(v => v >= 3)) return null;  // wait for a frame with blocks in use
+        const labels = el && el.data &&
+            el.data.filter(t => t.name === 'ref count (shared)').map(t => [t.x, t.y, t.text])[0];
+        // wait for a frame with blocks in use, some of them shared already
+        if (!z || !z.flat().some(v => v >= 3) || !labels || !labels[0] || !labels[0].length) return null;
         return {z: z, scale: el.data[0].colorscale, title: el.layout.title.text, cols: el.layout.meta.cols,
-                labels: el.data.filter(t => t.name === 'ref count (shared)').map(t => [t.x, t.y, t.text])[0]};
+                labels: labels};
     }""").json_value()
     for rid, _ in streams:
         engine.abort(rid)
@@ -120,6 +129,9 @@ def test_block_map_matches_engine_snapshot(app, page, shots):
         t.join(60)
     page.locator("#kv-launch").click()
     page.wait_for_function("document.querySelector('#kv-step')?.innerText.includes('steps recorded')")
+    page.wait_for_function(SHOWN_STEP_IS_SLIDER_VALUE)
+    time.sleep(2.5)  # the live timer (1 s) fires meanwhile: an idle engine must not draw over the replayed step
+    assert page.evaluate(SHOWN_STEP_IS_SLIDER_VALUE)
     page.screenshot(path=os.path.join(shots, "kv_blocks.png"), full_page=True)
 
 
@@ -161,3 +173,79 @@ def test_vram_preset_changes_the_numbers(page, shots):
     after = kv_blocks_in(headline.inner_text())
     assert after > 3 * before > 0  # 80 GB against the 24 GB L4 the tab starts with
     page.screenshot(path=os.path.join(shots, "vram.png"), full_page=True)
+
+
+def toast_text(page) -> str:
+    """The text of the newest toast the page shows (gr.Warning / gr.Error / gr.Info)."""
+    toast = page.locator("[data-testid=toast-body]").last
+    toast.wait_for()
+    return toast.inner_text()
+
+
+def close_toasts(page):
+    for close in page.locator("[data-testid=toast-close]").all():
+        close.click()
+
+
+def test_failed_hub_load_leaves_the_header_on_what_serves(app, page):
+    """Bug: after a failed hub load the picker kept the hub id, so the next change retried it."""
+    holder, _ = app
+    page.locator("#model-picker input").click()
+    page.get_by_role("option", name="Qwen/Qwen3-VL-2B-Instruct (hub)").click()
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Still serving')")
+    assert "--local-dir <dir>" in toast_text(page)  # the placeholder is text, not a swallowed tag
+    close_toasts(page)
+    page.wait_for_function("document.querySelector('#model-picker input').value.startsWith('tiny-qwen-vl')")
+    page.locator("#strategy-picker").get_by_text("B", exact=True).click()
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('prefix cache: B')")
+    assert holder.config.cache_strategy == "B" and holder.config.model == (APP_MODEL or EngineConfig().model)
+    page.locator("#strategy-picker").get_by_text("C", exact=True).click()
+    page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('prefix cache: C')")
+    assert page.locator("#strategy-picker input[value=C]").is_checked()
+
+
+def test_seed_field_is_empty(page):
+    """Bug: the seed field showed 0 while the request sent None (the engine's seed)."""
+    open_tab(page, "Chat")
+    page.get_by_text("Sampling", exact=True).click()
+    seed = page.get_by_label("seed (empty = engine's)")
+    seed.wait_for()
+    assert seed.input_value() == ""
+
+
+def test_inspector_names_the_unreadable_image(page, tmp_path):
+    """Bug: a non-image upload showed a bare red "Error"."""
+    open_tab(page, "Cache inspector")
+    notes = tmp_path / "notes.png"
+    notes.write_text("these are lecture notes, not a picture")
+    page.locator("#insp-img1 input[type=file]").set_input_files(str(notes))
+    page.locator("#insp-img2 input[type=file]").set_input_files(os.path.join(EXAMPLES_DIR, "red_circle.png"))
+    page.locator("#insp-img2 img").wait_for()
+    page.locator("#insp-run").click()
+    text = toast_text(page)
+    assert "Image 1" in text and "notes.png" in text and "not a readable image" in text, text
+    close_toasts(page)
+
+
+
+def test_replay_slider_redraws_on_enter_and_arrow_keys(page):
+    """Bug: a typed step applied only on blur, arrow keys moved the slider without redrawing the map."""
+    open_tab(page, "KV blocks (live)")
+    page.locator("#kv-live input").uncheck()  # only the replay may redraw the map now
+    for slider, value in (("#kv-n", 3), ("#kv-tokens", 20)):  # a run unlike the earlier test's, to tell them apart
+        page.locator(f"{slider} input[type=number]").fill(str(value))
+        page.locator(f"{slider} input[type=number]").press("Tab")
+    before = page.locator("#kv-step").inner_text()
+    page.locator("#kv-launch").click()
+    page.wait_for_function("(before) => { const t = document.querySelector('#kv-step')?.innerText;"
+                           " return t && t !== before && t.includes('steps recorded'); }", arg=before)
+    page.wait_for_function(SHOWN_STEP_IS_SLIDER_VALUE)  # the run's last frame is drawn (the fullest step)
+    fullest = page.evaluate(SHOWN_STEP)
+    number = page.locator("#kv-step input[type=number]")
+    number.fill(str(fullest - 2))
+    number.press("Enter")
+    page.wait_for_function(f"{SHOWN_STEP} === {fullest - 2}")
+    page.locator("#kv-step input[type=range]").focus()
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function(f"{SHOWN_STEP} === {fullest - 3}")
+    page.locator("#kv-live input").check()

@@ -1,6 +1,7 @@
 """The app's panels turn real engine snapshots and outputs into figures and tables that say exactly what the
 engine says: one coloured cell per block in use, ref-count labels equal to the snapshot's ref counts, block tables
 equal to the snapshot's, hit maps equal to the outputs' cache hits."""
+import itertools
 import os
 
 import pytest
@@ -9,12 +10,14 @@ from minivlm import Engine, EngineConfig, Request, SamplingParams
 
 from minivlm.cache_study import max_logprob_diff
 from panels.cache_inspector import HIT_COLORS, hits_figure, results_table, run_pair
-from panels.chat import to_hf_messages, user_turn
+from panels.chat import finished_text, to_hf_messages, user_turn
 from panels.holder import EXAMPLES_DIR, EngineHolder
 from panels.kv_blocks import demo_requests
 from panels.kv_run import POLL_S, Run, live_view, view
-from panels.plots import CACHED_COLOR, block_cell, block_map_figure, block_table, request_color
+from panels.plots import (CACHED_COLOR, FREE_COLOR, PALETTE, UNOWNED_COLOR, block_cell, block_map_figure,
+                          block_table, request_color)
 from panels.vram import budget_figure, comparison, engine_parts, estimate_parts
+from tests.colour_difference import ciede2000, delta_e
 
 RED, BLUE = os.path.join(EXAMPLES_DIR, "red_circle.png"), os.path.join(EXAMPLES_DIR, "blue_circle.png")
 
@@ -29,11 +32,15 @@ def engine(checkpoints):
 
 @pytest.fixture(scope="module")
 def timeline(engine):
-    """The KV tab's launcher requests, run for real: the engine's snapshot of every step."""
+    """The KV tab's launcher, run for real: one snapshot per engine step."""
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     engine.generate(demo_requests(1, None), params)  # its prompt blocks, cached, are then shared by equal prompts
-    snaps = {ev.snapshot.step: ev.snapshot for ev in engine.stream_many(demo_requests(8, None), params)
-             if ev.snapshot is not None}
+    return step_snapshots(engine, demo_requests(8, None), params)
+
+
+def step_snapshots(engine, requests, params):
+    """The engine's snapshot of every step while `requests` run together."""
+    snaps = {ev.snapshot.step: ev.snapshot for ev in engine.stream_many(requests, params) if ev.snapshot is not None}
     return [snaps[k] for k in sorted(snaps)]
 
 
@@ -90,6 +97,36 @@ def test_block_map_cells_and_labels_match_snapshot(timeline):
     assert checked_shared > 0 and checked_image > 0
 
 
+def test_colour_difference_matches_the_published_cases():
+    for lab1, lab2, expected in [((50, 2.6772, -79.7751), (50, 0, -82.7485), 2.0425),
+                                 ((50, 0, 0), (50, -1, 2), 2.3669), ((50, 2.5, 0), (73, 25, -18), 27.1492),
+                                 ((2.0776, 0.0795, -1.135), (0.9033, -0.0636, -0.5514), 0.9082)]:
+        assert ciede2000(lab1, lab2) == pytest.approx(expected, abs=1e-4)
+
+
+def test_request_colours_are_told_apart():
+    """Any two request colours (so any neighbours, e.g. req-10/req-11) differ clearly (ΔE00 >= 18; the old palette
+    had pairs at 7 to 14); none is near a grey of the map (free, cached, unowned), white or black (>= 25)."""
+    assert min(delta_e(a, b) for a, b in itertools.combinations(PALETTE, 2)) >= 18
+    for grey in (FREE_COLOR, CACHED_COLOR, UNOWNED_COLOR, "#ffffff", "#000000"):
+        assert min(delta_e(c, grey) for c in PALETTE) >= 25, grey
+    assert len(set(request_color(f"req-{n}") for n in range(len(PALETTE)))) == len(PALETTE)
+
+
+def test_legend_sorts_requests_naturally_and_shows_the_ref_count_symbol(engine):
+    requests = demo_requests(4, None)
+    for r, n in zip(requests, (8, 9, 10, 11)):
+        r.request_id = f"req-{n}"
+    snaps = step_snapshots(engine, requests, SamplingParams(max_tokens=8, ignore_eos=True))
+    snap = max(snaps, key=lambda s: len({b.owners[0] for b in s.blocks if b.ref_count > 0 and b.owners}))
+    fig = block_map_figure(snap)
+    shown = [t.name for t in fig.data if t.legendgroup == "cells" and t.name.startswith("req-")]
+    owners = {b.owners[0] for b in snap.blocks if b.ref_count > 0 and b.owners}
+    assert len(owners) > 2 and shown == sorted(owners, key=lambda r: int(r.split("-")[1]))
+    shared = next(t for t in fig.data if t.name == "ref count (shared)")
+    assert "markers" in shared.mode and shared.marker.symbol  # the legend entry has a symbol to show
+
+
 def test_block_table_matches_snapshot(timeline):
     snap = max(timeline, key=lambda s: len(s.block_tables))
     df = block_table(snap)
@@ -115,6 +152,9 @@ def test_inspector_false_hit_under_a_only(engine):
         second = results[trace.y[0]][0]
         red = [i for i, c in enumerate(trace.marker.color) if c == HIT_COLORS[2]]
         assert red == sorted(h.logical_index for h in second.cache_hits if h.false_hit)
+        labels = {h.logical_index: f"#{h.block_id}" for h in second.cache_hits}  # physical, marked apart from L
+        assert {i: t for i, t in enumerate(trace.text) if t} == labels
+    assert list(fig.layout.xaxis.ticktext[:3]) == ["L0", "L1", "L2"]
 
 
 def test_inspector_identical_pair_true_hits(engine):
@@ -130,6 +170,7 @@ def test_inspector_resize_fools_b_not_c(engine):
     prompt = "What color is the shape?"
     results, _ = run_pair(engine, ((RED, prompt, None), (RED, prompt, {"max_pixels": 160 * 160})), max_tokens=2)
     assert any(h.false_hit for h in results["B"][0].cache_hits)
+    assert any(h.false_hit for h in results["A"][0].cache_hits)  # A, blind to images, is fooled as well
     assert not results["C"][0].cache_hits
 
 
@@ -180,6 +221,12 @@ def expected_answer(scene, question: str) -> str:
     return next(s.color for s in scene.shapes if s.kind == kind)
 
 
+def test_an_empty_answer_says_so():
+    assert finished_text("", "stop") == "(empty answer · finish: stop)"
+    assert finished_text(" \n", "length") == "(empty answer · finish: length)"
+    assert finished_text("blue", "stop") == "blue"
+
+
 def test_chat_examples_are_answered_by_the_shipped_model():
     from panels.chat import EXAMPLES
     from tests.app_server import APP_MODEL
@@ -191,20 +238,38 @@ def test_chat_examples_are_answered_by_the_shipped_model():
     assert [o.text.strip() for o in outs] == [expected_answer(scenes[f[:-4]], q) for f, q in EXAMPLES]
 
 
-def test_holder_keeps_serving_after_a_bad_rebuild(checkpoints):
+def test_holder_keeps_serving_after_a_bad_rebuild(checkpoints, tmp_path):
     holder = EngineHolder(EngineConfig(model=checkpoints["qwen2_vl"], device="cpu", num_blocks=16,
                                        cache_strategy="A"), shared=True)
     status = holder.load()
     assert holder.engine.config.cache_strategy == "C" and "16 blocks" in status
-    good = holder.engine
+    good, hi = holder.engine, Request(prompt="hi there, how are you doing today my friend?")
+    good.generate(hi, SamplingParams(max_tokens=1))
     with pytest.raises(ValueError, match="neither a local checkpoint directory nor a hub id"):
         holder.load(EngineConfig(model="no-such-model", device="cpu"))
+    assert holder.engine is good and holder.status == status  # it failed before anything was released
+    assert good.generate(hi, SamplingParams(max_tokens=1)).num_cached_tokens > 0  # with its cache
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(open(os.path.join(checkpoints["qwen2_vl"], "config.json")).read())
+    with pytest.raises(ValueError, match="previous settings were loaded again; their prefix cache starts empty"):
+        holder.load(EngineConfig(model=str(broken), device="cpu"))
     with pytest.raises(RuntimeError, match="closed"):  # released before the new build, for its memory
-        good.generate(Request(prompt="hi"), SamplingParams(max_tokens=1))
+        good.generate(hi, SamplingParams(max_tokens=1))
     assert holder.config.model == checkpoints["qwen2_vl"] and holder.status == status
-    assert holder.get().generate(Request(prompt="hi"), SamplingParams(max_tokens=1)).token_ids
+    assert holder.get().generate(hi, SamplingParams(max_tokens=1)).token_ids
     assert holder.salt("a") != holder.salt("b") and EngineHolder(holder.config).salt("a") is None
     holder.get().close()
+
+
+def test_only_the_operator_may_reconfigure_a_shared_holder(checkpoints):
+    config = EngineConfig(model=checkpoints["qwen2_vl"], device="cpu")
+    assert EngineHolder(config).refusal(None) is None  # a local app belongs to its user
+    locked = EngineHolder(config, shared=True)
+    assert "restart the app with other flags" in locked.refusal("anything")
+    shared = EngineHolder(config, shared=True, operator_token="s3cret")
+    assert shared.refusal("s3cret") is None
+    assert all("enter the operator token" in shared.refusal(t) for t in (None, "", "s3cre", "s3cret "))
 
 
 @pytest.mark.slow

@@ -13,7 +13,8 @@ COLORS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 70, 220), "
           "purple": (140, 50, 180), "orange": (245, 140, 20)}
 SHAPES = ("circle", "square", "triangle")
 COUNT_WORDS = ("one", "two", "three")
-QUESTION_TYPES = ("color", "shape", "count", "color_of", "is_there")
+QUESTION_TYPES = ("color", "shape", "count", "color_of", "is_there", "describe", "where")
+ROWS, COLUMNS = ("top", "middle", "bottom"), ("left", "center", "right")
 
 
 @dataclass(frozen=True)
@@ -94,20 +95,45 @@ def article(color: str) -> str:
     return "an" if color[0] in "aeiou" else "a"
 
 
+def position(shape: Shape, scene: Scene) -> str:
+    """Where the bounding-box centre lies when the canvas is cut into thirds each way: "{row} {column}", or
+    "center" for the middle cell."""
+    def third(centre, extent):
+        return min(2, int(3 * centre / extent))
+    row = ROWS[third(shape.y + shape.side / 2, scene.height)]
+    column = COLUMNS[third(shape.x + shape.side / 2, scene.width)]
+    return "center" if (row, column) == ("middle", "center") else f"{row} {column}"
+
+
+def describe(scene: Scene) -> str:
+    """Every shape left to right by its centre's x (ties: top first) as "{colour} {shape} at the {position}"."""
+    ordered = sorted(scene.shapes, key=lambda s: (2 * s.x + s.side, 2 * s.y + s.side))
+    return " and ".join(f"{s.color} {s.kind} at the {position(s, scene)}" for s in ordered)
+
+
+def unique_pairs(scene: Scene):
+    """The shapes whose (colour, kind) occurs once in the scene."""
+    pairs = [(s.color, s.kind) for s in scene.shapes]
+    return [s for s in scene.shapes if pairs.count((s.color, s.kind)) == 1]
+
+
 def possible_types(scene: Scene):
     """Question types that are well defined for this scene."""
     kinds = [s.kind for s in scene.shapes]
-    types = ["count", "is_there"]
+    types = ["count", "is_there", "describe"]
     if len(kinds) == 1:
         types += ["color", "shape"]
     if any(kinds.count(k) == 1 for k in SHAPES):
         types.append("color_of")
+    if unique_pairs(scene):
+        types.append("where")
     return [t for t in QUESTION_TYPES if t in types]
 
 
 def ask(scene: Scene, qtype: str, rng: random.Random, hard=(0.4, 0.8)):
-    """One (question, answer) of type qtype about the scene, exact phrasing, one-word lowercase answer;
-    a "no" to is_there keeps a present shape's colour with probability hard[0], its kind with hard[1] - hard[0]."""
+    """One (question, answer) of type qtype about the scene, exact phrasing, lowercase answer (one word for the
+    first five types, a position for "where", a sentence for "describe"); a "no" to is_there keeps a present
+    shape's colour with probability hard[0], its kind with hard[1] - hard[0]."""
     kinds = [s.kind for s in scene.shapes]
     if qtype not in possible_types(scene):
         raise ValueError(f"question type {qtype!r} is not defined for a scene with shapes {kinds}")
@@ -120,6 +146,11 @@ def ask(scene: Scene, qtype: str, rng: random.Random, hard=(0.4, 0.8)):
     if qtype == "color_of":
         kind = rng.choice([k for k in SHAPES if kinds.count(k) == 1])
         return f"What color is the {kind}?", next(s.color for s in scene.shapes if s.kind == kind)
+    if qtype == "describe":
+        return "Describe the picture.", describe(scene)
+    if qtype == "where":
+        shape = rng.choice(unique_pairs(scene))
+        return f"Where is the {shape.color} {shape.kind}?", position(shape, scene)
     present = {(s.color, s.kind) for s in scene.shapes}
     if rng.random() < 0.5:
         color, kind = rng.choice(sorted(present))
@@ -135,12 +166,36 @@ def ask(scene: Scene, qtype: str, rng: random.Random, hard=(0.4, 0.8)):
     return f"Is there {article(color)} {color} {kind}?", answer
 
 
-def sample(seed: int, qtype: str = None):
-    """A fresh (image, question, answer, qtype) from one integer seed; qtype None picks one the scene allows."""
+def answer_to(scene: Scene, question: str) -> str:
+    """The true answer to any question of the trained forms about the scene (the app's examples use it)."""
+    for qtype in possible_types(scene):
+        for form in _FORMS[qtype](scene):
+            if form[0] == question:
+                return form[1]
+    raise ValueError(f"{question!r} is not a question of the trained forms for shapes "
+                     f"{[(s.color, s.kind) for s in scene.shapes]}")
+
+
+_FORMS = {  # every (question, answer) a type can ask about a scene
+    "color": lambda sc: [("What color is the shape?", sc.shapes[0].color)],
+    "shape": lambda sc: [("What shape is it?", sc.shapes[0].kind)],
+    "count": lambda sc: [("How many shapes are there?", COUNT_WORDS[len(sc.shapes) - 1])],
+    "color_of": lambda sc: [(f"What color is the {s.kind}?", s.color) for s in sc.shapes
+                            if [t.kind for t in sc.shapes].count(s.kind) == 1],
+    "is_there": lambda sc: [(f"Is there {article(c)} {c} {k}?", "yes" if (c, k) in {
+        (s.color, s.kind) for s in sc.shapes} else "no") for c in COLORS for k in SHAPES],
+    "describe": lambda sc: [("Describe the picture.", describe(sc))],
+    "where": lambda sc: [(f"Where is the {s.color} {s.kind}?", position(s, sc)) for s in unique_pairs(sc)],
+}
+
+
+def sample(seed: int, qtype: str = None, num_shapes: int = None):
+    """A fresh (image, question, answer, qtype) from one integer seed; qtype None picks one the scene allows;
+    num_shapes fixes the number of shapes (color and shape questions always have one)."""
     rng = random.Random(seed)
-    num = 1 if qtype in ("color", "shape") else rng.randint(1, 3)
+    num = 1 if qtype in ("color", "shape") else num_shapes or rng.randint(1, 3)
     scene = random_scene(rng, num)
-    while qtype == "color_of" and "color_of" not in possible_types(scene):
+    while qtype is not None and qtype not in possible_types(scene):
         scene = random_scene(rng, num)
     qtype = qtype or rng.choice(possible_types(scene))
     question, answer = ask(scene, qtype, rng)

@@ -1,4 +1,6 @@
 """A small byte-level BPE tokenizer with Qwen's special tokens and a Qwen-VL chat template."""
+import json
+
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -29,8 +31,35 @@ CORPUS = [
 ]
 
 
+# words of the describe/where answers, added after the first training run as whole tokens (with and without the
+# leading space that byte-level BPE folds into a word); existing ids stay as they were
+POSITION_WORDS = ("Where", "top", "middle", "bottom", "center", "left", "right",
+                  " top", " middle", " bottom", " center", " left", " right", " at", " and")
+
+
+def extend_tokenizer(tokenizer: PreTrainedTokenizerFast, words=POSITION_WORDS) -> PreTrainedTokenizerFast:
+    """Make each word one token by appending BPE merges (lowest priority) that join its current pieces left to
+    right; every existing id and every text without these words tokenizes exactly as before."""
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    vocab, merges = state["model"]["vocab"], state["model"]["merges"]
+    for word in words:
+        pieces = Tokenizer.from_str(json.dumps(state)).encode(word).tokens
+        while len(pieces) > 1:
+            joined = pieces[0] + pieces[1]
+            merges.append([pieces[0], pieces[1]])
+            if joined not in vocab:
+                vocab[joined] = 1 + max(max(vocab.values()), *(t["id"] for t in state["added_tokens"]))
+            pieces = [joined] + pieces[2:]
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(state)),
+                                   eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=SPECIAL_TOKENS[1:])
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
 def build_tokenizer(vocab_size: int = 512, corpus=None) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE on the task's words; every answer word ends up one or two tokens."""
+    """Train a byte-level BPE on the task's words; every answer word ends up one or two tokens. Its 438 tokens
+    were the first model's vocabulary; `extend_tokenizer` adds the position words on top."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -1,9 +1,13 @@
 """Train the tiny Qwen3-VL on synthetic shape scenes generated on the fly (seeded, resumable).
 
     nice -n 10 python -m tools.train_tiny --out runs/tiny --steps 8000
+    nice -n 10 python -m tools.train_tiny --init assets/tiny-qwen-vl --out runs/describe --steps 1300
 
-(the exact sequence of invocations behind the shipped weights is in assets/tiny-qwen-vl/README.md). Every batch is a pure function of (seed, step), so a run resumed from its checkpoint sees the same data as an
-uninterrupted one. The loss covers only the assistant answers and their <|im_end|>.
+The first trains from scratch on the five one-word question types (the exact invocations behind the shipped
+weights are in assets/tiny-qwen-vl/README.md); the second fine-tunes a trained checkpoint on descriptions and
+positions as well (tools/checkpoints/README.md). Every batch is a pure function of (seed, step), so a run resumed
+from its checkpoint sees the same data as an uninterrupted one. The loss covers only the assistant answers and
+their <|im_end|>.
 """
 import argparse
 import json
@@ -18,7 +22,7 @@ from transformers import Qwen3VLForConditionalGeneration
 from minivlm.processor import load_processor
 from tools.make_checkpoint import save_processor, tiny_config
 from tools.scenes import QUESTION_TYPES, SHAPES, ask, possible_types, random_scene, render, sample
-from tools.tiny_tokenizer import build_tokenizer
+from tools.tiny_tokenizer import build_tokenizer, extend_tokenizer
 
 FAMILY = "qwen3_vl"
 PATCH, MIN_PIXELS, MAX_PIXELS = 8, 112 * 112, 128 * 128  # merged token = 16 px; images ~112-128 px a side
@@ -31,15 +35,38 @@ TYPE_WEIGHTS = {"color": 1.0, "shape": 3.0, "count": 1.5, "color_of": 2.5, "is_t
 FOCUS_WEIGHTS = {"color": 0.5, "shape": 1.0, "count": 0.5, "color_of": 3.0, "is_there": 4.0}
 # is_there then still ignores the colour: ask it most, with "no" mostly for a present shape in another colour
 BIND_WEIGHTS = {"color": 0.3, "shape": 0.5, "count": 0.3, "color_of": 1.5, "is_there": 6.0}
+# fine-tuning a trained model (--init) on descriptions and positions, replaying the five one-word types
+DESCRIBE_WEIGHTS = {"color": 0.3, "shape": 0.5, "count": 0.5, "color_of": 1.0, "is_there": 2.0, "describe": 4.0,
+                    "where": 3.0}
 
 
-def build_model(seed: int):
-    """Tokenizer, config and freshly initialised model of the tiny Qwen3-VL."""
+def weights_at(step: int, args) -> dict:
+    """The question-type mixture of this step."""
+    if args.init:
+        return DESCRIBE_WEIGHTS
+    return BIND_WEIGHTS if step >= args.bind_from else FOCUS_WEIGHTS if step >= args.focus_from else TYPE_WEIGHTS
+
+
+def build_model(seed: int, init: str = None):
+    """Tokenizer and model of the tiny Qwen3-VL: freshly initialised, or the trained checkpoint `init` with the
+    position words added to its tokenizer (each new embedding row starts as the mean of the word's old pieces)."""
     torch.manual_seed(seed)
-    tokenizer = build_tokenizer()
-    config = tiny_config(FAMILY, tokenizer, patch_size=PATCH, **MODEL)
-    config.vision_config.deepstack_visual_indexes = DEEPSTACK
-    return tokenizer, Qwen3VLForConditionalGeneration(config)
+    if init is None:
+        tokenizer = build_tokenizer()
+        config = tiny_config(FAMILY, tokenizer, patch_size=PATCH, **MODEL)
+        config.vision_config.deepstack_visual_indexes = DEEPSTACK
+        return tokenizer, Qwen3VLForConditionalGeneration(config)
+    old = load_processor(init, FAMILY).tokenizer
+    tokenizer = extend_tokenizer(old)
+    model = Qwen3VLForConditionalGeneration.from_pretrained(init, dtype=torch.float32)
+    n_old = model.get_input_embeddings().weight.shape[0]
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        for i in range(n_old, len(tokenizer)):
+            word = tokenizer.convert_tokens_to_string([tokenizer.convert_ids_to_tokens(i)])
+            emb[i] = emb[old(word).input_ids].mean(0)
+    return tokenizer, model
 
 
 def export(model, tokenizer, out_dir: str):
@@ -53,16 +80,18 @@ def export(model, tokenizer, out_dir: str):
                    "pad_token_id": model.config.text_config.pad_token_id, "do_sample": False}, f)
 
 
-def conversation(rng: random.Random, step: int, curriculum_steps: int, focus_from: int, bind_from: int):
+def conversation(rng: random.Random, step: int, args):
     """One training chat: an image, 1-3 question/answer turns about it (single-shape scenes first)."""
-    early = step < curriculum_steps
+    early = step < args.curriculum_steps and not args.init
     num = 1 if early or rng.random() < 0.35 else rng.randint(2, 3)
+    if args.init:  # three-shape descriptions are the longest answers: show them most
+        num = rng.choices([1, 2, 3], [0.25, 0.35, 0.4])[0]
     scene = random_scene(rng, num, size=(0.3, 0.7) if early else (0.25, 0.45))  # big shapes show shape first
     types = possible_types(scene)
-    table = BIND_WEIGHTS if step >= bind_from else FOCUS_WEIGHTS if step >= focus_from else TYPE_WEIGHTS
-    weights = [table[t] for t in types]
-    hard = (0.1, 0.9) if step >= bind_from else (0.4, 0.8)
-    turns = rng.choice([1, 1, 2, 3])
+    table = weights_at(step, args)
+    weights = [table.get(t, 0.0) for t in types]
+    hard = (0.1, 0.9) if step >= args.bind_from or args.init else (0.4, 0.8)
+    turns = rng.choice([2, 3, 4] if args.init else [1, 1, 2, 3])  # fine-tuning: more answers per image
     messages = []
     for i in range(turns):
         question, answer = ask(scene, rng.choices(types, weights)[0], rng, hard)
@@ -71,19 +100,25 @@ def conversation(rng: random.Random, step: int, curriculum_steps: int, focus_fro
     return scene, render(scene, supersample=rng.choice([1, 2])), messages
 
 
-def token_kinds(scene, grid_thw, patch: int = PATCH) -> torch.Tensor:
-    """Per merged vision token (row-major): index of the shape kind whose box holds its centre, 3 if background."""
+def token_labels(scene, grid_thw, patch: int = PATCH) -> torch.Tensor:
+    """Per merged vision token (row-major): the index of the shape kind whose box holds its centre (3 if
+    background), the token's own centre and the centre of the box it lies in (its own if background), both as
+    fractions of the canvas's width and height."""
     _, gh, gw = (int(v) for v in grid_thw)
     rows, cols = gh // 2, gw // 2
     sx, sy = scene.width / (gw * patch), scene.height / (gh * patch)
-    labels = torch.full((rows, cols), len(SHAPES), dtype=torch.long)
+    labels = torch.zeros(rows, cols, 5)
     for r in range(rows):
         for c in range(cols):
             x, y = (c + 0.5) * 2 * patch * sx, (r + 0.5) * 2 * patch * sy
+            labels[r, c] = torch.tensor([len(SHAPES), x, y, x, y])
             for sh in scene.shapes:
                 if sh.x <= x < sh.x + sh.side and sh.y <= y < sh.y + sh.side:
-                    labels[r, c] = SHAPES.index(sh.kind)
-    return labels.flatten()
+                    labels[r, c] = torch.tensor([SHAPES.index(sh.kind), x, y, sh.x + sh.side / 2,
+                                                 sh.y + sh.side / 2])
+    labels[..., 1::2] /= scene.width
+    labels[..., 2::2] /= scene.height
+    return labels.reshape(-1, 5)
 
 
 def answer_labels(input_ids: torch.Tensor, prefix: list, end_id: int) -> torch.Tensor:
@@ -102,13 +137,13 @@ def answer_labels(input_ids: torch.Tensor, prefix: list, end_id: int) -> torch.T
     return labels
 
 
-def make_batch(processor, seed: int, step: int, batch_size: int, curriculum_steps: int, focus_from: int,
-               bind_from: int):
-    """A padded processor batch with answer-only labels, a pure function of (seed, step)."""
-    rng = random.Random(seed * 1_000_003 + step)
+def make_batch(processor, step: int, args):
+    """A padded processor batch with answer-only labels and per-vision-token labels, a pure function of
+    (seed, step)."""
+    rng = random.Random(args.seed * 1_000_003 + step)
     scenes, images, texts = [], [], []
-    for _ in range(batch_size):
-        scene, image, messages = conversation(rng, step, curriculum_steps, focus_from, bind_from)
+    for _ in range(args.batch_size):
+        scene, image, messages = conversation(rng, step, args)
         scenes.append(scene)
         images.append(image)
         texts.append(processor.apply_chat_template(messages, tokenize=False))
@@ -116,27 +151,57 @@ def make_batch(processor, seed: int, step: int, batch_size: int, curriculum_step
     tok = processor.tokenizer
     prefix = tok("<|im_start|>assistant\n").input_ids
     batch["labels"] = answer_labels(batch["input_ids"], prefix, tok.convert_tokens_to_ids("<|im_end|>"))
-    kinds = torch.cat([token_kinds(sc, g) for sc, g in zip(scenes, batch["image_grid_thw"])])
-    return batch, kinds
+    return batch, torch.cat([token_labels(sc, g) for sc, g in zip(scenes, batch["image_grid_thw"])])
+
+
+PROBE_ROWS = [(q, None) for q in QUESTION_TYPES if q != "describe"] + [("describe", n) for n in (1, 2, 3)]
+VALID_SEED = 10**9  # the probe's validation stream (eval_tiny --split valid draws from another one)
 
 
 @torch.no_grad()
-def probe(model, processor, per_type: int = 30):
-    """Teacher-forced accuracy per question type: argmax of the first answer token on fixed held-out scenes."""
+def probe(model, processor, per_type: int = 30, device: str = "cpu"):
+    """Teacher-forced exact match per question type on fixed validation scenes: every answer token and the
+    closing <|im_end|> must be the argmax, which is exactly when greedy decoding returns the true answer."""
     model.eval()
-    acc = {}
-    for t_index, qtype in enumerate(QUESTION_TYPES):
-        items = [sample(10**9 + 1000 * t_index + i, qtype) for i in range(per_type)]
+    acc, tok = {}, processor.tokenizer
+    prefix, end_id = tok("<|im_start|>assistant\n").input_ids, tok.convert_tokens_to_ids("<|im_end|>")
+    for row, (qtype, num) in enumerate(PROBE_ROWS):
+        items = [sample(VALID_SEED + 1000 * row + i, qtype, num) for i in range(per_type)]
         texts = [processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {
-            "type": "text", "text": q}]}], tokenize=False, add_generation_prompt=True) for _, q, _, _ in items]
-        processor.tokenizer.padding_side = "left"
+            "type": "text", "text": q}]}, {"role": "assistant", "content": a}], tokenize=False)
+            for _, q, a, _ in items]
         batch = processor(text=texts, images=[im for im, _, _, _ in items], padding=True, return_tensors="pt")
-        processor.tokenizer.padding_side = "right"
-        logits = model(**batch).logits[:, -1]
-        want = torch.tensor([processor.tokenizer(a).input_ids[0] for _, _, a, _ in items])
-        acc[qtype] = (logits.argmax(-1) == want).float().mean().item()
+        batch = batch.to(device)
+        labels = answer_labels(batch["input_ids"].cpu(), prefix, end_id)[:, 1:].to(device)
+        hit = (model(**batch).logits[:, :-1].argmax(-1) == labels) | (labels == -100)
+        acc[qtype if num is None else f"{qtype}_{num}"] = hit.all(-1).float().mean().item()
     model.train()
     return acc
+
+
+class StepBatches(torch.utils.data.Dataset):
+    """Batches of steps start..stop-1, so DataLoader workers can build them ahead (each a pure function of
+    (seed, step), whichever worker builds it)."""
+
+    def __init__(self, processor, args, start: int, stop: int):
+        self.processor, self.args, self.start, self.stop = processor, args, start, stop
+
+    def __len__(self):
+        return max(0, self.stop - self.start)
+
+    def __getitem__(self, i):
+        return make_batch(self.processor, self.start + i, self.args)
+
+
+def losses_of(model, aux_head, batch, token_truth, captured, args):
+    """The answer tokens' loss and the vision tokens' auxiliary loss of one batch."""
+    lm_loss = model(**batch).loss
+    # dense per-token shape (and position) labels give the ViT a direct signal (the heads are not shipped)
+    aux = torch.nn.functional.cross_entropy(aux_head["kind"](captured["tokens"]), token_truth[:, 0].long())
+    if args.init:  # where the token is and where the centre of its shape is, regressed
+        aux = aux + args.position_weight / args.aux_weight * torch.nn.functional.mse_loss(
+            aux_head["position"](captured["tokens"]), token_truth[:, 1:])
+    return lm_loss, aux
 
 
 def lr_scale(step: int, warmup: int, total: int) -> float:
@@ -159,19 +224,27 @@ def main():
     p.add_argument("--bind-from", type=int, default=8000, help="step from which BIND_WEIGHTS apply")
     p.add_argument("--stop-at", type=int, default=None, help="stop (with a checkpoint) before --steps")
     p.add_argument("--aux-weight", type=float, default=0.5)
+    p.add_argument("--init", default=None, help="fine-tune this trained checkpoint on DESCRIBE_WEIGHTS")
+    p.add_argument("--position-weight", type=float, default=10.0, help="aux loss on positions (with --init)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every-s", type=float, default=180)
     p.add_argument("--probe-every", type=int, default=150)
+    p.add_argument("--device", default="cpu", help="e.g. cuda: the batches are the same, only the arithmetic moves")
+    p.add_argument("--workers", type=int, default=0, help="processes building batches ahead (0: in the loop)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    tokenizer, model = build_model(args.seed)
+    tokenizer, model = build_model(args.seed, args.init)
     export(model, tokenizer, os.path.join(args.out, "init"))
     processor = load_processor(os.path.join(args.out, "init"), FAMILY)
     processor.tokenizer.padding_side = "right"
     captured = {}
     model.model.visual.register_forward_hook(lambda m, i, out: captured.update(tokens=out.pooler_output))
-    aux_head = torch.nn.Linear(model.config.text_config.hidden_size, len(SHAPES) + 1)
+    hidden = model.config.text_config.hidden_size
+    aux_head = torch.nn.ModuleDict({"kind": torch.nn.Linear(hidden, len(SHAPES) + 1),
+                                    "position": torch.nn.Linear(hidden, 4)})
+    model.to(args.device)
+    aux_head.to(args.device)
     vision = [p for n, p in model.named_parameters() if ".visual." in f".{n}"] + list(aux_head.parameters())
     text = [p for n, p in model.named_parameters() if ".visual." not in f".{n}"]
     opt = torch.optim.AdamW([{"params": vision, "lr": args.vision_lr}, {"params": text, "lr": args.lr}],
@@ -179,25 +252,23 @@ def main():
     base_lrs = [args.vision_lr, args.lr]
     ckpt_path, step, best = os.path.join(args.out, "ckpt.pt"), 0, -1.0
     if os.path.exists(ckpt_path):
-        state = torch.load(ckpt_path, weights_only=False)
+        state = torch.load(ckpt_path, weights_only=False, map_location=args.device)
         model.load_state_dict(state["model"])
         aux_head.load_state_dict(state["aux_head"])
         opt.load_state_dict(state["opt"])
         step, best = state["step"], state["best"]
         print(f"resumed at step {step}", flush=True)
-    print(f"params {sum(p.numel() for p in model.parameters()):,} (vision {sum(p.numel() for p in vision[:-2]):,})",
+    print(f"params {sum(p.numel() for p in model.parameters()):,} (vision {sum(p.numel() for p in vision[:-4]):,})",
           flush=True)
     model.train()
     last_save, t0, losses = time.time(), time.time(), []
     stop = min(args.stop_at or args.steps, args.steps)
-    while step < stop:
+    batches = torch.utils.data.DataLoader(StepBatches(processor, args, step, stop), batch_size=None,
+                                          num_workers=args.workers, prefetch_factor=8 if args.workers else None)
+    for batch, token_truth in batches:
         for group, base in zip(opt.param_groups, base_lrs):
             group["lr"] = base * lr_scale(step, args.warmup, args.steps)
-        batch, kinds = make_batch(processor, args.seed, step, args.batch_size, args.curriculum_steps,
-                                  args.focus_from, args.bind_from)
-        lm_loss = model(**batch).loss
-        # dense per-token shape labels give the ViT a direct signal (the head is not shipped)
-        aux = torch.nn.functional.cross_entropy(aux_head(captured["tokens"]), kinds)
+        lm_loss, aux = losses_of(model, aux_head, batch.to(args.device), token_truth.to(args.device), captured, args)
         opt.zero_grad(set_to_none=True)
         (lm_loss + args.aux_weight * aux).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -208,12 +279,13 @@ def main():
             lm, ax = (sum(v) / len(losses) for v in zip(*losses))
             print(f"step {step} loss {lm:.4f} aux {ax:.4f} {(time.time() - t0) / 25:.2f}s/step", flush=True)
             losses, t0 = [], time.time()
-        if step % args.probe_every == 0 or step == args.steps:
-            acc = probe(model, processor)
+        if step % args.probe_every == 0 or step == stop:  # a run always ends with an export
+            acc = probe(model, processor, device=args.device)
             mean = sum(acc.values()) / len(acc)
             print(f"probe step {step} " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()) + f" mean={mean:.3f}",
                   flush=True)
             export(model, tokenizer, os.path.join(args.out, "latest"))
+            export(model, tokenizer, os.path.join(args.out, "steps", str(step)))  # candidates for eval_tiny
             if mean >= best:
                 best = mean
                 export(model, tokenizer, os.path.join(args.out, "best"))
