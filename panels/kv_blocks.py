@@ -78,7 +78,7 @@ def build(holder: EngineHolder):
         block_map = gr.Plot(label="Physical KV blocks", elem_id="kv-map", scale=3)
         with gr.Column(scale=2):
             gr.Markdown("**Decision log** (newest step first; the engine's own words)")
-            decisions = gr.Markdown(elem_id="kv-decisions", max_height=520, container=True)
+            decisions = gr.Markdown(elem_id="kv-decisions", label="decision log", max_height=520, container=True)
     prefix_tree.attach(holder, block_map)
     with gr.Row():
         n = gr.Slider(1, most_requests, value=8, step=1, label="concurrent requests", elem_id="kv-n")
