@@ -1,7 +1,8 @@
-"""KV blocks tab: the physical block map and block tables, live while requests decode; a launcher for N concurrent
-requests (continuous batching, preemption) whose every step is recorded and replayed with a slider."""
-import collections
+"""KV blocks tab: the physical block map, block tables, a timeline and a decision log of the current run, all
+derived from the engine's event log (one source, so they cannot disagree), with step-through: Pause, launch
+requests or send a chat, then Step one scheduler iteration at a time."""
 import os
+import tempfile
 import time
 
 import gradio as gr
@@ -10,37 +11,33 @@ from minivlm import Request, SamplingParams
 
 from panels.access import refusal
 from panels.chat import EXAMPLES
-from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
 from panels import prefix_tree
-from panels.paged_vs_contiguous import paging_markdown
-from panels.plots import block_map_figure, block_table, snapshot_summary
+from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
+from panels.kv_run import POLL_S, SHARED_LAUNCH_BLOCKS, Runs, live_view, view
 
-RENDER_SHARE = 0.02  # live rendering may take at most 2 % of wall time while the engine decodes,
-LIVE_INTERVAL = 0.5  # and happens at most twice a second (the replay shows every step afterwards)
-KEPT_TIMELINES = 8   # sessions whose last run stays replayable
 LAUNCH_LIMITS = {False: (32, 256), True: (8, 128)}  # shared deployment? -> most requests, most tokens each
-SHARED_LAUNCH_BLOCKS = 96  # a shared deployment's launcher gets its own pool this small (it still preempts)
 
 
-def render(snap, max_model_len: int | None = None):
-    """A snapshot as the tab's three outputs (with max_model_len the summary adds paged vs contiguous)."""
-    paging = "<br>" + paging_markdown(snap, max_model_len) if max_model_len else ""
-    return block_map_figure(snap), block_table(snap), snapshot_summary(snap) + paging
-
-
-class Throttle:
-    """Lets work through only while the time it takes stays under `share` of the wall time (and at most once per
-    `min_interval` seconds)."""
-
-    def __init__(self, share: float, min_interval: float = 0.0):
-        self.share, self.min_interval = share, min_interval
-        self.next_at = time.perf_counter() + min_interval  # a run shorter than that needs no live frames
-
-    def ready(self) -> bool:
-        return time.perf_counter() >= self.next_at
-
-    def spent(self, seconds: float):
-        self.next_at = time.perf_counter() + max(self.min_interval, seconds / self.share)
+# clicking a step on the timeline moves the replay slider there (and so replays it): plotly reports the click in
+# the page, where the slider's range input is set as if dragged
+TIMELINE_CLICK_JS = """() => {
+    const hook = (tries) => {
+        const plot = document.querySelector('#kv-timeline .js-plotly-plot');
+        if (!plot || !plot.on) { if (tries > 0) setTimeout(() => hook(tries - 1), 200); return; }
+        if (plot.dataset.stepHook) return;
+        plot.dataset.stepHook = '1';
+        plot.on('plotly_click', (d) => {
+            const range = document.querySelector('#kv-step input[type=range]');
+            if (!range || !d.points.length) return;
+            const set = Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set;
+            set.call(range, Math.round(d.points[0].x));
+            range.dispatchEvent(new Event('input', {bubbles: true}));
+            range.dispatchEvent(new Event('change', {bubbles: true}));
+            range.dispatchEvent(new PointerEvent('pointerup', {bubbles: true}));
+        });
+    };
+    hook(25);
+}"""
 
 
 def demo_requests(n: int, salt: str | None) -> list[Request]:
@@ -55,126 +52,164 @@ def demo_requests(n: int, salt: str | None) -> list[Request]:
     return reqs
 
 
-def record_run(engine, requests, params, renderer: Throttle, snapshots: bool = True):
-    """Submit all requests at once (the engine batches them) and collect the KV snapshot of every step.
-    Yields ("live", snapshot) whenever `renderer` allows a render, then ("done", timeline, errors);
-    snapshots=False runs the same requests the same way without any (the baseline for the panel's cost).
-    All events arrive on one queue in step order, so no thread wakes up per request per token."""
-    timeline, errors = {}, []
-    events = engine.stream_many(requests, params, snapshots=snapshots)
-    try:
-        for ev in events:
-            snap = ev.snapshot
-            if snap is None or snap.step in timeline:
-                continue
-            timeline[snap.step] = snap
-            if renderer.ready():
-                yield "live", snap
-    except Exception as e:  # refused input (ValueError) or a failed step
-        errors.append(str(e))
-    finally:
-        events.close()  # aborts what still runs if the page went away mid-run
-    yield "done", [timeline[k] for k in sorted(timeline)], errors
-
-
 def build(holder: EngineHolder):
-    """Lay out the KV tab and wire its events (api names: kv_snapshot, kv_launch, kv_replay)."""
-    timelines: collections.OrderedDict[str, list] = collections.OrderedDict()
+    """Lay out the KV tab and wire its events (api names: kv_snapshot, kv_launch, kv_replay, kv_pause, kv_step,
+    kv_resume, kv_events)."""
+    runs = Runs(holder)
     launching: set[str] = set()
+    most_requests, most_tokens = LAUNCH_LIMITS[holder.shared]
     with gr.Row():
         # off by default on a public deployment, where every open page would poll the engine
-        live = gr.Checkbox(not holder.shared, label="Live (poll the engine once a second)", elem_id="kv-live")
+        live = gr.Checkbox(not holder.shared, label="Live (poll the engine once a second; your own run updates anyway)",
+                           elem_id="kv-live")
         refresh = gr.Button("Refresh now", size="sm")
-    summary = gr.Markdown(elem_id="kv-summary", label="summary")
-    block_map = gr.Plot(label="Physical KV blocks", elem_id="kv-map")
-    most_requests, most_tokens = LAUNCH_LIMITS[holder.shared]
+        back = gr.Button("Back to live", size="sm", elem_id="kv-back")
+    with gr.Row():
+        pause = gr.Button("Pause", elem_id="kv-pause")
+        step1 = gr.Button("Step", variant="primary", elem_id="kv-step1")
+        step10 = gr.Button("Step ×10", elem_id="kv-step10")
+        resume = gr.Button("Run (resume)", elem_id="kv-resume")
     if holder.shared:
-        gr.Markdown(f"Shared deployment: your launch runs on its own {SHARED_LAUNCH_BLOCKS}-block pool (the weights "
-                    f"are shared, the other visitors' requests and cache are not), at most {most_requests} requests.")
+        gr.Markdown(f"Shared deployment: your launches and your step-through run on a {SHARED_LAUNCH_BLOCKS}-block "
+                    f"engine of your own (the weights are shared, the other visitors' requests and cache are not); "
+                    f"your chats go to the shared engine, which is never paused.")
+    summary = gr.Markdown(elem_id="kv-summary", label="summary")
+    with gr.Row():
+        block_map = gr.Plot(label="Physical KV blocks", elem_id="kv-map", scale=3)
+        with gr.Column(scale=2):
+            gr.Markdown("**Decision log** (newest step first; the engine's own words)")
+            decisions = gr.Markdown(elem_id="kv-decisions", label="decision log", max_height=520, container=True)
     prefix_tree.attach(holder, block_map)
     with gr.Row():
         n = gr.Slider(1, most_requests, value=8, step=1, label="concurrent requests", elem_id="kv-n")
         max_tokens = gr.Slider(4, most_tokens, value=48, step=1, label="tokens each (EOS ignored)",
                                elem_id="kv-tokens")
         launch = gr.Button("Launch N requests", variant="primary", elem_id="kv-launch")
-    step = gr.Slider(0, 1, value=0, step=1, label="replay step (after a run)", interactive=False, elem_id="kv-step")
+    step = gr.Slider(0, 1, value=0, step=1, label="replay step (after a launch or a pause)", interactive=False,
+                     elem_id="kv-step")
     # the API describes the step as what it is, not by the placeholder range 0-1 (the real one comes with a run)
-    step.api_info = lambda: {"type": "number", "description": "an engine step recorded in your last launch"}
+    step.api_info = lambda: {"type": "number", "description": "an engine step recorded in your current run"}
+    timeline = gr.Plot(label="Timeline of this run: requests × steps", elem_id="kv-timeline")
     table = gr.Dataframe(label="Block tables: logical index → physical block", elem_id="kv-table", max_height=360)
-    last_step = gr.State(-1)
-    timer = gr.Timer(1.0)
+    with gr.Row():
+        download = gr.Button("Download events (JSONL)", size="sm", elem_id="kv-download")
+        events_file = gr.File(label="events of this run", elem_id="kv-events-file", visible=False)
+    pinned = gr.State(None)  # the replayed step, or None: live
+    seen = gr.State(None)    # (engine, last event seq) the page shows, so an idle poll sends nothing
+    timer = gr.Timer(POLL_S)
 
-    def current():
-        snap = holder.get().snapshot()
-        return (*render(snap, holder.config.max_model_len), snap.step)
+    def session_of(request: gr.Request | None) -> str:
+        return request.session_hash if request else ""
 
-    def poll(is_live, seen, request: gr.Request):
-        if not is_live or (request and request.session_hash in launching):
-            return gr.skip(), gr.skip(), gr.skip(), seen
-        snap = holder.get().snapshot()
-        if snap.step == seen:
-            return gr.skip(), gr.skip(), gr.skip(), seen
-        return (*render(snap, holder.config.max_model_len), snap.step)
+    def show(session: str, at=None, paced: bool = False):
+        """The tab's outputs for the session (paced: a live frame of a freely running engine, None if too soon)."""
+        run = runs.get(session)
+        engine = run.engine if run else holder.get()
+        seen_now = (id(engine), engine.snapshot().last_event_seq)
+        paced = paced and run is not None and not engine.loop.is_paused()
+        out = live_view(run) if paced else view(run, engine, at)
+        return None if out is None else (*out, at, seen_now)
+
+    def poll(is_live, at, shown, request: gr.Request):
+        session = session_of(request)
+        run = runs.get(session)  # also the watchdog's sign that the page is still open
+        if at is not None or session in launching or not (is_live or run is not None and run.moving(3 * POLL_S)):
+            return (gr.skip(),) * 8  # a replayed step stays on screen until Back to live
+        engine = run.engine if run else holder.get()
+        if shown and shown[0] == id(engine) and not engine.events(since=shown[1]):
+            return (gr.skip(),) * 8  # nothing was decided since the page's view
+        return show(session, paced=True) or (gr.skip(),) * 8
+
+    def refresh_now(request: gr.Request):
+        return show(session_of(request))
 
     @gpu
-    def run(requests, tokens_each, request: gr.Request):
+    def run_launch(requests, tokens_each, request: gr.Request):
         if not all(isinstance(v, (int, float)) for v in (requests, tokens_each)) \
                 or not (1 <= requests <= most_requests and 4 <= tokens_each <= most_tokens):
             raise refusal(f"The launcher runs 1 to {most_requests} requests of 4 to {most_tokens} tokens each here; "
-                          f"got {requests!r} × {tokens_each!r}.")
-        session = request.session_hash if request else ""
-        throttle = Throttle(RENDER_SHARE, LIVE_INTERVAL)
-        # shared: a pool of its own, so one visitor's launch can neither fill nor preempt the others'
-        engine = holder.get()
-        if holder.shared:
-            engine = engine.isolated(num_blocks=min(engine.num_blocks, SHARED_LAUNCH_BLOCKS))
-        batch = demo_requests(int(requests), holder.salt(session))
-        params = SamplingParams(max_tokens=int(tokens_each), ignore_eos=True)
-        preempted_before = engine.snapshot().num_preemptions  # the engine's counter covers its whole life
-        launching.add(session)
+                           f"got {requests!r} × {tokens_each!r}.")
+        session = session_of(request)
+        run = runs.current(session)
+        run.launch(demo_requests(int(requests), holder.salt(session)),
+                   SamplingParams(max_tokens=int(tokens_each), ignore_eos=True))
+        if run.engine.loop.is_paused():
+            gr.Info(f"{int(requests)} requests queued: they arrive at the next Step.")
+            yield show(session)
+            return
+        launching.add(session)  # this generator draws the run; the poll stays out of its way
         try:
-            for kind, *data in record_run(engine, batch, params, throttle):
-                if kind == "live":
-                    t0 = time.thread_time()
-                    frame = render(data[0], holder.config.max_model_len)
-                    throttle.spent(time.thread_time() - t0)
-                    yield *frame, gr.skip(), data[0].step
+            while any(t.is_alive() for t in run.threads) and not run.engine.loop.is_paused():
+                time.sleep(POLL_S)
+                frame = show(session, paced=True)
+                if frame is not None:
+                    yield frame
         finally:
             launching.discard(session)
-            if holder.shared:
-                engine.close()
-        timeline, errors = data
-        for e in errors:
-            gr.Warning(e)
-        if not timeline:
-            yield *render(holder.get().snapshot(), holder.config.max_model_len), gr.skip(), -1
-            return
-        timelines[session] = timeline
-        timelines.move_to_end(session)
-        while len(timelines) > KEPT_TIMELINES:
-            timelines.popitem(last=False)
-        busiest = max(timeline, key=lambda s: sum(b.ref_count > 0 for b in s.blocks))
-        slider = gr.Slider(timeline[0].step, timeline[-1].step, value=busiest.step, step=1, interactive=True,
-                           label=f"replay step ({len(timeline)} steps recorded, "
-                                 f"{timeline[-1].num_preemptions - preempted_before} preemptions; "
-                                 f"showing the fullest step)")
-        # last_step = the engine's step now: live polling redraws only once the engine moves on, not over the replay
-        yield *render(busiest, holder.config.max_model_len), slider, holder.get().snapshot().step
+        paused = run.engine.loop.is_paused()  # else the run ended: open its replay at its fullest step
+        yield show(session, None if paused else run.fullest_step())
 
-    def replay(step, request: gr.Request):  # the argument names the API's parameter (it shadows the slider)
-        timeline = timelines.get(request.session_hash if request else "", [])
-        if not timeline:
-            raise refusal("Launch a run first: replay shows the steps of your last run.")
-        snap = next((s for s in reversed(timeline) if s.step <= step), timeline[0])
-        return render(snap, holder.config.max_model_len)
+    def do_pause(request: gr.Request):
+        session = session_of(request)
+        runs.current(session).pause()
+        return show(session)
 
-    outs = [block_map, table, summary]
-    timer.tick(poll, [live, last_step], outs + [last_step], api_name=False, show_progress="hidden",
+    def do_step(count: int, request: gr.Request):
+        session = session_of(request)
+        run = runs.get(session)
+        if run is None or not run.engine.loop.is_paused():
+            raise refusal("Press Pause first: Step runs one scheduler iteration of a paused engine.")
+        for _ in range(count):
+            if not run.engine.has_unfinished():
+                gr.Info("Nothing left to run: launch requests or send a chat, then Step.")
+                break
+            run.engine.step()
+            run.touched = time.monotonic()
+        return show(session)
+
+    @gpu
+    def step_once(request: gr.Request):
+        return do_step(1, request)
+
+    @gpu
+    def step_ten(request: gr.Request):
+        return do_step(10, request)
+
+    def do_resume(request: gr.Request):
+        session = session_of(request)
+        run = runs.get(session)
+        if run is not None:
+            run.engine.resume()
+        return show(session)
+
+    def select(step, request: gr.Request):  # the argument names the API's parameter (it shadows the slider)
+        session = session_of(request)
+        if runs.get(session) is None:
+            raise refusal("Launch or Pause first: replay shows the steps of your current run.")
+        return show(session, step)
+
+    def events_jsonl(request: gr.Request):
+        run = runs.get(session_of(request))
+        if run is None:
+            raise refusal("Launch or Pause first: the download holds the events of your current run.")
+        path = os.path.join(tempfile.mkdtemp(prefix="minivlm-events-"), "events.jsonl")
+        with open(path, "w") as f:
+            f.write(run.engine.events_jsonl(since=run.start_seq))
+        return gr.update(value=path, visible=True)
+
+    outs = [block_map, table, summary, timeline, decisions, step, pinned, seen]
+    timer.tick(poll, [live, pinned, seen], outs, api_name=False, show_progress="hidden",
                concurrency_id="kv_view", concurrency_limit=4)
-    refresh.click(current, None, outs + [last_step], api_name="kv_snapshot", concurrency_id="kv_view")
-    # preprocess=False: the bounds are checked by `run`, with its own message and no traceback in the log
-    launch.click(run, [n, max_tokens], outs + [step, last_step], api_name="kv_launch", concurrency_id="kv_launch",
+    refresh.click(refresh_now, None, outs, api_name="kv_snapshot", concurrency_id="kv_view")
+    back.click(refresh_now, None, outs, api_name=False, concurrency_id="kv_view")
+    launch.click(run_launch, [n, max_tokens], outs, api_name="kv_launch", concurrency_id="kv_launch",
                  concurrency_limit=1, preprocess=False)
-    # input: dragging, arrow keys and a typed step (Enter) all redraw, not only releasing the mouse
-    step.input(replay, [step], outs, api_name="kv_replay", concurrency_id="kv_view", trigger_mode="always_last")
+    pause.click(do_pause, None, outs, api_name="kv_pause", concurrency_id="kv_control")
+    step1.click(step_once, None, outs, api_name="kv_step", concurrency_id="kv_control")
+    step10.click(step_ten, None, outs, api_name=False, concurrency_id="kv_control")
+    resume.click(do_resume, None, outs, api_name="kv_resume", concurrency_id="kv_control")
+    # input: dragging, arrow keys and a typed step all redraw, not only releasing the mouse
+    step.input(select, [step], outs, api_name="kv_replay", concurrency_id="kv_view", trigger_mode="always_last")
+    timeline.change(None, None, None, js=TIMELINE_CLICK_JS)
+    download.click(events_jsonl, None, events_file, api_name="kv_events")
     return block_map

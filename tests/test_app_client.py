@@ -111,17 +111,20 @@ def test_stop_aborts_the_stream(client):
 
 
 def test_kv_launch_replay_and_snapshot(client):
-    plot, table, summary, slider = client.predict(6, 24, api_name="/kv_launch")
+    plot, table, summary, timeline, log, slider = client.predict(6, 24, api_name="/kv_launch")
     fig = json.loads(plot["plot"])
     z = [v for row in fig["data"][0]["z"] for v in row if v is not None]
     used = int(summary.split("blocks used ")[1].split()[0])
     assert len(z) == NUM_BLOCKS and sum(v >= 2 for v in z) == used > 0
     assert len(table["data"]) >= used and slider["minimum"] <= slider["value"] <= slider["maximum"]
-    assert summary.startswith(f"**step {slider['value']}**")
-    first = slider["minimum"]
-    _, _, replayed = client.predict(first, api_name="/kv_replay")
-    assert replayed.startswith(f"**step {first}**")
-    _, _, now = client.predict(api_name="/kv_snapshot")
+    assert summary.startswith(f"**step {slider['value']}** · **replay**")
+    assert "6 requests arrived, 6 finished" in summary
+    assert len(json.loads(timeline["plot"])["data"][0]["y"]) == 6 and "arrived" in log  # the whole run, from events
+    first = slider["minimum"]  # a finished launch opens at its fullest step; its minimum is before the first arrival
+    _, _, replayed, _, log_then, _ = client.predict(first, api_name="/kv_replay")
+    assert replayed.startswith(f"**step {first}** · **replay**") and "blocks used 0 /" in replayed
+    assert log_then.startswith("_No decisions yet")
+    _, _, now, *_ = client.predict(api_name="/kv_snapshot")
     assert "running 0 · waiting 0" in now
 
 

@@ -12,7 +12,8 @@ from minivlm.cache_study import max_logprob_diff
 from panels.cache_inspector import HIT_COLORS, hits_figure, results_table, run_pair
 from panels.chat import finished_text, to_hf_messages, user_turn
 from panels.holder import EXAMPLES_DIR, EngineHolder
-from panels.kv_blocks import Throttle, demo_requests, record_run
+from panels.kv_blocks import demo_requests
+from panels.kv_run import POLL_S, Run, live_view, view
 from panels.plots import (CACHED_COLOR, FREE_COLOR, PALETTE, UNOWNED_COLOR, block_cell, block_map_figure,
                           block_table, request_color)
 from panels.vram import budget_figure, comparison, engine_parts, estimate_parts
@@ -32,13 +33,15 @@ def engine(checkpoints):
 @pytest.fixture(scope="module")
 def timeline(engine):
     """The KV tab's launcher, run for real: one snapshot per engine step."""
-    never = Throttle(share=1e-9, min_interval=1e9)
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     engine.generate(demo_requests(1, None), params)  # its prompt blocks, cached, are then shared by equal prompts
-    *_, last = record_run(engine, demo_requests(8, None), params, never)
-    kind, snaps, errors = last
-    assert kind == "done" and not errors
-    return snaps
+    return step_snapshots(engine, demo_requests(8, None), params)
+
+
+def step_snapshots(engine, requests, params):
+    """The engine's snapshot of every step while `requests` run together."""
+    snaps = {ev.snapshot.step: ev.snapshot for ev in engine.stream_many(requests, params) if ev.snapshot is not None}
+    return [snaps[k] for k in sorted(snaps)]
 
 
 def cells(fig):
@@ -111,12 +114,10 @@ def test_request_colours_are_told_apart():
 
 
 def test_legend_sorts_requests_naturally_and_shows_the_ref_count_symbol(engine):
-    never = Throttle(share=1e-9, min_interval=1e9)
     requests = demo_requests(4, None)
     for r, n in zip(requests, (8, 9, 10, 11)):
         r.request_id = f"req-{n}"
-    *_, (_, snaps, errors) = record_run(engine, requests, SamplingParams(max_tokens=8, ignore_eos=True), never)
-    assert not errors
+    snaps = step_snapshots(engine, requests, SamplingParams(max_tokens=8, ignore_eos=True))
     snap = max(snaps, key=lambda s: len({b.owners[0] for b in s.blocks if b.ref_count > 0 and b.owners}))
     fig = block_map_figure(snap)
     shown = [t.name for t in fig.data if t.legendgroup == "cells" and t.name.startswith("req-")]
@@ -273,23 +274,23 @@ def test_only_the_operator_may_reconfigure_a_shared_holder(checkpoints):
 
 @pytest.mark.slow
 def test_live_panel_costs_under_ten_percent():
-    """On the app's model, the KV tab's launcher with its panel work (a snapshot every step, throttled live frames
-    serialised as gradio sends them) against the same requests streamed the same way without it: process CPU
+    """On the app's model, the KV tab's launcher with the page's poll (the whole view, replayed from the events and
+    serialised as gradio sends it, paced as the page paces it) against the same requests without it: process CPU
     time, the best of interleaved runs (other load on the machine only ever adds time)."""
     import time
-    from panels.kv_blocks import LIVE_INTERVAL, RENDER_SHARE, render
     from tests.app_server import APP_MODEL
     with Engine(EngineConfig(model=APP_MODEL or EngineConfig().model, device="cpu", num_blocks=256)) as engine:
         params = SamplingParams(max_tokens=160, ignore_eos=True)
 
         def run(with_panel: bool):
-            throttle = Throttle(RENDER_SHARE, LIVE_INTERVAL)
-            for kind, *data in record_run(engine, demo_requests(16, None), params, throttle, with_panel):
-                if kind == "live":
-                    t0 = time.thread_time()
-                    render(data[0])[0].to_json()
-                    throttle.spent(time.thread_time() - t0)
-        render(engine.snapshot())  # plotly's one-off warm-up is not a per-run cost
+            run = Run(engine, owned=False)
+            run.launch(demo_requests(16, None), params)
+            while run.busy():
+                frame = live_view(run) if with_panel else None
+                if frame is not None:
+                    [part.to_json() for part in frame[:4:3]]  # the block map and the timeline
+                time.sleep(POLL_S)
+        view(None, engine, None)[0].to_json()  # plotly's one-off warm-up is not a per-run cost
         times = {False: [], True: []}
         for _ in range(12):
             for with_panel in times:

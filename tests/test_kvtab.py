@@ -1,0 +1,171 @@
+"""The KV tab's timeline, decision log and counters, against a real engine run with sharing and preemption: each
+is checked against what the engine itself reported (its per-step snapshots and its outputs), not against the
+events they were derived from."""
+import pytest
+
+from minivlm import Engine, EngineConfig, SamplingParams
+from minivlm.events import by_step
+
+from panels.decisions import decision_log, run_counters, run_line
+from panels.kv_blocks import demo_requests
+from panels.kv_run import Run, view
+from panels.timeline import STATE_COLORS, STATES, request_states, timeline_figure
+
+N = 8
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoints):
+    """A 40-block pool: eight concurrent requests share blocks and get preempted."""
+    with Engine(EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=40,
+                             max_model_len=512)) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def recorded(engine):
+    """One run: (events, base snapshot, {step: snapshot the engine sent}, {request: (finish step, Output)})."""
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    engine.generate(demo_requests(1, None), params)  # cached prompt blocks: equal prompts then hit them
+    base = engine.snapshot()
+    snaps, finished = {}, {}
+    for ev in engine.stream_many(demo_requests(N, None), params, snapshots=True):
+        if ev.snapshot is not None:
+            snaps[ev.snapshot.step] = ev.snapshot
+        if ev.finished:
+            finished[ev.request_id] = (max(snaps), ev.output)
+    return engine.events(since=base.last_event_seq), base, snaps, finished
+
+
+def test_states_follow_the_engines_snapshots(recorded):
+    events, base, snaps, finished = recorded
+    states = request_states(events)
+    assert set(states) == set(finished) and len(states) == N
+    for step, snap in snaps.items():
+        for rid in snap.running:
+            assert states[rid][step] in ("prefill", "decode", "idle"), (rid, step)
+        for rid in snap.waiting:
+            assert states[rid][step] in ("waiting", "preempted"), (rid, step)
+    for rid, (step, output) in finished.items():
+        assert states[rid][step] == "finished" and max(states[rid]) == step
+        ran = sum(s in ("prefill", "decode") for s in states[rid].values()) + 1  # the finishing step ran too
+        assert ran >= len(output.token_ids)  # each run step samples one token (a preempted request's recompute more)
+    preempted = sum(s == "preempted" for per in states.values() for s in per.values())
+    assert preempted == snaps[max(snaps)].num_preemptions - base.num_preemptions > 0
+
+
+def test_timeline_cells_and_hit_marks(recorded):
+    events, _, _, finished = recorded
+    fig = timeline_figure(events, selected_step=max(by_step(events)))
+    heat = fig.data[0]
+    states = request_states(events)
+    assert list(heat.y) == sorted(states, key=lambda r: int(r.rsplit("-", 1)[1]))
+    for row, rid in zip(heat.z, heat.y):
+        for x, v in zip(heat.x, row):
+            if v is None:
+                assert x not in states[rid]
+            else:
+                assert STATES[v] == states[rid][x]
+                assert heat.colorscale[2 * v][1] == STATE_COLORS[STATES[v]]
+    stars = next(t for t in fig.data if t.name == "cache hit")
+    hit_requests = {rid for rid, (_, out) in finished.items() if out.num_cached_tokens > 0}
+    assert set(stars.y) == hit_requests != set()  # requests the outputs say reused cached blocks
+    assert len(fig.layout.shapes) == 1  # the selected step's line
+
+
+def test_decision_log_and_counters(recorded):
+    events, base, snaps, finished = recorded
+    steps = sorted(by_step(events))
+    log = decision_log(events, max_steps=len(steps))
+    heads = [line for line in log.splitlines() if line.startswith("- **step ")]
+    assert [int(line.split("**step ")[1].split("**")[0]) for line in heads] == steps[::-1]
+    preemptions = [e for e in events if e.kind == "preempted"]
+    for ev in preemptions:  # the victim, named with the reason, under its own step
+        line = f"    - {ev.request_id} preempted: {ev.reason}"
+        assert line in log and log.index(line) > log.index(f"- **step {ev.step}** ·")
+    for ev in (e for e in events if e.kind == "BlockStored"):
+        assert f"{ev.block_ids[0]}" in log and f"{ev.block_hashes[0][:8]}…" in log
+    assert sum(line.startswith("- **step") for line in decision_log(events, until_step=steps[4]).splitlines()) == 5
+    assert decision_log(events, max_steps=3).splitlines()[-1].startswith(f"- _… {len(steps) - 3} earlier")
+    c = run_counters(events)
+    assert c["arrived"] == c["finished"] == N
+    assert c["preempted"] == snaps[max(snaps)].num_preemptions - base.num_preemptions
+    blocks_hit = sum(len(out.cache_hits) for _, out in finished.values())
+    assert c["blocks reused"] >= blocks_hit > 0  # a recomputed request looks its prefix up again
+    assert "This run" in run_line(events) and f"{c['preempted']} preemptions" in run_line(events)
+
+
+def test_run_view_replays_the_steps_the_engine_showed(engine):
+    run = Run(engine, owned=False)
+    assert run.base is not None  # the engine is idle between tests
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    snaps = {}
+    for ev in engine.stream_many(demo_requests(6, None), params, snapshots=True):
+        if ev.snapshot is not None:
+            snaps[ev.snapshot.step] = ev.snapshot
+    events = run.all_events()
+    first = run.frame(events, run.start_step)
+    assert first.step == run.start_step and not first.running and not first.waiting  # before the first arrival
+    for step, snap in snaps.items():
+        frame = run.frame(events, step)
+        assert frame.block_tables == snap.block_tables and \
+            [(b.ref_count, b.num_tokens) for b in frame.blocks] == [(b.ref_count, b.num_tokens) for b in snap.blocks]
+    fig, table, summary, timeline, log, _ = view(run, engine, min(snaps))
+    assert f"**step {min(snaps)}** · **replay** (live is at step {engine.snapshot().step}" in summary
+    assert "This run" in summary
+    assert "Engine lifetime" in summary
+    assert sum(line.startswith("- **step") for line in log.splitlines()) == min(snaps) - run.start_step
+
+
+def test_shared_step_through_pauses_only_an_isolated_engine(checkpoints, monkeypatch):
+    """On a shared deployment a session's Pause/Step/launch act on its own engine; requests launched while paused
+    all finish; a paused engine nobody looks at resumes by itself."""
+    import time
+    import panels.kv_run as kv
+    from panels.holder import EngineHolder
+    holder = EngineHolder(EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=200,
+                                       max_model_len=512), shared=True)
+    served = holder.get()
+    runs = kv.Runs(holder)
+    run = runs.current("teacher")
+    run.pause()
+    assert run.engine is not served and run.engine.num_blocks == kv.SHARED_LAUNCH_BLOCKS
+    assert run.engine.loop.is_paused() and not served.loop.is_paused()
+    assert served.generate(demo_requests(1, None), SamplingParams(max_tokens=2))[0].token_ids  # others served
+    run.launch(demo_requests(3, holder.salt("teacher")), SamplingParams(max_tokens=6, ignore_eos=True))
+    while not run.engine.has_unfinished():
+        time.sleep(0.05)
+    for _ in range(3):
+        run.engine.step()
+    assert run.engine.snapshot().step == run.start_step + 3 and runs.current("teacher") is run  # still busy
+    monkeypatch.setattr(kv, "PAUSE_TIMEOUT_S", 0.5)
+    run.touched = time.monotonic() - 1  # the page went away: the watchdog resumes within its 1 s check
+    deadline = time.monotonic() + 30
+    while run.busy() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not run.engine.loop.is_paused()
+    counts = run_counters([e for e in run.all_events() if e.seq > run.start_seq])
+    assert counts["arrived"] == counts["finished"] == 3 and not run.errors  # pausing lost nothing
+    again = runs.current("teacher")  # a new run keeps the session's isolated engine (and its cache)
+    assert again is not run and again.engine is run.engine and again.base is not None
+    holder.get().close()
+    run.engine.close()
+
+
+def test_chunked_prefill_steps_show_chunks_and_decodes(checkpoints):
+    """With chunked prefill a long prompt is computed in chunks while the others decode in the same (mixed) step:
+    the timeline shows each request's own part, and the counters count mixed steps."""
+    config = EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=120,
+                          max_model_len=512, enable_chunked_prefill=True, max_num_batched_tokens=40)
+    with Engine(config) as engine:
+        list(engine.stream_many(demo_requests(3, None), SamplingParams(max_tokens=12, ignore_eos=True),
+                                snapshots=False))
+        events = engine.events()
+    mixed = [e for e in events if e.kind == "scheduled" and e.step_kind == "mixed"]
+    assert mixed, "a 40-token budget must chunk ~80-token prompts next to decodes"
+    states = request_states(events)
+    for ev in mixed:
+        for rid, n in ev.num_scheduled_tokens.items():
+            assert states[rid][ev.step] in (("prefill",) if n > 1 else ("decode", "finished")), (rid, ev.step, n)
+    c = run_counters(events)
+    assert c["mixed steps"] == len(mixed) and f", {len(mixed)} mixed)" in run_line(events)
