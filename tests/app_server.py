@@ -53,3 +53,39 @@ def running_app(*args: str, log_path: str, timeout: float = 240, env: dict | Non
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextlib.contextmanager
+def app_in_process(num_blocks: int):
+    """The app served from this process on a free port, so a test reads the same engine the page shows:
+    yields (holder, url)."""
+    import app as app_module
+    from minivlm import EngineConfig
+    from panels.holder import EngineHolder
+    holder = EngineHolder(EngineConfig(model=APP_MODEL or EngineConfig().model, device="cpu", num_blocks=num_blocks))
+    holder.load()
+    port = free_port()
+    demo = app_module.serve(holder, port=port, block=False)
+    try:
+        yield holder, f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+        holder.engine.close()
+
+
+@contextlib.contextmanager
+def browser_page(url: str, chromium: str, args: list[str], timeout_ms: int, height: int = 1000):
+    """A headless chromium page (Playwright driving Debian's browser) opened on the app at `url`."""
+    if not os.path.exists(chromium):
+        raise RuntimeError("chromium is not installed (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=args, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": height})
+        page.set_default_timeout(timeout_ms)
+        page.goto(url)
+        page.wait_for_selector("#chatbot")
+        try:
+            yield page
+        finally:
+            browser.close()

@@ -24,3 +24,12 @@ def engines(checkpoints):
     from minivlm import Engine, EngineConfig
     return {fam: Engine(EngineConfig(model=path, num_blocks=256, dtype="float32", device="cpu", max_model_len=1024))
             for fam, path in checkpoints.items()}
+
+
+@pytest.fixture(scope="module")
+def small_pool_engine(checkpoints):
+    """A 40-block fp32 pool: eight concurrent requests share blocks and get preempted."""
+    from minivlm import Engine, EngineConfig
+    with Engine(EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=40,
+                             max_model_len=512)) as e:
+        yield e

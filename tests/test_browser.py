@@ -10,9 +10,9 @@ import pytest
 
 from minivlm import EngineConfig, Request, SamplingParams
 
-from panels.holder import EXAMPLES_DIR, EngineHolder
+from panels.holder import EXAMPLES_DIR
 from panels.plots import block_cell, request_color
-from tests.app_server import APP_MODEL, free_port
+from tests.app_server import APP_MODEL, app_in_process, browser_page
 
 pytestmark = pytest.mark.browser
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -25,29 +25,14 @@ TIMEOUT_MS = 120_000
 @pytest.fixture(scope="module")
 def app():
     """The app served from this process, so the test can read the same engine the page shows."""
-    import app as app_module
-    holder = EngineHolder(EngineConfig(model=APP_MODEL or EngineConfig().model, device="cpu", num_blocks=NUM_BLOCKS))
-    holder.load()
-    port = free_port()
-    demo = app_module.serve(holder, port=port, block=False)
-    yield holder, f"http://127.0.0.1:{port}/"
-    demo.close()
-    holder.engine.close()
+    with app_in_process(NUM_BLOCKS) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def page(app):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail("chromium is not installed (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
-        pg.set_default_timeout(TIMEOUT_MS)
-        pg.goto(app[1])
-        pg.wait_for_selector("#chatbot")
+    with browser_page(app[1], CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, height=1000) as pg:
         yield pg
-        browser.close()
 
 
 @pytest.fixture(scope="module")

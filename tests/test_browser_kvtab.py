@@ -9,11 +9,8 @@ import time
 
 import pytest
 
-from minivlm import EngineConfig
-
-from panels.holder import EngineHolder
 from panels.plots import block_cell
-from tests.app_server import APP_MODEL, free_port
+from tests.app_server import app_in_process, browser_page
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, open_tab
 
 pytestmark = pytest.mark.browser
@@ -27,29 +24,15 @@ MAP = """() => {
 
 @pytest.fixture(scope="module")
 def app():
-    import app as app_module
-    holder = EngineHolder(EngineConfig(model=APP_MODEL or EngineConfig().model, device="cpu", num_blocks=NUM_BLOCKS))
-    holder.load()
-    port = free_port()
-    demo = app_module.serve(holder, port=port, block=False)
-    yield holder, f"http://127.0.0.1:{port}/"
-    demo.close()
-    holder.engine.close()
+    """The app served from this process, so the test can read the same engine the page shows."""
+    with app_in_process(NUM_BLOCKS) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def page(app):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail("chromium is not installed (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        pg = browser.new_page(viewport={"width": 1400, "height": 1100})
-        pg.set_default_timeout(TIMEOUT_MS)
-        pg.goto(app[1])
-        pg.wait_for_selector("#chatbot")
+    with browser_page(app[1], CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, height=1100) as pg:
         yield pg
-        browser.close()
 
 
 def logged_steps(page) -> list[int]:

@@ -15,11 +15,8 @@ N = 8
 
 
 @pytest.fixture(scope="module")
-def engine(checkpoints):
-    """A 40-block pool: eight concurrent requests share blocks and get preempted."""
-    with Engine(EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=40,
-                             max_model_len=512)) as e:
-        yield e
+def engine(small_pool_engine):
+    return small_pool_engine
 
 
 @pytest.fixture(scope="module")

@@ -23,11 +23,8 @@ RED, BLUE = os.path.join(EXAMPLES_DIR, "red_circle.png"), os.path.join(EXAMPLES_
 
 
 @pytest.fixture(scope="module")
-def engine(checkpoints):
-    """A small pool, so that eight concurrent requests share blocks and get preempted."""
-    with Engine(EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=40,
-                             max_model_len=512)) as e:
-        yield e
+def engine(small_pool_engine):
+    return small_pool_engine
 
 
 @pytest.fixture(scope="module")
