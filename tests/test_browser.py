@@ -224,13 +224,16 @@ def test_replay_slider_redraws_on_enter_and_arrow_keys(page):
     page.locator("#kv-launch").click()
     page.wait_for_function("(before) => { const t = document.querySelector('#kv-step')?.innerText;"
                            " return t && t !== before && t.includes('steps recorded'); }", arg=before)
-    page.wait_for_function(SHOWN_STEP_IS_SLIDER_VALUE)  # the run's last frame is drawn (the fullest step)
+    page.wait_for_function(SHOWN_STEP_IS_SLIDER_VALUE)  # the run's fullest step is drawn
     fullest = page.evaluate(SHOWN_STEP)
+    slider = page.locator("#kv-step input[type=range]")
+    lo, hi = int(slider.get_attribute("min")), int(slider.get_attribute("max"))
+    target = next(s for s in range(lo + 1, hi + 1) if s != fullest)  # inside the run, not the frame on screen
     number = page.locator("#kv-step input[type=number]")
-    number.fill(str(fullest - 2))
+    number.fill(str(target))
     number.press("Enter")
-    page.wait_for_function(f"{SHOWN_STEP} === {fullest - 2}")
-    page.locator("#kv-step input[type=range]").focus()
+    page.wait_for_function(f"{SHOWN_STEP} === {target}")
+    slider.focus()
     page.keyboard.press("ArrowLeft")
-    page.wait_for_function(f"{SHOWN_STEP} === {fullest - 3}")
+    page.wait_for_function(f"{SHOWN_STEP} === {target - 1}")
     page.locator("#kv-live input").check()
