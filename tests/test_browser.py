@@ -2,6 +2,7 @@
 KV block map against the engine's own snapshots, the inspector's false hit, the VRAM presets. Screenshots of each
 tab go to $MINIVLM_SCREENSHOTS (docs/screenshots to refresh the README's), else to the test's tmp dir."""
 import os
+import re
 import shutil
 import threading
 import time
@@ -220,19 +221,20 @@ def test_replay_slider_redraws_on_enter_and_arrow_keys(page):
     for slider, value in (("#kv-n", 3), ("#kv-tokens", 20)):  # a run unlike the earlier test's, to tell them apart
         page.locator(f"{slider} input[type=number]").fill(str(value))
         page.locator(f"{slider} input[type=number]").press("Tab")
-    before = page.locator("#kv-step").inner_text()
     page.locator("#kv-launch").click()
-    page.wait_for_function("(before) => { const t = document.querySelector('#kv-step')?.innerText;"
-                           " return t && t !== before && t.includes('steps recorded'); }", arg=before)
+    # the launch returns once its run ended: the summary counts this run's 3 requests finished
+    page.wait_for_function("() => /3 requests arrived, 3 finished/.test("
+                           "document.querySelector('#kv-summary')?.innerText || '')")
     page.wait_for_function(SHOWN_STEP_IS_SLIDER_VALUE)  # the run's fullest step is drawn
     fullest = page.evaluate(SHOWN_STEP)
-    slider = page.locator("#kv-step input[type=range]")
-    lo, hi = int(slider.get_attribute("min")), int(slider.get_attribute("max"))
+    label = page.locator("#kv-step").inner_text()
+    lo, hi = map(int, re.search(r"in this run: (\d+)–(\d+)", label).groups())
     target = next(s for s in range(lo + 1, hi + 1) if s != fullest)  # inside the run, not the frame on screen
     number = page.locator("#kv-step input[type=number]")
     number.fill(str(target))
     number.press("Enter")
     page.wait_for_function(f"{SHOWN_STEP} === {target}")
+    slider = page.locator("#kv-step input[type=range]")
     slider.focus()
     page.keyboard.press("ArrowLeft")
     page.wait_for_function(f"{SHOWN_STEP} === {target - 1}")
