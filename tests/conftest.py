@@ -27,8 +27,8 @@ def engines(checkpoints):
 
 
 @pytest.fixture(scope="module")
-def small_pool_engine(checkpoints):
-    """A 40-block fp32 pool: eight concurrent requests share blocks and get preempted."""
+def engine(checkpoints):
+    """A 40-block fp32 pool: eight concurrent requests share blocks and get preempted (a module may define its own)."""
     from minivlm import Engine, EngineConfig
     with Engine(EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=40,
                              max_model_len=512)) as e:

@@ -15,11 +15,6 @@ N = 8
 
 
 @pytest.fixture(scope="module")
-def engine(small_pool_engine):
-    return small_pool_engine
-
-
-@pytest.fixture(scope="module")
 def recorded(engine):
     """One run: (events, base snapshot, {step: snapshot the engine sent}, {request: (finish step, Output)})."""
     params = SamplingParams(max_tokens=40, ignore_eos=True)

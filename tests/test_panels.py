@@ -23,11 +23,6 @@ RED, BLUE = os.path.join(EXAMPLES_DIR, "red_circle.png"), os.path.join(EXAMPLES_
 
 
 @pytest.fixture(scope="module")
-def engine(small_pool_engine):
-    return small_pool_engine
-
-
-@pytest.fixture(scope="module")
 def timeline(engine):
     """The KV tab's launcher, run for real: one snapshot per engine step."""
     params = SamplingParams(max_tokens=40, ignore_eos=True)
