@@ -84,8 +84,9 @@ def conversation(rng: random.Random, step: int, args):
     """One training chat: an image, 1-3 question/answer turns about it (single-shape scenes first)."""
     early = step < args.curriculum_steps and not args.init
     num = 1 if early or rng.random() < 0.35 else rng.randint(2, 3)
-    if args.init:  # three-shape descriptions are the longest answers: show them most
-        num = rng.choices([1, 2, 3], [0.25, 0.35, 0.4])[0]
+    if args.init:  # one shape first (positions without binding), then mostly three (the longest answers)
+        one = 0.25 + 0.45 * max(0.0, 1 - step / args.shapes_ramp) if args.shapes_ramp else 0.25
+        num = rng.choices([1, 2, 3], [one, 0.35 / 0.75 * (1 - one), 0.4 / 0.75 * (1 - one)])[0]
     scene = random_scene(rng, num, size=(0.3, 0.7) if early else (0.25, 0.45))  # big shapes show shape first
     types = possible_types(scene)
     table = weights_at(step, args)
@@ -225,6 +226,8 @@ def main():
     p.add_argument("--stop-at", type=int, default=None, help="stop (with a checkpoint) before --steps")
     p.add_argument("--aux-weight", type=float, default=0.5)
     p.add_argument("--init", default=None, help="fine-tune this trained checkpoint on DESCRIBE_WEIGHTS")
+    p.add_argument("--shapes-ramp", type=int, default=0,
+                   help="with --init: one-shape scenes fall from 70 %% to 25 %% of chats over this many steps")
     p.add_argument("--position-weight", type=float, default=10.0, help="aux loss on positions (with --init)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
