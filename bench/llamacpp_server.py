@@ -2,6 +2,7 @@
 is not timed), requests go to its native /completion endpoint with the image as base64 multimodal data."""
 import base64
 import io
+import json
 import os
 import socket
 import subprocess
@@ -50,6 +51,11 @@ def completion_body(prompt: str, images: list, new_tokens: int) -> dict:
             "return_tokens": True, "stream": False}
 
 
+def request_body(processor, request, new_tokens: int) -> dict:
+    """The /completion body for one engine Request: same prompt text and images, `new_tokens` greedy tokens."""
+    return completion_body(llama_prompt(processor, request), request.images, new_tokens)
+
+
 class LlamaServer:
     """A running llama-server (context manager: started on enter, stopped on exit), its log in `log_path`."""
 
@@ -89,6 +95,21 @@ class LlamaServer:
         if reply.status_code != 200:
             raise RuntimeError(f"llama-server /completion {reply.status_code}: {reply.text[:300]}")
         return reply.json()
+
+    def stream(self, body: dict) -> tuple[list[float], list[int], dict]:
+        """One streamed request: the arrival time of each token, the token ids, and the final chunk (timings)."""
+        times, tokens, last = [], [], {}
+        with requests.post(self.url + "/completion", json={**body, "stream": True}, stream=True, timeout=600) as r:
+            if r.status_code != 200:
+                raise RuntimeError(f"llama-server /completion {r.status_code}: {r.text[:300]}")
+            for line in r.iter_lines():
+                if not line.startswith(b"data: "):
+                    continue
+                last = json.loads(line[6:])
+                if last.get("tokens"):
+                    times.append(time.perf_counter())
+                    tokens += last["tokens"]
+        return times, tokens, last
 
     def complete_all(self, bodies: list[dict]) -> list[dict]:
         """Send every request at once (one connection each) and wait for all: the server batches them."""
