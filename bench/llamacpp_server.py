@@ -11,7 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-MEDIA_MARKER = "<__media__>"  # mtmd's default placeholder; it adds <|vision_start|>/<|vision_end|> itself
+# llama-server draws a random image placeholder per run unless pinned by this variable; mtmd adds
+# <|vision_start|>/<|vision_end|> around the image itself
+MEDIA_MARKER = "<__media__>"
 VISION_SPAN = "<|vision_start|><|image_pad|><|vision_end|>"  # what the chat template renders for one image
 
 
@@ -66,7 +68,8 @@ class LlamaServer:
 
     def __enter__(self):
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "LLAMA_MEDIA_MARKER": MEDIA_MARKER})
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
