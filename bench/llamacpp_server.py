@@ -65,6 +65,7 @@ class LlamaServer:
         self.command, self.port, self.log_path, self.start_timeout = command, port, log_path, start_timeout
         self.url = f"http://127.0.0.1:{port}"
         self.proc = None
+        self.retries = 0  # requests whose connection the server closed unanswered and that were sent again
 
     def __enter__(self):
         self._log = open(self.log_path, "w")
@@ -94,7 +95,11 @@ class LlamaServer:
         self._log.close()
 
     def complete(self, body: dict) -> dict:
-        reply = requests.post(self.url + "/completion", json=body, timeout=600)
+        try:
+            reply = requests.post(self.url + "/completion", json=body, timeout=600)
+        except requests.ConnectionError:  # seen on a starved machine: a connection closed before any answer
+            self.retries += 1
+            reply = requests.post(self.url + "/completion", json=body, timeout=600)
         if reply.status_code != 200:
             raise RuntimeError(f"llama-server /completion {reply.status_code}: {reply.text[:300]}")
         return reply.json()

@@ -109,7 +109,8 @@ def batch_rows(ctx, servers: dict, batch_size: int, new_tokens: int) -> list[Row
     total = batch_size * new_tokens
     prompt_tokens = {"engine": results["prompt"],
                      **{d: sum(r["timings"]["prompt_n"] for r in results[d]) for d in servers}}
-    ctx.details["peer_llamacpp_batch"] = {"times_s": times, "prompt_tokens": prompt_tokens}
+    retries = {d: servers[d].retries for d in servers}
+    ctx.details["peer_llamacpp_batch"] = {"times_s": times, "prompt_tokens": prompt_tokens, "retries": retries}
     eng = total / median(times["engine"])
     rows = []
     for dtype in servers:
@@ -120,6 +121,8 @@ def batch_rows(ctx, servers: dict, batch_size: int, new_tokens: int) -> list[Row
             f"uniform: throughput vs llama-server -np {batch_size} -cb {dtype}", eng, peer, "tok/s", eng / peer,
             f">= {goal}x" if goal else "(context)", eng / peer >= goal if goal else None,
             f"{batch_size} requests x {new_tokens} tokens sent at once over HTTP with their images; prompt tokens: "
-            f"engine {results['prompt']}, llama.cpp {prompt_tokens[dtype]}; {check_tokens(results['engine'], results[dtype])}",
+            f"engine {results['prompt']}, llama.cpp {prompt_tokens[dtype]}; {check_tokens(results['engine'], results[dtype])}"
+            + (f"; {retries[dtype]} request(s) sent again after the server dropped the connection" if retries[dtype]
+               else ""),
             spread=spread(times["engine"], times[dtype])))
     return rows
