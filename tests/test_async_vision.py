@@ -86,3 +86,17 @@ def test_waiting_for_the_tower_is_not_a_step(path):
         gated.gate.set()
         t.join(60)
         assert eng.core.step_count > steps
+
+
+def test_app_flags_serve_with_chunked_prefill_and_async_vision():
+    """`python app.py --enable-chunked-prefill --max-num-batched-tokens 24 --async-vision` builds such an engine,
+    and it answers like the plain one."""
+    import app
+    from minivlm import Engine
+    config = app.engine_config(app.parse_args(["--enable-chunked-prefill", "--max-num-batched-tokens", "24",
+                                               "--async-vision", "--device", "cpu"]))
+    assert (config.enable_chunked_prefill, config.max_num_batched_tokens, config.async_vision) == (True, 24, True)
+    assert app.engine_config(app.parse_args([])).async_vision is False
+    with Engine(config) as eng, Engine(app.engine_config(app.parse_args(["--device", "cpu"]))) as plain:
+        req = requests()[0]
+        assert eng.generate(req, PARAMS).token_ids == plain.generate(req, PARAMS).token_ids
