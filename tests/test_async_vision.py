@@ -8,7 +8,7 @@ import time
 import pytest
 
 from minivlm import RequestFailed, SamplingParams
-from tests.test_chunked_prefill import PARAMS, assert_same, engine, requests, watch
+from tests.test_chunked_prefill import PARAMS, assert_same, engine, path, requests, unchunked, watch  # noqa: F401
 
 
 class GatedTower:
@@ -25,27 +25,16 @@ class GatedTower:
         return self.vision.encode(pixels, grids)
 
 
-@pytest.fixture(scope="module")
-def path(checkpoints):
-    return checkpoints["qwen3_vl"]
-
-
-@pytest.fixture(scope="module")
-def expected(path):
-    with engine(path, None) as eng:
-        return eng.generate(requests(), PARAMS)
-
-
 @pytest.mark.parametrize("chunk", [None, 24])
-def test_same_tokens_as_the_tower_in_the_step(path, expected, chunk):
+def test_same_tokens_as_the_tower_in_the_step(path, unchunked, chunk):
     log = []
     with engine(path, chunk, async_vision=True) as eng:
         watch(eng, log)  # invariants and replay == snapshot after every step
-        assert_same(expected, eng.generate(requests(), PARAMS))
+        assert_same(unchunked, eng.generate(requests(), PARAMS))
         assert eng.core.vision_worker is not None
 
 
-def test_text_runs_while_an_image_is_in_the_tower(path, expected):
+def test_text_runs_while_an_image_is_in_the_tower(path, unchunked):
     reqs = requests()
     image, text = reqs[0], reqs[-1]
     with engine(path, 24, async_vision=True) as eng:
@@ -58,11 +47,11 @@ def test_text_runs_while_an_image_is_in_the_tower(path, expected):
         assert gated.calls == 1 and not scheduled and t.is_alive()
         gated.gate.set()
         t.join(60)
-    assert text_out.token_ids == expected[-1].token_ids
-    assert_same([expected[0]], [box["out"]])
+    assert text_out.token_ids == unchunked[-1].token_ids
+    assert_same([unchunked[0]], [box["out"]])
 
 
-def test_a_tower_error_fails_only_its_request(path, expected):
+def test_a_tower_error_fails_only_its_request(path, unchunked):
     reqs = requests()
     with engine(path, None, async_vision=True) as eng:
         gated = eng.core.vision_worker.vision = GatedTower(eng.core.vision_worker.vision, RuntimeError("tower broke"))
@@ -70,7 +59,7 @@ def test_a_tower_error_fails_only_its_request(path, expected):
         with pytest.raises(RequestFailed, match="vision encode.*tower broke"):
             eng.generate(reqs[0], PARAMS)
         eng.core.vision_worker.vision = gated.vision
-        assert_same(expected[1:2], eng.generate([reqs[1]], PARAMS))  # the engine keeps serving
+        assert_same(unchunked[1:2], eng.generate([reqs[1]], PARAMS))  # the engine keeps serving
         assert eng.core.block_manager.num_free == eng.num_blocks
 
 
