@@ -90,7 +90,13 @@ class EngineCore:
         batch = self.scheduler.schedule()
         for seq, e in batch.failed:
             self.fail(seq, "schedule", e, res)
+        jobs = {s.seq_id: s.vision_job for s in batch.seqs if s.vision_job is not None}
         seqs, _ = self._isolate("vision encode", batch.seqs, self.runner.encode_step_images, res)
+        for seq in seqs:  # async_vision: its tower ran on the vision thread while earlier steps went on
+            if seq.seq_id in jobs and seq.vision_job is None:
+                todo, job = jobs[seq.seq_id]
+                self.events.emit("vision_encoded", seq.request_id, num_images=len(todo),
+                                 seconds=round(job.result()[1], 4), arrived_step=seq.arrived_step)
         if not seqs:
             return
         seqs, logits = self._isolate("model run", seqs, lambda b: list(self.runner.forward(b)), res)
@@ -140,6 +146,7 @@ class EngineCore:
         return kept, results
 
     def _admit(self, seq: Sequence):
+        seq.arrived_step = self.step_count
         self.events.emit("arrived", seq.request_id, num_prompt_tokens=seq.num_prompt_tokens,
                          num_images=len(seq.images), image_spans=[(im.start, im.num_tokens) for im in seq.images])
         self.outputs.start(seq)

@@ -44,7 +44,7 @@ class ModelRunner:
         if seq.vision_job is not None:
             done, job = seq.vision_job
             seq.vision_job = None
-            for i, value in zip(done, job.result()):  # re-raises the worker's error here, in this request's step
+            for i, value in zip(done, job.result()[0]):  # re-raises the worker's error here, in this request's step
                 results[i] = value
         todo = [i for i, r in enumerate(results) if r is None]
         if todo:

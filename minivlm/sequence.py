@@ -37,6 +37,7 @@ class Sequence:
         self.image_embeds: torch.Tensor | None = None    # [image tokens, hidden], filled once by the vision tower
         self.deepstack: list[torch.Tensor] = []
         self.vision_job = None                     # (image indices, Future) while the vision worker encodes them
+        self.arrived_step = 0                      # the engine step that admitted it
         self.image_rank = torch.tensor(prompt.token_types).cumsum(0) - 1  # row of each image token in image_embeds
         self.generator = generator
         self.status = Status.WAITING

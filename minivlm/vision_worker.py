@@ -2,6 +2,7 @@
 running requests keep decoding, instead of stalling the step that prefills its first chunk. The scheduler
 admits a request once its images are encoded; everything else about the request is unchanged."""
 import concurrent.futures
+import time
 
 import torch
 
@@ -16,8 +17,13 @@ class VisionWorker:
                                                           initializer=torch.set_num_threads, initargs=(threads,))
 
     def start(self, seq, todo: list[int], pixels: torch.Tensor, grids: torch.Tensor):
-        """Encode images `todo` of seq in the background; seq.vision_job holds (todo, future) until used."""
-        seq.vision_job = (todo, self.pool.submit(self.vision.encode, pixels, grids))
+        """Encode images `todo` of seq in the background; seq.vision_job holds (todo, future) until used, the
+        future's result being (the tower's outputs, seconds it took)."""
+        seq.vision_job = (todo, self.pool.submit(self._timed, pixels, grids))
+
+    def _timed(self, pixels, grids):
+        start = time.perf_counter()
+        return self.vision.encode(pixels, grids), time.perf_counter() - start
 
     @staticmethod
     def wait_any(seqs, timeout: float):

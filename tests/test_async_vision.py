@@ -8,6 +8,7 @@ import time
 import pytest
 
 from minivlm import RequestFailed, SamplingParams
+from minivlm.events import describe
 from tests.test_chunked_prefill import PARAMS, assert_same, engine, path, requests, unchunked, watch  # noqa: F401
 
 
@@ -49,6 +50,12 @@ def test_text_runs_while_an_image_is_in_the_tower(path, unchunked):
         t.join(60)
     assert text_out.token_ids == unchunked[-1].token_ids
     assert_same([unchunked[0]], [box["out"]])
+    # the log says it: one vision_encoded event, in the step that first computed the image's tokens
+    [encoded] = [ev for ev in eng.events() if ev.kind == "vision_encoded"]
+    first = min(ev.step for ev in eng.events() if ev.kind == "scheduled" and image.request_id in ev.request_ids)
+    assert encoded.request_id == image.request_id and encoded.num_images == 1 and encoded.seconds > 0
+    assert encoded.step >= first and encoded.arrived_step < first
+    assert "encoded on the vision thread" in describe(encoded) and "ran without it" in describe(encoded)
 
 
 def test_a_tower_error_fails_only_its_request(path, unchunked):
