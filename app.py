@@ -33,6 +33,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"pin the KV pool size (default: {TINY_MODEL_BLOCKS} for the tiny model, else from memory; "
                         "0 = from memory)")
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--enable-chunked-prefill", action="store_true",
+                   help="split long prefills into chunks that share each step with the running requests' decodes")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens one step may compute (default: 512 with chunked prefill, else the model length)")
+    p.add_argument("--async-vision", action="store_true",
+                   help="run the vision tower on its own thread so running streams never stall on a new image "
+                        "(serving; step numbers then depend on timing, so classroom step-through keeps it off)")
     p.add_argument("--shared", action="store_true",
                    help="public deployment (automatic on Hugging Face Spaces): strategy C, a cache salt per session, "
                         "the engine settings read-only for visitors (the operator unlocks them with "
@@ -87,15 +94,22 @@ def serve(holder: EngineHolder, host: str = "127.0.0.1", port: int = 7860, share
     return demo
 
 
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine settings the command line asks for (the tiny model gets its small fixed pool by default)."""
+    num_blocks = args.num_blocks if args.num_blocks is not None else \
+        TINY_MODEL_BLOCKS if args.model == EngineConfig().model else 0
+    return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, cache_strategy=args.strategy,
+                        block_size=args.block_size, num_blocks=num_blocks or None, max_model_len=args.max_model_len,
+                        enable_chunked_prefill=args.enable_chunked_prefill,
+                        max_num_batched_tokens=args.max_num_batched_tokens, async_vision=args.async_vision)
+
+
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(format="%(message)s")
     # the engine's vLLM-style start-up line per engine (one per isolated pool, too) only when asked for
     logging.getLogger("minivlm").setLevel(logging.INFO if args.verbose else logging.WARNING)
-    num_blocks = args.num_blocks if args.num_blocks is not None else \
-        TINY_MODEL_BLOCKS if args.model == EngineConfig().model else 0
-    config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, cache_strategy=args.strategy,
-                          block_size=args.block_size, num_blocks=num_blocks or None, max_model_len=args.max_model_len)
+    config = engine_config(args)
     holder = EngineHolder(config, shared=args.shared or bool(os.environ.get("SPACE_ID")),
                           operator_token=os.environ.get(OPERATOR_TOKEN_ENV))
     print(holder.load(), flush=True)

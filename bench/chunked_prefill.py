@@ -1,9 +1,10 @@
 """7. Chunked prefill: inter-token latency (ITL) of 8 running streams while 448x448-image requests arrive every
 0.5 s, on an engine with chunked prefill against the same engine without it, run side by side. Without
 chunking each arrival's whole prefill is one step in which no stream advances; with it the prefill is split
-into chunks that share each step's token budget with the streams' decode tokens. The vision tower still runs
-whole, in the step of an image's first chunk, so the rows are measured twice: with new images (the tower's
-stall included) and with the image's embeddings already in the vision cache (only the prefill is left)."""
+into chunks that share each step's token budget with the streams' decode tokens. The vision tower runs whole,
+either in the step of an image's first chunk (a stall) or, with async_vision, on its own thread while the
+streams keep stepping; a third pair of runs has the image's embeddings already in the vision cache (only the
+prefill is left)."""
 import threading
 import time
 
@@ -28,7 +29,8 @@ def big_request(k: int, seed: int, salt: str) -> Request:
 def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_images: bool = True) -> tuple[list, dict]:
     """Run the 8 streams; once each has its first token, submit `arrivals` 448x448-image requests PERIOD apart
     and keep going for `duration` seconds and until the last arrival is answered. Returns every stream's
-    token-to-token gaps that overlap that window (a stall across its edge counts), and each stream's tokens.
+    token-to-token gaps that overlap that window (a stall across its edge counts), each stream's tokens, and
+    each arrival's latency (submitted to answered) under "arrivals".
     new_images=False: every arrival shows one image whose vision embeddings are cached beforehand."""
     engine.reset_prefix_cache()
     if not new_images:
@@ -36,7 +38,12 @@ def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_image
     streams = [Request(prompt=PROMPTS[i % len(PROMPTS)], images=[scene(112, 112, i)], request_id=f"stream-{i}")
                for i in range(STREAMS)]
     stamps: dict[str, list[float]] = {r.request_id: [] for r in streams}
-    tokens, window = {}, []
+    tokens, window, latency = {}, [], []
+
+    def answer(big):
+        t = time.perf_counter()
+        engine.generate(big, SamplingParams(max_tokens=1))
+        latency.append(time.perf_counter() - t)
 
     def arrive():
         start = time.perf_counter()
@@ -44,7 +51,7 @@ def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_image
         for k in range(arrivals):
             time.sleep(max(0.0, start + k * PERIOD - time.perf_counter()))
             big = big_request(k, 1000 * round_no + k if new_images else -1, f"run-{round_no}-{k}")
-            callers.append(threading.Thread(target=engine.generate, args=(big, SamplingParams(max_tokens=1))))
+            callers.append(threading.Thread(target=answer, args=(big,)))
             callers[-1].start()
         time.sleep(max(0.0, start + duration - time.perf_counter()))
         for c in callers:
@@ -68,16 +75,31 @@ def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_image
     feeder.join()
     start, end = window
     gaps = [b - a for ts in stamps.values() for a, b in zip(ts, ts[1:]) if b > start and a < end]
-    return gaps, tokens
+    return gaps, {**tokens, "arrivals": latency}
+
+
+def offered_load(engine, n: int = 2) -> float:
+    """Wall time of one 448x448 arrival served alone (new image: vision tower + prefill), as a fraction of
+    PERIOD: the share of the machine the arrivals need before any stream decodes."""
+    times = []
+    for k in range(n):
+        t = time.perf_counter()
+        engine.generate(big_request(k, 10_000 + k, f"load-{k}"), SamplingParams(max_tokens=1))
+        times.append(time.perf_counter() - t)
+    return min(times) / PERIOD
 
 
 def measure(ctx, budget: int = 32) -> list[Row]:
     arrivals = 3 * ctx.repeats
     chunked = ctx.engine.isolated(enable_chunked_prefill=True, max_num_batched_tokens=budget, max_num_seqs=32)
+    overlap = ctx.engine.isolated(enable_chunked_prefill=True, max_num_batched_tokens=budget, max_num_seqs=32,
+                                  async_vision=True)
     whole = ctx.engine.isolated(max_num_seqs=32)
     runs = {"steady": (chunked, 0, True), "chunked": (chunked, arrivals, True), "whole": (whole, arrivals, True),
+            "chunked, async vision": (overlap, arrivals, True),
             "chunked, cached vision": (chunked, arrivals, False), "whole, cached vision": (whole, arrivals, False)}
     gaps = {name: [] for name in runs}
+    waits = {name: [] for name in runs}  # each arrival's time from submission to its answer
     same = True
     try:
         for r in range(max(1, ctx.repeats // 2)):  # interleaved rounds: machine noise lands on every side alike
@@ -85,18 +107,23 @@ def measure(ctx, budget: int = 32) -> list[Row]:
             for name, (engine, n, new_images) in runs.items():
                 got, toks = stream_gaps(engine, n, arrivals * PERIOD, r, new_images)
                 gaps[name] += got
+                waits[name] += toks["arrivals"]
                 tokens.append(toks)
-            n = min(len(t) for toks in tokens for t in toks.values())
-            same &= all(toks[k][:n] == tokens[0][k][:n] for toks in tokens for k in toks)
+            streams = [{k: v for k, v in toks.items() if k != "arrivals"} for toks in tokens]
+            n = min(len(t) for toks in streams for t in toks.values())
+            same &= all(toks[k][:n] == streams[0][k][:n] for toks in streams for k in toks)
+        load = offered_load(whole)
     finally:
-        chunked.close(), whole.close()
+        chunked.close(), overlap.close(), whole.close()
     ms = {k: (1e3 * percentile(v, 0.5), 1e3 * percentile(v, 0.99)) for k, v in gaps.items()}
     steady = ms["steady"][0]
     ctx.details["chunked_prefill"] = {"gaps_s": gaps, "budget_tokens": budget, "arrivals_per_run": arrivals,
-                                      "stream_tokens_equal": same, "p50_p99_ms": ms}
+                                      "stream_tokens_equal": same, "p50_p99_ms": ms,
+                                      "arrival_latency_s": waits, "offered_load": load}
     note = (f"{STREAMS} streams, a 448x448 image request every {PERIOD}s ({arrivals} a run), token budget {budget}; "
             f"steady-state ITL (p50, no arrivals) {steady:.1f} ms; stream tokens equal in every run: "
-            f"{'yes' if same else 'NO'}")
+            f"{'yes' if same else 'NO'}; arrivals answered after (median) " + ", ".join(
+                f"{k} {percentile(v, 0.5):.2f} s" for k, v in waits.items() if v))
 
     def row(metric, q, on, off, goal=True):
         a, b = ms[on][q], ms[off][q]
@@ -104,7 +131,41 @@ def measure(ctx, budget: int = 32) -> list[Row]:
             return Row(metric, a, b, "ms", b / a, "context", None, note)
         return Row(metric, a, b, "ms", b / a, "chunked p99 <= 2x steady ITL", a <= 2 * steady,
                    f"chunked p99 / steady ITL = {a / steady:.1f}")
-    return [row("ITL p50, 8 streams + 448² arrivals: chunked vs whole prefill", 0, "chunked", "whole", goal=False),
-            row("ITL p99, 8 streams + 448² arrivals: chunked vs whole prefill", 1, "chunked", "whole"),
+    return [row("ITL p50, 8 streams + 448² arrivals: chunked + async vision vs whole prefill", 0,
+                "chunked, async vision", "whole", goal=False),
+            row("ITL p99, 8 streams + 448² arrivals: chunked + async vision vs whole prefill", 1,
+                "chunked, async vision", "whole"),
+            row("ITL p99, same, the tower in the step: chunked vs whole", 1, "chunked", "whole"),
             row("ITL p99, same, image embeddings cached: chunked vs whole", 1, "chunked, cached vision",
-                "whole, cached vision")]
+                "whole, cached vision"),
+            Row("offered load: one arrival's vision + prefill time / arrival period", load, 1.0, "", load, "context",
+                None, "over 100 %: the arrivals alone need more than the whole machine, so the streams must slow "
+                      "down whatever the schedule")]
+
+
+
+def main():
+    """python -m bench.chunked_prefill --budgets 8 16 32 64: the rows at several token budgets (the trade-off
+    between the streams' inter-token latency and how soon the arrivals are answered)."""
+    import argparse
+    import tempfile
+
+    import torch
+
+    from bench.__main__ import Context
+    from bench.report import machine, text_table
+    from bench.workload import BENCH_MODEL, build_checkpoint, make_engine
+    ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    ap.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    engine = make_engine(build_checkpoint(tempfile.gettempdir() + "/minivlm-bench-qwen2_5_vl-70m", BENCH_MODEL))
+    print(machine())
+    for budget in args.budgets:
+        rows = measure(Context(engine, None, None, args.repeats), budget)
+        print(f"\ntoken budget {budget}: {rows[0].note}\n{text_table(rows)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -24,6 +24,7 @@ class EngineConfig:
     cache_strategy: str = "C"
     seed: int = 0
     vision_cache_bytes: int = 64 * 2**20
+    async_vision: bool = False      # run the vision tower on its own thread, overlapping the running requests' steps
     max_images_per_request: int = 8
     cpu_memory_budget_bytes: int = 2 * 2**30
     event_log_size: int = 20_000    # events kept in the ring log, about 400 bytes each (0 = no event log)
@@ -49,6 +50,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.event_log_size must be an integer >= 0, got {self.event_log_size!r}")
         if not isinstance(self.enable_chunked_prefill, bool):
             raise ValueError(f"EngineConfig.enable_chunked_prefill must be True or False, got {self.enable_chunked_prefill!r}")
+        if not isinstance(self.async_vision, bool):
+            raise ValueError(f"EngineConfig.async_vision must be True or False, got {self.async_vision!r}")
         if self.max_num_batched_tokens is None:  # chunked: a short step, so decodes keep their pace
             self.max_num_batched_tokens = 512 if self.enable_chunked_prefill else max(self.max_model_len, 2048)
         positive_int("max_num_batched_tokens")

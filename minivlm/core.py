@@ -18,6 +18,7 @@ from minivlm.scheduler import Scheduler
 from minivlm.sequence import Sequence
 from minivlm.snapshot import KVSnapshot, SnapshotBuilder, StreamEvent
 from minivlm.vision_cache import VisionCache
+from minivlm.vision_worker import VisionWorker
 
 log = logging.getLogger("minivlm")
 
@@ -51,6 +52,9 @@ class EngineCore:
         self.snapshots = SnapshotBuilder(self.block_manager)
         self.vision_cache = VisionCache(config.vision_cache_bytes)
         self.runner = ModelRunner(model, self.pool.kv_cache, config.block_size, self.vision_cache)
+        # half the CPU threads for the tower's thread, the rest stay with the steps it overlaps
+        self.vision_worker = VisionWorker(model.vision, max(1, torch.get_num_threads() // 2)) \
+            if config.async_vision and model.vision is not None else None
         self.outputs = OutputProcessor(model.tokenizer, model.eos_ids, config.max_model_len)
         self.step_count = 0
         self.after_step = None  # debug hook: called with the core after every step (tests check invariants)
@@ -62,6 +66,10 @@ class EngineCore:
         aborted = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.aborted]
         if not (new or aborted or self.scheduler.has_work()):
             return res
+        if not (new or aborted) and self._only_encoding():
+            VisionWorker.wait_any(self.scheduler.waiting, timeout=0.05)  # nothing to run until an image is encoded
+            if self._only_encoding():
+                return res  # not a step: nothing was decided
         self.step_count += 1
         self.events.step = self.step_count
         for seq in new:
@@ -74,11 +82,21 @@ class EngineCore:
             self.after_step(self)
         return res
 
+    def _only_encoding(self) -> bool:
+        s = self.scheduler
+        return not s.running and all(not seq.vision_ready for seq in s.waiting)
+
     def _run_step(self, res: StepResult):
         batch = self.scheduler.schedule()
         for seq, e in batch.failed:
             self.fail(seq, "schedule", e, res)
+        jobs = {s.seq_id: s.vision_job for s in batch.seqs if s.vision_job is not None}
         seqs, _ = self._isolate("vision encode", batch.seqs, self.runner.encode_step_images, res)
+        for seq in seqs:  # async_vision: its tower ran on the vision thread while earlier steps went on
+            if seq.seq_id in jobs and seq.vision_job is None:
+                todo, job = jobs[seq.seq_id]
+                self.events.emit("vision_encoded", seq.request_id, num_images=len(todo),
+                                 seconds=round(job.result()[1], 4), arrived_step=seq.arrived_step)
         if not seqs:
             return
         seqs, logits = self._isolate("model run", seqs, lambda b: list(self.runner.forward(b)), res)
@@ -128,9 +146,12 @@ class EngineCore:
         return kept, results
 
     def _admit(self, seq: Sequence):
+        seq.arrived_step = self.step_count
         self.events.emit("arrived", seq.request_id, num_prompt_tokens=seq.num_prompt_tokens,
                          num_images=len(seq.images), image_spans=[(im.start, im.num_tokens) for im in seq.images])
         self.outputs.start(seq)
+        if self.vision_worker is not None:
+            self.runner.start_encoding(seq, self.vision_worker)
         self.scheduler.add(seq)
 
     def _advance(self, seq: Sequence, token: int, logprobs: dict | None) -> StreamEvent:
@@ -185,3 +206,5 @@ class EngineCore:
         """Drop the KV pool now, not whenever the engine is collected."""
         self.pool.release()
         self.runner.kv_caches = None
+        if self.vision_worker is not None:
+            self.vision_worker.close()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from minivlm.snapshot import BlockInfo, KVSnapshot, block_kind
 
 KINDS = ("arrived", "scheduled", "cache_lookup", "allocated", "BlockStored", "freed", "BlockRemoved",
-         "AllBlocksCleared", "preempted", "finished")
+         "AllBlocksCleared", "preempted", "finished", "vision_encoded")
 
 
 @dataclass
@@ -213,6 +213,11 @@ def describe(ev: EngineEvent) -> str:
         return "prefix cache reset: every free block's key forgotten"
     if ev.kind == "preempted":
         return f"{rid} preempted: {f['reason']}"
+    if ev.kind == "vision_encoded":
+        waited = (f"steps {f['arrived_step']}-{ev.step - 1} ran without it" if ev.step > f["arrived_step"]
+                  else "ready in the step it arrived")
+        return (f"{rid}'s {f['num_images']} image(s) encoded on the vision thread in {f['seconds']:.2f} s "
+                f"({waited}); its image tokens are computed now")
     if f.get("finish_reason") == "error":
         return f"{rid} failed during {f['stage']}: {f['error']}"
     return f"{rid} finished ({f['finish_reason']})"

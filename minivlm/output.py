@@ -103,7 +103,8 @@ class OutputProcessor:
             detok.finish()
             reason = "stop" if detok.stopped else reason
         delta = detok.delta(finished=reason is not None)
-        return StreamEvent(seq.request_id, delta, detok.text[:detok.sent], False, None), reason
+        return StreamEvent(seq.request_id, delta, detok.text[:detok.sent], False, None, token_ids=[token],
+                           logprobs=None if logprobs is None else [logprobs]), reason
 
     @staticmethod
     def output(seq, reason: str) -> Output:

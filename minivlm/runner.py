@@ -15,21 +15,43 @@ class ModelRunner:
         self.vision_cache = vision_cache
         self.model_id, self.dtype_name = model.model_id, model.dtype_name
 
-    def encode_images(self, seq):
-        """Vision embeddings of seq's images, once per request; images seen before come from the vision cache."""
-        if seq.pixel_values is None or seq.image_embeds is not None:
-            return
+    def _lookup(self, seq):
+        """Each image's vision-cache key and cached value (None where the tower has to run)."""
+        keys = [im.vision_key(self.model_id, self.dtype_name) for im in seq.images]
+        return keys, [self.vision_cache.get(k) for k in keys]
+
+    def _pixels(self, seq, todo: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The patches and grids of images `todo` of seq (its pixel_values hold every image's patches in order)."""
         patches = [im.grid_thw[0] * im.grid_thw[1] * im.grid_thw[2] for im in seq.images]
         offsets = [0] + torch.tensor(patches).cumsum(0).tolist()
-        keys = [im.vision_key(self.model_id, self.dtype_name) for im in seq.images]
-        results = [self.vision_cache.get(k) for k in keys]
+        pixels = torch.cat([seq.pixel_values[offsets[i]:offsets[i + 1]] for i in todo])
+        return pixels, torch.tensor([seq.images[i].grid_thw for i in todo])
+
+    def start_encoding(self, seq, worker):
+        """async_vision: hand seq's uncached images to the vision worker as soon as the request arrives."""
+        if seq.pixel_values is None or seq.image_embeds is not None or seq.vision_job is not None:
+            return
+        todo = [i for i, k in enumerate(self._lookup(seq)[0]) if k not in self.vision_cache]
+        if todo:
+            worker.start(seq, todo, *self._pixels(seq, todo))
+
+    def encode_images(self, seq):
+        """Vision embeddings of seq's images, once per request: from the vision worker's finished job, from the
+        vision cache (images seen before), or from the tower right here."""
+        if seq.pixel_values is None or seq.image_embeds is not None:
+            return
+        keys, results = self._lookup(seq)
+        if seq.vision_job is not None:
+            done, job = seq.vision_job
+            seq.vision_job = None
+            for i, value in zip(done, job.result()[0]):  # re-raises the worker's error here, in this request's step
+                results[i] = value
         todo = [i for i, r in enumerate(results) if r is None]
         if todo:
-            pixels = torch.cat([seq.pixel_values[offsets[i]:offsets[i + 1]] for i in todo])
-            grids = torch.tensor([seq.images[i].grid_thw for i in todo])
-            for i, value in zip(todo, self.vision.encode(pixels, grids)):
+            for i, value in zip(todo, self.vision.encode(*self._pixels(seq, todo))):
                 results[i] = value
-                self.vision_cache.put(keys[i], value)
+        for key, value in zip(keys, results):
+            self.vision_cache.put(key, value)
         seq.image_embeds = torch.cat([r[0] for r in results])
         seq.deepstack = [torch.cat([r[1][j] for r in results]) for j in range(len(results[0][1]))]
         seq.pixel_values = None  # the pixels are not needed any more
@@ -85,9 +107,7 @@ class ModelRunner:
                                   for j in range(layers)])
         max_blocks = max(len(s.block_table) for s in seqs)
         tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs])
-        # one token per sequence takes the batched decode path; any longer chunk needs per-sequence prefill
-        meta = AttentionMetadata(max(q_lens) > 1, torch.cat(slots).to(dev), q_lens, ctx_lens, tables.to(dev),
-                                 torch.tensor(ctx_lens, device=dev), self.block_size)
+        meta = AttentionMetadata.build(torch.cat(slots).to(dev), q_lens, ctx_lens, tables.to(dev), self.block_size, dev)
         hidden = self.decoder(embeds, torch.cat(positions, dim=1).to(dev), self.kv_caches, meta, deepstack)
         last = torch.tensor(q_lens).cumsum(0) - 1
         return self.decoder.compute_logits(hidden[last.to(dev)])

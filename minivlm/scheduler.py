@@ -66,7 +66,9 @@ class Scheduler:
         only prompts that fit the budget whole (always the first one, which the config guarantees fits)."""
         batch = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+            seq = next((s for s in self.waiting if s.vision_ready), None)  # async_vision: skip images in the tower
+            if seq is None:
+                break
             if whole and batch and len(seq) - seq.num_computed > budget:
                 break
             try:
@@ -75,12 +77,12 @@ class Scheduler:
                 self.bm.allocate(seq)  # the whole prompt's blocks: a prefill never waits for memory midway
                 self._plan(seq, len(seq) - seq.num_computed if whole else budget)
             except Exception as e:
-                self.waiting.popleft()
+                self.waiting.remove(seq)
                 failed.append((seq, self._drop(seq, e)))
                 continue
             budget -= seq.chunk_end - seq.num_computed
             seq.status = Status.RUNNING
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             self.running.append(seq)
             batch.append(seq)
         return batch

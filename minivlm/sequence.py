@@ -36,6 +36,8 @@ class Sequence:
         self.pixel_values = prompt.pixel_values
         self.image_embeds: torch.Tensor | None = None    # [image tokens, hidden], filled once by the vision tower
         self.deepstack: list[torch.Tensor] = []
+        self.vision_job = None                     # (image indices, Future) while the vision worker encodes them
+        self.arrived_step = 0                      # the engine step that admitted it
         self.image_rank = torch.tensor(prompt.token_types).cumsum(0) - 1  # row of each image token in image_embeds
         self.generator = generator
         self.status = Status.WAITING
@@ -61,6 +63,11 @@ class Sequence:
     def is_decoding(self) -> bool:
         """Its prompt (and any recomputed output) is in the cache: each step adds one token."""
         return self.num_output_tokens > 0 and self.num_computed == len(self) - 1
+
+    @property
+    def vision_ready(self) -> bool:
+        """Its images need no more encoding in the background (async_vision); the scheduler waits for this."""
+        return self.vision_job is None or self.vision_job[1].done()
 
     @property
     def num_output_tokens(self) -> int:

@@ -42,13 +42,16 @@ class KVSnapshot:
 
 @dataclass
 class StreamEvent:
-    """One scheduler step as seen by one request: new text, whether it finished, and the KV pool then."""
+    """One scheduler step as seen by one request: new text, whether it finished, and the KV pool then; token_ids
+    and logprobs are the step's sampled token and its {token: logprob} (when SamplingParams.logprobs asked)."""
     request_id: str
     delta: str
     text: str
     finished: bool
     snapshot: KVSnapshot | None
     output: "Output | None" = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] | None = None
 
 
 @dataclass

@@ -16,6 +16,9 @@ class VisionCache:
         embeds, deep = value
         return sum(t.numel() * t.element_size() for t in [embeds, *deep])
 
+    def __contains__(self, key: str) -> bool:  # a peek: no hit counted, no LRU update
+        return key in self.entries
+
     def get(self, key: str):
         value = self.entries.get(key)
         if value is None:

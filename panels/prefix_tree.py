@@ -4,8 +4,6 @@ prefix share a path and branch where they differ. The next block the free queue 
 import gradio as gr
 import plotly.graph_objects as go
 
-from panels.holder import EngineHolder
-
 KIND_COLORS = {"text": "#7eaef5", "image": "#f2a65a", "mixed": "#b28ae8"}
 NEXT_EVICTED = "#d62728"
 ROW_PX = 44
@@ -91,11 +89,16 @@ def tree_figure(nodes) -> go.Figure:
     return fig
 
 
-def attach(holder: EngineHolder, block_map: gr.Plot) -> gr.Plot:
-    """A tree view that redraws from the engine's state whenever the block map changes."""
-    tree = gr.Plot(label="Prefix cache as a tree (the engine now)", elem_id="kv-tree")
+def attach(engine_of, block_map: gr.Plot) -> gr.Plot:
+    """A tree view that redraws whenever the block map changes, from the state of the engine the map shows:
+    engine_of(session) (on a shared deployment a stepping session's own engine, not the shared one)."""
+    tree = gr.Plot(label="Prefix cache as a tree (the engine the block map shows, now)", elem_id="kv-tree")
+
+    def draw(request: gr.Request):
+        return tree_figure(engine_of(request.session_hash if request else "").prefix_tree())
+
     # its own queue slot: the map's poll never waits behind a tree that waits for the engine's current step
-    block_map.change(lambda: tree_figure(holder.get().prefix_tree()), None, tree, api_name=False,
+    block_map.change(draw, None, tree, api_name=False,
                      show_progress="hidden", trigger_mode="always_last", concurrency_id="kv_tree",
                      concurrency_limit=1)
     return tree

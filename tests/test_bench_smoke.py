@@ -12,9 +12,11 @@ METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-o
            "TTFT same image, new text (C) vs cold", "KV used / allocated at peak (paged vs contiguous)",
            "KV waste per request", "stream() + snapshot every step vs generate()",
            "decode throughput, event log on vs off",
-           "ITL p50, 8 streams + 448² arrivals: chunked vs whole prefill",
-           "ITL p99, 8 streams + 448² arrivals: chunked vs whole prefill",
-           "ITL p99, same, image embeddings cached: chunked vs whole"]
+           "ITL p50, 8 streams + 448² arrivals: chunked + async vision vs whole prefill",
+           "ITL p99, 8 streams + 448² arrivals: chunked + async vision vs whole prefill",
+           "ITL p99, same, the tower in the step: chunked vs whole",
+           "ITL p99, same, image embeddings cached: chunked vs whole",
+           "offered load: one arrival's vision + prefill time / arrival period"]
 
 
 def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
@@ -36,6 +38,10 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
     assert details["memory"]["worst_paged_waste_blocks_per_request"] < 1
     assert details["memory"]["paged_bytes"] < details["memory"]["contiguous_bytes"]
     assert all(n > 0 for n in details["panel_overhead"]["snapshots_per_run"])
+    # Chunked prefill: every arrival of every run was answered, and the streams' tokens never changed.
+    chunked = details["chunked_prefill"]
+    assert chunked["stream_tokens_equal"] and all(len(v) == chunked["arrivals_per_run"]
+                                                  for k, v in chunked["arrival_latency_s"].items() if k != "steady")
     assert "| metric |" in md.read_text() and "command: python -m bench --smoke" in md.read_text()
     raw = json.loads(js.read_text())
     assert set(raw) == {"throughput_varied", "throughput_uniform", "single_stream", "prefix_cache", "memory",

@@ -108,3 +108,25 @@ def test_pause_launch_step_five_times(app, page):
     page.locator("#kv-back").click()  # Back to live: all four finished, none was lost by pausing
     page.wait_for_function("document.querySelector('#kv-summary')?.innerText.includes('4 finished')")
     assert " · live · " in page.locator("#kv-summary").inner_text()
+
+
+def test_shared_deployment_tree_shows_the_sessions_own_engine(app, page):
+    """On --shared a visitor's launch runs on an isolated engine of their own; the prefix tree under the block
+    map must draw that engine, not the shared one (whose cache stays empty here)."""
+    with app_in_process(64, shared=True) as (holder, url):
+        try:
+            page.goto(url)  # the module's browser, on a second (shared) app
+            page.wait_for_selector("#chatbot")
+            holder.get().reset_prefix_cache()
+            open_tab(page, "KV blocks (live)")
+            page.locator("#kv-n input[type=number]").fill("3")
+            page.locator("#kv-n input[type=number]").press("Tab")
+            page.locator("#kv-launch").click()
+            page.wait_for_function("""() => {
+                const el = document.querySelector('#kv-tree .js-plotly-plot');
+                return el && el.data.filter(t => (t.name || '').endsWith(' block'))
+                                     .reduce((n, t) => n + t.x.length, 0) > 0; }""")
+            assert holder.get().prefix_tree() == []  # the shared engine served none of it
+        finally:
+            page.goto(app[1])
+            page.wait_for_selector("#chatbot")

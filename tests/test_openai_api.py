@@ -94,6 +94,15 @@ def test_logprobs_and_sampling_parameters(client):
                                                           logprobs=True, top_logprobs=3, stream=True)
                 if c.choices and c.choices[0].logprobs]
     assert [e.logprob for c in streamed for e in c.choices[0].logprobs.content] == [e.logprob for e in content]
+    # each token's logprobs come with the chunk that carries its text, not all at the end
+    assert streamed[0].choices[0].delta.content == "triangle" and streamed[0].choices[0].finish_reason is None
+    assert [e.token for e in streamed[0].choices[0].logprobs.content] == ["triangle"]
+    past_eos = [c for c in client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=8, temperature=0, logprobs=True, stream=True,
+        extra_body={"ignore_eos": True}) if c.choices and c.choices[0].logprobs]
+    tokens = [e.token for c in past_eos for e in c.choices[0].logprobs.content]
+    text = "".join(c.choices[0].delta.content or "" for c in past_eos)  # special tokens are not text
+    assert len(tokens) == 8 and text == "".join(t for t in tokens if t != "<|im_end|>") and len(past_eos) > 2
     one = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=1,
                                          extra_body={"ignore_eos": True, "top_k": 1})
     assert one.usage.completion_tokens == 1 and one.choices[0].finish_reason == "length"

@@ -32,16 +32,20 @@ def _entry(tokenizer, token_id: int, logprob: float) -> dict:
     return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
 
 
-def logprobs(out, tokenizer, top: int) -> dict | None:
-    """OpenAI's logprobs.content: per generated token its logprob and the `top` most likely alternatives."""
-    if out.logprobs is None:
-        return None
+def token_logprobs(tokens, tokenizer, top: int) -> dict:
+    """OpenAI's logprobs.content for (token id, {token: logprob}) pairs: each token's logprob and the `top` most
+    likely alternatives."""
     content = []
-    for token_id, dist in zip(out.token_ids, out.logprobs):
+    for token_id, dist in tokens:
         best = sorted(dist.items(), key=lambda kv: -kv[1])[:top]
         content.append({**_entry(tokenizer, token_id, dist[token_id]),
                         "top_logprobs": [_entry(tokenizer, t, lp) for t, lp in best]})
     return {"content": content, "refusal": None}
+
+
+def logprobs(out, tokenizer, top: int) -> dict | None:
+    """The logprobs of a whole answer (None unless the request asked for them)."""
+    return None if out.logprobs is None else token_logprobs(zip(out.token_ids, out.logprobs), tokenizer, top)
 
 
 def completion(out, engine, model: str, created: int, top_logprobs: int) -> dict:

@@ -196,27 +196,39 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
         return ev.output
 
     async def stream_events(engine, req, model, created, arrival, pump, ev):
-        """SSE: a role chunk, one chunk per step with new text, a finish chunk (with logprobs and the minivlm
-        field), the usage chunk if asked for, then [DONE]. Errors after the start arrive as an error event."""
+        """SSE: a role chunk, one chunk per step with new text (and the logprobs of the tokens it completes), a
+        finish chunk (the last text and logprobs, the minivlm field), the usage chunk if asked for, then [DONE].
+        Errors after the start arrive as an error event."""
         rid, include_usage = ev.request_id, bool(req.stream_options and req.stream_options.include_usage)
         extra = {"usage": None} if include_usage else {}
-        times = []
+        times, held = [], []  # held: (token, logprobs) of the tokens whose text has not been sent yet
+
+        def hold(ev):
+            held.extend(zip(ev.token_ids, ev.logprobs or [None] * len(ev.token_ids)))
+
+        def text_chunk(ev, finish_reason=None, **more):
+            """The step's new text with the logprobs of the tokens it completes (a stop string may hold text
+            back for a few steps: those tokens' logprobs wait with it)."""
+            hold(ev)
+            lps = fmt.token_logprobs(held, engine.tokenizer, req.top_logprobs or 0) if req.logprobs else None
+            held.clear()
+            return fmt.chunk(rid, model, created, {"content": ev.delta} if ev.delta else {}, finish_reason,
+                             logprobs=lps, **more, **extra)
+
         try:
             yield fmt.chunk(rid, model, created, {"role": "assistant", "content": ""}, **extra)
             while not ev.finished:
                 times.append(now())
                 if ev.delta:
-                    yield fmt.chunk(rid, model, created, {"content": ev.delta}, **extra)
+                    yield text_chunk(ev)
+                else:
+                    hold(ev)
                 ev = await pump.next()
                 if ev is None:
                     break
             out = finished_output(ev)
             times.append(now())
-            if ev.delta:
-                yield fmt.chunk(rid, model, created, {"content": ev.delta}, **extra)
-            yield fmt.chunk(rid, model, created, {}, out.finish_reason,
-                            logprobs=fmt.logprobs(out, engine.tokenizer, req.top_logprobs or 0),
-                            **{fmt.EXTENSION: fmt.cache_report(out, engine)}, **extra)
+            yield text_chunk(ev, out.finish_reason, **{fmt.EXTENSION: fmt.cache_report(out, engine)})
             if include_usage:
                 yield fmt.chunk(rid, model, created, None, usage=fmt.usage(out))
             metrics.finished(engine, out, times, arrival)

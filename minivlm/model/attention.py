@@ -15,7 +15,8 @@ FLASH_ATTN_ENABLED = True  # False forces SDPA over gathered blocks even where f
 class AttentionMetadata:
     """Where this step's tokens go and what they may see.
     prefill: tokens of each sequence are contiguous in the batch (q_lens); ctx_lens = cached + new tokens.
-    decode: one token per sequence; block_tables [B, max_blocks] padded with block 0, masked by ctx_lens."""
+    decode: one token per sequence; block_tables [B, max_blocks] padded with block 0, masked by ctx_lens.
+    mixed (chunked prefill): both kinds in one batch; `parts` splits it into a decode and a prefill part."""
     is_prefill: bool
     slot_mapping: torch.Tensor      # [T] flat slot (block_id * block_size + offset) of each new token
     q_lens: list[int]
@@ -24,6 +25,26 @@ class AttentionMetadata:
     ctx_lens_t: torch.Tensor        # [B] on device
     block_size: int
     decode_mask: torch.Tensor | None = None  # built by the first layer of a decode step, reused by the others
+    parts: list | None = None  # mixed steps: [(token rows, metadata of those sequences)] for decodes, then prefills
+
+    @classmethod
+    def build(cls, slots, q_lens: list[int], ctx_lens: list[int], tables: torch.Tensor, block_size: int, device):
+        """The step's metadata; in a mixed step the one-token sequences (decodes, or a 1-token last chunk: the
+        same arithmetic) keep the batched decode path instead of each taking the per-sequence prefill path."""
+        meta = cls(max(q_lens) > 1, slots, q_lens, ctx_lens, tables, torch.tensor(ctx_lens, device=device), block_size)
+        one = [i for i, q in enumerate(q_lens) if q == 1]
+        if not meta.is_prefill or not one:
+            return meta
+        starts = torch.tensor([0] + q_lens).cumsum(0).tolist()
+        many = [i for i, q in enumerate(q_lens) if q > 1]
+        meta.parts = []
+        for seqs, prefill in ((one, False), (many, True)):
+            rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in seqs]).to(device)
+            idx, ctx = torch.tensor(seqs, device=device), [ctx_lens[i] for i in seqs]
+            width = -(-max(ctx) // block_size)  # decodes gather only as many blocks as their longest context
+            meta.parts.append((rows, cls(prefill, slots[rows], [q_lens[i] for i in seqs], ctx,
+                                         tables[idx, :width], meta.ctx_lens_t[idx], block_size)))
+        return meta
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):
@@ -45,6 +66,12 @@ def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: f
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     if use_flash_attn(q, meta):
         return _flash(q, k_cache, v_cache, meta, scale)
+    if meta.parts:  # mixed: decodes batched, prefill chunks each on their own
+        out = torch.empty_like(q)
+        for rows, part in meta.parts:
+            out[rows] = (_prefill(q[rows], k[rows], v[rows], k_cache, v_cache, part, scale) if part.is_prefill
+                         else _decode(q[rows], k_cache, v_cache, part, scale))
+        return out
     if meta.is_prefill:
         return _prefill(q, k, v, k_cache, v_cache, meta, scale)
     return _decode(q, k_cache, v_cache, meta, scale)

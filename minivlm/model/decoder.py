@@ -20,7 +20,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # normalise in fp32 like HF (one call), then cast back before the weight
+        if x.dtype == torch.float32:  # HF's arithmetic in one fused op: x * rsqrt(mean(x²) + eps) * weight
+            return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
+        # lower precision: normalise in fp32 like HF, then cast back before the weight
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
@@ -112,6 +114,7 @@ class QwenVLDecoder(nn.Module):
     def forward(self, embeds, positions, kv_caches, meta: AttentionMetadata, deepstack=None) -> torch.Tensor:
         """embeds [T, hidden], positions [3, T]; deepstack = (rows [N], [features [N, hidden] per layer]) or None."""
         cos, sin = self.rotary(positions, embeds.dtype)
+        cos, sin = cos[:, None], sin[:, None]  # [T, 1, head_dim]: broadcast over heads, made once per step
         x = embeds
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_caches[i], meta)

@@ -1,0 +1,36 @@
+"""The vision tower on its own thread (EngineConfig.async_vision): an image request's tower runs while the
+running requests keep decoding, instead of stalling the step that prefills its first chunk. The scheduler
+admits a request once its images are encoded; everything else about the request is unchanged."""
+import concurrent.futures
+import time
+
+import torch
+
+
+class VisionWorker:
+    """One background thread with its own (smaller) share of the CPU threads. Only vision.encode runs on it:
+    the vision cache and the sequences stay the engine loop's, so nothing else needs a lock."""
+
+    def __init__(self, vision, threads: int):
+        self.vision = vision
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, "minivlm-vision",
+                                                          initializer=torch.set_num_threads, initargs=(threads,))
+
+    def start(self, seq, todo: list[int], pixels: torch.Tensor, grids: torch.Tensor):
+        """Encode images `todo` of seq in the background; seq.vision_job holds (todo, future) until used, the
+        future's result being (the tower's outputs, seconds it took)."""
+        seq.vision_job = (todo, self.pool.submit(self._timed, pixels, grids))
+
+    def _timed(self, pixels, grids):
+        start = time.perf_counter()
+        return self.vision.encode(pixels, grids), time.perf_counter() - start
+
+    @staticmethod
+    def wait_any(seqs, timeout: float):
+        """Block until one of the pending jobs of seqs finishes, or timeout seconds pass."""
+        pending = [s.vision_job[1] for s in seqs if s.vision_job is not None and not s.vision_job[1].done()]
+        if pending:
+            concurrent.futures.wait(pending, timeout, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def close(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)
