@@ -18,8 +18,8 @@ import torch
 from minivlm import Request, SamplingParams
 
 from bench import llamacpp_build, llamacpp_server
-from bench.llamacpp_server import request_body
 from bench.gguf_convert import ensure_gguf
+from bench.llamacpp_server import request_body
 from bench.single_stream import engine_rate
 from bench.timing import Row, decode_rate, interleaved, median, spread
 from bench.workload import scene, uniform_requests
@@ -28,11 +28,9 @@ DTYPES = ("f32", "f16")  # f32: the engine's own precision (the goal); f16: half
 GOALS = {"single": 0.75, "batch": 1.2}
 
 
-def prepare(model_dir: str, build: bool = True, log=print) -> dict:
+def prepare(model_dir: str, log=print) -> dict:
     """The llama-server binary and each dtype's GGUF pair, building/converting what the cache lacks."""
     if not llamacpp_build.is_built():
-        if not build:
-            raise RuntimeError("llama.cpp is not built: run `python -m bench.llamacpp_build` (several minutes)")
         log("[llamacpp] no llama.cpp build in the cache: building it first (several minutes, niced)")
         llamacpp_build.ensure_built(log=log)
     return {"server": llamacpp_build.binary("llama-server"),
@@ -85,7 +83,8 @@ def single_stream_rows(ctx, servers: dict, new_tokens: int) -> list[Row]:
             f">= {goal}x" if goal else "(context)", eng / peer >= goal if goal else None,
             f"{new_tokens} tokens after a 224x224 image prompt ({prompt_n} prompt tokens in llama.cpp); both timed "
             f"by token arrival (llama.cpp's own timing: {median(own):.3g} tok/s); "
-            f"{check_tokens(engine_ids[:1], replies[dtype][:1])}", spread=spread(rates["engine"], rates[dtype], "tok/s")))
+            f"{check_tokens(engine_ids[:1], replies[dtype][:1])}",
+            spread=spread(rates["engine"], rates[dtype], "tok/s")))
     return rows
 
 
@@ -121,7 +120,8 @@ def batch_rows(ctx, servers: dict, batch_size: int, new_tokens: int) -> list[Row
             f"uniform: throughput vs llama-server -np {batch_size} -cb {dtype}", eng, peer, "tok/s", eng / peer,
             f">= {goal}x" if goal else "(context)", eng / peer >= goal if goal else None,
             f"{batch_size} requests x {new_tokens} tokens sent at once over HTTP with their images; prompt tokens: "
-            f"engine {results['prompt']}, llama.cpp {prompt_tokens[dtype]}; {check_tokens(results['engine'], results[dtype])}"
+            f"engine {results['prompt']}, llama.cpp {prompt_tokens[dtype]}; "
+            f"{check_tokens(results['engine'], results[dtype])}"
             + (f"; {retries[dtype]} request(s) sent again after the server dropped the connection" if retries[dtype]
                else ""),
             spread=spread(times["engine"], times[dtype])))
