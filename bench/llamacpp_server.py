@@ -76,9 +76,9 @@ class LlamaServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"llama-server exited with {self.proc.returncode}; see {self.log_path}")
             try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                if requests.get(self.url + "/health", timeout=5).status_code == 200:
                     return self
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not listening yet, or busy loading
                 pass
             time.sleep(0.5)
         self.__exit__()
