@@ -71,17 +71,24 @@ class LlamaServer:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "LLAMA_MEDIA_MARKER": MEDIA_MARKER})
+        try:
+            self._wait_ready()
+        except BaseException:  # `with` calls __exit__ only after __enter__ returned: stop the process here
+            self.__exit__()
+            raise
+        return self
+
+    def _wait_ready(self):
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"llama-server exited with {self.proc.returncode}; see {self.log_path}")
             try:
                 if requests.get(self.url + "/health", timeout=5).status_code == 200:
-                    return self
+                    return
             except (requests.ConnectionError, requests.Timeout):  # not listening yet, or busy loading
                 pass
             time.sleep(0.5)
-        self.__exit__()
         raise TimeoutError(f"llama-server not ready after {self.start_timeout:.0f}s; see {self.log_path}")
 
     def __exit__(self, *exc):
