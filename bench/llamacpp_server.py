@@ -61,7 +61,7 @@ def request_body(processor, request, new_tokens: int) -> dict:
 class LlamaServer:
     """A running llama-server (context manager: started on enter, stopped on exit), its log in `log_path`."""
 
-    def __init__(self, command: list, port: int, log_path: str, start_timeout: float = 180.0):
+    def __init__(self, command: list, port: int, log_path: str, start_timeout: float = 900.0):
         self.command, self.port, self.log_path, self.start_timeout = command, port, log_path, start_timeout
         self.url = f"http://127.0.0.1:{port}"
         self.proc = None
