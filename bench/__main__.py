@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 
-from bench import chunked_prefill, events_overhead, memory, panel_overhead, prefix_cache, single_stream, throughput
+from bench import (chunked_prefill, events_overhead, memory, panel_overhead, peer_llamacpp, prefix_cache, single_stream,
+                   throughput)
 from bench.report import machine, markdown_table, text_table
 from bench.workload import (BENCH_MODEL, SMOKE_MODEL, build_checkpoint, hf_generate, load_hf, make_engine,
                             mixed_requests, param_count)
@@ -19,6 +20,7 @@ from minivlm import SamplingParams
 MEASUREMENTS = {"throughput": throughput.measure, "single_stream": single_stream.measure,
                 "prefix_cache": prefix_cache.measure, "memory": memory.measure, "panel": panel_overhead.measure,
                 "events": events_overhead.measure, "chunked_prefill": chunked_prefill.measure}
+PEERS = {"llamacpp": peer_llamacpp.measure}  # other engines on the same checkpoint: run only when asked (--peer)
 
 
 @dataclass
@@ -32,8 +34,9 @@ class Context:
 
 
 def run(model_dir: str, repeats: int, only=None, hf_onednn=False, device="cpu", dtype="float32",
-        log=print) -> tuple[list, dict]:
-    """Run the measurements (all, or the names in `only`) on the checkpoint; returns (rows, details)."""
+        log=print, peers=()) -> tuple[list, dict]:
+    """Run the measurements (all, or the names in `only`), then the `peers`, on the checkpoint; returns
+    (rows, details)."""
     engine = make_engine(model_dir, device, dtype)
     model, processor = load_hf(model_dir, hf_onednn, device, dtype)
     ctx = Context(engine, model, processor, repeats)
@@ -42,11 +45,15 @@ def run(model_dir: str, repeats: int, only=None, hf_onednn=False, device="cpu", 
     hf_generate(model, processor, warm, 2)
     rows = []
     for name, fn in MEASUREMENTS.items():
-        if only and name not in only:
+        if only is not None and name not in only:
             continue
         t = time.perf_counter()
         rows += fn(ctx)
         log(f"[bench] {name}: {time.perf_counter() - t:.1f}s")
+    for name in peers:
+        t = time.perf_counter()
+        rows += PEERS[name](ctx, model_dir, log=log)
+        log(f"[bench] peer {name}: {time.perf_counter() - t:.1f}s")
     return rows, ctx.details
 
 
@@ -55,7 +62,11 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer repeats (a few minutes on 2 cores)")
     ap.add_argument("--repeats", type=int, help="repeats per measurement (median taken); default 2 quick, 5 full")
     ap.add_argument("--threads", type=int, default=2, help="torch threads, the same for engine and HF (default 2)")
-    ap.add_argument("--only", nargs="*", choices=list(MEASUREMENTS), help="run only these measurements")
+    ap.add_argument("--only", nargs="*", choices=list(MEASUREMENTS),
+                    help="run only these measurements (none if no name is given: the --peer rows only)")
+    ap.add_argument("--peer", action="append", default=[], choices=list(PEERS),
+                    help="add rows against another engine (llamacpp: builds llama.cpp and converts the checkpoint "
+                         "to GGUF on first use, cached in .cache/llamacpp/)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"], help="engine and HF device")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="both sides")
     ap.add_argument("--hf-onednn", action="store_true",
@@ -67,15 +78,19 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         raise ValueError("--repeats must be >= 1")
+    if args.only == [] and not args.peer:
+        raise ValueError("--only with no measurement names runs nothing unless --peer is given")
     if args.hf_onednn and (args.device, args.dtype) != ("cpu", "float32"):
         raise ValueError("--hf-onednn is the engine's fp32 CPU kernel; it needs --device cpu --dtype float32")
+    if args.peer and (args.device, args.dtype) != ("cpu", "float32"):
+        raise ValueError("--peer compares CPU fp32 engines: it needs --device cpu --dtype float32")
     torch.set_num_threads(args.threads)
     spec = SMOKE_MODEL if args.smoke else BENCH_MODEL
     name = "bench-smoke" if args.smoke else "bench-qwen2_5_vl-70m"
     model_dir = build_checkpoint(args.checkpoint_dir or os.path.join(tempfile.gettempdir(), "minivlm-" + name), spec)
     repeats = args.repeats or (2 if args.quick else 5)
     start = time.perf_counter()
-    rows, details = run(model_dir, repeats, args.only, args.hf_onednn, args.device, args.dtype)
+    rows, details = run(model_dir, repeats, args.only, args.hf_onednn, args.device, args.dtype, peers=args.peer)
     command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
     baseline = f"HF transformers {transformers.__version__}"
     baseline += " + the engine's oneDNN linears" if args.hf_onednn else ""
