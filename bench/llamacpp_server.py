@@ -9,7 +9,7 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import requests
+import httpx
 
 # llama-server draws a random image placeholder per run unless pinned by this variable; mtmd adds
 # <|vision_start|>/<|vision_end|> around the image itself
@@ -84,9 +84,9 @@ class LlamaServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"llama-server exited with {self.proc.returncode}; see {self.log_path}")
             try:
-                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
                     return
-            except (requests.ConnectionError, requests.Timeout):  # not listening yet, or busy loading
+            except (httpx.ConnectError, httpx.TimeoutException):  # not listening yet, or busy loading
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"llama-server not ready after {self.start_timeout:.0f}s; see {self.log_path}")
@@ -103,10 +103,10 @@ class LlamaServer:
 
     def complete(self, body: dict) -> dict:
         try:
-            reply = requests.post(self.url + "/completion", json=body, timeout=600)
-        except requests.ConnectionError:  # seen on a starved machine: a connection closed before any answer
+            reply = httpx.post(self.url + "/completion", json=body, timeout=600)
+        except (httpx.ConnectError, httpx.RemoteProtocolError):  # seen on a starved machine: closed unanswered
             self.retries += 1
-            reply = requests.post(self.url + "/completion", json=body, timeout=600)
+            reply = httpx.post(self.url + "/completion", json=body, timeout=600)
         if reply.status_code != 200:
             raise RuntimeError(f"llama-server /completion {reply.status_code}: {reply.text[:300]}")
         return reply.json()
@@ -114,11 +114,11 @@ class LlamaServer:
     def stream(self, body: dict) -> tuple[list[float], list[int], dict]:
         """One streamed request: the arrival time of each token, the token ids, and the final chunk (timings)."""
         times, tokens, last = [], [], {}
-        with requests.post(self.url + "/completion", json={**body, "stream": True}, stream=True, timeout=600) as r:
+        with httpx.stream("POST", self.url + "/completion", json={**body, "stream": True}, timeout=600) as r:
             if r.status_code != 200:
-                raise RuntimeError(f"llama-server /completion {r.status_code}: {r.text[:300]}")
+                raise RuntimeError(f"llama-server /completion {r.status_code}: {r.read()[:300]!r}")
             for line in r.iter_lines():
-                if not line.startswith(b"data: "):
+                if not line.startswith("data: "):
                     continue
                 last = json.loads(line[6:])
                 if last.get("tokens"):
