@@ -15,10 +15,9 @@ class ModelRunner:
         self.vision_cache = vision_cache
         self.model_id, self.dtype_name = model.model_id, model.dtype_name
 
-    def _lookup(self, seq):
-        """Each image's vision-cache key and cached value (None where the tower has to run)."""
-        keys = [im.vision_key(self.model_id, self.dtype_name) for im in seq.images]
-        return keys, [self.vision_cache.get(k) for k in keys]
+    def _keys(self, seq) -> list[str]:
+        """Each image's vision-cache key."""
+        return [im.vision_key(self.model_id, self.dtype_name) for im in seq.images]
 
     def _pixels(self, seq, todo: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The patches and grids of images `todo` of seq (its pixel_values hold every image's patches in order)."""
@@ -31,7 +30,7 @@ class ModelRunner:
         """async_vision: hand seq's uncached images to the vision worker as soon as the request arrives."""
         if seq.pixel_values is None or seq.image_embeds is not None or seq.vision_job is not None:
             return
-        todo = [i for i, k in enumerate(self._lookup(seq)[0]) if k not in self.vision_cache]
+        todo = [i for i, k in enumerate(self._keys(seq)) if k not in self.vision_cache]  # a peek: no hit counted
         if todo:
             worker.start(seq, todo, *self._pixels(seq, todo))
 
@@ -40,7 +39,8 @@ class ModelRunner:
         vision cache (images seen before), or from the tower right here."""
         if seq.pixel_values is None or seq.image_embeds is not None:
             return
-        keys, results = self._lookup(seq)
+        keys = self._keys(seq)
+        results = [self.vision_cache.get(k) for k in keys]  # None where the tower has to run
         if seq.vision_job is not None:
             done, job = seq.vision_job
             seq.vision_job = None
