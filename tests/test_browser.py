@@ -23,17 +23,22 @@ NUM_BLOCKS = 96
 TIMEOUT_MS = 120_000
 
 
-@pytest.fixture(scope="module")
-def app():
-    """The app served from this process, so the test can read the same engine the page shows."""
-    with app_in_process(NUM_BLOCKS) as served:
-        yield served
+def served_app_and_page(num_blocks: int, height: int = 1000):
+    """A module's two fixtures: `app`, the app served from this process on a `num_blocks` pool (so a test reads
+    the same engine the page shows), and `page`, a browser page open on it."""
+    @pytest.fixture(scope="module")
+    def app():
+        with app_in_process(num_blocks) as served:
+            yield served
+
+    @pytest.fixture(scope="module")
+    def page(app):
+        with browser_page(app[1], CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, height=height) as pg:
+            yield pg
+    return app, page
 
 
-@pytest.fixture(scope="module")
-def page(app):
-    with browser_page(app[1], CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, height=1000) as pg:
-        yield pg
+app, page = served_app_and_page(NUM_BLOCKS)
 
 
 @pytest.fixture(scope="module")

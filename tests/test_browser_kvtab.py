@@ -10,8 +10,8 @@ import time
 import pytest
 
 from panels.plots import block_cell
-from tests.app_server import app_in_process, browser_page
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, open_tab
+from tests.app_server import app_in_process
+from tests.test_browser import TIMEOUT_MS, open_tab, served_app_and_page
 
 pytestmark = pytest.mark.browser
 NUM_BLOCKS = 24  # the lesson's pool: four requests of 48 tokens outgrow it and one is preempted
@@ -22,17 +22,7 @@ MAP = """() => {
 }"""
 
 
-@pytest.fixture(scope="module")
-def app():
-    """The app served from this process, so the test can read the same engine the page shows."""
-    with app_in_process(NUM_BLOCKS) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def page(app):
-    with browser_page(app[1], CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, height=1100) as pg:
-        yield pg
+app, page = served_app_and_page(NUM_BLOCKS, height=1100)
 
 
 def logged_steps(page) -> list[int]:
