@@ -2,6 +2,8 @@
 is the same engine with the tower in the step: the same tokens and logprobs (within 1e-4), a request is never
 scheduled before its images are encoded, a tower error fails only its own request, and an engine with nothing
 to run but images in the tower waits instead of counting empty steps."""
+import os
+import sys
 import threading
 import time
 
@@ -20,6 +22,7 @@ class GatedTower:
 
     def encode(self, pixels, grids):
         self.calls += 1
+        self.nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) if sys.platform == "linux" else None
         self.gate.wait(30)
         if self.error is not None:
             raise self.error
@@ -46,6 +49,8 @@ def test_text_runs_while_an_image_is_in_the_tower(path, unchunked):
         [text_out] = eng.generate([text], PARAMS)  # finishes while the image request's tower is held
         scheduled = [ev for ev in eng.events() if ev.kind == "scheduled" and image.request_id in ev.request_ids]
         assert gated.calls == 1 and not scheduled and t.is_alive()
+        if sys.platform == "linux":  # the tower's thread yields the CPU to the steps
+            assert gated.nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
         gated.gate.set()
         t.join(60)
     assert text_out.token_ids == unchunked[-1].token_ids

@@ -38,12 +38,16 @@ BIND_WEIGHTS = {"color": 0.3, "shape": 0.5, "count": 0.3, "color_of": 1.5, "is_t
 # fine-tuning a trained model (--init) on descriptions and positions, replaying the five one-word types
 DESCRIBE_WEIGHTS = {"color": 0.3, "shape": 0.5, "count": 0.5, "color_of": 1.0, "is_there": 2.0, "describe": 4.0,
                     "where": 3.0}
+# then precision near the thirds cuts is what is left: ask where (one position per answer) most
+PRECISION_WEIGHTS = {"color": 0.3, "shape": 0.5, "count": 0.5, "color_of": 1.0, "is_there": 1.5, "describe": 4.0,
+                     "where": 5.0}
+NEAR = 0.05  # a centre this close to a thirds cut (fraction of the canvas) is "near a cut"
 
 
 def weights_at(step: int, args) -> dict:
     """The question-type mixture of this step."""
     if args.init:
-        return DESCRIBE_WEIGHTS
+        return PRECISION_WEIGHTS if args.near_cut else DESCRIBE_WEIGHTS
     return BIND_WEIGHTS if step >= args.bind_from else FOCUS_WEIGHTS if step >= args.focus_from else TYPE_WEIGHTS
 
 
@@ -80,6 +84,12 @@ def export(model, tokenizer, out_dir: str):
                    "pad_token_id": model.config.text_config.pad_token_id, "do_sample": False}, f)
 
 
+def cut_distance(shape, scene) -> float:
+    """How far the shape's box centre lies from the nearest thirds cut, either axis, as a fraction of the canvas."""
+    cx, cy = (shape.x + shape.side / 2) / scene.width, (shape.y + shape.side / 2) / scene.height
+    return min(abs(c - cut) for c in (cx, cy) for cut in (1 / 3, 2 / 3))
+
+
 def conversation(rng: random.Random, step: int, args):
     """One training chat: an image, 1-3 question/answer turns about it (single-shape scenes first)."""
     early = step < args.curriculum_steps and not args.init
@@ -87,7 +97,14 @@ def conversation(rng: random.Random, step: int, args):
     if args.init:  # one shape first (positions without binding), then mostly three (the longest answers)
         one = 0.25 + 0.45 * max(0.0, 1 - step / args.shapes_ramp) if args.shapes_ramp else 0.25
         num = rng.choices([1, 2, 3], [one, 0.35 / 0.75 * (1 - one), 0.4 / 0.75 * (1 - one)])[0]
-    scene = random_scene(rng, num, size=(0.3, 0.7) if early else (0.25, 0.45))  # big shapes show shape first
+    kinds = None
+    if args.kind_twins and num > 1 and rng.random() < args.kind_twins:  # two shapes of one kind: only colour tells
+        twin = rng.choice(SHAPES)
+        kinds = rng.sample([twin, twin] + [rng.choice(SHAPES) for _ in range(num - 2)], num)
+    scene = random_scene(rng, num, kinds, size=(0.3, 0.7) if early else (0.25, 0.45))  # big shapes show shape first
+    if args.near_cut and rng.random() < args.near_cut:  # a scene drawn from the same spec, kept if a shape is near a cut
+        while min(cut_distance(s, scene) for s in scene.shapes) >= NEAR:
+            scene = random_scene(rng, num, kinds)
     types = possible_types(scene)
     table = weights_at(step, args)
     weights = [table.get(t, 0.0) for t in types]
@@ -197,11 +214,18 @@ class StepBatches(torch.utils.data.Dataset):
 def losses_of(model, aux_head, batch, token_truth, captured, args):
     """The answer tokens' loss and the vision tokens' auxiliary loss of one batch."""
     lm_loss = model(**batch).loss
+    tokens = captured["tokens"]
     # dense per-token shape (and position) labels give the ViT a direct signal (the heads are not shipped)
-    aux = torch.nn.functional.cross_entropy(aux_head["kind"](captured["tokens"]), token_truth[:, 0].long())
+    aux = torch.nn.functional.cross_entropy(aux_head["kind"](tokens), token_truth[:, 0].long())
     if args.init:  # where the token is and where the centre of its shape is, regressed
         aux = aux + args.position_weight / args.aux_weight * torch.nn.functional.mse_loss(
-            aux_head["position"](captured["tokens"]), token_truth[:, 1:])
+            aux_head["position"](tokens), token_truth[:, 1:])
+    inside = token_truth[:, 0] < len(SHAPES)
+    if args.third_weight and inside.any():  # the row and column third of its shape's centre: a CE is sharpest at a cut
+        thirds = (3 * token_truth[inside, 3:5]).floor().clamp(max=2).long()
+        logits = aux_head["third"](tokens[inside]).view(-1, 2, 3)
+        aux = aux + args.third_weight / args.aux_weight * torch.nn.functional.cross_entropy(
+            logits.reshape(-1, 3), thirds.reshape(-1))
     return lm_loss, aux
 
 
@@ -229,6 +253,14 @@ def main():
     p.add_argument("--shapes-ramp", type=int, default=0,
                    help="with --init: one-shape scenes fall from 70 %% to 25 %% of chats over this many steps")
     p.add_argument("--position-weight", type=float, default=10.0, help="aux loss on positions (with --init)")
+    p.add_argument("--near-cut", type=float, default=0.0,
+                   help=f"with --init: this share of chats keeps only scenes with a shape centre within {NEAR} of a "
+                        "thirds cut, and the mixture asks where most (PRECISION_WEIGHTS)")
+    p.add_argument("--kind-twins", type=float, default=0.0,
+                   help="with --init: this share of 2-3-shape chats has two shapes of one kind (where must bind colour)")
+    p.add_argument("--third-weight", type=float, default=0.0,
+                   help="aux CE on the row/column third of each in-shape vision token's shape centre")
+    p.add_argument("--init-aux", default=None, help="a training checkpoint (ckpt.pt) whose auxiliary heads to start from")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every-s", type=float, default=180)
@@ -246,6 +278,11 @@ def main():
     hidden = model.config.text_config.hidden_size
     aux_head = torch.nn.ModuleDict({"kind": torch.nn.Linear(hidden, len(SHAPES) + 1),
                                     "position": torch.nn.Linear(hidden, 4)})
+    if args.third_weight:
+        aux_head["third"] = torch.nn.Linear(hidden, 6)
+    if args.init_aux:  # heads missing from an older checkpoint (third) keep their fresh initialisation
+        aux_head.load_state_dict(torch.load(args.init_aux, weights_only=False, map_location="cpu")["aux_head"],
+                                 strict=False)
     model.to(args.device)
     aux_head.to(args.device)
     vision = [p for n, p in model.named_parameters() if ".visual." in f".{n}"] + list(aux_head.parameters())
@@ -261,7 +298,8 @@ def main():
         opt.load_state_dict(state["opt"])
         step, best = state["step"], state["best"]
         print(f"resumed at step {step}", flush=True)
-    print(f"params {sum(p.numel() for p in model.parameters()):,} (vision {sum(p.numel() for p in vision[:-4]):,})",
+    n_vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
+    print(f"params {sum(p.numel() for p in model.parameters()):,} (vision {n_vision:,})",
           flush=True)
     model.train()
     last_save, t0, losses = time.time(), time.time(), []
