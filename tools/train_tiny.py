@@ -21,8 +21,9 @@ from transformers import Qwen3VLForConditionalGeneration
 
 from minivlm.processor import load_processor
 from tools.make_checkpoint import save_processor, tiny_config
-from tools.scenes import QUESTION_TYPES, SHAPES, ask, possible_types, random_scene, render, sample
+from tools.scenes import COLORS, QUESTION_TYPES, SHAPES, ask, possible_types, random_scene, render, sample
 from tools.tiny_tokenizer import build_tokenizer, extend_tokenizer
+from tools.train_signals import losses_of, token_labels, where_queries
 
 FAMILY = "qwen3_vl"
 PATCH, MIN_PIXELS, MAX_PIXELS = 8, 112 * 112, 128 * 128  # merged token = 16 px; images ~112-128 px a side
@@ -91,7 +92,8 @@ def cut_distance(shape, scene) -> float:
 
 
 def conversation(rng: random.Random, step: int, args):
-    """One training chat: an image, 1-3 question/answer turns about it (single-shape scenes first)."""
+    """One training chat: an image, 1-3 question/answer turns about it (single-shape scenes first), and the
+    (turn, shape index, colour index) of each "where" question in it."""
     early = step < args.curriculum_steps and not args.init
     num = 1 if early or rng.random() < 0.35 else rng.randint(2, 3)
     if args.init:  # one shape first (positions without binding), then mostly three (the longest answers)
@@ -110,33 +112,14 @@ def conversation(rng: random.Random, step: int, args):
     weights = [table.get(t, 0.0) for t in types]
     hard = (0.1, 0.9) if step >= args.bind_from or args.init else (0.4, 0.8)
     turns = rng.choice([2, 3, 4] if args.init else [1, 1, 2, 3])  # fine-tuning: more answers per image
-    messages = []
+    messages, asked = [], []
     for i in range(turns):
         question, answer = ask(scene, rng.choices(types, weights)[0], rng, hard)
         content = [{"type": "image"}, {"type": "text", "text": question}] if i == 0 else question
         messages += [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]
-    return scene, render(scene, supersample=rng.choice([1, 2])), messages
-
-
-def token_labels(scene, grid_thw, patch: int = PATCH) -> torch.Tensor:
-    """Per merged vision token (row-major): the index of the shape kind whose box holds its centre (3 if
-    background), the token's own centre and the centre of the box it lies in (its own if background), both as
-    fractions of the canvas's width and height."""
-    _, gh, gw = (int(v) for v in grid_thw)
-    rows, cols = gh // 2, gw // 2
-    sx, sy = scene.width / (gw * patch), scene.height / (gh * patch)
-    labels = torch.zeros(rows, cols, 5)
-    for r in range(rows):
-        for c in range(cols):
-            x, y = (c + 0.5) * 2 * patch * sx, (r + 0.5) * 2 * patch * sy
-            labels[r, c] = torch.tensor([len(SHAPES), x, y, x, y])
-            for sh in scene.shapes:
-                if sh.x <= x < sh.x + sh.side and sh.y <= y < sh.y + sh.side:
-                    labels[r, c] = torch.tensor([SHAPES.index(sh.kind), x, y, sh.x + sh.side / 2,
-                                                 sh.y + sh.side / 2])
-    labels[..., 1::2] /= scene.width
-    labels[..., 2::2] /= scene.height
-    return labels.reshape(-1, 5)
+        asked += [(i, k, list(COLORS).index(sh.color)) for k, sh in enumerate(scene.shapes)
+                  if question == f"Where is the {sh.color} {sh.kind}?"]
+    return scene, render(scene, supersample=rng.choice([1, 2])), messages, asked
 
 
 def answer_labels(input_ids: torch.Tensor, prefix: list, end_id: int) -> torch.Tensor:
@@ -156,20 +139,22 @@ def answer_labels(input_ids: torch.Tensor, prefix: list, end_id: int) -> torch.T
 
 
 def make_batch(processor, step: int, args):
-    """A padded processor batch with answer-only labels and per-vision-token labels, a pure function of
-    (seed, step)."""
+    """A padded processor batch with answer-only labels, per-vision-token labels and the "where" answers'
+    queries (train_signals), a pure function of (seed, step)."""
     rng = random.Random(args.seed * 1_000_003 + step)
-    scenes, images, texts = [], [], []
+    scenes, images, texts, asked = [], [], [], []
     for _ in range(args.batch_size):
-        scene, image, messages = conversation(rng, step, args)
+        scene, image, messages, where = conversation(rng, step, args)
         scenes.append(scene)
         images.append(image)
+        asked.append(where)
         texts.append(processor.apply_chat_template(messages, tokenize=False))
     batch = processor(text=texts, images=images, padding=True, return_tensors="pt")
     tok = processor.tokenizer
     prefix = tok("<|im_start|>assistant\n").input_ids
     batch["labels"] = answer_labels(batch["input_ids"], prefix, tok.convert_tokens_to_ids("<|im_end|>"))
-    return batch, torch.cat([token_labels(sc, g) for sc, g in zip(scenes, batch["image_grid_thw"])])
+    return batch, torch.cat([token_labels(sc, g, PATCH) for sc, g in zip(scenes, batch["image_grid_thw"])]), \
+        where_queries(batch["input_ids"], prefix, asked)
 
 
 PROBE_ROWS = [(q, None) for q in QUESTION_TYPES if q != "describe"] + [("describe", n) for n in (1, 2, 3)]
@@ -211,24 +196,6 @@ class StepBatches(torch.utils.data.Dataset):
         return make_batch(self.processor, self.start + i, self.args)
 
 
-def losses_of(model, aux_head, batch, token_truth, captured, args):
-    """The answer tokens' loss and the vision tokens' auxiliary loss of one batch."""
-    lm_loss = model(**batch).loss
-    tokens = captured["tokens"]
-    # dense per-token shape (and position) labels give the ViT a direct signal (the heads are not shipped)
-    aux = torch.nn.functional.cross_entropy(aux_head["kind"](tokens), token_truth[:, 0].long())
-    if args.init:  # where the token is and where the centre of its shape is, regressed
-        aux = aux + args.position_weight / args.aux_weight * torch.nn.functional.mse_loss(
-            aux_head["position"](tokens), token_truth[:, 1:])
-    inside = token_truth[:, 0] < len(SHAPES)
-    if args.third_weight and inside.any():  # the row and column third of its shape's centre: a CE is sharpest at a cut
-        thirds = (3 * token_truth[inside, 3:5]).floor().clamp(max=2).long()
-        logits = aux_head["third"](tokens[inside]).view(-1, 2, 3)
-        aux = aux + args.third_weight / args.aux_weight * torch.nn.functional.cross_entropy(
-            logits.reshape(-1, 3), thirds.reshape(-1))
-    return lm_loss, aux
-
-
 def lr_scale(step: int, warmup: int, total: int) -> float:
     """Linear warmup, then cosine decay to 10 %."""
     if step < warmup:
@@ -260,6 +227,11 @@ def main():
                    help="with --init: this share of 2-3-shape chats has two shapes of one kind (where must bind colour)")
     p.add_argument("--third-weight", type=float, default=0.0,
                    help="aux CE on the row/column third of each in-shape vision token's shape centre")
+    p.add_argument("--attend-weight", type=float, default=0.0,
+                   help="aux loss: a where answer's attention (one layer, mean over heads) on its shape's tokens")
+    p.add_argument("--query-weight", type=float, default=0.0,
+                   help="aux CE: the asked shape's colour, read from the input of --attend-layer at a where answer")
+    p.add_argument("--attend-layer", type=int, default=2, help="the decoder layer --attend-weight supervises")
     p.add_argument("--init-aux", default=None, help="a training checkpoint (ckpt.pt) whose auxiliary heads to start from")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
@@ -275,11 +247,21 @@ def main():
     processor.tokenizer.padding_side = "right"
     captured = {}
     model.model.visual.register_forward_hook(lambda m, i, out: captured.update(tokens=out.pooler_output))
+    if args.attend_weight:  # eager attention returns its weights; the hook keeps one layer's
+        model.config.text_config._attn_implementation = "eager"
+        model.model.language_model.layers[args.attend_layer].self_attn.register_forward_hook(
+            lambda m, i, out: captured.update(attention=out[1]))
+    if args.query_weight:  # what the supervised layer's queries are computed from
+        model.model.language_model.layers[args.attend_layer].register_forward_pre_hook(
+            lambda m, args_, kwargs: captured.update(query_input=kwargs.get("hidden_states", args_[0] if args_ else None)),
+            with_kwargs=True)
     hidden = model.config.text_config.hidden_size
     aux_head = torch.nn.ModuleDict({"kind": torch.nn.Linear(hidden, len(SHAPES) + 1),
                                     "position": torch.nn.Linear(hidden, 4)})
     if args.third_weight:
         aux_head["third"] = torch.nn.Linear(hidden, 6)
+    if args.query_weight:
+        aux_head["asked_color"] = torch.nn.Linear(hidden, len(COLORS))
     if args.init_aux:  # heads missing from an older checkpoint (third) keep their fresh initialisation
         aux_head.load_state_dict(torch.load(args.init_aux, weights_only=False, map_location="cpu")["aux_head"],
                                  strict=False)
@@ -306,10 +288,11 @@ def main():
     stop = min(args.stop_at or args.steps, args.steps)
     batches = torch.utils.data.DataLoader(StepBatches(processor, args, step, stop), batch_size=None,
                                           num_workers=args.workers, prefetch_factor=8 if args.workers else None)
-    for batch, token_truth in batches:
+    for batch, token_truth, queries in batches:
         for group, base in zip(opt.param_groups, base_lrs):
             group["lr"] = base * lr_scale(step, args.warmup, args.steps)
-        lm_loss, aux = losses_of(model, aux_head, batch.to(args.device), token_truth.to(args.device), captured, args)
+        lm_loss, aux = losses_of(model, aux_head, batch.to(args.device), token_truth.to(args.device), captured, args,
+                                 queries)
         opt.zero_grad(set_to_none=True)
         (lm_loss + args.aux_weight * aux).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
