@@ -12,9 +12,10 @@ from panels.access import refusal
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
 
 ERROR_TITLE = "⚠️ request refused"
-EXAMPLES = [("red_circle.png", "What color is the shape?"), ("blue_circle.png", "What color is the shape?"),
-            ("green_triangle.png", "What shape is it?"), ("yellow_square.png", "What shape is it?"),
-            ("two_shapes.png", "How many shapes are there?"), ("three_shapes.png", "What color is the triangle?")]
+EXAMPLES = [("red_circle.png", "Describe the picture."), ("blue_circle.png", "What color is the shape?"),
+            ("green_triangle.png", "What shape is it?"), ("yellow_square.png", "Where is the yellow square?"),
+            ("two_shapes.png", "Describe the picture."), ("three_shapes.png", "Describe the picture."),
+            ("three_shapes.png", "Where is the green circle?"), ("two_shapes.png", "How many shapes are there?")]
 
 
 def _parts(content) -> list:

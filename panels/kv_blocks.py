@@ -10,7 +10,6 @@ import gradio as gr
 from minivlm import Request, SamplingParams
 
 from panels.access import refusal
-from panels.chat import EXAMPLES
 from panels import prefix_tree
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
 from panels.kv_run import POLL_S, SHARED_LAUNCH_BLOCKS, Runs, live_view, view
@@ -40,14 +39,20 @@ TIMELINE_CLICK_JS = """() => {
 }"""
 
 
+# (example scene, a question whose answer decodes for a while, a second question about the same scene)
+DEMO = [("three_shapes.png", "Describe the picture.", "Where is the green circle?"),
+        ("two_shapes.png", "Describe the picture.", "Where is the purple square?"),
+        ("red_circle.png", "Describe the picture.", "What color is the shape?")]
+
+
 def demo_requests(n: int, salt: str | None) -> list[Request]:
-    """n requests over three example scenes, asking each its own question, then how many shapes there are:
-    equal prompts share every full block, equal images share their image blocks."""
+    """n requests over three example scenes, asking each for a description (the model's answer is 5 to 20
+    tokens), then a question about the same picture: equal prompts share every full block, equal images share
+    their image blocks."""
     reqs = []
     for i in range(n):
-        name, question = EXAMPLES[i % 3]
-        if (i // 3) % 2:
-            question = "How many shapes are there?"
+        name, describe, other = DEMO[i % 3]
+        question = other if (i // 3) % 2 else describe
         reqs.append(Request(prompt=question, images=[os.path.join(EXAMPLES_DIR, name)], cache_salt=salt))
     return reqs
 
@@ -82,8 +87,8 @@ def build(holder: EngineHolder):
     prefix_tree.attach(lambda session: getattr(runs.get(session), "engine", None) or holder.get(), block_map)
     with gr.Row():
         n = gr.Slider(1, most_requests, value=8, step=1, label="concurrent requests", elem_id="kv-n")
-        max_tokens = gr.Slider(4, most_tokens, value=48, step=1, label="tokens each (EOS ignored)",
-                               elem_id="kv-tokens")
+        max_tokens = gr.Slider(4, most_tokens, value=48, step=1, label="max tokens each", elem_id="kv-tokens")
+        no_eos = gr.Checkbox(False, label="ignore EOS (every request decodes to max tokens)", elem_id="kv-no-eos")
         launch = gr.Button("Launch N requests", variant="primary", elem_id="kv-launch")
     step = gr.Slider(0, 1, value=0, step=1, label="replay step (after a launch or a pause)", interactive=False,
                      elem_id="kv-step")
@@ -124,7 +129,7 @@ def build(holder: EngineHolder):
         return show(session_of(request))
 
     @gpu
-    def run_launch(requests, tokens_each, request: gr.Request):
+    def run_launch(requests, tokens_each, ignore_eos, request: gr.Request):
         if not all(isinstance(v, (int, float)) for v in (requests, tokens_each)) \
                 or not (1 <= requests <= most_requests and 4 <= tokens_each <= most_tokens):
             raise refusal(f"The launcher runs 1 to {most_requests} requests of 4 to {most_tokens} tokens each here; "
@@ -132,7 +137,7 @@ def build(holder: EngineHolder):
         session = session_of(request)
         run = runs.current(session)
         run.launch(demo_requests(int(requests), holder.salt(session)),
-                   SamplingParams(max_tokens=int(tokens_each), ignore_eos=True))
+                   SamplingParams(max_tokens=int(tokens_each), ignore_eos=bool(ignore_eos)))
         if run.engine.loop.is_paused():
             gr.Info(f"{int(requests)} requests queued: they arrive at the next Step.")
             yield show(session)
@@ -202,7 +207,7 @@ def build(holder: EngineHolder):
                concurrency_id="kv_view", concurrency_limit=4)
     refresh.click(refresh_now, None, outs, api_name="kv_snapshot", concurrency_id="kv_view")
     back.click(refresh_now, None, outs, api_name=False, concurrency_id="kv_view")
-    launch.click(run_launch, [n, max_tokens], outs, api_name="kv_launch", concurrency_id="kv_launch",
+    launch.click(run_launch, [n, max_tokens, no_eos], outs, api_name="kv_launch", concurrency_id="kv_launch",
                  concurrency_limit=1, preprocess=False)
     pause.click(do_pause, None, outs, api_name="kv_pause", concurrency_id="kv_control")
     step1.click(step_once, None, outs, api_name="kv_step", concurrency_id="kv_control")

@@ -1,8 +1,9 @@
 """Step-through in a real browser (Debian's chromium, headless, Playwright), following the README's step-through
-lesson with its settings (24 blocks, 4 requests of 48 tokens): pause, launch, press Step 5 times (the decision log
-shows those 5 steps, the engine advanced exactly 5, the map is the engine's own state), Step ×10 until a request
-is preempted (the log names it and why, the timeline marks it), click a step on the timeline (its replay stays on
-screen while the engine runs on), Back to live: all 4 requests finished. Screenshot:
+lesson with its settings (16 blocks, 6 requests of up to 48 tokens, EOS not ignored): pause, launch, press Step 5
+times (the decision log shows those 5 steps, the engine advanced exactly 5, the map is the engine's own state),
+Step ×10 until a request is preempted (the log names it and why, the timeline marks it; a request with the same
+picture as the first reused the first's image blocks), click a step on the timeline (its replay stays on screen
+while the engine runs on), Back to live: all 6 requests finished. Screenshot:
 $MINIVLM_SCREENSHOTS/kv_stepthrough.png (docs/screenshots to refresh the README's)."""
 import os
 import time
@@ -14,7 +15,8 @@ from tests.app_server import app_in_process
 from tests.test_browser import TIMEOUT_MS, open_tab, served_app_and_page
 
 pytestmark = pytest.mark.browser
-NUM_BLOCKS = 24  # the lesson's pool: four requests of 48 tokens outgrow it and one is preempted
+NUM_BLOCKS = 16  # the lesson's pool: six requests' descriptions outgrow it and one is preempted
+REQUESTS = 6
 
 MAP = """() => {
     const el = document.querySelector('#kv-map .js-plotly-plot');
@@ -39,7 +41,7 @@ def test_pause_launch_step_five_times(app, page):
     page.wait_for_function("document.querySelector('#kv-summary')?.innerText.includes('engine paused')")
     before = page.wait_for_function(MAP).json_value()
     start = engine.snapshot().step
-    page.locator("#kv-n input[type=number]").fill("4")
+    page.locator("#kv-n input[type=number]").fill(str(REQUESTS))
     page.locator("#kv-n input[type=number]").press("Tab")
     page.locator("#kv-launch").click()
     deadline = time.monotonic() + TIMEOUT_MS / 1000
@@ -59,10 +61,8 @@ def test_pause_launch_step_five_times(app, page):
     coloured = {(x, y) for y, row in enumerate(after["z"]) for x, v in enumerate(row) if v is not None and v >= 2}
     assert coloured == {block_cell(b.block_id, after["cols"]) for b in snap.blocks if b.ref_count > 0} != set()
     timeline = page.evaluate("document.querySelector('#kv-timeline .js-plotly-plot').data[0].y")
-    assert sorted(timeline) == sorted(snap.running + snap.waiting) and len(timeline) == 4
-    first, fourth = sorted(timeline, key=lambda r: int(r.rsplit("-", 1)[1]))[::3]  # same picture, other question
-    assert f"{fourth} reused 4 cached block(s) (64 tokens)" in page.locator("#kv-decisions").inner_text()
-    assert snap.block_tables[fourth][:4] == snap.block_tables[first][:4]  # the lesson's prefix hit
+    assert sorted(timeline) == sorted(snap.running + snap.waiting) and len(timeline) == REQUESTS
+    first, fourth = sorted(timeline, key=lambda r: int(r.rsplit("-", 1)[1]))[:4:3]  # same picture, other question
 
     for _ in range(6):  # Step ×10 until the pool runs out
         shown = logged_steps(page)[0]
@@ -73,6 +73,10 @@ def test_pause_launch_step_five_times(app, page):
             break
     victim = next(e for e in engine.events(0) if e.kind == "preempted")
     log = page.locator("#kv-decisions").inner_text()
+    hit = next(e for e in engine.events(0) if e.kind == "cache_lookup" and e.request_id == fourth)
+    owned = next(e for e in engine.events(0) if e.kind == "allocated" and e.request_id == first).block_ids
+    assert [h.block_id for h in hit.hits] == owned[:len(hit.hits)] != []  # the lesson's prefix hit: the image blocks
+    assert f"{fourth} reused {len(hit.hits)} cached block(s) ({16 * len(hit.hits)} tokens)" in log
     assert f"{victim.request_id} preempted: {victim.reason}" in log and "none is free" in victim.reason
     timeline = page.evaluate("(() => { const d = document.querySelector('#kv-timeline .js-plotly-plot').data[0];"
                              " return {y: d.y, x: d.x, z: d.z}; })()")
@@ -96,7 +100,7 @@ def test_pause_launch_step_five_times(app, page):
     assert f"step {start + 1} ·" in page.locator("#kv-summary").inner_text()
     assert f"KV pool at step {start + 1}:" in page.evaluate(MAP.replace("() =>", "(() =>") + ")()")["title"]
     page.locator("#kv-back").click()  # Back to live: all four finished, none was lost by pausing
-    page.wait_for_function("document.querySelector('#kv-summary')?.innerText.includes('4 finished')")
+    page.wait_for_function(f"document.querySelector('#kv-summary')?.innerText.includes('{REQUESTS} finished')")
     assert " · live · " in page.locator("#kv-summary").inner_text()
 
 

@@ -161,3 +161,34 @@ def test_chunked_prefill_steps_show_chunks_and_decodes(checkpoints):
             assert states[rid][ev.step] in (("prefill",) if n > 1 else ("decode", "finished")), (rid, ev.step, n)
     c = run_counters(events)
     assert c["mixed steps"] == len(mixed) and f", {len(mixed)} mixed)" in run_line(events)
+
+
+# the README's step-through lesson quotes these decisions of the shipped model's run (16 blocks, six requests)
+LESSON = [(1, "prefill 3 request(s), 225 token(s)"), (1, "req-2 got blocks 10, 11, 12, 13, 14, 15"),
+          (6, "req-2 finished (stop)"), (7, "req-3 reused 3 cached block(s) (48 tokens)"),
+          (7, "req-3 got blocks 15, 14"), (7, "prefill 2 request(s), 50 token(s)"),
+          (10, "req-5 reused 2 cached block(s) (32 tokens)"),
+          (11, "req-5 preempted: req-0 needs a block for its next token; none is free; preempting the newest running "
+               "request, req-5, releasing its 6 blocks (6 become free); its 83 tokens will be recomputed"),
+          (17, "req-5 reused 4 cached block(s) (64 tokens)"), (17, "prefill 1 request(s), 19 token(s)")]
+
+
+def test_readme_step_through_lesson_is_what_the_engine_decides():
+    """The lesson's numbers come from this run (a fresh engine: requests req-0 ... req-5) and the README says them."""
+    import os
+    from minivlm.events import describe
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    config = EngineConfig(model=os.path.join(root, "assets", "tiny-qwen-vl"), device="cpu", num_blocks=16)
+    with Engine(config) as engine:
+        outs = engine.generate(demo_requests(6, None), SamplingParams(max_tokens=48))
+        events = engine.events(0)
+    said = {(ev.step, describe(ev)) for ev in events}
+    for step, text in LESSON:
+        assert (step, text) in said, (step, text)
+        assert text in readme, text
+    assert [o.finish_reason for o in outs] == ["stop"] * 6 and 14 <= len(outs[0].token_ids) <= 20  # no forced EOS
+    line = run_line(events).replace("**", "")
+    assert "6 requests arrived, 6 finished · 23 steps (4 prefill, 19 decode) · 1 preemptions" in line
+    assert "23 steps (4 prefill, 19 decode)" in readme

@@ -3,9 +3,9 @@
     nice -n 10 python -m tools.train_tiny --out runs/tiny --steps 8000
     nice -n 10 python -m tools.train_tiny --init assets/tiny-qwen-vl --out runs/describe --steps 1300
 
-The first trains from scratch on the five one-word question types (the exact invocations behind the shipped
-weights are in assets/tiny-qwen-vl/README.md); the second fine-tunes a trained checkpoint on descriptions and
-positions as well (tools/checkpoints/README.md). Every batch is a pure function of (seed, step), so a run resumed
+The first trains from scratch on the five one-word question types; the second fine-tunes a trained checkpoint on
+descriptions and positions as well (stage 1 and stage 2 of the shipped weights: every invocation is in
+assets/tiny-qwen-vl/README.md; the auxiliary losses are in tools/train_signals.py). Every batch is a pure function of (seed, step), so a run resumed
 from its checkpoint sees the same data as an uninterrupted one. The loss covers only the assistant answers and
 their <|im_end|>.
 """
