@@ -99,7 +99,7 @@ def build(holder: EngineHolder):
     chatbot = gr.Chatbot(label="chat history", height=440, elem_id="chatbot")
     box = gr.MultimodalTextbox(file_types=["image"], file_count="multiple", sources=["upload"], elem_id="chat-input",
                                label="message (text and images)", show_label=False,
-                               placeholder="Attach an image and ask about it, e.g. What color is the shape?")
+                               placeholder="Attach an image and ask about it, e.g. Describe the picture.")
     with gr.Row():
         stop = gr.Button("Stop", variant="stop", elem_id="chat-stop")
         regenerate = gr.Button("Regenerate", elem_id="chat-regenerate")
