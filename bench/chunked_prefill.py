@@ -5,6 +5,7 @@ into chunks that share each step's token budget with the streams' decode tokens.
 either in the step of an image's first chunk (a stall) or, with async_vision, on its own thread while the
 streams keep stepping; a third pair of runs has the image's embeddings already in the vision cache (only the
 prefill is left)."""
+import sys
 import threading
 import time
 
@@ -26,12 +27,14 @@ def big_request(k: int, seed: int, salt: str) -> Request:
     return Request(prompt=PROMPTS[1], images=[scene(448, 448, seed)], request_id=f"big-{k}", cache_salt=salt)
 
 
-def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_images: bool = True) -> tuple[list, dict]:
+def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_images: bool = True,
+                stream_tokens: int = 900) -> tuple[list, dict]:
     """Run the 8 streams; once each has its first token, submit `arrivals` 448x448-image requests PERIOD apart
     and keep going for `duration` seconds and until the last arrival is answered. Returns every stream's
     token-to-token gaps that overlap that window (a stall across its edge counts), each stream's tokens, and
     each arrival's latency (submitted to answered) under "arrivals".
-    new_images=False: every arrival shows one image whose vision embeddings are cached beforehand."""
+    new_images=False: every arrival shows one image whose vision embeddings are cached beforehand. A stream that
+    reaches stream_tokens before the window ends just stops contributing gaps (a warning says so)."""
     engine.reset_prefix_cache()
     if not new_images:
         engine.generate(big_request(-1, -1, "warm"), SamplingParams(max_tokens=1))
@@ -58,13 +61,13 @@ def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_image
             c.join()
         window.append(time.perf_counter())
         seen = {rid: len(ts) for rid, ts in stamps.items()}
-        while any(len(stamps[rid]) == n for rid, n in seen.items()):
-            time.sleep(0.005)  # every stream's next token: the gap that spans the window's end is measured too
+        while any(len(stamps[rid]) == n and rid not in tokens for rid, n in seen.items()):
+            time.sleep(0.005)  # every running stream's next token: the gap spanning the window's end counts too
         for r in streams:
             engine.abort(r.request_id)
 
     feeder = threading.Thread(target=arrive)
-    params = SamplingParams(max_tokens=900, ignore_eos=True)
+    params = SamplingParams(max_tokens=stream_tokens, ignore_eos=True)
     for ev in engine.stream_many(streams, params, snapshots=False):
         stamps[ev.request_id].append(time.perf_counter())
         if not window and not feeder.is_alive() and all(stamps.values()):
@@ -74,6 +77,9 @@ def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_image
             tokens[ev.request_id] = ev.output.token_ids
     feeder.join()
     start, end = window
+    if any(len(t) >= params.max_tokens for t in tokens.values()):  # not aborted at the window's end: it ran out
+        print(f"warning: a stream reached {params.max_tokens} tokens before the arrivals were answered; its gaps stop "
+              "there (a smaller token budget needs longer streams)", file=sys.stderr)
     gaps = [b - a for ts in stamps.values() for a, b in zip(ts, ts[1:]) if b > start and a < end]
     return gaps, {**tokens, "arrivals": latency}
 

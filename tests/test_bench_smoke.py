@@ -46,3 +46,23 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
     raw = json.loads(js.read_text())
     assert set(raw) == {"throughput_varied", "throughput_uniform", "single_stream", "prefix_cache", "memory",
                         "panel_overhead", "events_overhead", "chunked_prefill"}
+
+
+def test_stream_gaps_returns_when_the_streams_end_before_the_arrivals(checkpoints, capsys):
+    """Streams that reach their token limit while arrivals are still being answered used to leave the bench
+    waiting for a next token that never comes (a small token budget makes the arrivals that slow)."""
+    import threading
+
+    from bench.chunked_prefill import stream_gaps
+    from minivlm import Engine, EngineConfig
+    with Engine(EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=256, max_model_len=1024,
+                             enable_chunked_prefill=True, max_num_batched_tokens=10)) as engine:
+        box = {}
+        t = threading.Thread(target=lambda: box.update(out=stream_gaps(engine, 2, 0.5, 0, stream_tokens=3)),
+                             daemon=True)
+        t.start()
+        t.join(120)
+    assert not t.is_alive(), "stream_gaps hung after its streams finished"
+    gaps, tokens = box["out"]
+    assert len(tokens["arrivals"]) == 2 and all(len(tokens[f"stream-{i}"]) == 3 for i in range(8))
+    assert "reached 3 tokens before the arrivals were answered" in capsys.readouterr().err
