@@ -149,7 +149,6 @@ def measure(ctx, budget: int = 32) -> list[Row]:
                       "down whatever the schedule")]
 
 
-
 def main():
     """python -m bench.chunked_prefill --budgets 8 16 32 64: the rows at several token budgets (the trade-off
     between the streams' inter-token latency and how soon the arrivals are answered)."""

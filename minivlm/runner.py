@@ -41,17 +41,17 @@ class ModelRunner:
             return
         keys = self._keys(seq)
         results = [self.vision_cache.get(k) for k in keys]  # None where the tower has to run
+        fresh = {}  # image index -> the tower's output, this request's new cache entries
         if seq.vision_job is not None:
             done, job = seq.vision_job
             seq.vision_job = None
-            for i, value in zip(done, job.result()[0]):  # re-raises the worker's error here, in this request's step
-                results[i] = value
-        todo = [i for i, r in enumerate(results) if r is None]
+            fresh.update(zip(done, job.result()[0]))  # re-raises the worker's error here, in this request's step
+        todo = [i for i, r in enumerate(results) if r is None and i not in fresh]
         if todo:
-            for i, value in zip(todo, self.vision.encode(*self._pixels(seq, todo))):
-                results[i] = value
-        for key, value in zip(keys, results):
-            self.vision_cache.put(key, value)
+            fresh.update(zip(todo, self.vision.encode(*self._pixels(seq, todo))))
+        for i, value in fresh.items():
+            results[i] = value
+            self.vision_cache.put(keys[i], value)
         seq.image_embeds = torch.cat([r[0] for r in results])
         seq.deepstack = [torch.cat([r[1][j] for r in results]) for j in range(len(results[0][1]))]
         seq.pixel_values = None  # the pixels are not needed any more

@@ -3,6 +3,7 @@ running requests keep decoding, instead of stalling the step that prefills its f
 admits a request once its images are encoded; everything else about the request is unchanged."""
 import concurrent.futures
 import os
+import sys
 import threading
 import time
 
@@ -16,7 +17,7 @@ def _start_thread(threads: int):
     """Set the tower thread's share of CPU threads, and lower its priority (Linux: nice is per thread, and the
     thread pool torch starts from this thread inherits it; elsewhere the priority is left as it is)."""
     torch.set_num_threads(threads)
-    if hasattr(os, "setpriority") and os.uname().sysname == "Linux":
+    if sys.platform == "linux":
         try:
             tid = threading.get_native_id()  # nice is relative: a niced engine's tower goes lower still
             os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE))

@@ -84,7 +84,8 @@ def build(holder: EngineHolder):
         with gr.Column(scale=2):
             gr.Markdown("**Decision log** (newest step first; the engine's own words)")
             decisions = gr.Markdown(elem_id="kv-decisions", label="decision log", max_height=520, container=True)
-    prefix_tree.attach(lambda session: getattr(runs.get(session), "engine", None) or holder.get(), block_map)
+    prefix_tree.attach(lambda request: getattr(runs.get(session_of(request)), "engine", None) or holder.get(),
+                       block_map)
     with gr.Row():
         n = gr.Slider(1, most_requests, value=8, step=1, label="concurrent requests", elem_id="kv-n")
         max_tokens = gr.Slider(4, most_tokens, value=48, step=1, label="max tokens each", elem_id="kv-tokens")

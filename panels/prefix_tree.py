@@ -91,11 +91,11 @@ def tree_figure(nodes) -> go.Figure:
 
 def attach(engine_of, block_map: gr.Plot) -> gr.Plot:
     """A tree view that redraws whenever the block map changes, from the state of the engine the map shows:
-    engine_of(session) (on a shared deployment a stepping session's own engine, not the shared one)."""
+    engine_of(request) (on a shared deployment a stepping session's own engine, not the shared one)."""
     tree = gr.Plot(label="Prefix cache as a tree (the engine the block map shows, now)", elem_id="kv-tree")
 
     def draw(request: gr.Request):
-        return tree_figure(engine_of(request.session_hash if request else "").prefix_tree())
+        return tree_figure(engine_of(request).prefix_tree())
 
     # its own queue slot: the map's poll never waits behind a tree that waits for the engine's current step
     block_map.change(draw, None, tree, api_name=False,

@@ -32,8 +32,10 @@ class AttentionMetadata:
         """The step's metadata; in a mixed step the one-token sequences (decodes, or a 1-token last chunk: the
         same arithmetic) keep the batched decode path instead of each taking the per-sequence prefill path."""
         meta = cls(max(q_lens) > 1, slots, q_lens, ctx_lens, tables, torch.tensor(ctx_lens, device=device), block_size)
+        if not meta.is_prefill:  # a decode step (the hot path): nothing to split
+            return meta
         one = [i for i, q in enumerate(q_lens) if q == 1]
-        if not meta.is_prefill or not one:
+        if not one:
             return meta
         starts = torch.tensor([0] + q_lens).cumsum(0).tolist()
         many = [i for i, q in enumerate(q_lens) if q > 1]

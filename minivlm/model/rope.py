@@ -69,5 +69,5 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim]; cos/sin [T, 1, head_dim] (or [T, head_dim] for one head)."""
+    """x [T, heads, head_dim]; cos/sin [T, 1, head_dim] (broadcast over heads)."""
     return x * cos + rotate_half(x) * sin
