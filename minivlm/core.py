@@ -9,6 +9,7 @@ import torch
 from minivlm.block_manager import BlockManager
 from minivlm.config import EngineConfig
 from minivlm.events import EventLog
+from minivlm.image_layout import runs
 from minivlm.kv_pool import KVPool
 from minivlm.loader import LoadedModel
 from minivlm.output import OutputProcessor
@@ -148,7 +149,8 @@ class EngineCore:
     def _admit(self, seq: Sequence):
         seq.arrived_step = self.step_count
         self.events.emit("arrived", seq.request_id, num_prompt_tokens=seq.num_prompt_tokens,
-                         num_images=len(seq.images), image_spans=[(im.start, im.num_tokens) for im in seq.images])
+                         num_images=len(seq.images),  # runs of placeholders: a tiled image is one run per tile
+                         image_spans=[(a, b - a) for a, b in runs(seq.token_types[:seq.num_prompt_tokens])])
         self.outputs.start(seq)
         if self.vision_worker is not None:
             self.runner.start_encoding(seq, self.vision_worker)

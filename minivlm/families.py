@@ -1,12 +1,17 @@
-"""The three Qwen-VL families minivlm runs, and every fact that differs between them, in one registry."""
+"""Every model family minivlm runs, and every fact that differs between them, in one registry: how an image becomes
+tokens (Qwen's native-resolution patches, or tiles plus a global view), positions (M-RoPE or 1-D), the decoder's
+attention details (looked up by the text model's own model_type), and the processor knobs a request may set."""
 from dataclasses import dataclass
 
+from transformers.models.idefics3 import Idefics3Config, Idefics3Processor
+from transformers.models.internvl import InternVLConfig, InternVLProcessor
+from transformers.models.qwen2 import Qwen2Config
 from transformers.models.qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLProcessor
-from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 from transformers.models.qwen2_vl import Qwen2VLConfig, Qwen2VLProcessor
-from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+from transformers.models.qwen3 import Qwen3Config
 from transformers.models.qwen3_vl import Qwen3VLConfig, Qwen3VLProcessor
-from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+from transformers.models.smolvlm import SmolVLMConfig, SmolVLMProcessor
+from transformers.processing_utils import ProcessorMixin
 
 
 class Qwen2VLImageOnlyProcessor(Qwen2VLProcessor):
@@ -30,38 +35,102 @@ class Qwen3VLImageOnlyProcessor(Qwen3VLProcessor):
         super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
 
+class SmolVLMImageOnlyProcessor(SmolVLMProcessor):
+    """SmolVLM2 processor for images and text only. image_seq_len is named so from_pretrained passes the
+    checkpoint's value (ProcessorMixin passes only named parameters; a missing one would silently default to 169)."""
+
+    def __init__(self, image_processor=None, tokenizer=None, image_seq_len: int = 169, chat_template=None, **kwargs):
+        super().__init__(image_processor, tokenizer, None, image_seq_len=image_seq_len, chat_template=chat_template,
+                         **kwargs)
+
+    def apply_chat_template(self, conversation, chat_template=None, **kwargs):
+        # SmolVLMProcessor's own version reads video sampling defaults from the (absent) video processor
+        return ProcessorMixin.apply_chat_template(self, conversation, chat_template, **kwargs)
+
+
+class InternVLImageOnlyProcessor(InternVLProcessor):
+    """InternVL processor for images and text only; image_seq_length named for the same reason as above."""
+
+    def __init__(self, image_processor=None, tokenizer=None, image_seq_length: int = 256, chat_template=None, **kwargs):
+        super().__init__(image_processor, tokenizer, None, image_seq_length=image_seq_length,
+                         chat_template=chat_template, **kwargs)
+
+
 @dataclass(frozen=True)
 class Family:
-    """One model family. Processor defaults are those of the published checkpoints' preprocessor_config.json."""
+    """One model family. Qwen-VL processor defaults are those of the published checkpoints' preprocessor_config."""
     model_type: str                 # config.json's model_type
     title: str
     config_class: type
-    processor_class: type           # the image-only processor
-    vision_tower_class: type        # transformers' vision module, used as is
-    patch_size: int
-    merge_size: int
-    min_pixels: int
-    max_pixels: int
+    processor_class: type | None    # the image-only processor; None: a text model (tokenizer only)
+    images: str                     # "patches" (Qwen native resolution) | "tiles" (crops + global view) | "none"
+    mrope: bool                     # 3-axis M-RoPE positions (else 1-D: every axis the same counter)
+    knobs: tuple[str, ...] = ()     # mm_processor_kwargs a request may set
+    deepstack: bool = False         # ViT layer features added to the first decoder layers' image rows
+    interleaved_mrope: bool = False  # t/h/w frequencies interleaved (else contiguous chunks; a config flag may override)
+    patch_size: int = 0             # Qwen-VL: ViT patch, 2x2 merge and the default pixel range
+    merge_size: int = 0
+    min_pixels: int = 0
+    max_pixels: int = 0
+
+
+@dataclass(frozen=True)
+class DecoderFacts:
+    """Attention details of a text decoder, by the text config's model_type (None: read attention_bias)."""
     qk_norm: bool                   # RMSNorm on q and k per head
-    interleaved_mrope: bool         # t/h/w frequencies interleaved (else contiguous chunks; a config flag may override)
-    deepstack: bool                 # ViT layer features added to the first decoder layers' image rows
+    qkv_bias: bool | None
+    o_bias: bool | None
 
 
+QWEN_KNOBS = ("min_pixels", "max_pixels")
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
-    Family("qwen2_vl", "Qwen2-VL", Qwen2VLConfig, Qwen2VLImageOnlyProcessor, Qwen2VisionTransformerPretrainedModel,
-           patch_size=14, merge_size=2, min_pixels=56 * 56, max_pixels=28 * 28 * 16384,
-           qk_norm=False, interleaved_mrope=False, deepstack=False),
-    Family("qwen2_5_vl", "Qwen2.5-VL", Qwen2_5_VLConfig, Qwen2_5_VLImageOnlyProcessor,
-           Qwen2_5_VisionTransformerPretrainedModel, patch_size=14, merge_size=2, min_pixels=56 * 56,
-           max_pixels=28 * 28 * 16384, qk_norm=False, interleaved_mrope=False, deepstack=False),
-    Family("qwen3_vl", "Qwen3-VL", Qwen3VLConfig, Qwen3VLImageOnlyProcessor, Qwen3VLVisionModel,
-           patch_size=16, merge_size=2, min_pixels=256 * 256, max_pixels=4096 * 4096,
-           qk_norm=True, interleaved_mrope=True, deepstack=True),
+    Family("qwen2_vl", "Qwen2-VL", Qwen2VLConfig, Qwen2VLImageOnlyProcessor, "patches", True, QWEN_KNOBS,
+           patch_size=14, merge_size=2, min_pixels=56 * 56, max_pixels=28 * 28 * 16384),
+    Family("qwen2_5_vl", "Qwen2.5-VL", Qwen2_5_VLConfig, Qwen2_5_VLImageOnlyProcessor, "patches", True, QWEN_KNOBS,
+           patch_size=14, merge_size=2, min_pixels=56 * 56, max_pixels=28 * 28 * 16384),
+    Family("qwen3_vl", "Qwen3-VL", Qwen3VLConfig, Qwen3VLImageOnlyProcessor, "patches", True, QWEN_KNOBS,
+           deepstack=True, interleaved_mrope=True, patch_size=16, merge_size=2, min_pixels=256 * 256,
+           max_pixels=4096 * 4096),
+    Family("smolvlm", "SmolVLM2", SmolVLMConfig, SmolVLMImageOnlyProcessor, "tiles", False,
+           ("do_image_splitting", "max_image_size", "size")),
+    Family("idefics3", "Idefics3 (SmolVLM)", Idefics3Config, Idefics3Processor, "tiles", False,
+           ("do_image_splitting", "max_image_size", "size")),
+    Family("internvl", "InternVL3 / 3.5", InternVLConfig, InternVLImageOnlyProcessor, "tiles", False,
+           ("max_patches", "min_patches", "crop_to_patches")),
+    Family("qwen2", "Qwen2 / Qwen2.5 (text)", Qwen2Config, None, "none", False),
+    Family("qwen3", "Qwen3 (text)", Qwen3Config, None, "none", False),
 )}
+QWEN_VL = tuple(name for name, f in FAMILIES.items() if f.images == "patches")
+
+DECODERS: dict[str, DecoderFacts] = {
+    "qwen2_vl": DecoderFacts(False, True, False), "qwen2_5_vl": DecoderFacts(False, True, False),
+    "qwen2": DecoderFacts(False, True, False),
+    "qwen3_vl": DecoderFacts(True, None, None), "qwen3": DecoderFacts(True, None, None),
+    "llama": DecoderFacts(False, None, None),
+}
+
+# Architectures people bring that a paged attention cache cannot hold, and why (the refusal says it).
+REFUSED = {
+    "qwen3_5": "a hybrid linear-attention model: three of four layers keep a recurrent state, which a paged "
+               "attention KV cache does not hold (and its prefix cache would need aligned state checkpoints)",
+    "qwen3_next": "a hybrid linear-attention model (Gated DeltaNet layers keep a recurrent state, not a KV cache)",
+    "qwen3_vl_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",
+    "qwen3_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",
+    "gemma3": "attends bidirectionally inside an image and mixes sliding-window layers (not implemented)",
+}
 
 
 def get_family(model_type: str) -> Family:
-    """The family of a config's model_type, or a clear error naming the ones minivlm runs."""
-    if model_type not in FAMILIES:
-        raise ValueError(f"unsupported architecture {model_type!r}; minivlm runs {', '.join(FAMILIES)}")
-    return FAMILIES[model_type]
+    """The family of a config's model_type, or a clear error naming the ones minivlm runs (and why not this one)."""
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    why = f": {REFUSED[model_type]}" if model_type in REFUSED else ""
+    raise ValueError(f"unsupported architecture {model_type!r}{why}. minivlm runs {', '.join(FAMILIES)} "
+                     f"(Qwen-VL, SmolVLM2/Idefics3, InternVL3/3.5, and text-only Qwen2/Qwen3)")
+
+
+def decoder_facts(text_model_type: str) -> DecoderFacts:
+    text_model_type = text_model_type.removesuffix("_text")  # a Qwen-VL text config says e.g. qwen3_vl_text
+    if text_model_type not in DECODERS:
+        raise ValueError(f"unsupported text decoder {text_model_type!r}; minivlm's decoder runs {', '.join(DECODERS)}")
+    return DECODERS[text_model_type]

@@ -28,7 +28,7 @@ class Intake:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"expected minivlm.SamplingParams, got {type(params).__name__}")
         cfg, model = self.config, self.model
-        prompt = build_prompt(model.processor, request.to_messages(), request.mm_processor_kwargs,
+        prompt = build_prompt(model.family, model.processor, request.to_messages(), request.mm_processor_kwargs,
                               cfg.max_images_per_request)
         n = len(prompt.token_ids)
         if n >= cfg.max_model_len:
@@ -37,7 +37,10 @@ class Intake:
         if need > self.num_blocks:
             raise ValueError(f"request needs up to {need} KV blocks but the engine has {self.num_blocks}; "
                              f"lower max_tokens or raise num_blocks")
-        positions, delta = mrope_positions(prompt.token_types, [im.grid_thw for im in prompt.images], model.merge)
+        if model.family.mrope:
+            positions, delta = mrope_positions(prompt.token_types, [im.grid_thw for im in prompt.images], model.merge)
+        else:  # 1-D RoPE: one counter, the same on all three axes; generated token i sits at i
+            positions, delta = torch.arange(n).expand(3, -1), 0
         generator = None
         if params.temperature > 0:
             seed = params.seed if params.seed is not None else cfg.seed * 1_000_003 + next(self.seed_counter)

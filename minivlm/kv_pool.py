@@ -33,7 +33,7 @@ class KVPool:
 
     def __init__(self, config: EngineConfig, model: LoadedModel):
         self.config, self.model = config, model
-        text_cfg = model.hf_config.text_config
+        text_cfg = model.text_config
         layers, heads, dim = text_cfg.num_hidden_layers, text_cfg.num_key_value_heads, text_cfg.head_dim
         self.kv_bytes_per_token = 2 * layers * heads * dim * model.dtype.itemsize
         self.num_blocks = config.num_blocks or derive_num_blocks(config, model)

@@ -9,9 +9,10 @@ from transformers import AutoConfig, GenerationConfig
 
 from minivlm.config import EngineConfig
 from minivlm.device import pick_device, pick_dtype
-from minivlm.families import FAMILIES
-from minivlm.model.decoder import QwenVLDecoder
+from minivlm.families import get_family
+from minivlm.model.decoder import Decoder
 from minivlm.model.vision import VisionTower
+from minivlm.model.vision_tiled import TiledVisionTower
 from minivlm.processor import load_processor
 FETCH_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer*"]
 
@@ -36,15 +37,17 @@ def resolve_model_dir(model: str) -> str:
 
 
 def read_model_type(model_dir: str) -> str:
-    """The checkpoint's model_type, refused unless it is a Qwen-VL family we run."""
+    """The checkpoint's model_type, refused (saying why) unless it is a family minivlm runs."""
     path = os.path.join(model_dir, "config.json")
     try:
         with open(path) as f:
             model_type = json.load(f).get("model_type")
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"checkpoint {model_dir!r} has no readable config.json: {e}") from e
-    if model_type not in FAMILIES:
-        raise ValueError(f"unsupported architecture {model_type!r} in {path}; minivlm runs {', '.join(FAMILIES)}")
+    try:
+        get_family(model_type)
+    except ValueError as e:
+        raise ValueError(f"{e} (read from {path})") from None
     return model_type
 
 
@@ -62,19 +65,22 @@ def load_state_dict(model_dir: str) -> dict[str, torch.Tensor]:
     return state
 
 
+# where each family keeps its vision half: Qwen's "visual." prefix is dropped, the others' module names are kept
+VISION_PREFIXES = ("visual.", "vision_model.", "connector.", "vision_tower.", "multi_modal_projector.")
+
+
 def split_state_dict(state: dict[str, torch.Tensor]) -> tuple[dict, dict]:
-    """Split into (text decoder, vision tower) dicts; handles both the 5.x and the older hub key layouts."""
+    """Split into (text decoder, vision) dicts. Handles the 5.x layout (model.language_model.*), the older hub ones
+    (model.layers.*; InternVL's language_model.model.* and language_model.lm_head) and text-only checkpoints."""
     text, vision = {}, {}
     for key, tensor in state.items():
-        k = key[len("model."):] if key.startswith("model.") else key
-        if k.startswith("visual."):
-            vision[k[len("visual."):]] = tensor
-        elif k.startswith("language_model."):
-            text[k[len("language_model."):]] = tensor
-        elif key.startswith("lm_head."):
-            text[key] = tensor
+        k = key.removeprefix("model.")
+        if k.startswith(VISION_PREFIXES):
+            vision[k.removeprefix("visual.")] = tensor
+        elif k.startswith(("language_model.", "text_model.")):
+            text[k.split(".", 1)[1].removeprefix("model.")] = tensor
         else:
-            text[k] = tensor  # older layout: model.layers..., model.embed_tokens...
+            text[k] = tensor  # lm_head.*, or the older layout: model.layers..., model.embed_tokens...
     return text, vision
 
 
@@ -98,16 +104,27 @@ class LoadedModel:
         self.dtype_name = str(self.dtype).removeprefix("torch.")
         self.model_dir, self.model_type, self.hf_config, self.processor, text_sd, vision_sd = load_checkpoint(config.model)
         self.model_id = config.model
-        self.tokenizer = self.processor.tokenizer
-        text_cfg = self.hf_config.text_config
+        self.family = get_family(self.model_type)
+        self.tokenizer = getattr(self.processor, "tokenizer", self.processor)  # a text model's processor is its tokenizer
+        self.text_config = text_cfg = getattr(self.hf_config, "text_config", None) or self.hf_config
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False) or getattr(text_cfg, "tie_word_embeddings", False))
         with torch.device("meta"):  # no random init of weights we are about to overwrite
-            self.decoder = QwenVLDecoder(self.model_type, text_cfg, tied)
+            self.decoder = Decoder(self.model_type, text_cfg, tied)
         self.decoder.load_weights(text_sd, tied, self.device, self.dtype)
         self.decoder.eval()
-        self.vision = VisionTower(self.model_type, self.hf_config.vision_config, vision_sd, self.device, self.dtype)
-        self.merge = self.hf_config.vision_config.spatial_merge_size
+        self.vision = self._vision(vision_sd)
+        self.merge = getattr(getattr(self.hf_config, "vision_config", None), "spatial_merge_size", 1)
         self.eos_ids = self._eos_ids()
+
+    def _vision(self, vision_sd: dict):
+        """The family's vision half (None for a text model)."""
+        if self.family.images == "none":
+            if vision_sd:
+                raise ValueError(f"text-only checkpoint {self.model_dir!r} has vision weights: {sorted(vision_sd)[:3]}")
+            return None
+        if self.family.images == "patches":
+            return VisionTower(self.model_type, self.hf_config.vision_config, vision_sd, self.device, self.dtype)
+        return TiledVisionTower(self.model_type, self.hf_config, vision_sd, self.device, self.dtype)
 
     def _eos_ids(self) -> set[int]:
         """Every id that ends a turn: config, tokenizer and generation_config.json may each name some."""
@@ -116,11 +133,11 @@ class LoadedModel:
         except OSError:
             generation_eos = None
         ids = set()
-        for v in (getattr(self.hf_config.text_config, "eos_token_id", None), getattr(self.hf_config, "eos_token_id", None),
+        for v in (getattr(self.text_config, "eos_token_id", None), getattr(self.hf_config, "eos_token_id", None),
                   self.tokenizer.eos_token_id, generation_eos):
             ids.update(v if isinstance(v, (list, tuple)) else [v] if v is not None else [])
         return ids
 
     def weights_bytes(self) -> int:
         params = {id(p): p for p in self.decoder.parameters()}  # tied embeddings count once
-        return sum(p.numel() * p.element_size() for p in params.values()) + self.vision.num_bytes()
+        return sum(p.numel() * p.element_size() for p in params.values()) + (self.vision.num_bytes() if self.vision else 0)

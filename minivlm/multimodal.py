@@ -7,23 +7,31 @@ from dataclasses import dataclass, field
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from minivlm.image_layout import image_settings, locate_images, placeholder_types
+
 MAX_INPUT_PIXELS = 64_000_000       # refuse to decode images larger than this (decompression bombs)
-ALLOWED_KWARGS = ("min_pixels", "max_pixels")
 
 
 @dataclass
 class ImageInfo:
     """One image of a prompt: where its placeholder tokens are and everything that determines their KV."""
     content_hash: str                 # sha256 of decoded RGB pixels + size + mode
-    grid_thw: tuple[int, int, int]
+    grid_thw: tuple[int, int, int] | None  # Qwen: the patch grid; None for tiled families (see tiles)
     start: int                        # index of its first placeholder token in the prompt
-    num_tokens: int
-    settings: tuple                   # processor settings that shaped its tokens (min/max pixels, patch, merge)
+    num_tokens: int                   # its placeholder tokens (rows of its vision embeddings)
+    settings: tuple                   # processor settings that shaped its tokens (pixels, tiling, patch, merge)
     notes: list[str] = field(default_factory=list)
+    end: int = 0                      # one past its last placeholder (tile markers in between belong to it)
+    pixel_rows: int = 0               # rows of the prompt's pixel_values it owns (patches or tiles)
+    tiles: tuple[int, int] | None = None   # tiled families: (rows, cols) of crops; None when not split
+    thumbnail: bool = False           # a global view / thumbnail follows its crops
+
+    def __post_init__(self):
+        self.end = self.end or self.start + self.num_tokens
 
     def vision_key(self, model_id: str, dtype: str) -> str:
         """Identity of this image's vision embeddings (strategy C minus the position inside a block)."""
-        raw = repr((self.content_hash, self.grid_thw, self.settings, model_id, dtype)).encode()
+        raw = repr((self.content_hash, self.grid_thw, self.tiles, self.settings, model_id, dtype)).encode()
         return hashlib.sha256(raw).hexdigest()
 
 
@@ -32,8 +40,9 @@ class Prompt:
     """A request rendered by the processor."""
     token_ids: list[int]
     token_types: list[int]            # 0 text, 1 image placeholder
-    pixel_values: torch.Tensor | None
+    pixel_values: torch.Tensor | None  # Qwen: [patches, dim]; tiled families: [tiles, 3, H, W]
     images: list[ImageInfo]
+    pixel_mask: torch.Tensor | None = None  # SmolVLM: [tiles, H, W], which pixels of a padded tile are real
 
 
 def load_image(obj) -> tuple[Image.Image, list[str]]:
@@ -117,39 +126,38 @@ def split_images(messages: list[dict]) -> tuple[list[dict], list]:
     return clean, images
 
 
-def image_settings(processor, mm_kwargs: dict | None) -> tuple[dict, tuple]:
-    """Validate per-request overrides; return (processor call kwargs, the settings tuple that enters keys)."""
-    ip = processor.image_processor
-    mm_kwargs = dict(mm_kwargs or {})
-    unknown = set(mm_kwargs) - set(ALLOWED_KWARGS)
-    if unknown:
-        raise ValueError(f"unsupported mm_processor_kwargs {sorted(unknown)}; allowed: {ALLOWED_KWARGS}")
-    factor = ip.patch_size * ip.merge_size
-    lo = int(mm_kwargs.get("min_pixels", ip.size.shortest_edge))
-    hi = int(mm_kwargs.get("max_pixels", ip.size.longest_edge))
-    if lo < factor * factor or hi < lo:
-        raise ValueError(f"need {factor * factor} <= min_pixels <= max_pixels, got min={lo} max={hi}")
-    call = {"size": {"shortest_edge": lo, "longest_edge": hi}} if mm_kwargs else {}
-    return call, (lo, hi, ip.patch_size, ip.merge_size, ip.temporal_patch_size, tuple(ip.image_mean), tuple(ip.image_std))
-
-
-def build_prompt(processor, messages: list[dict], mm_kwargs: dict | None, max_images: int) -> Prompt:
-    """Render messages with the checkpoint's chat template and run the processor on text + images."""
-    clean, raw_images = split_images(messages)
-    if len(raw_images) > max_images:
-        raise ValueError(f"too many images: {len(raw_images)} (this engine allows {max_images} per request)")
-    call_kwargs, settings = image_settings(processor, mm_kwargs)
-    loaded = [load_image(im) for im in raw_images]
+def render(processor, clean: list[dict]) -> str:
     try:
-        text = processor.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+        return processor.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
     except Exception as e:
         raise ValueError(f"messages do not fit the chat template: {e}") from e
+
+
+def build_prompt(family, processor, messages: list[dict], mm_kwargs: dict | None, max_images: int) -> Prompt:
+    """Render messages with the checkpoint's chat template and run the processor on text + images."""
+    clean, raw_images = split_images(messages)
+    if raw_images and family.images == "none":
+        raise ValueError(f"{family.title} is a text-only model: it takes no images ({len(raw_images)} given)")
+    if len(raw_images) > max_images:
+        raise ValueError(f"too many images: {len(raw_images)} (this engine allows {max_images} per request)")
+    call_kwargs, settings = image_settings(family, processor, mm_kwargs)
+    loaded = [load_image(im) for im in raw_images]
+    text = render(processor, clean)
+    if family.images == "none":
+        ids = processor(text, add_special_tokens=False)["input_ids"]
+        return Prompt(ids, [0] * len(ids), None, [])
+    bos = processor.tokenizer.bos_token
+    if bos is not None and text.startswith(bos):  # as HF's apply_chat_template: the template wrote the BOS already
+        call_kwargs = {**call_kwargs, "add_special_tokens": False}
     out = processor(text=[text], images=[im for im, _ in loaded] or None, return_tensors="pt", **call_kwargs)
-    token_ids = out["input_ids"][0].tolist()
-    token_types = out["mm_token_type_ids"][0].tolist() if "mm_token_type_ids" in out else [0] * len(token_ids)
-    grids = [tuple(g) for g in out["image_grid_thw"].tolist()] if loaded else []
-    starts = [i for i, t in enumerate(token_types) if t == 1 and (i == 0 or token_types[i - 1] != 1)]
-    merge2 = processor.image_processor.merge_size ** 2
-    images = [ImageInfo(content_hash(im), g, s, g[0] * g[1] * g[2] // merge2, settings, notes)
-              for (im, notes), g, s in zip(loaded, grids, starts)]
-    return Prompt(token_ids, token_types, out.get("pixel_values") if loaded else None, images)
+    types = placeholder_types(family, processor, out)
+    spans = locate_images(family, processor, out, types, [im.size for im, _ in loaded], call_kwargs) if loaded else []
+    if len(spans) != len(loaded):
+        raise ValueError(f"the processor laid out {len(spans)} images for {len(loaded)} given")
+    images = [ImageInfo(content_hash(im), sp.grid_thw, sp.start, sp.num_tokens, settings, notes, sp.end,
+                        sp.pixel_rows, sp.tiles, sp.thumbnail) for (im, notes), sp in zip(loaded, spans)]
+    pixels = out.get("pixel_values") if loaded else None
+    mask = out.get("pixel_attention_mask") if loaded else None
+    if pixels is not None and family.images == "tiles" and pixels.dim() == 5:  # SmolVLM: [1, tiles, 3, H, W]
+        pixels, mask = pixels[0], (mask[0] if mask is not None else None)
+    return Prompt(out["input_ids"][0].tolist(), types, pixels, images, mask)

@@ -14,12 +14,12 @@ def hash_block(parent: str | None, token_ids: list[int], extra: tuple) -> str:
 def block_extra(seq, index: int, block_size: int, strategy: str, model_id: str, dtype: str) -> tuple:
     """The extra key material of block `index` under `strategy` ("A", "B" or "C")."""
     start, end = index * block_size, (index + 1) * block_size
-    overlapping = [im for im in seq.images if im.start < end and im.start + im.num_tokens > start]
+    overlapping = [im for im in seq.images if im.start < end and im.end > start]
     extra: tuple = ()
     if strategy == "B":
         extra = tuple(im.content_hash for im in overlapping)
     elif strategy == "C":
-        extra = tuple((im.content_hash, im.grid_thw, im.settings, im.start - start) for im in overlapping)
+        extra = tuple((im.content_hash, im.grid_thw, im.tiles, im.settings, im.start - start) for im in overlapping)
         if index == 0:
             extra += (("model", model_id, dtype),)
     if index == 0 and seq.cache_salt is not None:

@@ -19,12 +19,15 @@ class ModelRunner:
         """Each image's vision-cache key."""
         return [im.vision_key(self.model_id, self.dtype_name) for im in seq.images]
 
-    def _pixels(self, seq, todo: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The patches and grids of images `todo` of seq (its pixel_values hold every image's patches in order)."""
-        patches = [im.grid_thw[0] * im.grid_thw[1] * im.grid_thw[2] for im in seq.images]
-        offsets = [0] + torch.tensor(patches).cumsum(0).tolist()
-        pixels = torch.cat([seq.pixel_values[offsets[i]:offsets[i + 1]] for i in todo])
-        return pixels, torch.tensor([seq.images[i].grid_thw for i in todo])
+    def _pixels(self, seq, todo: list[int]) -> tuple[torch.Tensor, object]:
+        """The pixel rows of images `todo` of seq (its pixel_values hold every image's rows in order: Qwen's patches or
+        a tiled family's tiles) and the layout the tower needs: Qwen's grids, or tiles per image and the pixel mask."""
+        offsets = [0] + torch.tensor([im.pixel_rows for im in seq.images]).cumsum(0).tolist()
+        rows = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in todo])
+        if seq.images[0].grid_thw is not None:
+            return seq.pixel_values[rows], torch.tensor([seq.images[i].grid_thw for i in todo])
+        mask = seq.pixel_mask[rows] if seq.pixel_mask is not None else None
+        return seq.pixel_values[rows], ([seq.images[i].pixel_rows for i in todo], mask)
 
     def start_encoding(self, seq, worker):
         """async_vision: hand seq's uncached images to the vision worker as soon as the request arrives."""
@@ -54,7 +57,7 @@ class ModelRunner:
             self.vision_cache.put(keys[i], value)
         seq.image_embeds = torch.cat([r[0] for r in results])
         seq.deepstack = [torch.cat([r[1][j] for r in results]) for j in range(len(results[0][1]))]
-        seq.pixel_values = None  # the pixels are not needed any more
+        seq.pixel_values = seq.pixel_mask = None  # the pixels are not needed any more
 
     def slots(self, seq, start: int, end: int) -> torch.Tensor:
         idx = torch.arange(start, end)

@@ -34,6 +34,7 @@ class Sequence:
         self.rope_delta = rope_delta
         self.images = prompt.images
         self.pixel_values = prompt.pixel_values
+        self.pixel_mask = prompt.pixel_mask        # SmolVLM: which pixels of each padded tile are real
         self.image_embeds: torch.Tensor | None = None    # [image tokens, hidden], filled once by the vision tower
         self.deepstack: list[torch.Tensor] = []
         self.vision_job = None                     # (image indices, Future) while the vision worker encodes them

@@ -3,11 +3,14 @@ import os
 import pytest
 import torch
 
-from minivlm.families import FAMILIES as REGISTRY
+from minivlm.families import QWEN_VL
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
-FAMILIES = list(REGISTRY)  # qwen2_vl, qwen2_5_vl, qwen3_vl
+FAMILIES = list(QWEN_VL)  # qwen2_vl, qwen2_5_vl, qwen3_vl
+# the rest of the model matrix: (name, family, InternVL's text decoder); tests/test_matrix*.py run them
+MATRIX = [("smolvlm", "smolvlm", None), ("idefics3", "idefics3", None), ("internvl", "internvl", "qwen3"),
+          ("internvl_qwen2", "internvl", "qwen2"), ("qwen2", "qwen2", None), ("qwen3", "qwen3", None)]
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +36,19 @@ def engine(checkpoints):
     with Engine(EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=40,
                              max_model_len=512)) as e:
         yield e
+
+
+@pytest.fixture(scope="session")
+def matrix_checkpoints(tmp_path_factory):
+    """Random-weight checkpoints of the other families in their published layout (tiny: 64-px tiles)."""
+    from tools.make_checkpoint_matrix import make_matrix_checkpoint
+    root = tmp_path_factory.mktemp("matrix")
+    return {name: make_matrix_checkpoint(fam, str(root / name), seed=10 + i, decoder=dec, tie=name == "qwen2")
+            for i, (name, fam, dec) in enumerate(MATRIX)}
+
+
+@pytest.fixture(scope="session")
+def matrix_engines(matrix_checkpoints):
+    from minivlm import Engine, EngineConfig
+    return {name: Engine(EngineConfig(model=path, num_blocks=256, dtype="float32", device="cpu", max_model_len=1024))
+            for name, path in matrix_checkpoints.items()}

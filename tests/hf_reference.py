@@ -4,19 +4,27 @@ minivlm's prompt building is used on this side)."""
 import functools
 
 import torch
-from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 import minivlm.processor  # noqa: F401  (registers the image-only processors: AutoProcessor otherwise needs torchvision)
 
 
+TEXT_ONLY = ("qwen2", "qwen3")
+
+
+def is_text_only(path: str) -> bool:
+    return AutoConfig.from_pretrained(path).model_type in TEXT_ONLY
+
+
 @functools.lru_cache(maxsize=8)
 def hf_model(path: str, dtype: torch.dtype = torch.float32):
-    return AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).eval()
+    auto = AutoModelForCausalLM if is_text_only(path) else AutoModelForImageTextToText
+    return auto.from_pretrained(path, dtype=dtype).eval()
 
 
 @functools.lru_cache(maxsize=8)
 def hf_processor(path: str):
-    return AutoProcessor.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path) if is_text_only(path) else AutoProcessor.from_pretrained(path)
 
 
 def teacher_forced_logprobs(path: str, request, generated: list[int], dtype=torch.float32) -> torch.Tensor:
@@ -25,10 +33,15 @@ def teacher_forced_logprobs(path: str, request, generated: list[int], dtype=torc
                                                     add_generation_prompt=True, return_tensors="pt")
     n = inputs["input_ids"].shape[1]
     ids = torch.cat([inputs["input_ids"], torch.tensor([generated])], dim=1)
-    types = torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, len(generated), dtype=torch.long)], dim=1)
-    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types)
+    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
+    if "mm_token_type_ids" in inputs:  # Qwen-VL: mandatory with image_grid_thw
+        kwargs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"],
+                                                 torch.zeros(1, len(generated), dtype=torch.long)], dim=1)
+    for name in ("image_grid_thw", "pixel_attention_mask"):
+        if name in inputs:
+            kwargs[name] = inputs[name]
     if "pixel_values" in inputs:
-        kwargs.update(pixel_values=inputs["pixel_values"].to(dtype), image_grid_thw=inputs["image_grid_thw"])
+        kwargs["pixel_values"] = inputs["pixel_values"].to(dtype)
     with torch.no_grad():
         logits = hf_model(path, dtype)(**kwargs).logits[0].float()
     return torch.log_softmax(logits[n - 1:n - 1 + len(generated)], dim=-1)

@@ -6,7 +6,7 @@ from torch import nn
 from transformers import AutoModelForImageTextToText
 
 from minivlm.loader import load_checkpoint
-from minivlm.model.decoder import QwenVLDecoder
+from minivlm.model.decoder import Decoder
 from minivlm.model.linear import FastLinear
 from minivlm.model.vision import PatchProjection
 from tests.conftest import FAMILIES
@@ -54,6 +54,6 @@ def test_a_checkpoint_missing_one_projection_is_a_clear_error(checkpoints):
     _, model_type, config, _, text, _ = load_checkpoint(checkpoints["qwen2_vl"])
     del text["layers.1.self_attn.k_proj.weight"]
     with torch.device("meta"):
-        decoder = QwenVLDecoder(model_type, config.text_config, True)
+        decoder = Decoder(model_type, config.text_config, True)
     with pytest.raises(ValueError, match=r"missing \['layers.1.self_attn.qkv_proj.weight'\].*unexpected"):
         decoder.load_weights(text, True, "cpu", torch.float32)

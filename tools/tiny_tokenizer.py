@@ -71,3 +71,40 @@ def build_tokenizer(vocab_size: int = 512, corpus=None) -> PreTrainedTokenizerFa
                                    additional_special_tokens=SPECIAL_TOKENS[1:])
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+# What each family's published tokenizer adds for images, and its chat template (images as the processor expects
+# them: the processor expands each placeholder into the image's tokens).
+SMOLVLM_TOKENS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>",
+                  *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]
+SMOLVLM_TEMPLATE = (  # SmolVLM2's: "User:<image>question<end_of_utterance>\nAssistant:"
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+INTERNVL_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                   "video_token": "<video>"}
+INTERNVL_TEMPLATE = CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<IMG_CONTEXT>\\n")
+TEXT_TEMPLATE = CHAT_TEMPLATE  # Qwen2 / Qwen3 chat format; a text model's template never sees an image
+
+
+def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
+    """The tiny BPE with the special tokens and chat template of `family`'s published checkpoints."""
+    base = build_tokenizer().backend_tokenizer
+    common = dict(tokenizer_object=base, pad_token="<|endoftext|>")
+    if family in ("smolvlm", "idefics3"):
+        tok = PreTrainedTokenizerFast(**common, eos_token="<end_of_utterance>", extra_special_tokens={"fake_image_token": "<fake_token_around_image>",
+                                                            "image_token": "<image>", "global_image_token": "<global-img>",
+                                                            "end_of_utterance_token": "<end_of_utterance>"})
+        tok.add_tokens(SMOLVLM_TOKENS, special_tokens=True)  # the <row_i_col_j> markers are one token each
+        tok.chat_template = SMOLVLM_TEMPLATE
+    elif family == "internvl":
+        tok = PreTrainedTokenizerFast(**common, eos_token="<|im_end|>", extra_special_tokens=INTERNVL_TOKENS)
+        tok.add_tokens(SPECIAL_TOKENS[1:], special_tokens=True)
+        tok.chat_template = INTERNVL_TEMPLATE
+    else:
+        tok = PreTrainedTokenizerFast(**common, eos_token="<|im_end|>", additional_special_tokens=SPECIAL_TOKENS[1:])
+        tok.chat_template = TEXT_TEMPLATE
+    return tok

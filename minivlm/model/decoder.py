@@ -1,10 +1,12 @@
-"""The Qwen-VL text decoder over paged KV: one class for Qwen2-VL, Qwen2.5-VL (qkv bias, chunked M-RoPE)
-and Qwen3-VL (q/k RMSNorm, interleaved M-RoPE, deepstack). It reads HF checkpoints as they are; q/k/v and
-gate/up are fused into one matrix each at load."""
+"""The text decoder over paged KV, one class for every family: Qwen2-VL / Qwen2.5-VL / Qwen2 (qkv bias),
+Qwen3-VL / Qwen3 (q/k RMSNorm), Llama (SmolVLM); M-RoPE (chunked or interleaved) or 1-D RoPE, deepstack for
+Qwen3-VL. What differs comes from families.py. It reads HF checkpoints as they are; q/k/v and gate/up are fused
+into one matrix each at load."""
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivlm.families import decoder_facts, get_family
 from minivlm.model.attention import AttentionMetadata, paged_attention
 from minivlm.model.linear import FastLinear, use_fast_linears
 from minivlm.model.rope import MRotaryEmbedding, apply_rope
@@ -71,16 +73,21 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class QwenVLDecoder(nn.Module):
+class Decoder(nn.Module):
     """Text decoder: embeddings -> layers (+ deepstack injections) -> norm -> lm_head, on flattened tokens."""
 
     def __init__(self, model_type: str, text_cfg, tie_word_embeddings: bool):
         super().__init__()
+        family = get_family(model_type)
         if getattr(text_cfg, "head_dim", None) is None:
             text_cfg.head_dim = text_cfg.hidden_size // text_cfg.num_attention_heads
-        qwen3 = model_type == "qwen3_vl"
+        if getattr(text_cfg, "hidden_act", "silu") != "silu" or getattr(text_cfg, "mlp_bias", False):
+            raise ValueError(f"text decoder with hidden_act={text_cfg.hidden_act!r}, mlp_bias="
+                             f"{getattr(text_cfg, 'mlp_bias', False)} is not supported (only SiLU-gated MLPs, no bias)")
+        facts = decoder_facts(getattr(text_cfg, "model_type", None) or model_type)
         bias = bool(getattr(text_cfg, "attention_bias", False))
-        attn_kwargs = dict(qk_norm=qwen3, qkv_bias=bias if qwen3 else True, o_bias=bias if qwen3 else False)
+        attn_kwargs = dict(qk_norm=facts.qk_norm, qkv_bias=bias if facts.qkv_bias is None else facts.qkv_bias,
+                           o_bias=bias if facts.o_bias is None else facts.o_bias)
         self.embed_tokens = nn.Embedding(text_cfg.vocab_size, text_cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(text_cfg, **attn_kwargs) for _ in range(text_cfg.num_hidden_layers))
         self.norm = RMSNorm(text_cfg.hidden_size, text_cfg.rms_norm_eps)
@@ -89,9 +96,12 @@ class QwenVLDecoder(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         rope = text_cfg.rope_parameters
         if rope.get("rope_type", "default") not in ("default", "mrope"):
-            raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported (only default M-RoPE)")
-        self.rope_args = (text_cfg.head_dim, rope["rope_theta"], list(rope["mrope_section"]),
-                          qwen3 or bool(rope.get("mrope_interleaved", False)))
+            raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported (only default RoPE / M-RoPE)")
+        half = text_cfg.head_dim // 2
+        # 1-D RoPE is M-RoPE with every frequency on the first axis (all three axes carry the same position)
+        sections = list(rope["mrope_section"]) if family.mrope else [half, 0, 0]
+        self.rope_args = (text_cfg.head_dim, rope["rope_theta"], sections,
+                          family.mrope and (family.interleaved_mrope or bool(rope.get("mrope_interleaved", False))))
         self.rotary = MRotaryEmbedding(*self.rope_args)
 
     def load_weights(self, state: dict, tied: bool, device, dtype):

@@ -1,0 +1,153 @@
+"""How each family turns an image into tokens, read back from the processor's output: where each image's
+placeholder tokens are, how many rows of pixel_values it owns (Qwen: patches; SmolVLM / InternVL: tiles), its grid
+or tiling, and the processor settings that shaped it (they enter key C). Also the per-request knobs, validated."""
+import re
+from dataclasses import dataclass
+
+from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """One image in the prompt as the processor laid it out."""
+    start: int                        # its first placeholder token
+    end: int                          # one past its last placeholder token (markers in between included)
+    num_tokens: int                   # placeholder tokens (rows of its vision embeddings)
+    pixel_rows: int                   # rows of pixel_values it owns
+    grid_thw: tuple | None            # Qwen: (t, h, w) in patches
+    tiles: tuple | None               # tiled families: (rows, cols) of crops; None when the image was not split
+    thumbnail: bool                   # a global view / thumbnail follows the crops
+
+
+def _longest_edge(value, name: str) -> int:
+    edge = value.get("longest_edge") if isinstance(value, dict) else getattr(value, "longest_edge", value)
+    if isinstance(edge, bool) or not isinstance(edge, int) or edge < 1:
+        raise ValueError(f"mm_processor_kwargs {name!r} must be a positive int or {{'longest_edge': int}}, got {value!r}")
+    return edge
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"mm_processor_kwargs {name!r} must be a positive int, got {value!r}")
+    return value
+
+
+def _flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"mm_processor_kwargs {name!r} must be true or false, got {value!r}")
+    return value
+
+
+def qwen_settings(ip, kw: dict) -> tuple[dict, tuple]:
+    factor = ip.patch_size * ip.merge_size
+    lo = int(kw.get("min_pixels", ip.size.shortest_edge))
+    hi = int(kw.get("max_pixels", ip.size.longest_edge))
+    if lo < factor * factor or hi < lo:
+        raise ValueError(f"need {factor * factor} <= min_pixels <= max_pixels, got min={lo} max={hi}")
+    call = {"size": {"shortest_edge": lo, "longest_edge": hi}} if kw else {}
+    return call, (lo, hi, ip.patch_size, ip.merge_size, ip.temporal_patch_size, tuple(ip.image_mean), tuple(ip.image_std))
+
+
+def smolvlm_settings(processor, kw: dict) -> tuple[dict, tuple]:
+    ip = processor.image_processor
+    split = _flag(kw.get("do_image_splitting", ip.do_image_splitting), "do_image_splitting")
+    tile = _longest_edge(kw.get("max_image_size", ip.max_image_size), "max_image_size")
+    native = _longest_edge(ip.max_image_size, "max_image_size")
+    if tile != native:  # the vision encoder makes image_seq_len tokens only from a tile of its own size
+        raise ValueError(f"max_image_size must be {native} for this checkpoint (its vision encoder's tile; each tile "
+                         f"is {processor.image_seq_len} tokens), got {tile}")
+    longest = _longest_edge(kw.get("size", ip.size), "size")
+    call = {"do_image_splitting": split, "size": {"longest_edge": longest}} if kw else {}
+    return call, (("split", split), ("longest_edge", longest), ("tile", tile), ("image_seq_len", processor.image_seq_len),
+                  ip.resample, ip.do_resize, ip.rescale_factor, tuple(ip.image_mean), tuple(ip.image_std))
+
+
+def internvl_settings(processor, kw: dict) -> tuple[dict, tuple]:
+    ip = processor.image_processor
+    crop = _flag(kw.get("crop_to_patches", processor.images_kwargs.get("crop_to_patches", ip.crop_to_patches)),
+                 "crop_to_patches")
+    lo = _positive_int(kw.get("min_patches", ip.min_patches), "min_patches")
+    hi = _positive_int(kw.get("max_patches", ip.max_patches), "max_patches")
+    if lo > hi:
+        raise ValueError(f"need min_patches <= max_patches, got min={lo} max={hi}")
+    call = {"crop_to_patches": crop, "min_patches": lo, "max_patches": hi} if kw else {}
+    size = (ip.size.height, ip.size.width)
+    return call, (("crop", crop), ("patches", lo, hi), ("crop_size", size),
+                  ("image_seq_length", processor.image_seq_length), ip.resample, tuple(ip.image_mean), tuple(ip.image_std))
+
+
+def image_settings(family, processor, mm_kwargs: dict | None) -> tuple[dict, tuple]:
+    """Validate per-request overrides against the family's knobs; return (processor call kwargs, key-C settings)."""
+    kw = dict(mm_kwargs or {})
+    unknown = set(kw) - set(family.knobs)
+    if unknown:
+        raise ValueError(f"unsupported mm_processor_kwargs {sorted(unknown)} for {family.title}; "
+                         f"allowed: {', '.join(family.knobs) or 'none (a text model takes no images)'}")
+    if family.images == "patches":
+        return qwen_settings(processor.image_processor, kw)
+    if family.model_type == "internvl":
+        return internvl_settings(processor, kw)
+    if family.images == "tiles":
+        return smolvlm_settings(processor, kw)
+    return {}, ()
+
+
+def placeholder_types(family, processor, out) -> list[int]:
+    """1 for each image placeholder token, 0 for text (Qwen's processor says so; the others by the token id)."""
+    ids = out["input_ids"][0].tolist()
+    if "mm_token_type_ids" in out:
+        return out["mm_token_type_ids"][0].tolist()
+    image_id = getattr(processor, "image_token_id", None) if family.images != "none" else None
+    return [int(t == image_id) for t in ids]
+
+
+def runs(types: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each maximal run of placeholder tokens."""
+    out, i = [], 0
+    while i < len(types):
+        if types[i]:
+            j = i
+            while j < len(types) and types[j]:
+                j += 1
+            out.append((i, j))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+ROW_COL = re.compile(r"<row_(\d+)_col_(\d+)>")
+
+
+def locate_images(family, processor, out, types: list[int], sizes: list[tuple[int, int]], call: dict) -> list[ImageSpan]:
+    """Each image's span, pixel rows and tiling, from the processor output (sizes: each image's (w, h))."""
+    found = runs(types)
+    if family.images == "patches":
+        merge2 = processor.image_processor.merge_size ** 2
+        grids = [tuple(g) for g in out["image_grid_thw"].tolist()]
+        return [ImageSpan(s, e, e - s, g[0] * g[1] * g[2], g, None, False) for (s, e), g in zip(found, grids)]
+    if family.model_type == "internvl":
+        ip, per = processor.image_processor, processor.image_seq_length
+        lo, hi = call.get("min_patches", ip.min_patches), call.get("max_patches", ip.max_patches)
+        spans = []
+        for (s, e), (w, h) in zip(found, sizes):
+            crops = (e - s) // per
+            tiles = None
+            if crops > 1:  # the processor's own choice of grid (GotOcr2's closest aspect ratio), then a thumbnail
+                cols, rows = get_optimal_tiled_canvas((h, w), (ip.size.height, ip.size.width), lo, hi)
+                tiles = (rows, cols)
+            spans.append(ImageSpan(s, e, e - s, crops, None, tiles, crops > 1))
+        return spans
+    # SmolVLM / Idefics3: one run per tile, each after a <row_i_col_j> marker; the run after <global-img> ends the image
+    tokens = processor.tokenizer.convert_ids_to_tokens(out["input_ids"][0].tolist())
+    spans, group = [], []
+    for s, e in found:
+        group.append((s, e))
+        marker = tokens[s - 1] if s else ""
+        if marker == (getattr(processor, "global_image_token", None) or processor.global_image_tag):
+            last = ROW_COL.fullmatch(tokens[group[-2][0] - 1]) if len(group) > 1 else None
+            tiles = (int(last.group(1)), int(last.group(2))) if last else None
+            spans.append(ImageSpan(group[0][0], e, sum(b - a for a, b in group), len(group), None, tiles,
+                                   tiles is not None))
+            group = []
+    return spans
