@@ -6,7 +6,7 @@ import functools
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-import minivlm.processor  # noqa: F401  (registers the image-only processors: AutoProcessor otherwise needs torchvision)
+from minivlm.processor import PROCESSORS  # also registers the image-only processors (no torchvision needed)
 
 
 TEXT_ONLY = ("qwen2", "qwen3")
@@ -24,7 +24,12 @@ def hf_model(path: str, dtype: torch.dtype = torch.float32):
 
 @functools.lru_cache(maxsize=8)
 def hf_processor(path: str):
-    return AutoTokenizer.from_pretrained(path) if is_text_only(path) else AutoProcessor.from_pretrained(path)
+    if is_text_only(path):
+        return AutoTokenizer.from_pretrained(path)
+    model_type = AutoConfig.from_pretrained(path).model_type
+    if model_type in PROCESSORS:  # transformers' processor minus its video slot (published configs name the full one)
+        return PROCESSORS[model_type][1].from_pretrained(path)
+    return AutoProcessor.from_pretrained(path)
 
 
 def teacher_forced_logprobs(path: str, request, generated: list[int], dtype=torch.float32) -> torch.Tensor:
