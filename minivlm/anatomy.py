@@ -13,7 +13,8 @@ KEY_STRATEGIES = ("A", "B", "C")
 
 @dataclass(frozen=True)
 class TokenInfo:
-    """One prompt token. grid_row/grid_col: its merged-patch cell for image tokens; position: M-RoPE (t, h, w)."""
+    """One prompt token. grid_row/grid_col: its merged-patch cell for image tokens (in its tile, for tiled families;
+    tile: which crop, the global view last); position: M-RoPE (t, h, w), or (i, i, i) under 1-D RoPE."""
     index: int
     token_id: int
     text: str
@@ -22,6 +23,7 @@ class TokenInfo:
     grid_row: int | None
     grid_col: int | None
     position: tuple[int, int, int]
+    tile: int | None = None
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,11 @@ class ImageInfo:
     patch_size: int = 0
     merge_size: int = 0
     settings: tuple = ()              # processor settings that shaped its tokens (they enter key C)
+    tiles: tuple[int, int] | None = None  # tiled families: (rows, cols) of crops; None when not split (or Qwen)
+    thumbnail: bool = False           # a global view / thumbnail follows the crops
+    tile_size: int = 0                # tiled families: a crop's side in px, as the vision tower sees it
+    tokens_per_tile: int = 0
+    end: int = 0                      # one past its last placeholder token (markers between tiles included)
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,8 @@ class Anatomy:
     strategy: str                     # the engine's own strategy (the key its cache uses)
     rope_delta: int                   # decode position = sequence length + rope_delta
     notes: list[str] = field(default_factory=list)
+    images_as: str = "patches"        # how the family turns an image into tokens: patches | tiles | none
+    mrope: bool = True                # 3-axis M-RoPE positions (else 1-D)
 
 
 def token_texts(tokenizer, token_ids: list[int]) -> list[str]:
@@ -77,25 +86,60 @@ def original_sizes(request: Request) -> list[tuple[int, int]]:
     return [load_image(im)[0].size for im in split_images(request.to_messages())[1]]
 
 
+def qwen_images(engine, seq, sizes) -> tuple[list[ImageInfo], dict]:
+    """Qwen-VL: each image's patch grid, and each image token's (image, row, col) on the merged grid."""
+    patch, merge = engine.processor.image_processor.patch_size, engine.model.merge
+    images, owner = [], {}
+    for k, (im, size) in enumerate(zip(seq.images, sizes)):
+        t, h, w = im.grid_thw  # in patches: the resized image is exactly the grid times the patch size
+        images.append(ImageInfo(size, (w * patch, h * patch), (t, h, w), t * h * w, im.num_tokens, im.content_hash,
+                                im.start, patch, merge, im.settings, end=im.end))
+        cols, per_frame = w // merge, h // merge * (w // merge)
+        for j in range(im.num_tokens):
+            owner[im.start + j] = (k, j % per_frame // cols, j % cols, None)
+    return images, owner
+
+
+def tile_geometry(engine) -> tuple[int, int, int]:
+    """(tile px, patch px, pixel-shuffle factor) of a tiled family, from its processor and vision config."""
+    ip, cfg = engine.processor.image_processor, engine.hf_config
+    patch = cfg.vision_config.patch_size
+    patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+    if engine.model_type == "internvl":
+        return ip.size.height, patch, round(1 / cfg.downsample_ratio)
+    return ip.max_image_size["longest_edge"], patch, cfg.scale_factor
+
+
+def tiled_images(engine, seq, sizes) -> tuple[list[ImageInfo], dict]:
+    """SmolVLM / InternVL: each image's crops (row-major, then the global view), and each image token's
+    (image, row, col, tile) on its tile's token grid."""
+    tile, patch, shuffle = tile_geometry(engine)
+    per_tile = engine.processor.image_seq_len if hasattr(engine.processor, "image_seq_len") \
+        else engine.processor.image_seq_length
+    side = int(round(per_tile ** 0.5))
+    images, owner = [], {}
+    for k, (im, size) in enumerate(zip(seq.images, sizes)):
+        rows, cols = im.tiles or (1, 1)
+        images.append(ImageInfo(size, (cols * tile, rows * tile), None, im.pixel_rows * (tile // patch) ** 2,
+                                im.num_tokens, im.content_hash, im.start, patch, shuffle, im.settings, im.tiles,
+                                im.thumbnail, tile, per_tile, im.end))
+        placeholders = [i for i in range(im.start, im.end) if seq.token_types[i]]
+        for j, i in enumerate(placeholders):
+            owner[i] = (k, j % per_tile // side, j % side, j // per_tile)
+    return images, owner
+
+
 def build_anatomy(engine, request: Request) -> Anatomy:
     """Render `request` through the engine (no model run) and lay out its tokens, images, blocks and keys."""
     seq = engine.make_sequence(request, SamplingParams(max_tokens=1))
-    model, bs = engine.model, engine.config.block_size
-    patch, merge = engine.processor.image_processor.patch_size, model.merge
-    images = []
-    for im, size in zip(seq.images, original_sizes(request)):
-        t, h, w = im.grid_thw  # in patches: the resized image is exactly the grid times the patch size
-        images.append(ImageInfo(size, (w * patch, h * patch), (t, h, w), t * h * w, im.num_tokens, im.content_hash,
-                                im.start, patch, merge, im.settings))
-    owner = {}  # token index -> (image index, row, col) on the merged grid
-    for k, im in enumerate(seq.images):
-        cols = im.grid_thw[2] // merge
-        per_frame = im.grid_thw[1] // merge * cols
-        for j in range(im.num_tokens):
-            owner[im.start + j] = (k, j % per_frame // cols, j % cols)
+    model, bs, family = engine.model, engine.config.block_size, engine.model.family
+    sizes = original_sizes(request) if seq.images else []
+    images, owner = (qwen_images if family.images == "patches" else tiled_images)(engine, seq, sizes) \
+        if seq.images else ([], {})
     positions = seq.prompt_positions.T.tolist()
     texts = token_texts(engine.tokenizer, seq.token_ids)
-    tokens = [TokenInfo(i, t, text, "image" if kind else "text", *owner.get(i, (None, None, None)), tuple(pos))
+    tokens = [TokenInfo(i, t, text, "image" if kind else "text", *owner.get(i, (None, None, None, None))[:3],
+                        tuple(pos), owner.get(i, (None,) * 4)[3])
               for i, (t, text, kind, pos) in enumerate(zip(seq.token_ids, texts, seq.token_types, positions))]
     blocks, parents = [], dict.fromkeys(KEY_STRATEGIES)
     for i in range(-(-len(seq) // bs)):  # every block the prompt touches, the last maybe partial
@@ -108,4 +152,4 @@ def build_anatomy(engine, request: Request) -> Anatomy:
             parents[s] = key
         blocks.append(BlockAnatomy(i, start, end, full, keys, inputs, block_kind(seq.token_types[start:end])))
     return Anatomy(tokens, images, blocks, bs, engine.config.cache_strategy, seq.rope_delta,
-                   [n for im in seq.images for n in im.notes])
+                   [n for im in seq.images for n in im.notes], family.images, family.mrope)

@@ -31,6 +31,7 @@ class Engine:
     hf_config = property(lambda self: self.model.hf_config)
     device = property(lambda self: self.model.device)
     model_type = property(lambda self: self.model.model_type)
+    family = property(lambda self: self.model.family)  # minivlm.families.Family: how this model takes images
     processor = property(lambda self: self.model.processor)
     tokenizer = property(lambda self: self.model.tokenizer)
 

@@ -50,7 +50,7 @@ class KVPool:
         tokens = self.num_blocks * self.config.block_size
         return MemoryReport(self.model.weights_bytes(), kv, self.kv_bytes_per_token, self.num_blocks,
                             self.config.block_size, peak_bytes(self.model.device), str(self.model.device),
-                            self.model.dtype_name, self.model.vision.num_bytes(), tokens,
+                            self.model.dtype_name, self.model.vision.num_bytes() if self.model.vision else 0, tokens,
                             tokens / self.config.max_model_len)
 
     def release(self):

@@ -96,16 +96,18 @@ def strip_layout(n: int, block_size: int) -> tuple[int, int]:
     return (44 if n <= 400 else 20), per_row
 
 
-def token_strip_figure(anatomy, images: list[Image.Image]) -> go.Figure:
+def token_strip_figure(anatomy, images: list[Image.Image], tiled_cells=None) -> go.Figure:
     """The prompt token by token, wrapped in whole KV blocks: text tokens labelled, image tokens as thumbnails of
-    their merged patch, each block outlined (the empty slots of a partial last block shown as such)."""
+    their merged patch (tiled_cells(image, info, cell): a tiled family's per-view cells), each block outlined (the
+    empty slots of a partial last block shown as such)."""
     bs, n = anatomy.block_size, len(anatomy.tokens)
     cell, per_row = strip_layout(n, bs)
     nblocks_row = per_row // bs
     num_rows = -(-max(n, 1) // per_row)
     width = per_row * cell + (nblocks_row - 1) * BLOCK_GAP + 4
     canvas = np.full((STRIP_TOP + num_rows * (cell + ROW_GAP), width, 3), 255, np.uint8)
-    tiles = [cell_tiles(im, info, cell) for im, info in zip(images, anatomy.images)]
+    cut = tiled_cells if anatomy.images_as == "tiles" else cell_tiles
+    tiles = [cut(im, info, cell) for im, info in zip(images, anatomy.images)]
 
     def origin(i):  # top-left pixel of token slot i
         row, col = divmod(i, per_row)
@@ -116,17 +118,20 @@ def token_strip_figure(anatomy, images: list[Image.Image]) -> go.Figure:
     for t in anatomy.tokens:
         x, y = origin(t.index)
         if t.type == "image":
-            canvas[y:y + cell - 1, x:x + cell - 1] = tiles[t.image_index][t.grid_row, t.grid_col][:-1, :-1]
+            view = tiles[t.image_index] if t.tile is None else tiles[t.image_index][t.tile]
+            canvas[y:y + cell - 1, x:x + cell - 1] = view[t.grid_row, t.grid_col][:-1, :-1]
         else:
-            special = t.text.startswith("<|") and t.text.endswith("|>")
+            special = t.text.startswith("<") and t.text.endswith(">") and len(t.text) > 2  # <|im_start|>, <row_1_col_2>
             canvas[y:y + cell - 1, x:x + cell - 1] = SPECIAL_BG if special else TEXT_BG
             if cell >= 30:
                 labels_x.append(x + cell / 2)
                 labels_y.append(y + cell / 2)
                 labels.append(short_label(t.text, width_chars))
-        where = f"image {t.image_index + 1} (row {t.grid_row}, col {t.grid_col})" if t.type == "image" else "text"
+        view = "" if t.tile is None else f"view {t.tile + 1}, "
+        where = f"image {t.image_index + 1} ({view}row {t.grid_row}, col {t.grid_col})" if t.type == "image" else "text"
+        rope = f"M-RoPE (t, h, w) = {t.position}" if anatomy.mrope else f"position {t.position[0]} (1-D RoPE)"
         hover.append(f"token {t.index} · id {t.token_id} · {t.text!r}<br>{where}<br>"
-                     f"M-RoPE (t, h, w) = {t.position}<br>block {t.index // bs}, slot {t.index % bs}")
+                     f"{rope}<br>block {t.index // bs}, slot {t.index % bs}")
     block_x, block_y, block_text = [], [], []
     for b in anatomy.blocks:
         x, y = origin(b.start)

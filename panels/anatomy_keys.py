@@ -9,7 +9,7 @@ from minivlm.anatomy import KEY_STRATEGIES
 
 SAME, DIFFERENT, NONE = "#d9f2d9", "#f8d4d4", "#f1f1f1"
 EDGE = {SAME: "#2e8b57", DIFFERENT: "#c0392b", NONE: "#bbbbbb"}
-WHAT = {"A": "token ids only", "B": "+ image content hash", "C": "+ grid, processor settings, offset, model"}
+WHAT = {"A": "token ids only", "B": "+ image content hash", "C": "+ grid or tiling, processor settings, offset, model"}
 
 
 def run_length(ids: list[int]) -> str:
@@ -25,10 +25,14 @@ def extra_fields(item) -> list[tuple[str, str]]:
         return [("model", f"{os.path.basename(str(item[1]).rstrip('/'))} · {item[2]}")]
     if item[0] == "salt":
         return [("salt", str(item[1])[:24])]
-    digest, grid, settings, offset = item  # C: an image overlapping the block
-    lo, hi, patch, merge = settings[:4]
-    return [("image", digest[:12]), ("grid", "×".join(map(str, grid))), ("pixels", f"{lo:,}–{hi:,}"),
-            ("patch", str(patch)), ("merge", str(merge)), ("at slot", str(offset))]
+    digest, grid, tiles, settings, offset = item  # C: an image overlapping the block
+    if grid is not None:  # Qwen-VL: the patch grid and the pixel range
+        lo, hi, patch, merge = settings[:4]
+        return [("image", digest[:12]), ("grid", "×".join(map(str, grid))), ("pixels", f"{lo:,}–{hi:,}"),
+                ("patch", str(patch)), ("merge", str(merge)), ("at slot", str(offset))]
+    named = [s for s in settings if isinstance(s, tuple) and s and isinstance(s[0], str)]  # tiling settings
+    return ([("image", digest[:12]), ("tiles", "×".join(map(str, tiles)) if tiles else "not split")]
+            + [(s[0], "–".join(map(str, s[1:]))) for s in named] + [("at slot", str(offset))])
 
 
 def key_lines(anatomy, i: int, strategy: str) -> list[list[tuple[str, str]]]:

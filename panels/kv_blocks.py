@@ -45,15 +45,19 @@ DEMO = [("three_shapes.png", "Describe the picture.", "Where is the green circle
         ("red_circle.png", "Describe the picture.", "What color is the shape?")]
 
 
-def demo_requests(n: int, salt: str | None) -> list[Request]:
+def demo_requests(n: int, salt: str | None, images: bool = True) -> list[Request]:
     """n requests over three example scenes, asking each for a description (the model's answer is 5 to 20
     tokens), then a question about the same picture: equal prompts share every full block, equal images share
-    their image blocks."""
+    their image blocks. images=False (a text model): the same questions about the scene named in words."""
     reqs = []
     for i in range(n):
         name, describe, other = DEMO[i % 3]
         question = other if (i // 3) % 2 else describe
-        reqs.append(Request(prompt=question, images=[os.path.join(EXAMPLES_DIR, name)], cache_salt=salt))
+        if images:
+            reqs.append(Request(prompt=question, images=[os.path.join(EXAMPLES_DIR, name)], cache_salt=salt))
+        else:
+            scene = name.removesuffix(".png").replace("_", " ")
+            reqs.append(Request(prompt=f"Imagine a picture of {scene}. {question}", cache_salt=salt))
     return reqs
 
 
@@ -137,7 +141,7 @@ def build(holder: EngineHolder):
                            f"got {requests!r} × {tokens_each!r}.")
         session = session_of(request)
         run = runs.current(session)
-        run.launch(demo_requests(int(requests), holder.salt(session)),
+        run.launch(demo_requests(int(requests), holder.salt(session), images=run.engine.family.images != "none"),
                    SamplingParams(max_tokens=int(tokens_each), ignore_eos=bool(ignore_eos)))
         if run.engine.loop.is_paused():
             gr.Info(f"{int(requests)} requests queued: they arrive at the next Step.")

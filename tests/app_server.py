@@ -56,13 +56,15 @@ def running_app(*args: str, log_path: str, timeout: float = 240, env: dict | Non
 
 
 @contextlib.contextmanager
-def app_in_process(num_blocks: int, shared: bool = False):
+def app_in_process(num_blocks: int, shared: bool = False, model: str | None = None):
     """The app served from this process on a free port, so a test reads the same engine the page shows:
-    yields (holder, url). shared=True: as `python app.py --shared` (read-only header, per-session KV runs)."""
+    yields (holder, url). shared=True: as `python app.py --shared` (read-only header, per-session KV runs);
+    model: a checkpoint dir other than the tiny model."""
     import app as app_module
     from minivlm import EngineConfig
     from panels.holder import EngineHolder
-    holder = EngineHolder(EngineConfig(model=APP_MODEL or EngineConfig().model, device="cpu", num_blocks=num_blocks),
+    holder = EngineHolder(EngineConfig(model=model or APP_MODEL or EngineConfig().model, device="cpu",
+                                       num_blocks=num_blocks),
                           shared=shared)
     holder.load()
     port = free_port()
