@@ -41,3 +41,9 @@ def kv_limit(est) -> str | None:
 def why_it_does_not_fit(est) -> list[str]:
     """Every limit the estimate's workload hits (empty when it fits)."""
     return [s for s in (context_limit(est), memory_limit(est), kv_limit(est)) if s]
+
+
+def limit_names(est) -> list[str]:
+    """The limits an estimate's workload hits, in one word each (for tables): context, memory, KV pool."""
+    return [name for name, sentence in (("context", context_limit(est)), ("memory", memory_limit(est)),
+                                        ("KV pool", kv_limit(est))) if sentence]
