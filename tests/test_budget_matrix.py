@@ -158,3 +158,19 @@ def test_tiled_request_tokens_and_tensor_parallel_plan():
         estimate("SmolVLM2-2.2B-Instruct", device="L4", max_pixels=10 ** 6)
     plans = {p.device: p for p in gpus_needed("InternVL3_5-8B-HF", devices=["T4", "H100 80GB"], max_model_len=8192)}
     assert plans["H100 80GB"].gpus == 1 and plans["H100 80GB"].estimate.fits
+
+
+def test_idefics3_shares_the_smolvlm_rules():
+    """An Idefics3 config of SmolVLM2-2.2B's widths: its meta model's parameters, and tiles as Idefics3's own
+    processor counts them."""
+    from transformers.models.idefics3 import Idefics3ImageProcessorPil
+    cfg = {k: v for k, v in load_model_preset("SmolVLM2-2.2B-Instruct").items() if not k.startswith("_")}
+    cfg = dict(cfg, model_type="idefics3", vision_config=dict(cfg["vision_config"], model_type="idefics3_vision"))
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(hf_config(cfg))
+    assert parameter_count(cfg) == sum(p.numel() for p in model.parameters())
+    processor = Idefics3ImageProcessorPil(size={"longest_edge": 1536}, max_image_size={"longest_edge": 384})
+    for h, w in sizes(3):
+        num, rows, cols = processor.get_number_of_image_patches(h, w)
+        plan = image_plan(cfg, h, w)
+        assert (plan.tiles, plan.vision_tokens) == (num or 1, (num or 1) * 81), (h, w)
