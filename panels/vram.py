@@ -1,12 +1,15 @@
 """VRAM budget tab: minivlm.budget.estimate for a model, a device (one GPU or several, tensor parallel) and a workload:
 the plan per GPU as a stacked bar, the workload's KV demand against the pool, why it does not fit in words, which
-GPUs would fit it, and what this engine really allocated (memory_report)."""
+GPUs would fit it, the matrix VLMs on 16 / 24 / 48 / 80 GB GPUs, and what this engine really allocated
+(memory_report)."""
 import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from minivlm.budget import device_presets, estimate, gpus_needed, model_preset_names
+from minivlm.budget import device_presets, estimate, gpus_needed, load_model_preset, model_preset_names, model_shape
+from minivlm.budget.limits import limit_names
+from minivlm.budget.planner import MATRIX_GPUS, MATRIX_VLMS, plan_matrix
 
 from panels.holder import EngineHolder, gpu
 
@@ -17,6 +20,34 @@ SEGMENTS = [("LLM weights", "#1f77b4"), ("vision encoder", "#9467bd"), ("activat
 TP_SIZES = [1, 2, 4, 8]
 EXAMPLE_72B = ("Qwen2.5-VL-72B-Instruct", 4, 32768, 8)  # model, images per request, context, concurrent requests
 GIB = 2 ** 30
+# Picker titles per model_type, in the order the families are listed.
+FAMILY_TITLES = {"qwen3_vl": "Qwen3-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen2_vl": "Qwen2-VL", "smolvlm": "SmolVLM2",
+                 "idefics3": "Idefics3", "internvl": "InternVL3.5", "qwen3": "Qwen3 (text)",
+                 "qwen2": "Qwen2.5 (text)"}
+
+
+def preset_choices() -> list[tuple[str, str]]:
+    """The model picker: (family title · preset, preset), grouped by family, this engine's model first."""
+    types = {name: load_model_preset(name)["model_type"] for name in model_preset_names()}
+    order = list(FAMILY_TITLES)
+    ranked = sorted(types, key=lambda n: (order.index(types[n]) if types[n] in order else len(order), n))
+    return [(THIS_ENGINE, THIS_ENGINE)] + [(f"{FAMILY_TITLES.get(types[n], types[n])} · {n}", n) for n in ranked]
+
+
+def matrix_cell(est) -> str:
+    """One model on one GPU, short enough for a phone: fits (requests at once) or the limits it hits."""
+    if est.fits:
+        return f"✓ fits · {est.workload_concurrency:,} at once"
+    return f"✗ {' + '.join(limit_names(est))} · {est.workload_concurrency:,} at once"
+
+
+def matrix_table(plans) -> pd.DataFrame:
+    """The matrix VLMs (rows) on one GPU of each size (columns), with each model's tokens per image."""
+    rows = [(model, f"{ests[0].vision_tokens_per_image:,}" + (f" ({ests[0].image_tiles} tiles)"
+                                                               if ests[0].image_tiles > 1 else ""),
+             *(matrix_cell(e) for e in ests)) for model, ests in plans.items()]
+    return pd.DataFrame(rows, columns=["model", "vision tokens / image"] + [f"{size} ({gpu})" for size, gpu in
+                                                                             MATRIX_GPUS])
 
 
 def estimate_parts(est) -> list[int]:
@@ -94,10 +125,12 @@ def headline(est, device: str, n_seqs: int) -> str:
     """The verdict in words: blocks and concurrency, and, when it does not fit, every limit it hits."""
     gpus = (f" · {est.tensor_parallel_size} GPUs, tensor parallel: every figure is per GPU, the KV pool spans them"
             if est.tensor_parallel_size > 1 else "")
+    tiles = f" in {est.image_tiles} tiles" if est.image_tiles > 1 else ""
+    images = ("text-only model, no images" if est.text_only else f"{est.vision_tokens_per_image:,} vision tokens per "
+              f"image resized to {est.resized_image[1]}×{est.resized_image[0]}{tiles}")
     text = (f"### {'Fits' if est.fits else 'Does not fit'}: {est.num_blocks:,} KV blocks = {est.kv_pool_tokens:,} "
             f"tokens · max concurrency **{est.max_concurrency:.2f}x** at {est.max_model_len:,} tokens · this "
-            f"workload ({est.needed_tokens_per_request:,} tokens per request, {est.vision_tokens_per_image:,} vision "
-            f"tokens per image resized to {est.resized_image[1]}×{est.resized_image[0]}): "
+            f"workload ({est.needed_tokens_per_request:,} tokens per request, {images}): "
             f"**{est.workload_concurrency:,}** requests at once (asked for {n_seqs}) on {device}{gpus}")
     return text + "".join(f"\n- **{limit}**" for limit in est.limits)
 
@@ -123,8 +156,7 @@ def build(holder: EngineHolder):
     """Lay out the VRAM tab and wire its events (api names: vram, vram_gpus); returns what the page runs on load."""
     devices = device_presets()
     with gr.Row():
-        model = gr.Dropdown([THIS_ENGINE] + model_preset_names(), value="Qwen2.5-VL-3B-Instruct", label="Model",
-                            elem_id="vram-model")
+        model = gr.Dropdown(preset_choices(), value="Qwen2.5-VL-3B-Instruct", label="Model", elem_id="vram-model")
         device = gr.Dropdown(list(devices) + [CUSTOM], value="L4", label="Device", elem_id="vram-device")
         memory_gb = gr.Number(24, label="custom device memory (GiB)", minimum=0.1, visible=False)
         tp = gr.Radio(TP_SIZES, value=1, label="GPUs (tensor parallel)", elem_id="vram-tp")
@@ -146,6 +178,8 @@ def build(holder: EngineHolder):
     gpus = gr.Dataframe(label="Which GPUs fit this workload (fewest of each GPU model, tensor parallel up to 8)",
                         wrap=True, column_widths=["12%", "14%", "10%", "9%", "55%"], max_height=520,
                         elem_id="vram-gpus")
+    matrix = gr.Dataframe(label="The matrix VLMs on one 16 / 24 / 48 / 80 GB GPU at this image size, context and "
+                          "workload (fits, requests at once, or the limit hit)", wrap=True, elem_id="vram-matrix")
     versus = gr.Dataframe(label="Estimate vs this engine now", elem_id="vram-engine")
     breakdown = gr.Dataframe(label="Breakdown (formulas)", wrap=True, column_widths=["22%", "8%", "70%"],
                              elem_id="vram-breakdown")
@@ -153,8 +187,9 @@ def build(holder: EngineHolder):
     def workload(model_name, utilization, image_width, image_height, images_per_request, context_length,
                  concurrent_requests, weights_dtype, kv_cache_dtype, block_size) -> tuple:
         config = holder.get().hf_config if model_name == THIS_ENGINE else model_name
+        images = int(images_per_request) if model_name is None or model_shape(config).has_vision else 0  # text-only
         return config, dict(dtype=weights_dtype, kv_dtype=kv_cache_dtype, max_model_len=int(context_length or 0),
-                            num_seqs=int(concurrent_requests), images_per_request=int(images_per_request),
+                            num_seqs=int(concurrent_requests), images_per_request=images,
                             image_size=(int(image_width or 0), int(image_height or 0)),
                             gpu_memory_utilization=float(utilization), block_size=int(block_size))
 
@@ -190,8 +225,17 @@ def build(holder: EngineHolder):
         except ValueError as e:
             raise gr.Error(str(e))
 
+    def matrix_plan(utilization, image_width, image_height, images_per_request, context_length, concurrent_requests,
+                    weights_dtype, kv_cache_dtype, block_size):
+        _, work = workload(None, utilization, image_width, image_height, images_per_request, context_length,
+                           concurrent_requests, weights_dtype, kv_cache_dtype, block_size)
+        try:
+            return matrix_table(plan_matrix(**work))
+        except ValueError as e:
+            raise gr.Error(str(e))
+
     def load(*values):
-        return *calculate(*values), plan(values[0], *values[3:12])
+        return *calculate(*values), plan(values[0], *values[3:12]), matrix_plan(*values[3:12])
 
     def on_device(device_name, n_gpus):
         count = devices.get(device_name, {}).get("gpus", 1)
@@ -219,4 +263,6 @@ def build(holder: EngineHolder):
     plan_inputs = [model, util, width, height, images, context, seqs, dtype, kv_dtype, block_size]
     gr.on([c.change for c in plan_inputs], plan, plan_inputs, gpus, api_name="vram_gpus", concurrency_id="vram",
           show_progress="hidden")
-    return load, inputs, outputs + [gpus]
+    gr.on([c.change for c in plan_inputs[1:]], matrix_plan, plan_inputs[1:], matrix, api_name="vram_matrix",
+          concurrency_id="vram", show_progress="hidden")
+    return load, inputs, outputs + [gpus, matrix]

@@ -1,14 +1,18 @@
 """The VRAM tab in a real browser (Debian's chromium, headless): the KV-demand bar follows images per request, the
 why-it-does-not-fit sentences appear, no label sits on a bar, the formulas are not clipped at 1400 px, the GPU
-picker follows the device, and the 72B example answers which GPUs it needs. Its screenshot is docs/screenshots'
-vram.png when $MINIVLM_SCREENSHOTS points there."""
+picker follows the device, the 72B example answers which GPUs it needs, the matrix VLMs' table on 16 / 24 / 48 / 80
+GB GPUs follows the image size and context (readable at phone width and in dark mode), and the new presets (tiled,
+text-only) work from the picker. Its screenshot is docs/screenshots' vram.png when $MINIVLM_SCREENSHOTS points
+there."""
 import contextlib
 import os
 import time
 
 import pytest
 
-from minivlm.budget import gpus_needed
+from minivlm.budget import estimate, gpus_needed, image_plan
+from minivlm.budget.planner import plan_matrix
+from panels.vram import matrix_cell
 from tests.test_browser import TIMEOUT_MS, app, open_tab, page, shots  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
@@ -110,3 +114,73 @@ def table_rows(page, elem_id) -> list[list[str]]:
       }
       return Object.values(rows);
     }""", elem_id)
+
+
+CONTRAST = """(sel) => {
+  const rgb = c => c.match(/[\\d.]+/g).map(Number);
+  const lum = ([r, g, b]) => [r, g, b].map(v => v / 255).map(v => v <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055)
+    ** 2.4).reduce((a, v, i) => a + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const cell = document.querySelector(sel);
+  let el = cell, bg = null;
+  while (el && !bg) { const c = getComputedStyle(el).backgroundColor; if (rgb(c).length < 4 || rgb(c)[3] > 0) bg = c;
+                      el = el.parentElement; }
+  const [a, b] = [lum(rgb(getComputedStyle(cell).color)), lum(rgb(bg || 'rgb(255,255,255)'))];
+  return [(Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05), b];  // contrast ratio, background luminance
+}"""
+
+
+def choose(page, elem_id, name):
+    box = page.locator(f"#{elem_id} input").first
+    box.click()
+    box.fill(name)
+    page.get_by_role("option", name=name).first.click()
+
+
+def test_vram_matrix_table_and_new_presets(page):  # noqa: F811 (fixture)
+    open_tab(page, "VRAM budget")
+    for elem_id, value in (("vram-images", 1), ("vram-context", 8192), ("vram-seqs", 16)):
+        set_number(page, elem_id, value)
+    page.locator("#vram-tp label", has_text="1").first.click()
+    choose(page, "vram-device", "H100 80GB")
+    expected = {m: [matrix_cell(e) for e in ests] for m, ests in
+                plan_matrix(images_per_request=1, max_model_len=8192, num_seqs=16).items()}
+    shown = {}
+    with contextlib.suppress(AssertionError):
+        wait_for(page, lambda: {r[0]: r[2:] for r in table_rows(page, "#vram-matrix")} == expected, "the matrix")
+    shown = {r[0]: r[2:] for r in table_rows(page, "#vram-matrix")}
+    assert shown == expected and len(shown) == 4  # 4 VLMs x 16 / 24 / 48 / 80 GB
+    assert "✗" in "".join(expected["InternVL3_5-4B-HF"]) and "✓" in "".join(expected["Qwen2.5-VL-3B-Instruct"])
+
+    boxes = page.locator("input[type=number]")
+    wide = next(i for i in range(boxes.count()) if boxes.nth(i).input_value() == "1024")
+    boxes.nth(wide).fill("448")
+    boxes.nth(wide).press("Enter")  # a 448 x 768 image: InternVL cuts 1 x 2 tiles + a thumbnail
+    tokens = f"{image_plan('InternVL3_5-4B-HF', 768, 448).vision_tokens:,} ("
+    wait_for(page, lambda: any(r[0] == "InternVL3_5-4B-HF" and r[1].startswith(tokens)
+                               for r in table_rows(page, "#vram-matrix")), "the matrix at the new image size")
+
+    choose(page, "vram-model", "InternVL3.5 · InternVL3_5-8B-HF")
+    headline = page.locator("#vram-headline")
+    plan = image_plan("InternVL3_5-8B-HF", 768, 448)
+    shown_plan = (f"{plan.vision_tokens:,} vision tokens per image resized to {plan.resized[1]}×{plan.resized[0]} in "
+                  f"{plan.tiles} tiles")  # 1 x 2 tiles + the thumbnail
+    wait_for(page, lambda: shown_plan in headline.inner_text(), "the InternVL headline")
+    choose(page, "vram-model", "Qwen3 (text) · Qwen3-8B")
+    est = estimate("Qwen3-8B", device="H100 80GB", max_model_len=8192, num_seqs=16)
+    wait_for(page, lambda: "text-only model, no images" in headline.inner_text(), "the text-only headline")
+    assert f"{est.needed_tokens_per_request:,} tokens per request" in headline.inner_text()
+    assert f"{est.num_blocks:,} KV blocks" in headline.inner_text()
+
+    page.set_viewport_size({"width": 390, "height": 900})  # phone width: the table wraps or scrolls inside itself
+    try:
+        page.locator("#vram-matrix").scroll_into_view_if_needed()
+        box = page.locator("#vram-matrix").bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 391
+        assert page.evaluate("document.documentElement.scrollWidth") <= 391
+        light = page.evaluate(CONTRAST, "#vram-matrix [data-testid^=cell-]")
+        page.evaluate("document.body.classList.add('dark')")  # Gradio's dark theme hangs off this class
+        dark = page.evaluate(CONTRAST, "#vram-matrix [data-testid^=cell-]")
+        assert light[0] >= 4.5 and dark[0] >= 4.5 and dark[1] < light[1], (light, dark)  # dark, and readable
+    finally:
+        page.evaluate("document.body.classList.remove('dark')")
+        page.set_viewport_size({"width": 1400, "height": 1000})

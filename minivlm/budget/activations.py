@@ -24,12 +24,27 @@ def vision_peak(s: ModelShape, patches: int, act: int, eager: bool, tp: int = 1)
                    + (f" + {split(s.vision_heads, n)} heads × {patches}² eager scores" if eager else ""))
 
 
+def tiled_vision_peak(s: ModelShape, tiles: int, patches: int, act: int, eager: bool, tp: int = 1) -> tuple[int, str]:
+    """Live bytes at the peak of encoding one image's `tiles` tiles as one batch (`patches` ViT positions over all of
+    them): as vision_peak, without rotary tables, with q/k/v/output (4 widths) in attention and fc1 + GELU (2) in the
+    MLP; eager attention materialises heads x tile positions² per tile."""
+    w, i, n = s.vision_width, s.vision_intermediate, vision_split(s, tp)
+    side = s.vision_image_size
+    pixels = tiles * s.in_channels * side * side * 4  # float32 pixel_values
+    attn, mlp = 3 * w + 4 * split(w, n), 3 * w + 2 * split(i, n)
+    per_tile = patches // max(tiles, 1)
+    scores = split(s.vision_heads, n) * tiles * per_tile ** 2 * (act + 4) if eager else 0
+    return (pixels + patches * max(attn, mlp) * act + scores,
+            f"{tiles} tiles × {per_tile} positions × max({attn} attention, {mlp} MLP) · {act} B + float32 pixel values"
+            + (f" + {split(s.vision_heads, n)} heads × {tiles} × {per_tile}² eager scores" if eager else ""))
+
+
 def prefill_peak(s: ModelShape, tokens: int, num_seqs: int, act: int, eager: bool, tp: int = 1) -> tuple[int, str]:
     """Live bytes at the peak of one LLM forward over `tokens` step tokens on one GPU (paged attention: no tokens²
     term); the last-position logits are gathered whole on every GPU."""
     h, heads = s.hidden, split(s.heads, tp)
     q, kv = heads * s.head_dim, kv_heads_per_gpu(s.kv_heads, tp) * s.head_dim
-    attn = 3 * h + 3 * q + 3 * kv + (q + kv if s.family == "qwen3_vl" else 0)  # + q/k norm outputs in Qwen3
+    attn = 3 * h + 3 * q + 3 * kv + (q + kv if s.text_family == "qwen3" else 0)  # + q/k norm outputs in Qwen3
     mlp = 3 * h + 3 * split(s.intermediate, tp)
     per_token = max(attn, mlp) + 2 * s.head_dim  # layer input, residual, normed + rotary
     logits = num_seqs * s.vocab * (act + 4)  # last-position logits per sequence, upcast to float32 for sampling

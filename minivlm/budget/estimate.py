@@ -1,4 +1,5 @@
-"""VRAM budget: weights, KV cache, vision tokens and activation peaks of a Qwen-VL deployment in one view.
+"""VRAM budget: weights, KV cache, vision tokens and activation peaks of a deployment in one view (Qwen-VL, the tiled
+VLMs SmolVLM / InternVL, and text-only Qwen2 / Qwen3).
 
 estimate() is a pure function of a model config and settings; the engine sizes its own KV pool with it, so the
 calculator and the engine cannot disagree. The KV pool rule (vLLM's), per GPU:
@@ -15,13 +16,13 @@ a block of the pool spans all GPUs: num_blocks, the concurrency and the pool's t
 import math
 from dataclasses import dataclass, field
 
-from minivlm.budget.activations import prefill_peak, vision_peak
+from minivlm.budget.activations import prefill_peak, tiled_vision_peak, vision_peak
 from minivlm.budget.devices import device_memory, tensor_parallel_for
 from minivlm.budget.limits import why_it_does_not_fit
 from minivlm.budget.params import text_params, vision_params
 from minivlm.budget.shapes import model_shape
 from minivlm.budget.tensor_parallel import check_tensor_parallel, kv_heads_per_gpu, vision_split
-from minivlm.budget.vision_tokens import image_processor_settings, smart_resize
+from minivlm.budget.vision_tokens import ImagePlan, image_plan
 from minivlm.budget.weights import DTYPE_BYTES, QUANTIZED, dtype_name, kv_bytes_per_token, weight_bytes
 
 DEFAULT_OVERHEAD_BYTES = 512 * 2 ** 20  # CUDA context, cuBLAS workspaces, allocator fragmentation
@@ -65,6 +66,9 @@ class Estimate:
     kv_heads_per_gpu: int = 0
     vision_split: int = 1  # the vision tower is split over this many GPUs (1: replicated on each)
     images_per_request: int = 0
+    image_marker_tokens: int = 2  # per image around its vision tokens: Qwen / InternVL start+end, SmolVLM's markers
+    image_tiles: int = 1  # tiles the tower encodes per image (tiled families; 1 for Qwen-VL)
+    text_only: bool = False
     text_tokens_per_request: int = 0
     needed_tokens_per_request: int = 0  # before clipping to max_model_len (tokens_per_request is clipped)
     max_model_len: int = 0
@@ -85,22 +89,33 @@ def check_settings(max_model_len, num_seqs, block_size, gpu_memory_utilization, 
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    if images_per_request < 0:
-        raise ValueError(f"images_per_request must be >= 0, got {images_per_request}")
+    if not isinstance(images_per_request, int) or images_per_request < 0:
+        raise ValueError(f"images_per_request must be an int >= 0, got {images_per_request!r}")
     if len(image_size) != 2 or min(image_size) <= 0:
         raise ValueError(f"image_size must be (width, height) with positive sides, got {image_size!r}")
     if attn_implementation not in ATTENTION:
         raise ValueError(f"attn_implementation must be one of {ATTENTION}, got {attn_implementation!r}")
 
 
+def images_for(s, images_per_request) -> int:
+    """Images per request: None means 1 for a VLM and 0 for a text-only model; a text-only model refuses any."""
+    if images_per_request is None:
+        return 1 if s.has_vision else 0
+    if images_per_request and not s.has_vision:
+        raise ValueError(f"{s.family} is a text-only model: images_per_request must be 0, got {images_per_request}")
+    return images_per_request
+
+
 def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096, num_seqs=8,
-             images_per_request=1, image_size=(1024, 768), device_memory_gb=None, gpu_memory_utilization=0.9,
+             images_per_request=None, image_size=(1024, 768), device_memory_gb=None, gpu_memory_utilization=0.9,
              block_size=16, min_pixels=None, max_pixels=None, *, device=None, device_memory_bytes=None,
              weights_bytes=None, max_num_batched_tokens=None, text_tokens_per_request=512, overhead_bytes=None,
              attn_implementation="sdpa", tensor_parallel_size=None) -> Estimate:
     """The memory plan of one deployment, per GPU (see the module doc for the num_blocks rule).
 
-    image_size is each image's (width, height), as PIL's Image.size; the encoder peak is for one such image.
+    image_size is each image's (width, height), as PIL's Image.size; the encoder peak is for one such image, and
+    its tokens follow the family's own rule (vision_tokens.image_plan). images_per_request: default 1 for a VLM, 0
+    for a text-only model (which refuses images). min_pixels / max_pixels: Qwen-VL only.
     dtype: float32 | bfloat16 | float16 | int8 | int4 (int weights compute in bfloat16); kv_dtype "auto" = the
     compute dtype, or a float type / fp8. max_num_batched_tokens (the step token budget of the prefill peak)
     defaults to max_model_len. weights_bytes replaces the predicted weights (of one GPU) with measured ones;
@@ -108,6 +123,7 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
     device_memory_gb (GiB) or device_memory_bytes. tensor_parallel_size: GPUs the model is split over (default:
     the device preset's GPU count, else 1)."""
     s = model_shape(model_config)
+    images_per_request = images_for(s, images_per_request)
     dtype = dtype_name(dtype)
     act_dtype = "bfloat16" if dtype in QUANTIZED else dtype
     kv_dtype = act_dtype if kv_dtype == "auto" else dtype_name(kv_dtype)
@@ -125,16 +141,19 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
     used_weights = predicted if weights_bytes is None else int(weights_bytes)
     per_token = kv_bytes_per_token(s, kv_dtype, tp)
 
-    proc = image_processor_settings(model_config, min_pixels, max_pixels)
-    factor = proc["patch_size"] * proc["merge_size"]
     width, height = image_size
-    resized = smart_resize(height, width, factor, proc["min_pixels"], proc["max_pixels"])
-    image_tokens = (resized[0] // factor) * (resized[1] // factor)
-    patches = image_tokens * proc["merge_size"] ** 2
-    needed_tokens = images_per_request * (image_tokens + 2) + text_tokens_per_request  # + vision start/end
+    plan = image_plan(model_config, height, width, min_pixels, max_pixels) if s.has_vision else \
+        ImagePlan(0, 0, 0, 0, (0, 0))
+    image_tokens = plan.vision_tokens
+    needed_tokens = images_per_request * plan.tokens + text_tokens_per_request  # + markers (vision start/end)
     request_tokens = min(max_model_len, needed_tokens)
 
-    vis_peak, vis_formula = vision_peak(s, patches, act, eager, tp) if images_per_request else (0, "no images")
+    if not images_per_request:
+        vis_peak, vis_formula = 0, "no images" if s.has_vision else "text-only model: no vision encoder"
+    elif s.vision_kind in ("siglip", "internvit"):
+        vis_peak, vis_formula = tiled_vision_peak(s, plan.tiles, plan.patches, act, eager, tp)
+    else:
+        vis_peak, vis_formula = vision_peak(s, plan.patches, act, eager, tp)
     step_tokens = max_num_batched_tokens or max_model_len
     llm_peak, llm_formula = prefill_peak(s, step_tokens, min(num_seqs, step_tokens), act, eager, tp)
     peak = max(vis_peak, llm_peak)  # the encoder's activations are freed before the LLM forward runs
@@ -151,13 +170,14 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
     on_gpus = f" per GPU, split over {tp} GPUs" if tp > 1 else ""
     kv_split = ("" if tp == 1 else f"; {s.kv_heads} KV heads over {tp} GPUs" +
                 (f", each head on {tp // s.kv_heads} GPUs" if s.kv_heads < tp else ""))
-    vision_note = ("" if tp == 1 else f"; split over {tp} GPUs" if vis_split == tp else
+    vision_note = ("" if tp == 1 or not s.has_vision else f"; split over {tp} GPUs" if vis_split == tp else
                    f"; replicated on each GPU ({s.vision_heads} heads or {s.vision_intermediate} MLP width do not "
                    f"divide by {tp})")
     breakdown = [
         BudgetItem("LLM weights", text_b, text_formula + on_gpus
                    + ("; lm_head tied to the embeddings" if s.tied else "")),
-        BudgetItem("Vision tower weights", vision_b, vision_formula + vision_note),
+        BudgetItem("Vision tower weights", vision_b, vision_formula + vision_note if s.has_vision else
+                   "text-only model: no vision tower"),
         BudgetItem("Activation peak", peak, f"max(vision encoder {vis_peak:,}, LLM prefill {llm_peak:,})"),
         BudgetItem("Vision encoder peak (largest image)", vis_peak, vis_formula),
         BudgetItem("LLM prefill peak (step token budget)", llm_peak, llm_formula),
@@ -176,11 +196,13 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
         vision_weights_bytes=vision_b, num_parameters=sum(text_params(s).values()) + sum(vision_params(s).values()),
         kv_bytes_per_token=per_token, block_size=block_size, num_blocks=num_blocks, kv_cache_bytes=kv_cache,
         max_concurrency=num_blocks / math.ceil(max_model_len / block_size), vision_tokens_per_image=image_tokens,
-        resized_image=resized, tokens_per_request=request_tokens, fits_context=needed_tokens <= max_model_len,
+        resized_image=plan.resized, tokens_per_request=request_tokens, fits_context=needed_tokens <= max_model_len,
         workload_concurrency=workload, vision_peak_bytes=vis_peak, prefill_peak_bytes=llm_peak,
         activation_peak_bytes=peak, overhead_bytes=overhead, memory_bytes=memory, usable_bytes=usable,
         fits=workload >= num_seqs and needed_tokens <= max_model_len, tensor_parallel_size=tp,
-        kv_heads_per_gpu=kv_heads, vision_split=vis_split, images_per_request=images_per_request,
+        kv_heads_per_gpu=kv_heads, vision_split=vis_split if s.has_vision else 1,
+        images_per_request=images_per_request, image_marker_tokens=plan.marker_tokens, image_tiles=plan.tiles,
+        text_only=not s.has_vision,
         text_tokens_per_request=text_tokens_per_request, needed_tokens_per_request=needed_tokens,
         max_model_len=max_model_len, num_seqs=num_seqs, gpu_memory_utilization=gpu_memory_utilization,
         budget_bytes=budget, kv_pool_tokens=num_blocks * block_size,

@@ -6,9 +6,11 @@ def context_limit(est) -> str | None:
     """A request longer than max_model_len: the scheduler refuses it whatever the memory."""
     if est.needed_tokens_per_request <= est.max_model_len:
         return None
-    n, per_image = est.images_per_request, est.vision_tokens_per_image + 2
+    n, markers = est.images_per_request, est.image_marker_tokens
+    per_image = est.vision_tokens_per_image + markers
+    around = "start/end" if markers == 2 else f"{markers} marker tokens"
     images = (f"{n} image{'s' if n != 1 else ''} × {per_image:,} tokens ({est.vision_tokens_per_image:,} vision + "
-              f"start/end) + " if n else "")
+              f"{around}) + " if n else "")
     return (f"{images}{est.text_tokens_per_request:,} text tokens = {est.needed_tokens_per_request:,} tokens per "
             f"request > max_model_len {est.max_model_len:,}")
 
@@ -39,3 +41,9 @@ def kv_limit(est) -> str | None:
 def why_it_does_not_fit(est) -> list[str]:
     """Every limit the estimate's workload hits (empty when it fits)."""
     return [s for s in (context_limit(est), memory_limit(est), kv_limit(est)) if s]
+
+
+def limit_names(est) -> list[str]:
+    """The limits an estimate's workload hits, in one word each (for tables): context, memory, KV pool."""
+    return [name for name, sentence in (("context", context_limit(est)), ("memory", memory_limit(est)),
+                                        ("KV pool", kv_limit(est))) if sentence]

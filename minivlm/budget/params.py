@@ -1,11 +1,13 @@
-"""Exact parameter counts of the Qwen-VL families per GPU, read off a config (no weights, no model instantiation).
+"""Exact parameter counts per GPU, read off a config (no weights, no model instantiation).
 
-Each count mirrors one module of transformers' modeling_qwen2_vl / qwen2_5_vl / qwen3_vl, split over tp GPUs as
+The decoders (Qwen2, Qwen3, Llama layouts) and the Qwen-VL towers are here, the tiled towers (SmolVLM, InternVL)
+in params_tiled.py. Each count mirrors one module of transformers' modeling code, split over tp GPUs as
 tensor_parallel.py says; the tests check the totals against models built on the meta device (whole and sharded)
 and against the tensors stored in real checkpoints.
 """
 from dataclasses import dataclass
 
+from minivlm.budget.params_tiled import TILED_TOWERS
 from minivlm.budget.shapes import ModelShape, model_shape
 from minivlm.budget.tensor_parallel import kv_heads_per_gpu, split, vision_split, vocab_per_gpu
 
@@ -35,21 +37,21 @@ def row(name: str, out_features: int, in_features: int, bias: bool, tp: int) -> 
 
 def decoder_linears(s: ModelShape, tp: int = 1) -> list[LinearShape]:
     """The Linear layers of one LLM decoder layer on one GPU: GQA projections (biased q/k/v in Qwen2/2.5) and the
-    SwiGLU MLP."""
-    qkv_bias = s.family != "qwen3_vl" or s.attention_bias  # Qwen2/2.5: q/k/v always biased; Qwen3: a config flag
-    o_bias = s.family == "qwen3_vl" and s.attention_bias
+    SwiGLU MLP (biased only where a Llama config sets mlp_bias)."""
+    qkv_bias = s.text_family == "qwen2" or s.attention_bias  # Qwen2/2.5: q/k/v always biased; Qwen3, Llama: a flag
+    o_bias = s.text_family != "qwen2" and s.attention_bias
     q, kv = s.heads * s.head_dim, kv_heads_per_gpu(s.kv_heads, tp) * s.head_dim
     return [column("q_proj", q, s.hidden, qkv_bias, tp), LinearShape("k_proj", kv, s.hidden, qkv_bias),
             LinearShape("v_proj", kv, s.hidden, qkv_bias), row("o_proj", s.hidden, q, o_bias, tp),
-            column("gate_proj", s.intermediate, s.hidden, False, tp),
-            column("up_proj", s.intermediate, s.hidden, False, tp),
-            row("down_proj", s.hidden, s.intermediate, False, tp)]
+            column("gate_proj", s.intermediate, s.hidden, s.mlp_bias, tp),
+            column("up_proj", s.intermediate, s.hidden, s.mlp_bias, tp),
+            row("down_proj", s.hidden, s.intermediate, s.mlp_bias, tp)]
 
 
 def text_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
     """LLM parameters on one GPU by part; lm_head is 0 when tied (it shares the embedding's storage)."""
     per_layer = sum(lin.params for lin in decoder_linears(s, tp)) + 2 * s.hidden  # + input / post-attention RMSNorm
-    if s.family == "qwen3_vl":
+    if s.text_family == "qwen3":
         per_layer += 2 * s.head_dim  # q_norm and k_norm over the head dim
     rows = vocab_per_gpu(s.vocab, tp)
     return {"embed_tokens": rows * s.hidden, "decoder_layers": s.layers * per_layer, "final_norm": s.hidden,
@@ -57,7 +59,12 @@ def text_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
 
 
 def vision_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
-    """Vision tower parameters on one GPU by part: patch embed, position table, blocks, merger, deepstack mergers."""
+    """Vision tower parameters on one GPU by part: patch embed, position table, blocks, merger, deepstack mergers (a
+    tiled tower's parts: params_tiled.py; none for a text-only model)."""
+    if s.vision_kind in TILED_TOWERS:
+        return TILED_TOWERS[s.vision_kind](s, tp)
+    if not s.has_vision:
+        return {}
     w, i, out, merged = s.vision_width, s.vision_intermediate, s.vision_out, s.vision_width * s.merge_size ** 2
     n = vision_split(s, tp)
     conv = s.in_channels * s.temporal_patch_size * s.patch_size ** 2 * w

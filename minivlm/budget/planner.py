@@ -1,4 +1,5 @@
-"""Which GPUs a workload needs: for each single-GPU device preset, the fewest GPUs (tensor parallel) it fits on."""
+"""Which GPUs a workload needs: for each single-GPU device preset, the fewest GPUs (tensor parallel) it fits on; and
+the matrix plan: a few models on one GPU of each of a few sizes, at one workload."""
 from dataclasses import dataclass
 
 from minivlm.budget.devices import device_presets
@@ -39,3 +40,15 @@ def gpus_needed(model_config, devices=None, sizes=TENSOR_PARALLEL_SIZES, **workl
                 break
         plans.append(plan)
     return plans
+
+
+# The four VLMs of the model matrix, and one GPU preset per memory size the planning table shows.
+MATRIX_VLMS = ("Qwen3-VL-4B-Instruct", "Qwen2.5-VL-3B-Instruct", "SmolVLM2-2.2B-Instruct", "InternVL3_5-4B-HF")
+MATRIX_GPUS = (("16 GB", "T4"), ("24 GB", "L4"), ("48 GB", "L40S"), ("80 GB", "H100 80GB"))
+
+
+def plan_matrix(models=MATRIX_VLMS, devices=tuple(d for _, d in MATRIX_GPUS), **workload) -> dict[str, list[Estimate]]:
+    """For each model, its estimate on one GPU of each device at the same workload (estimate's keyword arguments
+    except the device): does it fit, how many requests at once, which limit it hits."""
+    return {model: [estimate(config, device=device, tensor_parallel_size=1, **workload) for device in devices]
+            for model, config in ((m, hf_config(m)) for m in models)}

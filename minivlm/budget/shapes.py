@@ -1,19 +1,27 @@
-"""A model's dimensions from any config form: preset name, checkpoint dir, config.json dict or transformers config."""
+"""A model's dimensions from any config form: preset name, checkpoint dir, config.json dict or transformers config.
+
+The calculator's families are its own (not the engine's registry): the Qwen-VL ones, the tiled VLMs SmolVLM /
+Idefics3 and InternVL, and the text-only Qwen2 / Qwen3 decoders."""
 import json
 import os
 from dataclasses import dataclass
 
 from transformers import AutoConfig, PreTrainedConfig
 
-from minivlm.families import FAMILIES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRESET_DIR = os.path.join(ROOT, "assets", "presets")
+QWEN_VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+TILED = ("smolvlm", "idefics3", "internvl")  # vision towers on fixed-size tiles, then a pixel-shuffle projector
+TEXT_ONLY = ("qwen2", "qwen3")
+SUPPORTED = QWEN_VL + TILED + TEXT_ONLY
+TEXT_FAMILIES = ("qwen2", "qwen3", "llama")  # decoder layouts params.py knows
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the budget needs from a config: text dims, vision dims, tying. All counts are per model."""
+    """What the budget needs from a config: text dims, vision dims, tying. All counts are per model; a text-only
+    model has vision_kind "" and zero vision dims."""
     family: str
     vocab: int
     hidden: int
@@ -35,6 +43,21 @@ class ModelShape:
     in_channels: int
     num_position_embeddings: int
     deepstack: int
+    text_family: str = "qwen2"  # decoder layout: qwen2 (biased q/k/v), qwen3 (q/k norm), llama (bias flags)
+    vision_kind: str = ""  # "" (text-only), a Qwen-VL family, "siglip" (SmolVLM, Idefics3) or "internvit" (InternVL)
+    mlp_bias: bool = False
+    vision_image_size: int = 0  # the tile side a tiled tower sees
+    pixel_shuffle: int = 0  # tiled towers: tokens are merged scale x scale before the projector
+    vision_attention_bias: bool = True
+    vision_qk_norm: bool = False
+    vision_rms_norm: bool = False
+    vision_mean_pooling: bool = True
+    vision_mask_token: bool = False
+    vision_abs_pos: bool = True
+
+    @property
+    def has_vision(self) -> bool:
+        return bool(self.vision_kind)
 
 
 def model_preset_names() -> list[str]:
@@ -67,29 +90,69 @@ def hf_config(model_config) -> PreTrainedConfig:
     if not isinstance(model_config, dict):
         raise ValueError(f"model_config must be a preset name, dir, dict or PretrainedConfig, got {type(model_config)}")
     model_type = model_config.get("model_type")
-    if model_type not in FAMILIES:
-        raise ValueError(f"model_type {model_type!r} is not a supported family; supported: {tuple(FAMILIES)}")
+    if model_type not in SUPPORTED:
+        raise ValueError(f"model_type {model_type!r} is not a supported family; supported: {SUPPORTED}")
     clean = {k: v for k, v in model_config.items() if not k.startswith("_") and k != "model_type"}
     return AutoConfig.for_model(model_type, **clean)
 
 
+def text_family(t) -> str:
+    """The decoder layout of a text config: qwen2 (Qwen2, Qwen2-VL, Qwen2.5-VL), qwen3 (Qwen3, Qwen3-VL) or llama."""
+    kind = t.model_type
+    family = "qwen3" if kind.startswith("qwen3") else "qwen2" if kind.startswith("qwen2") else kind
+    if family not in TEXT_FAMILIES:
+        raise ValueError(f"text model_type {kind!r} is not a decoder the budget knows; known: {TEXT_FAMILIES}")
+    return family
+
+
+def _pair(v) -> int:
+    """InternVL writes sizes as [h, w] (square here); the others as one int."""
+    return int(v[0]) if isinstance(v, (list, tuple)) else int(v)
+
+
+def vision_dims(cfg) -> dict:
+    """The vision fields of ModelShape for a config (empty for a text-only model)."""
+    family = cfg.model_type
+    if family in TEXT_ONLY:
+        return dict(vision_width=0, vision_intermediate=0, vision_depth=0, vision_heads=0, vision_out=0, patch_size=0,
+                    temporal_patch_size=0, merge_size=0, in_channels=0, num_position_embeddings=0, deepstack=0)
+    v = cfg.vision_config
+    if family in QWEN_VL:
+        if family == "qwen2_vl":
+            width, out, inter = v.embed_dim, v.hidden_size, int(v.embed_dim * v.mlp_ratio)
+        else:
+            width, out, inter = v.hidden_size, v.out_hidden_size, v.intermediate_size
+        return dict(vision_kind=family, vision_width=width, vision_intermediate=inter, vision_depth=v.depth,
+                    vision_heads=v.num_heads, vision_out=out, patch_size=v.patch_size,
+                    temporal_patch_size=v.temporal_patch_size, merge_size=v.spatial_merge_size,
+                    in_channels=v.in_channels, num_position_embeddings=getattr(v, "num_position_embeddings", 0) or 0,
+                    deepstack=len(getattr(v, "deepstack_visual_indexes", None) or ()))
+    internvl = family == "internvl"
+    shuffle = round(1 / cfg.downsample_ratio) if internvl else cfg.scale_factor
+    common = dict(vision_width=v.hidden_size, vision_intermediate=v.intermediate_size,
+                  vision_depth=v.num_hidden_layers, vision_heads=v.num_attention_heads,
+                  vision_out=cfg.text_config.hidden_size, patch_size=_pair(v.patch_size), temporal_patch_size=1,
+                  merge_size=shuffle, pixel_shuffle=shuffle, in_channels=v.num_channels,
+                  vision_image_size=_pair(v.image_size), num_position_embeddings=0, deepstack=0)
+    if not internvl:
+        return dict(common, vision_kind="siglip")
+    return dict(common, vision_kind="internvit", vision_attention_bias=bool(v.attention_bias),
+                vision_qk_norm=bool(v.use_qk_norm), vision_rms_norm=v.norm_type == "rms_norm",
+                vision_mean_pooling=bool(v.use_mean_pooling), vision_mask_token=bool(v.use_mask_token),
+                vision_abs_pos=bool(v.use_absolute_position_embeddings))
+
+
 def model_shape(model_config) -> ModelShape:
-    """The dimensions of any accepted config form; Qwen2-VL names its ViT width embed_dim and its output hidden_size."""
+    """The dimensions of any accepted config form (text-only configs are flat: the config is its own text config)."""
     cfg = hf_config(model_config)
-    family, t, v = cfg.model_type, cfg.text_config, cfg.vision_config
-    if family not in FAMILIES:
-        raise ValueError(f"model_type {family!r} is not a supported family; supported: {tuple(FAMILIES)}")
+    family = cfg.model_type
+    if family not in SUPPORTED:
+        raise ValueError(f"model_type {family!r} is not a supported family; supported: {SUPPORTED}")
+    t = cfg if family in TEXT_ONLY else cfg.text_config
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
-    if family == "qwen2_vl":
-        width, out, inter = v.embed_dim, v.hidden_size, int(v.embed_dim * v.mlp_ratio)
-    else:
-        width, out, inter = v.hidden_size, v.out_hidden_size, v.intermediate_size
     return ModelShape(
         family=family, vocab=t.vocab_size, hidden=t.hidden_size, intermediate=t.intermediate_size,
         layers=t.num_hidden_layers, heads=t.num_attention_heads, kv_heads=t.num_key_value_heads or
         t.num_attention_heads, head_dim=head_dim, tied=bool(cfg.tie_word_embeddings),
-        attention_bias=bool(getattr(t, "attention_bias", False)), vision_width=width,
-        vision_intermediate=inter, vision_depth=v.depth, vision_heads=v.num_heads, vision_out=out,
-        patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size, merge_size=v.spatial_merge_size,
-        in_channels=v.in_channels, num_position_embeddings=getattr(v, "num_position_embeddings", 0) or 0,
-        deepstack=len(getattr(v, "deepstack_visual_indexes", None) or ()))
+        attention_bias=bool(getattr(t, "attention_bias", False)), text_family=text_family(t),
+        mlp_bias=bool(getattr(t, "mlp_bias", False)), **vision_dims(cfg))

@@ -1,14 +1,20 @@
-"""How many LLM tokens an image becomes: the Qwen-VL resize rule (smart_resize) and the 2x2 patch merge."""
+"""How many LLM tokens an image becomes: the Qwen-VL resize rule (smart_resize) and the 2x2 patch merge; the tiled
+families' rules are in tiling.py, and image_plan() answers for any family."""
 import json
 import math
 import os
+from dataclasses import dataclass
 
-from minivlm.budget.shapes import hf_config
-from minivlm.families import FAMILIES
+from minivlm.budget.shapes import QWEN_VL, TEXT_ONLY, hf_config, load_model_preset, model_shape
+from minivlm.budget.tiling import internvl_tiles, smolvlm_tiles
 
-# Image processor defaults of the published checkpoints, per family (from the family registry).
-FAMILY_PROCESSOR = {name: {"patch_size": f.patch_size, "merge_size": f.merge_size, "min_pixels": f.min_pixels,
-                           "max_pixels": f.max_pixels} for name, f in FAMILIES.items()}
+# Image processor defaults of the published Qwen-VL checkpoints' preprocessor_config.json, per family (kept here,
+# not read from the engine's registry, so the calculator's rules do not move when the engine's families do).
+FAMILY_PROCESSOR = {
+    "qwen2_vl": {"patch_size": 14, "merge_size": 2, "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 16384},
+    "qwen2_5_vl": {"patch_size": 14, "merge_size": 2, "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 16384},
+    "qwen3_vl": {"patch_size": 16, "merge_size": 2, "min_pixels": 256 * 256, "max_pixels": 4096 * 4096},
+}
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -71,9 +77,88 @@ def image_processor_settings(family_or_config, min_pixels=None, max_pixels=None,
 
 def vision_tokens(height: int, width: int, family_or_config, min_pixels=None, max_pixels=None, patch_size=None,
                   merge_size=None) -> int:
-    """Image placeholder tokens for one height x width image: (H'/factor)·(W'/factor), factor = patch · merge."""
+    """Image placeholder tokens for one height x width image: Qwen-VL (H'/factor)·(W'/factor), factor = patch ·
+    merge; a tiled family's config or preset: its tiles × tokens per tile (image_plan)."""
+    if family_or_config not in FAMILY_PROCESSOR and patch_size is None and merge_size is None and \
+            hf_config(family_or_config).model_type not in QWEN_VL:
+        return image_plan(family_or_config, height, width, min_pixels, max_pixels).vision_tokens
     s = image_processor_settings(family_or_config, min_pixels, max_pixels, patch_size, merge_size)
     factor = s["patch_size"] * s["merge_size"]
     h, w = smart_resize(height, width, factor, s["min_pixels"], s["max_pixels"])
     return (h // factor) * (w // factor)
 
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    """One image in the prompt: placeholder tokens, marker tokens around them, tiles the tower encodes, ViT patches
+    over all tiles (what the encoder peak is sized by) and the size the processor resized it to (height, width)."""
+    vision_tokens: int
+    marker_tokens: int
+    tiles: int
+    patches: int
+    resized: tuple[int, int]
+
+    @property
+    def tokens(self) -> int:
+        return self.vision_tokens + self.marker_tokens
+
+
+def _saved_processor(model_config) -> dict | None:
+    """The processor settings a preset (its _processor entry) or a checkpoint dir (its saved files) carries."""
+    if not isinstance(model_config, str):
+        return None
+    if os.path.isdir(model_config):
+        saved = dict(checkpoint_image_processor(model_config) or {})
+        extra = os.path.join(model_config, "processor_config.json")
+        if os.path.isfile(extra):
+            with open(extra) as f:
+                saved.update({k: v for k, v in json.load(f).items() if k.startswith("image_seq")})
+        return saved or None
+    return load_model_preset(model_config).get("_processor")
+
+
+def tiled_processor_settings(model_config) -> dict:
+    """The tiling settings of a SmolVLM / Idefics3 / InternVL model: the preset's or checkpoint's saved processor,
+    else what the config implies (the published checkpoints' rule: tile = the tower's image size, SmolVLM's longest
+    edge 4 tiles, tokens per tile = (tile / patch)² / scale²; InternVL 1..12 tiles)."""
+    cfg = hf_config(model_config)
+    s, saved = model_shape(cfg), _saved_processor(model_config) or {}
+    per_tile = (s.vision_image_size // s.patch_size) ** 2 // s.pixel_shuffle ** 2
+    if cfg.model_type == "internvl":
+        size = saved.get("crop_size") or saved.get("size") or {}
+        return {"tile": size.get("height", s.vision_image_size), "min_patches": saved.get("min_patches", 1),
+                "max_patches": saved.get("max_patches", 12), "crop_to_patches": saved.get("crop_to_patches", True),
+                "image_seq_length": saved.get("image_seq_length", getattr(cfg, "image_seq_length", per_tile))}
+    v = cfg.vision_config
+    tile = (saved.get("max_image_size") or getattr(v, "max_image_size", None) or {}).get("longest_edge",
+                                                                                         s.vision_image_size)
+    longest = (saved.get("size") or getattr(v, "size", None) or {}).get("longest_edge", 4 * tile)
+    return {"tile": tile, "longest_edge": longest, "splitting": saved.get("do_image_splitting", True),
+            "image_seq_len": saved.get("image_seq_len", per_tile)}
+
+
+def image_plan(model_config, height: int, width: int, min_pixels=None, max_pixels=None) -> ImagePlan:
+    """What one height x width image costs in the prompt and in the encoder, by the model family's own rule
+    (min_pixels / max_pixels: Qwen-VL only)."""
+    cfg = hf_config(model_config)
+    family = cfg.model_type
+    if family in TEXT_ONLY:
+        raise ValueError(f"{family} is a text-only model: it takes no images")
+    if family in QWEN_VL:
+        proc = image_processor_settings(model_config, min_pixels, max_pixels)
+        factor = proc["patch_size"] * proc["merge_size"]
+        resized = smart_resize(height, width, factor, proc["min_pixels"], proc["max_pixels"])
+        tokens = (resized[0] // factor) * (resized[1] // factor)
+        return ImagePlan(tokens, 2, 1, tokens * proc["merge_size"] ** 2, resized)  # + vision start/end
+    if min_pixels is not None or max_pixels is not None:
+        raise ValueError(f"min_pixels / max_pixels apply to the Qwen-VL resize rule, not to {family}'s tiling")
+    s, p = model_shape(cfg), tiled_processor_settings(model_config)
+    per_tile = (s.vision_image_size // s.patch_size) ** 2
+    if family == "internvl":
+        t = internvl_tiles(height, width, p["tile"], p["image_seq_length"], p["min_patches"], p["max_patches"],
+                           p["crop_to_patches"])
+        per_tile += 1  # the CLS token
+    else:
+        t = smolvlm_tiles(height, width, p["longest_edge"], p["tile"], p["image_seq_len"], p["splitting"])
+    return ImagePlan(t.vision_tokens, t.marker_tokens, t.tiles, t.tiles * per_tile, t.resized)
