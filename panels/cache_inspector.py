@@ -17,7 +17,7 @@ from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
 
 STRATEGIES = ("A", "B", "C")
 RESIZES = {"processor default": None, "max 160×160 px": 160 * 160, "max 112×112 px": 112 * 112,
-           "max 448×448 px": 448 * 448}
+           "max 448×448 px": 448 * 448, "another tiling": "other", "one view (no splitting)": "single"}
 TOP_LOGPROBS = 20
 HIT_COLORS = {0: "#e5e7eb", 1: "#16a34a", 2: "#dc2626"}  # miss, true hit, false hit
 RESULT_COLUMNS = ["strategy", "hits", "true hits", "false hits", "cached tokens", "answer · image 1",
@@ -37,7 +37,32 @@ PRESETS = {  # the seeds' cases: (image 1, image 2, prompt, second prompt or "",
                                    "What color is the shape?", "processor default", "processor default"),
     "Same image, different resize": ("red_circle.png", "red_circle.png", "What color is the shape?", "",
                                      "processor default", "max 160×160 px"),
+    "Same image, different tiling": ("three_shapes.png", "three_shapes.png", "Describe the picture.", "",
+                                     "processor default", "another tiling"),
 }
+
+
+def processor_kwargs(engine, choice: str) -> dict | None:
+    """mm_processor_kwargs of a resize / tiling choice for this engine's family; a choice the family has no such
+    knob for is refused, naming what it takes. "another tiling" is each family's own: Qwen a smaller max_pixels,
+    SmolVLM a longer edge before tiling (more crops), InternVL a single crop instead of up to max_patches."""
+    family, value = engine.family, RESIZES[choice]
+    if value is None:
+        return None
+    ip = engine.processor.image_processor
+    if family.images == "patches":
+        if value == "single":
+            raise ValueError(f"{family.title} does not tile images; pick a max_pixels resize instead")
+        return {"max_pixels": 160 * 160 if value == "other" else value}
+    if isinstance(value, int):
+        raise ValueError(f"{family.title} tiles images instead of a max_pixels resize; pick 'another tiling' or "
+                         f"'one view (no splitting)'")
+    if family.model_type == "internvl":
+        return {"crop_to_patches": False} if value == "single" else {"max_patches": 1 if ip.max_patches > 1 else 6}
+    if value == "single":
+        return {"do_image_splitting": False}
+    tile = ip.max_image_size["longest_edge"]
+    return {"size": {"longest_edge": ip.size.longest_edge + tile}}  # one more crop along the longest side
 
 
 def refuse_unreadable(image: gr.Image) -> gr.Image:
@@ -120,10 +145,10 @@ def build(holder: EngineHolder):
     with gr.Row():
         with gr.Column():
             img1 = refuse_unreadable(gr.Image(type="pil", label="Image 1", height=200, elem_id="insp-img1"))
-            resize1 = gr.Dropdown(list(RESIZES), value="processor default", label="resize image 1")
+            resize1 = gr.Dropdown(list(RESIZES), value="processor default", label="resize / tiling of image 1")
         with gr.Column():
             img2 = refuse_unreadable(gr.Image(type="pil", label="Image 2", height=200, elem_id="insp-img2"))
-            resize2 = gr.Dropdown(list(RESIZES), value="processor default", label="resize image 2")
+            resize2 = gr.Dropdown(list(RESIZES), value="processor default", label="resize / tiling of image 2")
     with gr.Row():
         prompt = gr.Textbox("What color is the shape?", label="Prompt", scale=3)
         prompt2 = gr.Textbox("", label="Prompt for request 2 (empty = the same)", scale=3)
@@ -142,9 +167,11 @@ def build(holder: EngineHolder):
             raise refusal("Give a prompt.")
         if resize_1 not in RESIZES or resize_2 not in RESIZES:
             raise refusal(f"resize must be one of {list(RESIZES)}")
-        kw = [{"max_pixels": RESIZES[r]} if RESIZES[r] else None for r in (resize_1, resize_2)]
         engine = holder.get()
+        if engine.family.images == "none":
+            raise refusal(f"{engine.family.title} is a text-only model: the inspector compares requests with images.")
         try:
+            kw = [processor_kwargs(engine, r) for r in (resize_1, resize_2)]
             second = (image_2, (prompt_2 or "").strip() or prompt, kw[1])
             out, cold = run_pair(engine, ((image_1, prompt, kw[0]), second), int(max_tokens))
         except ValueError as e:
