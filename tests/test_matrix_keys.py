@@ -2,6 +2,7 @@
 picture under another tiling never reuses a block holding its image tokens; B sees only pixels and is fooled;
 each family's knobs are accepted and an unknown one is refused; unsupported architectures say why."""
 import json
+import os
 
 import pytest
 
@@ -85,3 +86,28 @@ def test_unsupported_architectures_are_refused_saying_why(tmp_path, model_type, 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(ValueError, match=f"unsupported architecture '{model_type}'.*{why}"):
         Engine(EngineConfig(model=str(tmp_path), device="cpu"))
+
+
+@pytest.mark.parametrize("name, repo", [("smolvlm", "HuggingFaceTB/SmolVLM2-256M-Video-Instruct"),
+                                        ("internvl", "OpenGVLab/InternVL3_5-1B-HF"), ("qwen3", "Qwen/Qwen3-0.6B")])
+def test_a_hub_id_fetches_what_the_family_needs(name, repo, matrix_checkpoints, monkeypatch, tmp_path):
+    """The download boundary (huggingface_hub.snapshot_download) copies only the files matching the loader's
+    allow_patterns, as the hub would: that set must be enough to load each family and answer like the local dir."""
+    import fnmatch
+    import shutil
+
+    import huggingface_hub
+
+    def snapshot_download(repo_id, allow_patterns, **kw):
+        out = tmp_path / repo_id.replace("/", "--")
+        out.mkdir()
+        for f in os.listdir(matrix_checkpoints[name]):
+            if any(fnmatch.fnmatch(f, p) for p in allow_patterns):
+                shutil.copy(os.path.join(matrix_checkpoints[name], f), out / f)
+        return str(out)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    request = Request(prompt="Hi", images=[PICTURE]) if name != "qwen3" else Request(prompt="Hi")
+    with Engine(EngineConfig(model=repo, device="cpu", dtype="float32", num_blocks=64)) as hub, \
+            Engine(EngineConfig(model=matrix_checkpoints[name], device="cpu", dtype="float32", num_blocks=64)) as local:
+        assert hub.model_type == local.model_type
+        assert hub.generate(request, PARAMS).token_ids == local.generate(request, PARAMS).token_ids
