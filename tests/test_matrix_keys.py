@@ -111,3 +111,14 @@ def test_a_hub_id_fetches_what_the_family_needs(name, repo, matrix_checkpoints, 
             Engine(EngineConfig(model=matrix_checkpoints[name], device="cpu", dtype="float32", num_blocks=64)) as local:
         assert hub.model_type == local.model_type
         assert hub.generate(request, PARAMS).token_ids == local.generate(request, PARAMS).token_ids
+
+
+def test_sliding_window_layers_are_refused(matrix_checkpoints, tmp_path):
+    import shutil
+    path = shutil.copytree(matrix_checkpoints["qwen2"], tmp_path / "sliding")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(use_sliding_window=True, sliding_window=8, max_window_layers=0,
+               layer_types=["sliding_attention"] * cfg["num_hidden_layers"])
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="sliding-window attention layers are not supported"):
+        Engine(EngineConfig(model=str(path), device="cpu", num_blocks=8))

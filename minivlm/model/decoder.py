@@ -84,6 +84,11 @@ class Decoder(nn.Module):
         if getattr(text_cfg, "hidden_act", "silu") != "silu" or getattr(text_cfg, "mlp_bias", False):
             raise ValueError(f"text decoder with hidden_act={text_cfg.hidden_act!r}, mlp_bias="
                              f"{getattr(text_cfg, 'mlp_bias', False)} is not supported (only SiLU-gated MLPs, no bias)")
+        sliding = getattr(text_cfg, "use_sliding_window", False) or \
+            "sliding_attention" in (getattr(text_cfg, "layer_types", None) or [])
+        if sliding:  # every layer here attends to the whole context: a window would change the logits
+            raise ValueError("sliding-window attention layers are not supported (every layer attends to the full "
+                             "context in minivlm's paged attention)")
         facts = decoder_facts(getattr(text_cfg, "model_type", None) or model_type)
         bias = bool(getattr(text_cfg, "attention_bias", False))
         attn_kwargs = dict(qk_norm=facts.qk_norm, qkv_bias=bias if facts.qkv_bias is None else facts.qkv_bias,
