@@ -109,3 +109,23 @@ def test_a_text_model_refuses_images(matrix_engines):
     with pytest.raises(ValueError, match="text-only model: it takes no images"):
         matrix_engines["qwen3"].generate(Request(prompt="What color?", images=[Image.new("RGB", (32, 32))]),
                                          SamplingParams(max_tokens=1))
+
+
+@pytest.mark.parametrize("name", ["smolvlm", "internvl"])
+def test_replay_of_a_tiled_run_equals_the_snapshot_at_every_step(name, matrix_checkpoints):
+    """The event log describes tiled images as their runs of placeholders, so replay rebuilds the same block kinds
+    (image / mixed: markers between tiles) and tables as the engine's own snapshot, step by step (step-through)."""
+    from minivlm.events import replay
+    from tests.test_events import check_replay_every_step, workload
+    mismatches = []
+    # 8-token blocks, a pool two of the workload's tiled prompts fill: their answers then preempt
+    with Engine(EngineConfig(model=matrix_checkpoints[name], device="cpu", num_blocks=32, block_size=8,
+                             max_model_len=512)) as engine:
+        check_replay_every_step(engine, mismatches)
+        workload(engine)
+        events = engine.events()
+        final, snap = replay(events, engine.num_blocks, engine.config.block_size), engine.snapshot()
+    assert not mismatches, mismatches[:5]
+    assert final.blocks == snap.blocks
+    assert {"preempted", "BlockRemoved"} <= {e.kind for e in events}
+    assert {"image", "mixed"} <= {b.kind for b in snap.blocks if b.cached}
