@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S) -> gr.Blocks:
     """The whole UI around one engine holder; temp files older than `upload_ttl` seconds are deleted."""
     with gr.Blocks(title="minivlm", delete_cache=(upload_ttl, upload_ttl)) as demo:
-        gr.Markdown("# minivlm · a paged-KV engine for Qwen-VL you can watch")
+        gr.Markdown("# minivlm · a paged-KV engine for vision-language models you can watch")
         header.build(holder, demo)
         with gr.Tabs():
             with gr.Tab("Chat", id="chat"):
