@@ -105,7 +105,7 @@ def tile_geometry(engine) -> tuple[int, int, int]:
     ip, cfg = engine.processor.image_processor, engine.hf_config
     patch = cfg.vision_config.patch_size
     patch = patch[0] if isinstance(patch, (list, tuple)) else patch
-    if engine.model_type == "internvl":
+    if engine.family.tiling == "crops":
         return ip.size.height, patch, round(1 / cfg.downsample_ratio)
     return ip.max_image_size["longest_edge"], patch, cfg.scale_factor
 

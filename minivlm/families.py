@@ -66,6 +66,8 @@ class Family:
     images: str                     # "patches" (Qwen native resolution) | "tiles" (crops + global view) | "none"
     mrope: bool                     # 3-axis M-RoPE positions (else 1-D: every axis the same counter)
     knobs: tuple[str, ...] = ()     # mm_processor_kwargs a request may set
+    tiling: str = ""                # tiles: "grid" (SmolVLM: max_image_size tiles + a global view, <row_i_col_j>
+                                    # markers) or "crops" (InternVL: closest-aspect-ratio crops + a thumbnail)
     deepstack: bool = False         # ViT layer features added to the first decoder layers' image rows
     interleaved_mrope: bool = False  # t/h/w frequencies interleaved (else contiguous chunks; a config flag may override)
     patch_size: int = 0             # Qwen-VL: ViT patch, 2x2 merge and the default pixel range
@@ -92,11 +94,11 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            deepstack=True, interleaved_mrope=True, patch_size=16, merge_size=2, min_pixels=256 * 256,
            max_pixels=4096 * 4096),
     Family("smolvlm", "SmolVLM2", SmolVLMConfig, SmolVLMImageOnlyProcessor, "tiles", False,
-           ("do_image_splitting", "max_image_size", "size")),
+           ("do_image_splitting", "max_image_size", "size"), tiling="grid"),
     Family("idefics3", "Idefics3 (SmolVLM)", Idefics3Config, Idefics3Processor, "tiles", False,
-           ("do_image_splitting", "max_image_size", "size")),
+           ("do_image_splitting", "max_image_size", "size"), tiling="grid"),
     Family("internvl", "InternVL3 / 3.5", InternVLConfig, InternVLImageOnlyProcessor, "tiles", False,
-           ("max_patches", "min_patches", "crop_to_patches")),
+           ("max_patches", "min_patches", "crop_to_patches"), tiling="crops"),
     Family("qwen2", "Qwen2 / Qwen2.5 (text)", Qwen2Config, None, "none", False),
     Family("qwen3", "Qwen3 (text)", Qwen3Config, None, "none", False),
 )}

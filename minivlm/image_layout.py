@@ -85,7 +85,7 @@ def image_settings(family, processor, mm_kwargs: dict | None) -> tuple[dict, tup
                          f"allowed: {', '.join(family.knobs) or 'none (a text model takes no images)'}")
     if family.images == "patches":
         return qwen_settings(processor.image_processor, kw)
-    if family.model_type == "internvl":
+    if family.tiling == "crops":
         return internvl_settings(processor, kw)
     if family.images == "tiles":
         return smolvlm_settings(processor, kw)
@@ -126,7 +126,7 @@ def locate_images(family, processor, out, types: list[int], sizes: list[tuple[in
         merge2 = processor.image_processor.merge_size ** 2
         grids = [tuple(g) for g in out["image_grid_thw"].tolist()]
         return [ImageSpan(s, e, e - s, g[0] * g[1] * g[2], g, None, False) for (s, e), g in zip(found, grids)]
-    if family.model_type == "internvl":
+    if family.tiling == "crops":
         ip, per = processor.image_processor, processor.image_seq_length
         lo, hi = call.get("min_patches", ip.min_patches), call.get("max_patches", ip.max_patches)
         spans = []

@@ -29,7 +29,7 @@ def pixel_range(engine) -> tuple[int, int, int, int]:
         unit = (ip.patch_size * ip.merge_size) ** 2  # one merged token's pixels
         default = int(ip.size.longest_edge)
         return 4 * unit, max(LARGEST, 4 * default), unit, default
-    if family.model_type == "internvl":
+    if family.tiling == "crops":
         return 1, max(12, ip.max_patches), 1, ip.max_patches
     if family.images == "tiles":
         tile, default = ip.max_image_size["longest_edge"], ip.size.longest_edge
@@ -41,7 +41,7 @@ def knob_label(engine) -> str:
     family = engine.family
     if family.images == "patches":
         return "max_pixels"
-    return "max_patches (crops)" if family.model_type == "internvl" else "size: longest edge before tiling (px)"
+    return "max_patches (crops)" if family.tiling == "crops" else "size: longest edge before tiling (px)"
 
 
 def pixels_kwargs(engine, value) -> dict | None:
@@ -53,7 +53,7 @@ def pixels_kwargs(engine, value) -> dict | None:
     if family.images == "patches":
         low = int(engine.processor.image_processor.size.shortest_edge)
         return {"max_pixels": value, "min_pixels": min(low, value)}
-    if family.model_type == "internvl":
+    if family.tiling == "crops":
         return {"max_patches": value, "min_patches": min(engine.processor.image_processor.min_patches, value)}
     if family.images == "tiles":
         return {"size": {"longest_edge": value}}

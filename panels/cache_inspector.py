@@ -57,7 +57,7 @@ def processor_kwargs(engine, choice: str) -> dict | None:
     if isinstance(value, int):
         raise ValueError(f"{family.title} tiles images instead of a max_pixels resize; pick 'another tiling' or "
                          f"'one view (no splitting)'")
-    if family.model_type == "internvl":
+    if family.tiling == "crops":
         return {"crop_to_patches": False} if value == "single" else {"max_patches": 1 if ip.max_patches > 1 else 6}
     if value == "single":
         return {"do_image_splitting": False}

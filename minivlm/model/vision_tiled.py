@@ -59,14 +59,15 @@ class TiledVisionTower:
             raise ValueError(f"vision weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
         self.module.to(device=device, dtype=dtype).eval()
         use_fast_linears(self.module, device, dtype)
-        self.model_type, self.device, self.dtype = model_type, device, dtype
+        self.crops = isinstance(self.module, InternVLVision)  # a batch of crops; SmolVLM takes one sample of tiles
+        self.device, self.dtype = device, dtype
 
     @torch.inference_mode()
     def encode(self, pixel_values: torch.Tensor, layout) -> list[tuple[torch.Tensor, list]]:
         """layout = (tiles per image, pixel mask [tiles, H, W] or None). Returns, per image, (embeddings, [])."""
         tiles, mask = layout
         pixels = pixel_values.to(self.device, self.dtype)
-        if self.model_type == "internvl":
+        if self.crops:
             out = self.module.get_image_features(pixels, return_dict=True).pooler_output  # [tiles, tokens, hidden]
             flat = out.reshape(-1, out.shape[-1])
         else:  # SmolVLM / Idefics3 take a batch of one sample holding every tile
