@@ -21,6 +21,11 @@ class Engine:
     """A paged-KV Qwen-VL engine. docs/API.md is the reference."""
 
     def __init__(self, config: EngineConfig | None = None, share_model_with: "Engine | None" = None, **overrides):
+        if config is not None and overrides:  # an override given with a config is applied, never dropped
+            unknown = set(overrides) - {f.name for f in dataclasses.fields(EngineConfig)}
+            if unknown:
+                raise TypeError(f"unknown EngineConfig field(s) {sorted(unknown)}")
+            config = dataclasses.replace(config, **overrides)
         self.config = config or EngineConfig(**overrides)
         self.model = share_model_with.model if share_model_with is not None else LoadedModel(self.config)
         self.core = EngineCore(self.config, self.model)

@@ -40,7 +40,8 @@ class Scheduler:
         if batch.seqs:
             counts = {s.request_id: s.chunk_end - s.num_computed for s in batch.seqs}
             self.events.emit("scheduled", step_kind=batch.kind, request_ids=list(counts),
-                             num_tokens=sum(counts.values()), num_scheduled_tokens=counts)
+                             num_tokens=sum(counts.values()), num_scheduled_tokens=counts,
+                             sampling=[s.request_id for s in batch.seqs if s.chunk_end == len(s)])  # chunks don't
         return batch
 
     def _pick(self) -> Batch:

@@ -158,3 +158,12 @@ def test_num_blocks_comes_from_the_budget_calculator(checkpoints):
         assert report.kv_bytes_per_token == est.kv_bytes_per_token
     after = engine.memory_report()  # closed: the pool is gone, the report still answers
     assert after.kv_cache_bytes == 0 and after.weights_bytes == report.weights_bytes
+
+
+def test_an_override_given_with_a_config_is_applied(checkpoints):
+    """#25 defect 2: Engine(config, num_blocks=8) builds an 8-block pool (it used to build config's silently)."""
+    config = EngineConfig(model=checkpoints["qwen2_vl"], device="cpu", num_blocks=64)
+    with Engine(config, num_blocks=8) as engine:
+        assert engine.num_blocks == 8 and engine.config.num_blocks == 8 and config.num_blocks == 64
+    with pytest.raises(TypeError, match=r"unknown EngineConfig field\(s\) \['num_blokcs'\]"):
+        Engine(config, num_blokcs=8)

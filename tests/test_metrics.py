@@ -141,3 +141,40 @@ def test_without_an_event_log_the_api_counts_its_own_requests():
     assert delta(after, before, "vllm:generation_tokens_total") == sum(u.completion_tokens for u in usages)
     assert delta(after, before, "vllm:prefix_cache_hits_total") == usages[1].prompt_tokens_details.cached_tokens > 0
     assert delta(after, before, "vllm:request_success_total[stop]") == 2
+
+
+def test_generation_tokens_count_sampled_tokens_and_each_prompt_once(checkpoints):
+    """#25 defect 1: with chunked prefill a prompt's chunks sample nothing, so generation tokens are the tokens
+    sampled, not the requests scheduled; a preempted request's second prefix lookup is not a second query."""
+    from minivlm import Engine, EngineConfig
+    from minivlm.api.metrics import RequestCounts
+    from tests.test_parity import scene
+    config = EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=12,
+                          max_model_len=512, enable_chunked_prefill=True, max_num_batched_tokens=16)
+    with Engine(config) as engine:
+        reqs = [Request(prompt="Describe the image.", images=[scene(120, 90, (200, 30, 30))]) for _ in range(3)]
+        outs = engine.generate(reqs, SamplingParams(max_tokens=40, ignore_eos=True))
+        counts = RequestCounts()
+        counts.read_events(engine, caching=True)
+        events = engine.events()
+    assert any(e.kind == "preempted" for e in events)  # some lookups happened twice
+    assert counts.counts["generation_tokens"] == sum(len(o.token_ids) for o in outs) == 120
+    prompt = sum(o.num_prompt_tokens for o in outs)
+    assert counts.counts["source:local_compute"] + counts.counts["source:local_cache_hit"] == prompt
+    assert counts.counts["queries"] == prompt
+    first_hits = {}
+    for e in events:
+        if e.kind == "cache_lookup":
+            first_hits.setdefault(e.request_id, e.num_cached_tokens)
+    assert counts.counts["source:local_cache_hit"] == sum(first_hits.values()) > 0
+
+
+def test_prompt_tokens_by_source_is_served(app):
+    _, url, client = app
+    before = scrape(url)
+    first, second = ask(client, "red_circle.png", max_tokens=2), ask(client, "red_circle.png", max_tokens=2)
+    after = scrape(url)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0
+    prompt = first.usage.prompt_tokens + second.usage.prompt_tokens
+    assert delta(after, before, "vllm:prompt_tokens_by_source_total") == prompt

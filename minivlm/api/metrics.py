@@ -37,14 +37,20 @@ class RequestCounts:
     def __init__(self):
         self.since = 0
         self.counts: collections.Counter = collections.Counter()
+        self.unlooked: dict[str, int] = {}  # request -> prompt tokens, until its first prefix-cache lookup
 
     def read_events(self, engine, caching: bool):
         for ev in engine.events(self.since):
             if ev.kind == "arrived":
                 self.counts["prompt_tokens"] += ev.num_prompt_tokens
                 self.counts["queries"] += ev.num_prompt_tokens if caching else 0
-            elif ev.kind == "scheduled":
-                self.counts["generation_tokens"] += len(ev.request_ids)  # each request scheduled samples one token
+                self.unlooked[ev.request_id] = ev.num_prompt_tokens
+            elif ev.kind == "cache_lookup" and ev.request_id in self.unlooked:  # once per request: a preempted
+                prompt = self.unlooked.pop(ev.request_id)                      # one's second lookup is no new query
+                self.counts["source:local_cache_hit"] += ev.num_cached_tokens
+                self.counts["source:local_compute"] += prompt - ev.num_cached_tokens
+            elif ev.kind == "scheduled":  # a prefill chunk that does not end its prompt samples nothing
+                self.counts["generation_tokens"] += len(ev.fields.get("sampling", ev.request_ids))
             elif ev.kind == "finished":
                 self.counts[f"success:{ev.finish_reason}"] += 1
             self.since = ev.seq
@@ -54,6 +60,8 @@ class RequestCounts:
         self.counts["queries"] += out.num_prompt_tokens if caching else 0
         self.counts["generation_tokens"] += len(out.token_ids)
         self.counts[f"success:{out.finish_reason}"] += 1
+        self.counts["source:local_cache_hit"] += out.num_cached_tokens
+        self.counts["source:local_compute"] += out.num_prompt_tokens - out.num_cached_tokens
 
 
 class EngineCollector:
@@ -108,6 +116,11 @@ class EngineCollector:
             c = CounterMetricFamily(metric, doc, labels=labels)
             c.add_metric(name, total[key])
             yield c
+        c = CounterMetricFamily("vllm:prompt_tokens_by_source", "Prompt tokens by where their KV came from.",
+                                labels=labels + ["source"])
+        for source in ("local_compute", "local_cache_hit"):
+            c.add_metric(name + [source], total[f"source:{source}"])
+        yield c
         c = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
                                 labels=labels + ["finished_reason"])
         for reason in FINISH_REASONS:
