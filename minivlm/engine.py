@@ -11,6 +11,7 @@ from minivlm.events import EngineEvent, to_jsonl
 from minivlm.intake import Intake
 from minivlm.loader import LoadedModel
 from minivlm.loop import EngineLoop
+from minivlm.model.attention import attention_backend
 from minivlm.prefix_tree import prefix_forest
 from minivlm.request import Request, SamplingParams
 from minivlm.sequence import Sequence
@@ -37,6 +38,7 @@ class Engine:
     device = property(lambda self: self.model.device)
     model_type = property(lambda self: self.model.model_type)
     family = property(lambda self: self.model.family)  # minivlm.families.Family: how this model takes images
+    attention_backend = property(lambda self: attention_backend(self.device, self.model.dtype, self.config.block_size))
     processor = property(lambda self: self.model.processor)
     tokenizer = property(lambda self: self.model.tokenizer)
 

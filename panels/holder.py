@@ -28,7 +28,8 @@ def status_line(engine: Engine) -> str:
             f"**{rep.device}** ({rep.dtype}) · weights {rep.weights_bytes / 2**20:,.1f} MiB · "
             f"KV cache: {rep.num_blocks:,} blocks × {rep.block_size} = **{rep.kv_cache_tokens:,} tokens** "
             f"({rep.kv_cache_bytes / 2**20:,.1f} MiB) · maximum concurrency for {cfg.max_model_len:,} tokens per "
-            f"request: **{rep.max_concurrency:.2f}x** · prefix cache: {cfg.cache_strategy}")
+            f"request: **{rep.max_concurrency:.2f}x** · prefix cache: {cfg.cache_strategy} · "
+            f"attention: {engine.attention_backend}")
 
 
 class EngineHolder:

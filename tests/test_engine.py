@@ -167,3 +167,17 @@ def test_an_override_given_with_a_config_is_applied(checkpoints):
         assert engine.num_blocks == 8 and engine.config.num_blocks == 8 and config.num_blocks == 64
     with pytest.raises(TypeError, match=r"unknown EngineConfig field\(s\) \['num_blokcs'\]"):
         Engine(config, num_blokcs=8)
+
+
+def test_the_attention_backend_is_said_as_it_is(checkpoints):
+    """#25 defect 3: the flash-attn path needs CUDA, fp16/bf16 and blocks of a multiple of 256; else it is SDPA over
+    gathered blocks, and the engine says which (the app's status line shows it)."""
+    import torch
+    from minivlm.model import attention
+    with Engine(EngineConfig(model=checkpoints["qwen2_vl"], device="cpu", num_blocks=8)) as engine:
+        assert engine.attention_backend == "SDPA over gathered blocks"
+    if attention.flash_attn_with_kvcache is not None:  # on a GPU machine with flash-attn: the rule itself
+        assert "multiple of 256" in attention.attention_backend("cuda", torch.bfloat16, 16)
+        assert attention.attention_backend("cuda", torch.bfloat16, 256) == "flash-attn paged kernels"
+    else:
+        assert attention.attention_backend("cuda", torch.bfloat16, 256).endswith("(flash-attn not installed)")

@@ -116,6 +116,15 @@ def _decode(q, k_cache, v_cache, meta, scale):
     return o.reshape(bsz, heads, d)
 
 
+def attention_backend(device, dtype, block_size: int) -> str:
+    """Which decode attention an engine on this device, dtype and block size runs, in words (the status line)."""
+    if flash_attn_with_kvcache is None or torch.device(device).type != "cuda":
+        return "SDPA over gathered blocks" + ("" if torch.device(device).type != "cuda" else " (flash-attn not installed)")
+    if dtype not in (torch.float16, torch.bfloat16) or block_size % 256:
+        return "SDPA over gathered blocks (flash-attn's paged kernel needs fp16/bf16 and a block size that is a multiple of 256)"
+    return "flash-attn paged kernels"
+
+
 def use_flash_attn(q: torch.Tensor, meta: AttentionMetadata) -> bool:
     return (FLASH_ATTN_ENABLED and flash_attn_with_kvcache is not None and q.is_cuda
             and q.dtype in (torch.float16, torch.bfloat16) and meta.block_size % 256 == 0)
