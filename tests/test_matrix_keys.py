@@ -122,3 +122,12 @@ def test_sliding_window_layers_are_refused(matrix_checkpoints, tmp_path):
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="sliding-window attention layers are not supported"):
         Engine(EngineConfig(model=str(path), device="cpu", num_blocks=8))
+
+
+def test_each_processor_reads_its_own_settings_from_the_checkpoint(matrix_engines):
+    """image_seq_len / image_seq_length are named __init__ fields: from_pretrained would silently default them to
+    169 / 256; tiling defaults come from the saved image processor (the test checkpoints differ from both)."""
+    smol, intern = matrix_engines["smolvlm"].processor, matrix_engines["internvl"].processor
+    assert smol.image_seq_len == 16 and smol.image_processor.max_image_size["longest_edge"] == 64
+    assert intern.image_seq_length == 16 and intern.image_processor.max_patches == 6
+    assert type(smol.image_processor).__name__.endswith("Pil")  # no torchvision-backed processor
