@@ -1,5 +1,6 @@
 """The output path: sampled tokens -> text, stop strings, finish reasons, and the Output a caller receives.
-Text is decoded incrementally (a few tokens per step), so a request of n tokens costs O(n), not O(n²)."""
+Text is decoded incrementally (a few tokens per step), so decoding a request of n tokens costs O(n) tokenizer work,
+not O(n²); each StreamEvent's `text` (the text so far, a str as the API promises) is still one copy per event."""
 from dataclasses import dataclass, field
 
 from minivlm.request import CacheHit
