@@ -132,3 +132,38 @@ def test_watch_targets_are_checked():
     for bad in ("10.0.0.5:5557", "tcp://*:5557", None):
         with pytest.raises(ValueError):
             parse_target(bad)
+
+
+def test_the_kv_tab_section_draws_the_watched_tree_and_the_flags_reach_the_engine_config():
+    import app
+    from panels import kv_watch
+    port = free_port()
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    watching = kv_watch.Watching()
+    assert kv_watch.figure(watching.get()) is None and "Not watching" in kv_watch.status_markdown(None)
+    w = watching.start(f"tcp://127.0.0.1:{port}#kv", None)
+    try:
+        img = "ab" * 32
+        stored = {"type": "BlockStored", "block_hashes": [b"\x01" * 32, b"\x02" * 32], "parent_block_hash": None,
+                  "token_ids": [3] * 4 + [7] * 4, "block_size": 4, "lora_id": None, "medium": "GPU",
+                  "lora_name": None, "extra_keys": [None, [img]]}
+        deadline = time.monotonic() + 10
+        while w.view.last_seq is None and time.monotonic() < deadline:
+            pub.send_multipart([b"kv", (0).to_bytes(8, "big"), batch([stored])])
+            time.sleep(0.05)
+        fig = kv_watch.figure(w)
+        kinds = {t.name: len(t.x) for t in fig.data if t.name and t.name.endswith("block")}
+        assert kinds == {"text block": 1, "image block": 1, "mixed block": 0}
+        image_trace = next(t for t in fig.data if t.name == "image block")
+        assert img[:12] in image_trace.hovertext[0]
+        md = kv_watch.status_markdown(w)
+        assert "BlockStored 1" in md and "2 blocks cached, 1 with images" in md and "vllm-map" in md
+    finally:
+        w.close()
+        pub.close(linger=0)
+    args = app.parse_args(["--kv-events-config", '{"enable_kv_cache_events": true, "topic": "kv-events"}'])
+    assert app.engine_config(args).kv_events.topic == "kv-events"
+    with pytest.raises(ValueError, match="unknown field"):
+        app.engine_config(app.parse_args(["--kv-events-config", '{"enable": true}']))

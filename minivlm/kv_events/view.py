@@ -3,7 +3,7 @@ the counters of the stream (events, gaps, replays, restarts, decode errors, dial
 this is the state, fed one message at a time, so it is the same for a live stream and for a test."""
 import re
 import threading
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from minivlm.kv_events.decode import Batch, DecodeError, decode_batch, decode_frames
@@ -53,6 +53,7 @@ class TreeView:
         self.dialects = Counter()
         self.last_seq: int | None = None
         self.last_error, self.topic, self.orders = "", None, 0
+        self.recent: deque[str] = deque(maxlen=12)  # one line per batch, newest last: evictions as they happen
 
     def feed_frames(self, frames: list[bytes]):
         with self.lock:
@@ -110,8 +111,10 @@ class TreeView:
         for tag in batch.unknown:
             self.errors["unknown event type"] += 1
             self.last_error = f"unknown event type {tag!r} (skipped)"
+        seen = Counter()
         for ev in batch.events:
             self.counts[ev.kind] += 1
+            seen[ev.kind] += len(ev.hashes) or 1
             if ev.kind == "AllBlocksCleared":
                 self.nodes.clear()
             elif ev.kind == "BlockRemoved":
@@ -123,6 +126,9 @@ class TreeView:
                             del self.nodes[h]
             else:
                 self._stored(ev)
+        parts = [f"+{seen['BlockStored']} stored"] * bool(seen["BlockStored"]) + \
+            [f"-{seen['BlockRemoved']} evicted"] * bool(seen["BlockRemoved"]) + ["all cleared"] * bool(seen["AllBlocksCleared"])
+        self.recent.append(f"seq {batch.seq}: {', '.join(parts) or 'no block events'}")
 
     def _stored(self, ev):
         parent, bs = ev.parent, ev.block_size
@@ -151,4 +157,4 @@ class TreeView:
             return {"last_seq": self.last_seq, "topic": self.topic, "blocks": len(self.nodes),
                     "counts": dict(self.counts), "decode_errors": dict(self.errors),
                     "dialects": dict(self.dialects), "last_error": self.last_error,
-                    "image_blocks": sum(n.kind != "text" for n in self.nodes.values())}
+                    "image_blocks": sum(n.kind != "text" for n in self.nodes.values()), "recent": list(self.recent)}
