@@ -16,7 +16,9 @@ METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-o
            "ITL p99, 8 streams + 448² arrivals: chunked + async vision vs whole prefill",
            "ITL p99, same, the tower in the step: chunked vs whole",
            "ITL p99, same, image embeddings cached: chunked vs whole",
-           "offered load: one arrival's vision + prefill time / arrival period"]
+           "offered load: one arrival's vision + prefill time / arrival period",
+           "decode throughput, KV events published (no subscriber) vs off",
+           "decode throughput, KV events published (a subscriber over loopback) vs off"]
 
 
 def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
