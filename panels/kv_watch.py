@@ -35,7 +35,8 @@ class Watching:
 def status_markdown(w: KVEventWatcher | None) -> str:
     if w is None:
         return "Not watching. Enter a publisher's address (e.g. `tcp://vllm-host:5557#kv-events`) and press Watch."
-    s, c = w.view.summary(), w.view.summary()["counts"]
+    s = w.view.summary()
+    c = s["counts"]
     dialects = ", ".join(f"{d} ({n})" for d, n in s["dialects"].items()) or "none yet"
     errors = ", ".join(f"{r}: {n}" for r, n in s["decode_errors"].items()) or "none"
     events = ", ".join(f"{k} {c.get(k, 0)}" for k in ("BlockStored", "BlockRemoved", "AllBlocksCleared"))
@@ -57,7 +58,7 @@ def status_markdown(w: KVEventWatcher | None) -> str:
 def figure(w: KVEventWatcher | None):
     if w is None:
         return None
-    nodes, extra = w.view.tree(), {k: n.extra for k, n in list(w.view.nodes.items())}
+    nodes, extra = w.view.tree(), w.view.extra_keys()
 
     def hover(n):
         ids = image_ids(extra.get(n.key))
@@ -84,25 +85,25 @@ def build(watching: Watching, shared: bool):
             replay = gr.Textbox(w.replay_endpoint or "" if w else "", label="replay endpoint (optional)",
                                 elem_id="kv-watch-replay", interactive=not shared, scale=2)
             go = gr.Button("Watch", elem_id="kv-watch-go", interactive=not shared, scale=1)
-        status = gr.Markdown(status_markdown(w), elem_id="kv-watch-status")
+        status = gr.Markdown(status_markdown(w), elem_id="kv-watch-status", label="watched stream: counters")
         tree = gr.Plot(label="Prefix tree drawn from the watched stream", elem_id="kv-watch-tree")
         seen = gr.State(None)
         timer = gr.Timer(POLL_S)
 
-    def start(t, r):
+    def start(publisher, replay_endpoint):
         if shared:
             raise gr.Error("a shared deployment watches only what its operator set with --watch-kv-events")
         try:
-            new = watching.start(t, r)
+            new = watching.start(publisher, replay_endpoint)
         except ValueError as e:
             raise gr.Error(str(e)) from None
         return status_markdown(new), figure(new), None
 
-    def poll(last):
+    def poll(shown):
         w = watching.get()
         now = None if w is None else (id(w), w.view.counts["messages"])
-        if now == last:
-            return gr.skip(), gr.skip(), last
+        if now == shown:
+            return gr.skip(), gr.skip(), shown
         return status_markdown(w), figure(w), now
 
     go.click(start, [target, replay], [status, tree, seen], api_name="kv_watch")

@@ -105,7 +105,7 @@ def run(engine):
     pub.generate(first, params)                       # before anyone listens: replay must bring these back
     missed = pub.kv_events_stats()["next_seq"]
     sub = subscribe(port, "kv@test")
-    time.sleep(0.3)  # the subscription reaches the publisher
+    time.sleep(1.0)  # the subscription reaches the publisher (TCP connect + subscribe, on a busy machine too)
     pub.generate([first[0]], params)                  # a prefix hit: its blocks are served, none stored again
     later = [Request(prompt="Where is the shape?", images=[image(n)]) for n in
              ("red_circle.png", "blue_circle.png", "green_triangle.png", "yellow_square.png")]

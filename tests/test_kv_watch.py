@@ -54,6 +54,10 @@ def test_the_watched_tree_equals_the_engines_own_at_every_checkpoint(publisher):
         assert rows(watcher.view.tree()) == theirs, f"after {cmd}"
         if cmd == "evict":
             assert watcher.view.counts["BlockRemoved"] > 0 and any(n.kind != "text" for n in watcher.view.tree())
+        # the KV tab's watch section draws those nodes: as many of each kind as the engine's own tree has
+        from panels import kv_watch
+        drawn = {t.name: len(t.x) for t in kv_watch.figure(watcher).data if t.name and t.name.endswith(" block")}
+        assert drawn == {f"{k} block": sum(r[2] == k for r in theirs) for k in ("text", "image", "mixed")}
     s = watcher.view.summary()
     assert s["counts"]["AllBlocksCleared"] == 1 and s["dialects"] == {"vllm-map": s["counts"]["batches"]}
     assert s["decode_errors"] == {} and s["counts"].get("recovered", 0) == s["counts"].get("gaps", 0)

@@ -152,6 +152,11 @@ class TreeView:
         return sorted((TreeNode(n.order, n.key, n.parent, by_key.get(n.parent), 0, n.kind, len(n.token_ids),
                                 None, None) for n in nodes), key=lambda t: t.block_id)
 
+    def extra_keys(self) -> dict[str, list | None]:
+        """Each cached hash's extra keys as sent (the drawing names a block's images from them)."""
+        with self.lock:
+            return {k: n.extra for k, n in self.nodes.items()}
+
     def summary(self) -> dict:
         with self.lock:
             return {"last_seq": self.last_seq, "topic": self.topic, "blocks": len(self.nodes),
