@@ -47,7 +47,9 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
     assert "| metric |" in md.read_text() and "command: python -m bench --smoke" in md.read_text()
     raw = json.loads(js.read_text())
     assert set(raw) == {"throughput_varied", "throughput_uniform", "single_stream", "prefix_cache", "memory",
-                        "panel_overhead", "events_overhead", "chunked_prefill"}
+                        "panel_overhead", "events_overhead", "chunked_prefill", "kv_events_overhead"}
+    kv = raw["kv_events_overhead"]  # every batch of both publishing engines was sent, none dropped
+    assert all(s["batches"] == s["next_seq"] > 0 and not s.get("dropped_hwm") for s in kv["publisher"].values())
 
 
 def test_stream_gaps_returns_when_the_streams_end_before_the_arrivals(checkpoints, capsys):
