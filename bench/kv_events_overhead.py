@@ -55,12 +55,12 @@ def measure(ctx, new_tokens: int = 48, batch: int = 8) -> list[Row]:
                 engine.generate(requests, params)
             return once
         times = interleaved({"off": run(off), "alone": run(alone), "watched": run(seen)}, 3 * ctx.repeats)
-        stats = {"alone": alone.kv_events_stats(), "watched": seen.kv_events_stats()}
     finally:
+        for e in (off, alone, seen):
+            e.close()  # a publisher's close sends what is still queued
         sub.kill()
         sub.wait()
-        for e in (off, alone, seen):
-            e.close()
+    stats = {"alone": alone.kv_events_stats(), "watched": seen.kv_events_stats()}
     t_off, tokens = median(times["off"]), batch * new_tokens
     per_step = {k: 1e6 * v["s"] / max(1, v["steps"]) for k, v in spent.items()}
     ctx.details["kv_events_overhead"] = {"times_s": times, "publisher": stats, "after_step_us": per_step}
