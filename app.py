@@ -6,7 +6,7 @@ import os
 import gradio as gr
 
 from panels.holder import EXAMPLES_DIR, OPERATOR_TOKEN_ENV, EngineHolder  # first: imports `spaces` before torch
-from panels import anatomy, cache_inspector, chat, header, kv_blocks, vram
+from panels import anatomy, cache_inspector, chat, header, kv_blocks, kv_watch, vram
 from minivlm import EngineConfig
 from minivlm.api import ApiSettings, create_router
 from minivlm.config import DEVICES, DTYPES, STRATEGIES
@@ -47,6 +47,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-file-size", default=MAX_FILE_SIZE, help="largest accepted upload, e.g. 10mb, 500kb")
     p.add_argument("--upload-ttl", type=int, default=UPLOAD_TTL_S,
                    help="seconds after which uploaded and generated temp files are deleted")
+    p.add_argument("--kv-events-config", default=None, metavar="JSON",
+                   help="publish KV-cache events as vLLM does, e.g. '{\"enable_kv_cache_events\": true, "
+                        "\"publisher\": \"zmq\", \"topic\": \"kv-events\"}' (docs/KV_EVENTS.md)")
+    p.add_argument("--watch-kv-events", default=None, metavar="tcp://host:port[#topic]",
+                   help="draw the prefix tree of an external KV-event publisher (vLLM, SGLang, minivlm) in the KV tab")
+    p.add_argument("--watch-kv-replay", default=None, metavar="tcp://host:port",
+                   help="that publisher's replay endpoint, to recover batches the watcher missed")
     p.add_argument("--verbose", action="store_true", help="log every engine built (also the isolated pools)")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
@@ -59,8 +66,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S) -> gr.Blocks:
-    """The whole UI around one engine holder; temp files older than `upload_ttl` seconds are deleted."""
+def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S,
+              watching: kv_watch.Watching | None = None) -> gr.Blocks:
+    """The whole UI around one engine holder; temp files older than `upload_ttl` seconds are deleted; `watching`:
+    the external KV-event stream the KV tab draws (--watch-kv-events)."""
     with gr.Blocks(title="minivlm", delete_cache=(upload_ttl, upload_ttl)) as demo:
         gr.Markdown("# minivlm · a paged-KV engine for vision-language models you can watch")
         header.build(holder, demo)
@@ -71,6 +80,7 @@ def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S) -> gr.Blocks
                 anatomy.build(holder, anatomy_tab, chatbot)
             with gr.Tab("KV blocks (live)", id="kv"):
                 kv_blocks.build(holder)
+                kv_watch.build(watching or kv_watch.Watching(), holder.shared)
             with gr.Tab("Cache inspector", id="inspector"):
                 cache_inspector.build(holder)
             with gr.Tab("VRAM budget", id="vram"):
@@ -83,10 +93,10 @@ def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S) -> gr.Blocks
 
 def serve(holder: EngineHolder, host: str = "127.0.0.1", port: int = 7860, share: bool = False,
           block: bool = True, api: ApiSettings | None = None, max_file_size: str | int = MAX_FILE_SIZE,
-          upload_ttl: int = UPLOAD_TTL_S) -> gr.Blocks:
+          upload_ttl: int = UPLOAD_TTL_S, watching: kv_watch.Watching | None = None) -> gr.Blocks:
     """Build the UI and serve it with the HTTP API (/v1, /metrics) on the same port (block=False returns at once,
     for tests). The API always uses the holder's current engine."""
-    demo = build_app(holder, upload_ttl)
+    demo = build_app(holder, upload_ttl, watching)
     api_routes = create_router(holder.get, api or ApiSettings(shared=holder.shared)).routes
     demo.launch(server_name=host, server_port=port, share=share, css=CSS, allowed_paths=[EXAMPLES_DIR],
                 theme=gr.themes.Soft(), prevent_thread_lock=not block, quiet=not block, max_file_size=max_file_size,
@@ -101,7 +111,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, cache_strategy=args.strategy,
                         block_size=args.block_size, num_blocks=num_blocks or None, max_model_len=args.max_model_len,
                         enable_chunked_prefill=args.enable_chunked_prefill,
-                        max_num_batched_tokens=args.max_num_batched_tokens, async_vision=args.async_vision)
+                        max_num_batched_tokens=args.max_num_batched_tokens, async_vision=args.async_vision,
+                        kv_events=args.kv_events_config)
 
 
 def main(argv=None):
@@ -109,7 +120,10 @@ def main(argv=None):
     logging.basicConfig(format="%(message)s")
     # the engine's vLLM-style start-up line per engine (one per isolated pool, too) only when asked for
     logging.getLogger("minivlm").setLevel(logging.INFO if args.verbose else logging.WARNING)
-    config = engine_config(args)
+    config = engine_config(args)  # a bad --kv-events-config stops here with the field that is wrong
+    watching = kv_watch.Watching()
+    if args.watch_kv_events:
+        watching.start(args.watch_kv_events, args.watch_kv_replay)
     holder = EngineHolder(config, shared=args.shared or bool(os.environ.get("SPACE_ID")),
                           operator_token=os.environ.get(OPERATOR_TOKEN_ENV))
     print(holder.load(), flush=True)
@@ -117,8 +131,12 @@ def main(argv=None):
     api = ApiSettings(keys, holder.shared, [d.lower() for d in args.allowed_media_domains])
     print(f"HTTP API at /v1 (OpenAI format) and /metrics: {'key required' if keys else 'no key'}" if api.enabled
           else "HTTP API off (a shared deployment needs --api-key or MINIVLM_API_KEY)", flush=True)
+    if config.kv_events is not None and config.kv_events.active:
+        print(f"KV events: publishing on {config.kv_events.endpoint}"
+              + (f", replay on {config.kv_events.replay_endpoint}" if config.kv_events.replay_endpoint else ""),
+              flush=True)
     serve(holder, args.host, args.port, args.share, api=api, max_file_size=args.max_file_size,
-          upload_ttl=args.upload_ttl)
+          upload_ttl=args.upload_ttl, watching=watching)
 
 
 if __name__ == "__main__":

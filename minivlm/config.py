@@ -2,6 +2,8 @@
 import os
 from dataclasses import dataclass
 
+from minivlm.kv_events.config import KVEventsConfig, kv_events_config
+
 DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny-qwen-vl")
 STRATEGIES = ("none", "A", "B", "C")
 DEVICES = ("auto", "cuda", "mps", "cpu")
@@ -28,6 +30,7 @@ class EngineConfig:
     max_images_per_request: int = 8
     cpu_memory_budget_bytes: int = 2 * 2**30
     event_log_size: int = 20_000    # events kept in the ring log, about 400 bytes each (0 = no event log)
+    kv_events: KVEventsConfig | dict | str | None = None  # vLLM's --kv-events-config (docs/KV_EVENTS.md)
 
     def __post_init__(self):
         def positive_int(name):
@@ -48,6 +51,9 @@ class EngineConfig:
             positive_int("num_blocks")
         if not isinstance(self.event_log_size, int) or isinstance(self.event_log_size, bool) or self.event_log_size < 0:
             raise ValueError(f"EngineConfig.event_log_size must be an integer >= 0, got {self.event_log_size!r}")
+        self.kv_events = kv_events_config(self.kv_events)
+        if self.kv_events is not None and self.kv_events.active and not self.event_log_size:
+            raise ValueError("EngineConfig.kv_events publishes from the event log: event_log_size must be > 0")
         if not isinstance(self.enable_chunked_prefill, bool):
             raise ValueError(f"EngineConfig.enable_chunked_prefill must be True or False, got {self.enable_chunked_prefill!r}")
         if not isinstance(self.async_vision, bool):

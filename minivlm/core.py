@@ -58,6 +58,10 @@ class EngineCore:
             if config.async_vision and model.vision is not None else None
         self.outputs = OutputProcessor(model.tokenizer, model.eos_ids, config.max_model_len)
         self.step_count = 0
+        self.kv_publisher = None
+        if config.kv_events is not None and config.kv_events.active:  # zmq is imported only when publishing
+            from minivlm.kv_events.publisher import KVEventPublisher
+            self.kv_publisher = KVEventPublisher(config.kv_events, config.block_size)
         self.after_step = None  # debug hook: called with the core after every step (tests check invariants)
 
     def step(self, new: list[Sequence]) -> StepResult:
@@ -79,6 +83,8 @@ class EngineCore:
             res.events.append((seq, self.abort(seq)))
         if self.scheduler.has_work():
             self._run_step(res)
+        if self.kv_publisher is not None:
+            self.kv_publisher.after_step(self)  # this step's block events, one batch, queued for the sender
         if self.after_step is not None:
             self.after_step(self)
         return res
@@ -203,10 +209,14 @@ class EngineCore:
         """Forget every cached-but-free block and every cached vision embedding."""
         self.block_manager.reset()
         self.vision_cache.clear()
+        if self.kv_publisher is not None:
+            self.kv_publisher.after_step(self)  # a reset between steps is its own batch
 
     def release(self):
         """Drop the KV pool now, not whenever the engine is collected."""
         self.pool.release()
         self.runner.kv_caches = None
+        if self.kv_publisher is not None:
+            self.kv_publisher.close()  # frees its endpoint for the engine that replaces this one
         if self.vision_worker is not None:
             self.vision_worker.close()

@@ -48,6 +48,7 @@ class Engine:
         fixed = {"model", "device", "dtype"} & set(overrides)
         if fixed:
             raise ValueError(f"an isolated engine shares the loaded model; it cannot change {sorted(fixed)}")
+        overrides.setdefault("kv_events", None)  # the endpoint belongs to this engine; an isolated one publishes only if asked
         return Engine(dataclasses.replace(self.config, **overrides), share_model_with=self)
 
     def close(self):
@@ -133,6 +134,12 @@ class Engine:
         return self.core.events.dropped
 
     # ---- views ------------------------------------------------------------------------------------------
+    def kv_events_stats(self) -> dict | None:
+        """The KV-event publisher's counters (batches, events, dropped_queue, dropped_hwm, replays), or None when
+        this engine does not publish (docs/KV_EVENTS.md)."""
+        pub = self.core.kv_publisher
+        return None if pub is None else {"next_seq": pub.next_seq, **pub.stats}
+
     def snapshot(self) -> KVSnapshot:
         """KVSnapshot of the pool now (plain data, safe to hand to another thread)."""
         with self.loop.lock:

@@ -60,6 +60,11 @@ class EventLog:
             return []
         return list(islice(self.ring, max(0, seq + 1 - self.ring[0].seq), None))
 
+    def newer_than(self, seq: int) -> list[EngineEvent]:
+        """Like since(seq), read from the newest end: cheap when few events are newer (once per step)."""
+        n = min(self.last_seq - seq, len(self.ring))
+        return list(islice(reversed(self.ring), n))[::-1] if n > 0 else []
+
     @property
     def last_seq(self) -> int:
         return self.next_seq - 1

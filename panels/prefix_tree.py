@@ -43,8 +43,9 @@ def hover(n) -> str:
             f"<br>{state}")
 
 
-def tree_figure(nodes) -> go.Figure:
-    """The forest: one trace for the edges, one per block kind for the nodes, labels with block id and ref count."""
+def tree_figure(nodes, hover_of=hover, title: str | None = None) -> go.Figure:
+    """The forest: one trace for the edges, one per block kind for the nodes, labels with block id and ref count.
+    hover_of and title let another source of nodes (a watched KV-event stream, panels/kv_watch.py) say its own."""
     pos = layout(nodes)
     fig = go.Figure()
     ex, ey = [], []
@@ -59,7 +60,7 @@ def tree_figure(nodes) -> go.Figure:
         group = [n for n in nodes if n.kind == kind]
         fig.add_trace(go.Scatter(
             x=[pos[n.block_id][0] for n in group], y=[pos[n.block_id][1] for n in group], name=f"{kind} block",
-            mode="markers+text", textposition="middle center", hovertext=[hover(n) for n in group], hoverinfo="text",
+            mode="markers+text", textposition="middle center", hovertext=[hover_of(n) for n in group], hoverinfo="text",
             text=[str(n.block_id) for n in group], textfont=dict(size=9, color="#111"),
             marker=dict(size=22, symbol="square", color=color, opacity=[1.0 if n.ref_count else 0.45 for n in group],
                         line=dict(width=[2.5 if n.ref_count > 1 else 1 for n in group], color="#222"))))
@@ -77,7 +78,7 @@ def tree_figure(nodes) -> go.Figure:
     branches = sum(1 for n in nodes if sum(m.parent_block == n.block_id for m in nodes) > 1)
     rows = 1 + max((p[1] for p in pos.values()), default=0)
     fig.update_layout(
-        title=dict(font=dict(size=14), text=(
+        title=dict(font=dict(size=14), text=title or (
             f"Prefix cache as a tree: {len(nodes)} cached blocks, {roots} root{'s' if roots != 1 else ''}, {branches} "
             f"branch point{'s' if branches != 1 else ''}"
             + (f", {orphans} orphaned (parent evicted)" if orphans else "")

@@ -16,7 +16,9 @@ METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-o
            "ITL p99, 8 streams + 448² arrivals: chunked + async vision vs whole prefill",
            "ITL p99, same, the tower in the step: chunked vs whole",
            "ITL p99, same, image embeddings cached: chunked vs whole",
-           "offered load: one arrival's vision + prefill time / arrival period"]
+           "offered load: one arrival's vision + prefill time / arrival period",
+           "decode throughput, KV events published (no subscriber) vs off",
+           "decode throughput, KV events published (a subscriber over loopback) vs off"]
 
 
 def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
@@ -45,7 +47,9 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
     assert "| metric |" in md.read_text() and "command: python -m bench --smoke" in md.read_text()
     raw = json.loads(js.read_text())
     assert set(raw) == {"throughput_varied", "throughput_uniform", "single_stream", "prefix_cache", "memory",
-                        "panel_overhead", "events_overhead", "chunked_prefill"}
+                        "panel_overhead", "events_overhead", "chunked_prefill", "kv_events_overhead"}
+    kv = raw["kv_events_overhead"]  # every batch of both publishing engines was sent, none dropped
+    assert all(s["batches"] == s["next_seq"] > 0 and not s.get("dropped_hwm") for s in kv["publisher"].values())
 
 
 def test_stream_gaps_returns_when_the_streams_end_before_the_arrivals(checkpoints, capsys):

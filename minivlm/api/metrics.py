@@ -121,11 +121,28 @@ class EngineCollector:
         for source in ("local_compute", "local_cache_hit"):
             c.add_metric(name + [source], total[f"source:{source}"])
         yield c
+        yield from kv_events_metrics(engine, labels, name)
         c = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
                                 labels=labels + ["finished_reason"])
         for reason in FINISH_REASONS:
             c.add_metric(name + [reason], total[f"success:{reason}"])
         yield c
+
+
+def kv_events_metrics(engine, labels, name):
+    """The KV-event publisher's counters, when the engine publishes (docs/KV_EVENTS.md): batches sent, and
+    batches dropped at a full send queue or at a subscriber's high-water mark."""
+    stats = engine.kv_events_stats() if hasattr(engine, "kv_events_stats") else None
+    if stats is None:
+        return
+    c = CounterMetricFamily("minivlm:kv_events_batches", "KV-event batches published.", labels=labels)
+    c.add_metric(name, stats.get("batches", 0))
+    yield c
+    c = CounterMetricFamily("minivlm:kv_events_dropped", "KV-event batches dropped (queue: the send queue was "
+                            "full; hwm: a subscriber was at the high-water mark).", labels=labels + ["reason"])
+    for reason in ("queue", "hwm"):
+        c.add_metric(name + [reason], stats.get(f"dropped_{reason}", 0))
+    yield c
 
 
 class ApiMetrics:
