@@ -4,6 +4,7 @@ the header is read-only for visitors and the server refuses their rebuilds; the 
 import dataclasses
 import html
 import os
+import time
 
 import gradio as gr
 
@@ -19,6 +20,7 @@ HUB_MODELS = ["Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct", "Qwe
 TINY = EngineConfig().model
 LOCAL_MODELS = {"tiny-qwen-vl": TINY}  # picker value -> directory: the page never sees a server path
 DEVICE_NOTES = {"mps": "less tested"}
+RETRY_AFTER_S = 5.0  # a widget's repeat of settings that just failed to load is not tried again within this
 COST_POLL_S = 3.0  # how often an editable header refreshes what a rebuild would end
 
 
@@ -97,6 +99,7 @@ def build(holder: EngineHolder, demo: gr.Blocks) -> gr.Markdown:
     note = gr.Markdown("", elem_id="operator-note", label="operator", visible=False)
     cost_timer = gr.Timer(COST_POLL_S, active=editable)
     widgets = [model, device, dtype, block_size, num_blocks, strategy]
+    tried = {"config": None, "at": 0.0}  # the last settings a widget asked for, and when that attempt ended
 
     def wanted(model_name, device_name, dtype_name, block_size_tokens, kv_blocks, prefix_cache) -> EngineConfig:
         return dataclasses.replace(holder.config, model=resolve_model(model_name), device=device_name,
@@ -127,14 +130,17 @@ def build(holder: EngineHolder, demo: gr.Blocks) -> gr.Markdown:
         """A setting's widget was used: rebuild only when its value really differs from what serves (opening a
         dropdown and leaving it, tabbing through, re-picking the current value, or a select's later blur: no)."""
         try:
-            same = wanted(model_name, device_name, dtype_name, block_size_tokens, kv_blocks, prefix_cache) \
-                == holder.config
+            config = wanted(model_name, device_name, dtype_name, block_size_tokens, kv_blocks, prefix_cache)
         except (ValueError, TypeError):
-            same = False  # let rebuild() say what is wrong
-        if same:
+            config = None  # let rebuild() say what is wrong
+        failed_just_now = config == tried["config"] and time.monotonic() - tried["at"] < RETRY_AFTER_S
+        if config == holder.config or failed_just_now:  # e.g. the blur after a select that failed
             return (gr.skip(),) * (len(widgets) + 1)
-        return rebuild(model_name, device_name, dtype_name, block_size_tokens, kv_blocks, prefix_cache,
-                       operator_token, progress)
+        tried.update(config=config, at=time.monotonic())
+        out = rebuild(model_name, device_name, dtype_name, block_size_tokens, kv_blocks, prefix_cache,
+                      operator_token, progress)
+        tried.update(at=time.monotonic())  # the window counts from the end of the attempt
+        return out
 
     def unlock_or_refuse(operator_token):
         """The API's unlock: refused (an error) without the right token."""
@@ -175,6 +181,5 @@ def build(holder: EngineHolder, demo: gr.Blocks) -> gr.Markdown:
 
 
 def first_line(message: str) -> str:
-    """A toast says the gist; the status line keeps the whole message."""
-    head = message.split("\n", 1)[0]
-    return head if len(head) <= 200 else head[:200] + "…"
+    """A toast says the gist (its start and its advice at the end); the status line keeps the whole message."""
+    return message if len(message) <= 320 else f"{message[:140].rstrip()} … {message[-170:].lstrip()}"

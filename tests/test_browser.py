@@ -185,6 +185,9 @@ def test_failed_hub_load_leaves_the_header_on_what_serves(app, page):
     page.get_by_role("option", name="Qwen/Qwen3-VL-2B-Instruct (hub)").click()
     page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Still serving')")
     assert "--local-dir <dir>" in toast_text(page)  # the placeholder is text, not a swallowed tag
+    page.wait_for_timeout(2000)  # the select's blur comes after it: no second attempt, no second toast
+    toasts = page.locator("[data-testid=toast-body]").filter(has_text="could not fetch")
+    assert toasts.count() == 1 and len(toasts.first.inner_text()) < 400  # once, and not a wall of text
     close_toasts(page)
     page.wait_for_function("document.querySelector('#model-picker input').value.startsWith('tiny-qwen-vl')")
     page.locator("#strategy-picker").get_by_text("B", exact=True).click()
