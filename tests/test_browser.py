@@ -221,6 +221,38 @@ def test_inspector_names_the_unreadable_image(page, tmp_path):
     close_toasts(page)
 
 
+def test_a_pixel_bomb_is_refused_from_its_header_in_the_inspector_and_anatomy(app, page, tmp_path):
+    """#24 item 4: a 144 MP PNG of a few KB was decoded whole by the inspector (gr.Image type="pil") before the
+    64 MP check, and the anatomy tab showed a bare "Error"; both now refuse it in the engine's words."""
+    from PIL import Image
+    huge = str(tmp_path / "huge.png")
+    Image.new("1", (12_000, 12_000)).save(huge)
+    words = "(huge.png) is 12000x12000 = 144 MP, over the 64 MP limit per image"
+    open_tab(page, "Cache inspector")
+    page.locator("#insp-img1 input[type=file]").set_input_files(os.path.join(EXAMPLES_DIR, "red_circle.png"))
+    page.locator("#insp-img2 input[type=file]").set_input_files(huge)
+    page.locator("#insp-img1 img").wait_for()
+    page.locator("#insp-run").click()
+    assert f"Image 2 {words}" in toast_text(page)
+    close_toasts(page)
+    open_tab(page, "Anatomy")
+    page.locator("#anat-img1 img").first.wait_for()
+    page.get_by_role("button", name="Remove Image").first.click()
+    page.locator("#anat-img1 input[type=file]").set_input_files(huge)
+    page.wait_for_function("[...document.querySelectorAll('[data-testid=toast-body]')].some(t => "
+                           "t.innerText.includes('144 MP'))")
+    assert f"Image {words}" in toast_text(page)
+    close_toasts(page)
+    assert holder_serves(app[0])
+
+
+def holder_serves(holder) -> bool:
+    out = holder.get().generate(Request(prompt="What color is the shape?",
+                                        images=[os.path.join(EXAMPLES_DIR, "red_circle.png")]),
+                                SamplingParams(max_tokens=4))
+    return out.text.strip() == "red"
+
+
 
 def test_replay_slider_redraws_on_enter_and_arrow_keys(page):
     """Bug: a typed step applied only on blur, arrow keys moved the slider without redrawing the map."""
