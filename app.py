@@ -9,12 +9,10 @@ from panels.holder import EXAMPLES_DIR, OPERATOR_TOKEN_ENV, EngineHolder  # firs
 from panels import anatomy, cache_inspector, chat, header, kv_blocks, kv_watch, vram
 from minivlm import EngineConfig
 from minivlm.api import ApiSettings, create_router
-from minivlm.image_limits import MAX_IMAGE_BYTES
 from minivlm.config import DEVICES, DTYPES, STRATEGIES
 
 QUEUE_MAX_SIZE = 64  # beyond this many waiting events the page says the app is busy
-MAX_FILE_SIZE = MAX_IMAGE_BYTES  # uploads above this are refused (HTTP 413) before they reach the disk's cache: the
-# engine's own limit per image, the same as the HTTP API's
+MAX_FILE_SIZE = "10mb"  # uploads above this are refused (HTTP 413) before they reach the disk's cache
 UPLOAD_TTL_S = 3600  # uploaded and generated temp files older than this are deleted (checked as often)
 TINY_MODEL_BLOCKS = 256  # the tiny model's pool is pinned small so the block map stays readable and fills up
 CSS = """
@@ -46,8 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="public deployment (automatic on Hugging Face Spaces): strategy C, a cache salt per session, "
                         "the engine settings read-only for visitors (the operator unlocks them with "
                         f"${OPERATOR_TOKEN_ENV})")
-    p.add_argument("--max-file-size", default=MAX_FILE_SIZE, help=f"largest accepted upload, e.g. 10mb, 500kb (default {MAX_IMAGE_BYTES // 2**20} MiB, the "
-                        "engine's limit per image)")
+    p.add_argument("--max-file-size", default=MAX_FILE_SIZE, help="largest accepted upload, e.g. 10mb, 500kb")
     p.add_argument("--upload-ttl", type=int, default=UPLOAD_TTL_S,
                    help="seconds after which uploaded and generated temp files are deleted")
     p.add_argument("--kv-events-config", default=None, metavar="JSON",

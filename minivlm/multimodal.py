@@ -1,14 +1,15 @@
 """Images in, prompt tokens out: load and validate images, run the processor, hash image content."""
 import hashlib
+import io
+import os
 from dataclasses import dataclass, field
 
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
-from minivlm import image_limits
 from minivlm.image_layout import image_settings, locate_images, placeholder_types
 
-MAX_INPUT_PIXELS = image_limits.MAX_IMAGE_PIXELS  # refuse to decode images larger than this (bombs)
+MAX_INPUT_PIXELS = 64_000_000       # refuse to decode images larger than this (decompression bombs)
 
 
 @dataclass
@@ -44,36 +45,40 @@ class Prompt:
     pixel_mask: torch.Tensor | None = None  # SmolVLM: [tiles, H, W], which pixels of a padded tile are real
 
 
-def load_image(obj, max_pixels: int | None = None) -> tuple[Image.Image, list[str]]:
-    """PIL image, encoded bytes or a file path -> RGB image (EXIF-rotated, first frame), plus notes for the user;
-    checked from its header first (minivlm.image_limits) and decoded no larger than `max_pixels` needs."""
-    return load_images([obj], max_pixels)[0]
+def load_image(obj) -> tuple[Image.Image, list[str]]:
+    """PIL image, encoded bytes or a file path -> RGB image (EXIF-rotated, first frame), plus notes for the user."""
+    notes = []
+    if isinstance(obj, (str, os.PathLike)) and not os.path.isfile(obj):
+        raise ValueError(f"image path {str(obj)[:200]!r} does not exist")
+    if isinstance(obj, Image.Image):
+        img = obj
+    elif isinstance(obj, (bytes, bytearray, str, os.PathLike)):
+        try:
+            img = Image.open(io.BytesIO(obj) if isinstance(obj, (bytes, bytearray)) else obj)
+            check_pixels(*img.size)  # from the header, before decoding a possible decompression bomb
+            img.load()
+        except (UnidentifiedImageError, OSError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
+            raise ValueError(f"not a readable image ({type(e).__name__}: {e})") from e
+    else:
+        raise ValueError(f"an image must be a PIL.Image, encoded bytes or a file path, got {type(obj).__name__}")
+    check_pixels(*img.size)
+    if getattr(img, "n_frames", 1) > 1:
+        notes.append(f"animated image: used the first of {img.n_frames} frames")
+        img.seek(0)
+        img = img.copy()
+    img = ImageOps.exif_transpose(img)
+    if img.mode != "RGB":
+        notes.append(f"converted {img.mode} image to RGB")
+        img = to_rgb(img)
+    return img, notes
 
 
-def load_images(raw: list, max_pixels: int | None = None) -> list[tuple[Image.Image, list[str]]]:
-    """A request's images: every header checked (each image, then all together) before any pixel is decoded;
-    each then decoded within the server's budget and no larger than a processor using `max_pixels` needs."""
-    keep = image_limits.keep_pixels(max_pixels)
-    out = []
-    for i, (opened, pixels) in enumerate(image_limits.open_all(raw, keep)):
-        if opened is None:
-            img, notes, upright = raw[i], [], False
-        else:
-            img, notes, upright = image_limits.decode(opened, pixels, keep, image_limits.image_name(raw[i], i))
-        if getattr(img, "n_frames", 1) > 1:
-            notes.append(f"animated image: used the first of {img.n_frames} frames")
-            img.seek(0)
-            img = img.copy()
-        if not upright:
-            img = ImageOps.exif_transpose(img)
-        if img.mode != "RGB":
-            notes.append(f"converted {img.mode} image to RGB")
-            img = to_rgb(img)
-        out.append((img, notes))
-    return out
-
-
-check_pixels = image_limits.check_size
+def check_pixels(width: int, height: int):
+    if width < 1 or height < 1:
+        raise ValueError(f"image has zero size ({width}x{height})")
+    if width * height > MAX_INPUT_PIXELS:
+        raise ValueError(f"image is {width}x{height} = {width * height / 1e6:.0f} MP, over the "
+                         f"{MAX_INPUT_PIXELS / 1e6:.0f} MP limit; downscale it first")
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -136,7 +141,7 @@ def build_prompt(family, processor, messages: list[dict], mm_kwargs: dict | None
     if len(raw_images) > max_images:
         raise ValueError(f"too many images: {len(raw_images)} (this engine allows {max_images} per request)")
     call_kwargs, settings = image_settings(family, processor, mm_kwargs)
-    loaded = load_images(raw_images, image_limits.processor_pixels(processor, mm_kwargs))
+    loaded = [load_image(im) for im in raw_images]
     text = render(processor, clean)
     if family.images == "none":
         ids = processor(text, add_special_tokens=False)["input_ids"]

@@ -1,7 +1,5 @@
 """One forward step: turn scheduled sequences into flat tensors (tokens, M-RoPE positions, slots, block
 tables, image embeddings), run the decoder over the paged KV cache; then sample one token per sequence."""
-import hashlib
-
 import torch
 
 from minivlm.model.attention import AttentionMetadata
@@ -18,12 +16,8 @@ class ModelRunner:
         self.model_id, self.dtype_name = model.model_id, model.dtype_name
 
     def _keys(self, seq) -> list[str]:
-        """Each image's vision-cache key, under the request's cache salt: differently salted requests never share
-        a tower output (as they never share a KV block), so a hit cannot tell one user what another sent."""
-        keys = [im.vision_key(self.model_id, self.dtype_name) for im in seq.images]
-        if seq.cache_salt is None:
-            return keys
-        return [hashlib.sha256(repr((key, seq.cache_salt)).encode()).hexdigest() for key in keys]
+        """Each image's vision-cache key."""
+        return [im.vision_key(self.model_id, self.dtype_name) for im in seq.images]
 
     def _pixels(self, seq, todo: list[int]) -> tuple[torch.Tensor, object]:
         """The pixel rows of images `todo` of seq (its pixel_values hold every image's rows in order: Qwen's patches or

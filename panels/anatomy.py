@@ -7,7 +7,6 @@ import time
 import gradio as gr
 
 from minivlm import Request
-from minivlm.image_limits import processor_pixels
 from minivlm.multimodal import load_image, split_images
 
 from panels.anatomy_figures import grid_figure, rope_figure, token_strip_figure
@@ -15,7 +14,6 @@ from panels.anatomy_keys import keys_html
 from panels.anatomy_tiles import cell_tiles, positions_figure, tiled_grid_figure
 from panels.chat import to_hf_messages
 from panels.holder import EXAMPLES_DIR, EngineHolder
-from panels.uploads import checked, image_input
 
 RED, BLUE = os.path.join(EXAMPLES_DIR, "red_circle.png"), os.path.join(EXAMPLES_DIR, "blue_circle.png")
 EXAMPLES = [[RED, BLUE, "What color is the shape?"], [os.path.join(EXAMPLES_DIR, "three_shapes.png"), None,
@@ -62,11 +60,6 @@ def pixels_kwargs(engine, value) -> dict | None:
     return None
 
 
-def decoded(engine, value) -> int | None:
-    """The pixels the engine decodes an image to for this slider value (the same as a chat request's)."""
-    return processor_pixels(engine.processor, None if value is None else pixels_kwargs(engine, value))
-
-
 def describe(a, seconds: float) -> str:
     n, bs = len(a.tokens), a.block_size
     n_image = sum(im.num_tokens for im in a.images)
@@ -99,11 +92,11 @@ def build(holder: EngineHolder, tab=None, chatbot=None):
                 "block's prefix-cache key under A, B and C. Nothing runs the model.")
     with gr.Row():
         with gr.Column():
-            image = image_input(value=RED, label="Image", height=180, sources=["upload"], elem_id="anat-img1")
+            image = gr.Image(RED, type="filepath", label="Image", height=180, sources=["upload"], elem_id="anat-img1")
             pixels = gr.Slider(lo, hi, value=default, step=step, label=f"{label} (image)", elem_id="anat-pixels")
         with gr.Column():
-            other = image_input(value=BLUE, label="Second image, to compare keys (empty = the same image)",
-                                height=180, sources=["upload"], elem_id="anat-img2")
+            other = gr.Image(BLUE, type="filepath", label="Second image, to compare keys (empty = the same image)",
+                             height=180, sources=["upload"], elem_id="anat-img2")
             other_pixels = gr.Slider(lo, hi, value=default, step=step, label=f"{label} (second image)",
                                      elem_id="anat-pixels2")
     prompt = gr.Textbox("What color is the shape?", label="Prompt (the same for both)", elem_id="anat-prompt")
@@ -125,10 +118,9 @@ def build(holder: EngineHolder, tab=None, chatbot=None):
         try:
             if engine.family.images == "none":  # a text model: the prompt alone
                 return render(engine, Request(prompt=text, cache_salt=salt), [])
-            img = [load_image(checked(path, "Image"), decoded(engine, max_px))[0]] if path else []
+            img = [load_image(path)[0]] if path else []
             first = Request(prompt=text, images=img, mm_processor_kwargs=pixels_kwargs(engine, max_px), cache_salt=salt)
-            second = [load_image(checked(other_path, "Second image"), decoded(engine, other_px))[0]] \
-                if other_path else img
+            second = [load_image(other_path)[0]] if other_path else img
             compare = Request(prompt=text, images=second, mm_processor_kwargs=pixels_kwargs(engine, other_px),
                               cache_salt=salt) if second else None
             return render(engine, first, img, compare)
@@ -141,9 +133,8 @@ def build(holder: EngineHolder, tab=None, chatbot=None):
             raise gr.Error("The chat is empty: send a message in the Chat tab first.")
         salt = holder.salt(request.session_hash if request else None)
         try:
-            engine = holder.get()
-            images = [load_image(x, decoded(engine, None))[0] for x in split_images(messages)[1]]
-            return render(engine, Request(messages=messages, cache_salt=salt), images)
+            images = [load_image(x)[0] for x in split_images(messages)[1]]
+            return render(holder.get(), Request(messages=messages, cache_salt=salt), images)
         except ValueError as e:
             raise gr.Error(str(e))
 

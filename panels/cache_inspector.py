@@ -7,13 +7,13 @@ import os
 import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
+from PIL import Image, UnidentifiedImageError
 
 from minivlm import Request, SamplingParams
 from minivlm.cache_study import compare_strategies, max_logprob_diff
 
 from panels.access import refusal
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
-from panels.uploads import checked, image_input
 
 STRATEGIES = ("A", "B", "C")
 RESIZES = {"processor default": None, "max 160×160 px": 160 * 160, "max 112×112 px": 112 * 112,
@@ -63,6 +63,22 @@ def processor_kwargs(engine, choice: str) -> dict | None:
         return {"do_image_splitting": False}
     tile = ip.max_image_size["longest_edge"]
     return {"size": {"longest_edge": ip.size.longest_edge + tile}}  # one more crop along the longest side
+
+
+def refuse_unreadable(image: gr.Image) -> gr.Image:
+    """Make `image` refuse an unreadable upload with a message naming the image and its file (gradio's own decoding
+    would fail first, with a bare "Error"). Wrapped on the instance: a gr.Image subclass makes gradio write a stub."""
+    decode = image.preprocess
+
+    def preprocess(payload):
+        try:
+            return decode(payload)
+        except (UnidentifiedImageError, OSError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
+            name = payload.orig_name or os.path.basename(payload.path or "") or "the upload"
+            raise refusal(f"{image.label} ({name}) is not a readable image: {type(e).__name__}. "
+                          "Upload a PNG, JPEG, WebP or GIF picture.") from None
+    image.preprocess = preprocess
+    return image
 
 
 def hits_figure(results: dict, block_size: int) -> go.Figure:
@@ -128,10 +144,10 @@ def build(holder: EngineHolder):
                 "uncached tail, a differently shaped matrix product); a false hit's differ by whole units.")
     with gr.Row():
         with gr.Column():
-            img1 = image_input(label="Image 1", height=200, elem_id="insp-img1")
+            img1 = refuse_unreadable(gr.Image(type="pil", label="Image 1", height=200, elem_id="insp-img1"))
             resize1 = gr.Dropdown(list(RESIZES), value="processor default", label="resize / tiling of image 1")
         with gr.Column():
-            img2 = image_input(label="Image 2", height=200, elem_id="insp-img2")
+            img2 = refuse_unreadable(gr.Image(type="pil", label="Image 2", height=200, elem_id="insp-img2"))
             resize2 = gr.Dropdown(list(RESIZES), value="processor default", label="resize / tiling of image 2")
     with gr.Row():
         prompt = gr.Textbox("What color is the shape?", label="Prompt", scale=3)
@@ -147,7 +163,6 @@ def build(holder: EngineHolder):
     def inspect(image_1, image_2, prompt, prompt_2, resize_1, resize_2, max_tokens):
         if image_1 is None or image_2 is None:
             raise refusal("Give two images (upload them or pick a preset).")
-        image_1, image_2 = checked(image_1, "Image 1"), checked(image_2, "Image 2")
         if not (prompt or "").strip():
             raise refusal("Give a prompt.")
         if resize_1 not in RESIZES or resize_2 not in RESIZES:
@@ -167,6 +182,6 @@ def build(holder: EngineHolder):
     run.click(inspect, inputs, [results, blocks], api_name="inspect", concurrency_id="inspect", concurrency_limit=1)
     for button, (a, b, p1, p2, r1, r2) in zip(preset_buttons, PRESETS.values()):
         def fill(a=a, b=b, p1=p1, p2=p2, r1=r1, r2=r2):
-            return _example(a), _example(b), p1, p2, r1, r2
+            return Image.open(_example(a)), Image.open(_example(b)), p1, p2, r1, r2
         button.click(fill, None, inputs[:-1], api_name=False, queue=False).then(
             inspect, inputs, [results, blocks], api_name=False, concurrency_id="inspect")

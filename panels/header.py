@@ -4,7 +4,6 @@ the header is read-only for visitors and the server refuses their rebuilds; the 
 import dataclasses
 import html
 import os
-import time
 
 import gradio as gr
 
@@ -20,8 +19,6 @@ HUB_MODELS = ["Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct", "Qwe
 TINY = EngineConfig().model
 LOCAL_MODELS = {"tiny-qwen-vl": TINY}  # picker value -> directory: the page never sees a server path
 DEVICE_NOTES = {"mps": "less tested"}
-RETRY_AFTER_S = 5.0  # a widget's repeat of settings that just failed to load is not tried again within this
-COST_POLL_S = 3.0  # how often an editable header refreshes what a rebuild would end
 
 
 def model_key(model: str) -> str:
@@ -88,23 +85,11 @@ def build(holder: EngineHolder, demo: gr.Blocks) -> gr.Markdown:
                                interactive=editable)
         num_blocks = gr.Number(cfg.num_blocks or 0, label="KV blocks (0 = from memory)", precision=0, minimum=0,
                                interactive=editable)
-        token = gr.Textbox("", type="password", label="operator token", elem_id="operator-token",
-                           visible=holder.shared and holder.operator_token is not None,
+        token = gr.Textbox("", type="password", label="operator token", visible=holder.shared, elem_id="operator-token",
                            info="shared deployment: the settings belong to the operator; press Enter to unlock")
         apply = gr.Button("Rebuild engine", variant="secondary", elem_id="rebuild", interactive=editable)
     status = gr.Markdown(holder.status, elem_id="engine-status", label="engine status")
-    # what a rebuild would end, said before anyone changes a setting (refreshed while the header is editable)
-    cost = gr.Markdown(holder.rebuild_cost() if editable else "", elem_id="rebuild-note", label="what a rebuild ends",
-                       visible=editable)
-    note = gr.Markdown("", elem_id="operator-note", label="operator", visible=False)
-    cost_timer = gr.Timer(COST_POLL_S, active=editable)
     widgets = [model, device, dtype, block_size, num_blocks, strategy]
-    tried = {"config": None, "at": 0.0}  # the last settings a widget asked for, and when that attempt ended
-
-    def wanted(model_name, device_name, dtype_name, block_size_tokens, kv_blocks, prefix_cache) -> EngineConfig:
-        return dataclasses.replace(holder.config, model=resolve_model(model_name), device=device_name,
-                                   dtype=dtype_name, block_size=int(block_size_tokens or 0),
-                                   num_blocks=int(kv_blocks or 0) or None, cache_strategy=prefix_cache)
 
     def rebuild(model_name, device_name, dtype_name, block_size_tokens, kv_blocks, prefix_cache, operator_token,
                 progress=gr.Progress(track_tqdm=True)):
@@ -118,68 +103,28 @@ def build(holder: EngineHolder, demo: gr.Blocks) -> gr.Markdown:
                 *serving(holder)
         progress(0, desc=f"loading {model_name}")
         try:
-            config = wanted(model_name, device_name, dtype_name, block_size_tokens, kv_blocks, prefix_cache)
+            config = dataclasses.replace(holder.config, model=resolve_model(model_name), device=device_name,
+                                         dtype=dtype_name, block_size=int(block_size_tokens or 0),
+                                         num_blocks=int(kv_blocks or 0) or None, cache_strategy=prefix_cache)
             return holder.load(config), *serving(holder)
         except (ValueError, OSError) as e:  # offline hub id, bad checkpoint, no memory: keep serving
             message = html.escape(str(e), quote=False)  # a `<dir>` in the message is text, not a tag
-            gr.Warning(first_line(message))
+            gr.Warning(message)
             return f"⚠️ {message}<br>Still serving: {holder.status}", *serving(holder)
 
-    def rebuild_if_changed(model_name, device_name, dtype_name, block_size_tokens, kv_blocks, prefix_cache,
-                           operator_token, progress=gr.Progress(track_tqdm=True)):
-        """A setting's widget was used: rebuild only when its value really differs from what serves (opening a
-        dropdown and leaving it, tabbing through, re-picking the current value, or a select's later blur: no)."""
-        try:
-            config = wanted(model_name, device_name, dtype_name, block_size_tokens, kv_blocks, prefix_cache)
-        except (ValueError, TypeError):
-            config = None  # let rebuild() say what is wrong
-        failed_just_now = config == tried["config"] and time.monotonic() - tried["at"] < RETRY_AFTER_S
-        if config == holder.config or failed_just_now:  # e.g. the blur after a select that failed
-            return (gr.skip(),) * (len(widgets) + 1)
-        tried.update(config=config, at=time.monotonic())
-        out = rebuild(model_name, device_name, dtype_name, block_size_tokens, kv_blocks, prefix_cache,
-                      operator_token, progress)
-        tried.update(at=time.monotonic())  # the window counts from the end of the attempt
-        return out
-
-    def unlock_or_refuse(operator_token):
-        """The API's unlock: refused (an error) without the right token."""
+    def unlock(operator_token):
         why = holder.refusal(operator_token)
         if why is not None:
             raise refusal(why)
+        gr.Info("Operator: the header is unlocked for this page.")
         return [gr.update(interactive=True) for _ in range(len(widgets) + 1)]
 
-    def unlock(operator_token):
-        """The page's unlock (Enter in the token field): says whether it worked, never an error on the widgets."""
-        if holder.refusal(operator_token) is not None:
-            gr.Warning("Wrong operator token: the header stays read-only.")
-            return (*[gr.skip()] * (len(widgets) + 1), gr.update(value="⚠️ wrong operator token: the header "
-                                                                   "stays read-only", visible=True),
-                    gr.skip(), gr.skip())
-        gr.Info("Operator: the header is unlocked for this page.")
-        return (*[gr.update(interactive=True) for _ in range(len(widgets) + 1)],
-                gr.update(value="✅ operator: the header is unlocked for this page (every rebuild checks the token "
-                                "again)", visible=True), gr.update(value=holder.rebuild_cost(), visible=True),
-                gr.Timer(active=True))
-
-    outputs = [status, *widgets]
-    gr.on([model.input, device.input, dtype.input, strategy.input, block_size.submit, num_blocks.submit],
-          rebuild_if_changed, widgets + [token], outputs, api_name=False, concurrency_id="rebuild",
-          concurrency_limit=1).then(holder.rebuild_cost, None, cost, api_name=False, show_progress="hidden")
-    apply.click(rebuild, widgets + [token], outputs, api_name="rebuild", concurrency_id="rebuild",
-                concurrency_limit=1, api_description="Rebuild the engine with these settings (refused for visitors "
-                                                     "of a shared deployment without the operator token).").then(
-        holder.rebuild_cost, None, cost, api_name=False, show_progress="hidden")
+    gr.on([apply.click, model.input, device.input, dtype.input, strategy.input, block_size.submit, num_blocks.submit],
+          rebuild, widgets + [token], [status, *widgets], api_name="rebuild", concurrency_id="rebuild",
+          concurrency_limit=1, api_description="Rebuild the engine with these settings (refused for visitors of a "
+                                               "shared deployment without the operator token).")
     demo.load(lambda: (holder.status, *serving(holder)), None, [status, *widgets], api_name="engine_status",
               api_description="The engine now serving: its status line and settings.", show_progress="hidden")
-    cost_timer.tick(holder.rebuild_cost, None, cost, api_name=False, show_progress="hidden", queue=False)
-    token.submit(unlock, [token], [*widgets, apply, note, cost, cost_timer], api_name=False)
-    unlock_api = gr.Button("unlock", visible=False)  # the API's endpoint; the page's Enter uses unlock()
-    unlock_api.click(unlock_or_refuse, [token], widgets + [apply], api_name="unlock_header", queue=False,
-                     api_description="Operator only: make the header's settings editable on a shared deployment.")
+    token.submit(unlock, [token], widgets + [apply], api_name="unlock_header", queue=False,
+                 api_description="Operator only: make the header's settings editable on a shared deployment.")
     return status
-
-
-def first_line(message: str) -> str:
-    """A toast says the gist (its start and its advice at the end); the status line keeps the whole message."""
-    return message if len(message) <= 320 else f"{message[:140].rstrip()} … {message[-170:].lstrip()}"

@@ -42,7 +42,6 @@ class EngineHolder:
         self.config = dataclasses.replace(config, cache_strategy="C") if shared else config
         self.engine: Engine | None = None
         self.status = "no engine loaded"
-        self.builds = 0  # engines built so far (a rebuild is one more)
         self._lock = threading.Lock()
 
     def load(self, config: EngineConfig | None = None) -> str:
@@ -59,12 +58,10 @@ class EngineHolder:
             self._release()
             try:
                 self.engine = Engine(config)
-                self.builds += 1
             except Exception as e:
                 if previous is None:
                     raise
                 self.engine = Engine(previous)  # keep serving what worked
-                self.builds += 1
                 self.status = status_line(self.engine)
                 raise ValueError(f"{e} · the previous settings were loaded again; their prefix cache starts "
                                  "empty") from e
@@ -74,9 +71,8 @@ class EngineHolder:
 
     def _release(self):
         if self.engine is not None:
-            old, self.engine = self.engine, None  # first: whoever sees its requests end sees it is gone
-            old.close()  # requests still streaming on it end as aborted
-            del old
+            self.engine.close()  # requests still streaming on it end as aborted
+            self.engine = None
             gc.collect()  # drop its weights and KV pool now, not whenever the collector runs
 
     def get(self) -> Engine:
@@ -84,23 +80,8 @@ class EngineHolder:
         with self._lock:
             if self.engine is None:
                 self.engine = Engine(self.config)
-                self.builds += 1
                 self.status = status_line(self.engine)
             return self.engine
-
-    def rebuild_cost(self) -> str:
-        """What a rebuild would end now, in words (said next to the settings before anyone changes one)."""
-        engine = self.engine
-        if engine is None:
-            return "Changing a setting builds the engine."
-        snap = engine.snapshot()
-        active = len(set(snap.running) | set(snap.waiting))
-        cached = sum(b.block_hash is not None for b in snap.blocks)
-        requests = f"**{active} running request{'s' if active != 1 else ''}** (every session's)" if active \
-            else "no running request"
-        blocks = f"**{cached} cached block{'s' if cached != 1 else ''}**" if cached else "nothing cached yet"
-        return (f"Changing a setting rebuilds the engine once: that ends {requests} and empties the prefix cache "
-                f"({blocks}).")
 
     def refusal(self, token: str | None) -> str | None:
         """Why this caller may not reconfigure the engine (None: they may). Checked on the server for every

@@ -12,7 +12,7 @@ from minivlm import Request, SamplingParams
 from panels.access import refusal
 from panels import prefix_tree
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
-from panels.kv_run import POLL_S, SHARED_LAUNCH_BLOCKS, SLIDER_LABEL, Runs, live_view, view
+from panels.kv_run import POLL_S, SHARED_LAUNCH_BLOCKS, Runs, live_view, view
 
 LAUNCH_LIMITS = {False: (32, 256), True: (8, 128)}  # shared deployment? -> most requests, most tokens each
 
@@ -95,7 +95,7 @@ def build(holder: EngineHolder):
         max_tokens = gr.Slider(4, most_tokens, value=48, step=1, label="max tokens each", elem_id="kv-tokens")
         no_eos = gr.Checkbox(False, label="ignore EOS (every request decodes to max tokens)", elem_id="kv-no-eos")
         launch = gr.Button("Launch N requests", variant="primary", elem_id="kv-launch")
-    step = gr.Slider(0, 1, value=0, step=1, label=SLIDER_LABEL, interactive=False,
+    step = gr.Slider(0, 1, value=0, step=1, label="replay step (after a launch or a pause)", interactive=False,
                      elem_id="kv-step")
     # the API describes the step as what it is, not by the placeholder range 0-1 (the real one comes with a run)
     step.api_info = lambda: {"type": "number", "description": "an engine step recorded in your current run"}
@@ -117,7 +117,7 @@ def build(holder: EngineHolder):
         engine = run.engine if run else holder.get()
         seen_now = (id(engine), engine.snapshot().last_event_seq)
         paced = paced and run is not None and not engine.loop.is_paused()
-        out = live_view(run) if paced else view(run, engine, at, runs.ended.get(session))
+        out = live_view(run) if paced else view(run, engine, at)
         return None if out is None else (*out, at, seen_now)
 
     def poll(is_live, at, shown, request: gr.Request):
@@ -156,10 +156,6 @@ def build(holder: EngineHolder):
                     yield frame
         finally:
             launching.discard(session)
-        if runs.get(session) is not run:  # a rebuild ended the launch: say so, and show the new engine
-            gr.Warning(runs.ended.get(session) or "Your launch ended: the engine was rebuilt.")
-            yield show(session)
-            return
         paused = run.engine.loop.is_paused()  # else the run ended: open its replay at its fullest step
         yield show(session, None if paused else run.fullest_step())
 

@@ -19,10 +19,6 @@ from panels.timeline import timeline_figure
 KEPT_RUNS = 8  # sessions whose last run stays replayable (a shared deployment's isolated engines are closed after)
 SHARED_LAUNCH_BLOCKS = 96  # a shared deployment's session gets its own pool this small (it still preempts)
 PAUSE_TIMEOUT_S = 120  # a paused engine whose page stopped asking (closed, or gone) resumes after this long
-ENDED_BY_REBUILD = ("⚠ Your {what} ended: the engine was rebuilt (a header setting changed), which aborted its "
-                    "unfinished requests and emptied the prefix cache. The views now show the new engine; launch "
-                    "again to record a new run.")
-SLIDER_LABEL = "replay step (after a launch or a pause)"
 POLL_S = 1.0  # the page asks for the live view this often,
 RENDER_SHARE = 0.02  # and a run's live redraws may take at most 2 % of the wall time while its engine decodes
 
@@ -56,7 +52,6 @@ class Run:
         self.start_step = snap.step  # the frame before the run's first arrival
         self.threads: list[threading.Thread] = []
         self.errors: list[str] = []
-        self.aborted = False  # a launched request was cut off
         self.touched = time.monotonic()
         self.settled_at = 0.0  # when its last launch finished draining
         self.redraw = Throttle(RENDER_SHARE, POLL_S)  # paces the live view while the engine runs freely
@@ -67,9 +62,8 @@ class Run:
 
         def drain():
             try:
-                for ev in stream:
-                    if ev.finished and ev.output is not None and ev.output.finish_reason == "abort":
-                        self.aborted = True  # cut off (a rebuild closed the engine)
+                for _ in stream:
+                    pass
             except Exception as e:  # refused input or a failed step: the summary shows it
                 self.errors.append(str(e))
             finally:
@@ -126,7 +120,6 @@ class Runs:
     def __init__(self, holder: EngineHolder):
         self.holder = holder
         self.runs: collections.OrderedDict[str, Run] = collections.OrderedDict()
-        self.ended: dict[str, str] = {}  # session -> why its last run is gone (shown until its next run)
         self.lock = threading.Lock()
 
     def get(self, session: str) -> Run | None:
@@ -136,8 +129,6 @@ class Runs:
             stale = run is not None and run.parent is not self.holder.engine
             if stale:
                 del self.runs[session]
-                self.ended[session] = ENDED_BY_REBUILD.format(
-                    what="launch" if any(t.is_alive() for t in run.threads) or run.aborted else "run")
         if stale:
             run.close()
             return None
@@ -157,7 +148,6 @@ class Runs:
                 num_blocks=min(parent.num_blocks, SHARED_LAUNCH_BLOCKS))
         new = Run(engine, owned, parent)
         with self.lock:
-            self.ended.pop(session, None)
             self.runs[session] = new
             self.runs.move_to_end(session)
             evicted = [] if run is None or run.engine is engine else [run]
@@ -178,15 +168,13 @@ def live_view(run: Run):
     return out
 
 
-def view(run: Run | None, engine, step: int | None, note: str | None = None):
-    """The tab's outputs for one moment: live (step=None: the engine now) or the replay of `step` of the run;
-    without a run, `note` says why (e.g. a rebuild ended it) and the replay slider is reset."""
+def view(run: Run | None, engine, step: int | None):
+    """The tab's outputs for one moment: live (step=None: the engine now) or the replay of `step` of the run."""
     if run is None:
         snap = engine.snapshot()
-        summary = "<br>".join(([f"**{note}**"] if note else []) + [frame_line(snap, "live"), lifetime_line(snap),
-                                                                  paging_markdown(snap, engine.config.max_model_len)])
-        slider = gr.update(minimum=0, maximum=1, value=0, interactive=False, label=SLIDER_LABEL)
-        return (block_map_figure(snap), block_table(snap), summary, timeline_figure([]), decision_log([]), slider)
+        summary = "<br>".join([frame_line(snap, "live"), lifetime_line(snap),
+                               paging_markdown(snap, engine.config.max_model_len)])
+        return (block_map_figure(snap), block_table(snap), summary, timeline_figure([]), decision_log([]), gr.update())
     events = run.all_events()
     mine = [e for e in events if e.seq > run.start_seq]
     live = run.engine.snapshot()

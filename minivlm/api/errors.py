@@ -7,7 +7,6 @@ ENGINE_REFUSALS = [
     ("KV blocks", "context_length_exceeded", "max_tokens"),
     ("not a readable image", "invalid_image", "messages"),
     ("MP limit", "image_too_large", "messages"),
-    ("MiB limit", "image_too_large", "messages"),
     ("zero size", "invalid_image", "messages"),
     ("too many images", "too_many_images", "messages"),
 ]

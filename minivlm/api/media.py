@@ -8,15 +8,9 @@ from urllib.parse import urlparse
 
 from minivlm.api.errors import ApiError
 from minivlm.api.protocol import ChatCompletionRequest, ImagePart
-from minivlm.image_limits import MAX_IMAGE_BYTES  # per image, encoded: the same limit as the UI's uploads
 
+MAX_IMAGE_BYTES = 20 * 2**20   # per image, encoded
 FETCH_TIMEOUT_S = 10
-
-
-def too_large(size: str, param: str) -> ApiError:
-    """The engine's own words for an encoded image over the limit (the same message as in the UI)."""
-    return ApiError(400, f"the image is {size}, over the {MAX_IMAGE_BYTES // 2**20} MiB limit per image; send a "
-                         f"smaller file", param=param, code="image_too_large")
 
 
 def data_url_bytes(url: str, param: str) -> bytes:
@@ -30,7 +24,7 @@ def data_url_bytes(url: str, param: str) -> bytes:
         raise ApiError(400, f"the data: URL holds {meta[0] or 'no media type'!r}, not an image/* type", param=param,
                        code="invalid_image_url")
     if len(data) > MAX_IMAGE_BYTES * 4 // 3 + 4:
-        raise too_large(f"about {len(data) * 3 / 4 / 2**20:.1f} MiB", param)
+        raise ApiError(400, f"the image is over {MAX_IMAGE_BYTES // 2**20} MiB", param=param, code="image_too_large")
     try:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as e:
@@ -59,7 +53,7 @@ def fetched_bytes(url: str, allowed_domains: list[str], param: str) -> bytes:
         raise ApiError(400, f"could not fetch image {url[:100]!r}: {e}", param=param, code="image_fetch_failed") \
             from None
     if len(data) > MAX_IMAGE_BYTES:
-        raise too_large(f"over {MAX_IMAGE_BYTES // 2**20} MiB", param)
+        raise ApiError(400, f"the image is over {MAX_IMAGE_BYTES // 2**20} MiB", param=param, code="image_too_large")
     return data
 
 
@@ -72,10 +66,6 @@ def engine_messages(req: ChatCompletionRequest, allowed_domains: list[str]) -> l
             parts = []
             for j, part in enumerate(content):
                 if isinstance(part, ImagePart):
-                    if m.role != "user":  # as OpenAI: images only in user turns
-                        raise ApiError(400, f"messages[{i}] is a {m.role!r} message: image_url parts are only "
-                                            f"allowed in user messages", param=f"messages[{i}].content[{j}]",
-                                       code="invalid_image_role")
                     url, param = part.image_url.url, f"messages[{i}].content[{j}].image_url.url"
                     image = data_url_bytes(url, param) if url.startswith("data:") else \
                         fetched_bytes(url, allowed_domains, param)
