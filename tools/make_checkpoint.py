@@ -65,17 +65,22 @@ def save_processor(out_dir: str, family: str, tokenizer, patch_size=14, min_pixe
     processor.save_pretrained(out_dir)
 
 
+def randomize(model):
+    """HF initialises norms to 1 and biases to 0; randomise every 1-D parameter too, for a real test."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in name else 0.05 * torch.randn_like(p))
+    return model
+
+
 def make_random_checkpoint(family: str, out_dir: str, seed: int = 0, tokenizer=None, patch_size=14,
                            min_pixels=None, max_pixels=None, **config_kwargs) -> str:
     """Write a random-weight checkpoint of `family` to out_dir (config, safetensors, tokenizer, processor)."""
     torch.manual_seed(seed)
     tokenizer = tokenizer or build_tokenizer()
     config = tiny_config(family, tokenizer, patch_size=patch_size, **config_kwargs)
-    model = FAMILIES[family][1](config).eval()
-    with torch.no_grad():  # HF initialises norms to 1 and some weights to 0; randomise everything for a real test
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in name else 0.05 * torch.randn_like(p))
+    model = randomize(FAMILIES[family][1](config).eval())
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -12,6 +12,7 @@ from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
 from transformers.models.idefics3 import Idefics3ImageProcessorPil
 from transformers.models.smolvlm import SmolVLMImageProcessorPil
 
+from tools.make_checkpoint import randomize
 from tools.tiny_tokenizer import family_tokenizer
 
 TILE, PATCH = 64, 8           # a tile of 64 px in 8-px patches: 64 patches, 16 tokens after a 2x pixel shuffle
@@ -83,11 +84,7 @@ def make_matrix_checkpoint(family: str, out_dir: str, seed: int = 0, decoder: st
     torch.manual_seed(seed)
     tokenizer = family_tokenizer(family)
     model_cls, config, processor = build(family, tokenizer, decoder or "qwen3", tie)
-    model = model_cls(config).eval()
-    with torch.no_grad():  # HF initialises norms to 1 and biases to 0; randomise everything for a real test
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in name else 0.05 * torch.randn_like(p))
+    model = randomize(model_cls(config).eval())
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

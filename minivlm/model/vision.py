@@ -32,17 +32,23 @@ class PatchProjection(FastLinear):
         return super().forward(x.flatten(1))[:, :, None, None, None]
 
 
+def load_module(cls, config, state_dict: dict, device, dtype) -> nn.Module:
+    """transformers' module `cls` built from `config` (no random init: the checkpoint overwrites it), its weights
+    loaded strictly, on device in dtype, in eval mode."""
+    with no_init_weights():
+        module = cls._from_config(config)
+    missing, unexpected = module.load_state_dict(state_dict, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"vision weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return module.to(device=device, dtype=dtype).eval()
+
+
 class VisionTower:
     """Wraps the HF vision module: pixels of several images -> per-image embeddings (+ deepstack features)."""
 
     def __init__(self, model_type: str, vision_config, state_dict: dict, device, dtype):
         vision_config._attn_implementation = "sdpa"
-        with no_init_weights():  # no random init of weights that the checkpoint overwrites next
-            self.module = TOWERS[model_type]._from_config(vision_config)
-        missing, unexpected = self.module.load_state_dict(state_dict, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"vision weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        self.module.to(device=device, dtype=dtype).eval()
+        self.module = load_module(TOWERS[model_type], vision_config, state_dict, device, dtype)
         self.module.patch_embed.proj = PatchProjection.from_conv(self.module.patch_embed.proj)
         use_fast_linears(self.module, device, dtype)
         self.merge = vision_config.spatial_merge_size

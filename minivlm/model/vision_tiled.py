@@ -3,7 +3,6 @@ hosted in a module that holds only the vision half of the checkpoint (no second 
 SmolVLM2 / Idefics3: SigLIP + pixel-shuffle connector; InternVL: InternViT + pixel-shuffle MLP projector."""
 import torch
 from transformers import AutoModel
-from transformers.initialization import no_init_weights
 from transformers.models.idefics3.modeling_idefics3 import (Idefics3Connector, Idefics3Model, Idefics3PreTrainedModel,
                                                             Idefics3VisionTransformer)
 from transformers.models.internvl.modeling_internvl import (InternVLModel, InternVLMultiModalProjector,
@@ -12,6 +11,7 @@ from transformers.models.smolvlm.modeling_smolvlm import (SmolVLMConnector, Smol
                                                           SmolVLMVisionTransformer)
 
 from minivlm.model.linear import use_fast_linears
+from minivlm.model.vision import load_module
 
 
 class SmolVLMVision(SmolVLMPreTrainedModel):
@@ -52,12 +52,7 @@ class TiledVisionTower:
 
     def __init__(self, model_type: str, config, state_dict: dict, device, dtype):
         config.vision_config._attn_implementation = "sdpa"
-        with no_init_weights():  # no random init of weights that the checkpoint overwrites next
-            self.module = HOSTS[model_type]._from_config(config)
-        missing, unexpected = self.module.load_state_dict(state_dict, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"vision weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        self.module.to(device=device, dtype=dtype).eval()
+        self.module = load_module(HOSTS[model_type], config, state_dict, device, dtype)
         use_fast_linears(self.module, device, dtype)
         self.crops = isinstance(self.module, InternVLVision)  # a batch of crops; SmolVLM takes one sample of tiles
         self.device, self.dtype = device, dtype
