@@ -43,12 +43,12 @@ def test_chat_then_anatomy_of_the_same_request(served, shots):
     prompt_tokens = send(page, "Describe the picture." if tiled else "Hello, how are you?", image)
     if not tiled:
         page.screenshot(path=os.path.join(shots, "chat_text.png"), full_page=True)
-    open_tab(page, "Anatomy")  # it first draws its own form's request
+    open_tab(page, "Anatomy")  # it first draws its own form's request (shorter than the conversation)
     page.wait_for_function("/\\d+ prompt tokens/.test(document.querySelector('#anat-summary').innerText)")
-    before = page.locator("#anat-summary").inner_text().split("drawn")[0]
+    page.wait_for_function(f"{PLOT.format('anat-strip')}?.data?.[1]?.hovertext?.length > 0")
     page.locator("#anat-from-chat").click()  # the conversation so far: the question, its image and the answer
-    page.wait_for_function("t => { const s = document.querySelector('#anat-summary').innerText;"
-                           " return /\\d+ prompt tokens/.test(s) && s.split('drawn')[0] !== t; }", arg=before)
+    page.wait_for_function("n => { const m = /(\\d+) prompt tokens/.exec(document.querySelector('#anat-summary')"
+                           ".innerText); return m && +m[1] > n; }", arg=prompt_tokens)  # the answer is part of it
     summary = page.locator("#anat-summary").inner_text()
     shown = int(re.search(r"(\d+) prompt tokens = \d+ text \+ (\d+) image", summary).group(1))
     assert shown > prompt_tokens  # the answer is part of it now
