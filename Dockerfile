@@ -1,6 +1,8 @@
 # minivlm on a Docker Space (or any Docker host): python app.py on port 7860 as the Spaces user (uid 1000).
 FROM python:3.11-slim
 
+# a CJK font (Noto Sans CJK), so a browser on this machine draws the Chinese page and plots without boxes
+RUN apt-get update && apt-get install -y --no-install-recommends fonts-noto-cjk && rm -rf /var/lib/apt/lists/*
 RUN useradd -m -u 1000 user
 USER user
 ENV HOME=/home/user \

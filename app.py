@@ -6,19 +6,18 @@ import os
 import gradio as gr
 
 from panels.holder import EXAMPLES_DIR, OPERATOR_TOKEN_ENV, EngineHolder  # first: imports `spaces` before torch
-from panels import anatomy, cache_inspector, chat, header, kv_blocks, kv_watch, vram
+from panels import anatomy, cache_inspector, chat, header, kv_blocks, kv_watch, page, vram
+from panels.i18n import EN, I18N, LANGUAGES, L, SWITCH_CHOICES, english_api, lang_of, static_texts, static_updates
 from minivlm import EngineConfig
 from minivlm.api import ApiSettings, create_router
+from minivlm.image_limits import MAX_IMAGE_BYTES
 from minivlm.config import DEVICES, DTYPES, STRATEGIES
 
 QUEUE_MAX_SIZE = 64  # beyond this many waiting events the page says the app is busy
-MAX_FILE_SIZE = "10mb"  # uploads above this are refused (HTTP 413) before they reach the disk's cache
+MAX_FILE_SIZE = MAX_IMAGE_BYTES  # uploads above this are refused (HTTP 413) before they reach the disk's cache: the
+# engine's own limit per image, the same as the HTTP API's
 UPLOAD_TTL_S = 3600  # uploaded and generated temp files older than this are deleted (checked as often)
 TINY_MODEL_BLOCKS = 256  # the tiny model's pool is pinned small so the block map stays readable and fills up
-CSS = """
-#device-picker label[data-testid*="unavailable"] { opacity: 0.45; pointer-events: none; }
-#engine-status { font-size: 0.9em; }
-"""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,15 +35,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--enable-chunked-prefill", action="store_true",
                    help="split long prefills into chunks that share each step with the running requests' decodes")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens one step may compute (default: 512 with chunked prefill, else the model length)")
+                   help="tokens one step may compute (default: the model length; with chunked prefill at most 512, "
+                        "sized each step by --max-step-slowdown unless this pins it)")
+    p.add_argument("--max-step-slowdown", type=float, default=None,
+                   help="chunked prefill: a step with a prefill chunk may take this many times a decode-only step, "
+                        "measured as it runs (default 1.5 when no token budget is pinned)")
     p.add_argument("--async-vision", action="store_true",
                    help="run the vision tower on its own thread so running streams never stall on a new image "
                         "(serving; step numbers then depend on timing, so classroom step-through keeps it off)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="vLLM's switch: decode layer by layer in PyTorch ops, without the fused C paths (comparisons)")
     p.add_argument("--shared", action="store_true",
                    help="public deployment (automatic on Hugging Face Spaces): strategy C, a cache salt per session, "
                         "the engine settings read-only for visitors (the operator unlocks them with "
                         f"${OPERATOR_TOKEN_ENV})")
-    p.add_argument("--max-file-size", default=MAX_FILE_SIZE, help="largest accepted upload, e.g. 10mb, 500kb")
+    p.add_argument("--max-file-size", default=MAX_FILE_SIZE, help=f"largest accepted upload, e.g. 10mb, 500kb (default {MAX_IMAGE_BYTES // 2**20} MiB, the "
+                        "engine's limit per image)")
     p.add_argument("--upload-ttl", type=int, default=UPLOAD_TTL_S,
                    help="seconds after which uploaded and generated temp files are deleted")
     p.add_argument("--kv-events-config", default=None, metavar="JSON",
@@ -71,24 +77,39 @@ def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S,
     """The whole UI around one engine holder; temp files older than `upload_ttl` seconds are deleted; `watching`:
     the external KV-event stream the KV tab draws (--watch-kv-events)."""
     with gr.Blocks(title="minivlm", delete_cache=(upload_ttl, upload_ttl)) as demo:
-        gr.Markdown("# minivlm · a paged-KV engine for vision-language models you can watch")
-        header.build(holder, demo)
+        with gr.Row(equal_height=True):
+            gr.Markdown(L("app.title"), elem_id="app-title")
+            # the page's language: the browser's at first, then this switch (each name in its own language)
+            switch = gr.Radio(SWITCH_CHOICES, value=EN, label=L("app.language"), elem_id="lang-switch", scale=0,
+                              min_width=170)
+        header.build(holder, demo, switch)
         with gr.Tabs():
-            with gr.Tab("Chat", id="chat"):
-                chatbot = chat.build(holder)
-            with gr.Tab("Anatomy", id="anatomy") as anatomy_tab:
+            with gr.Tab(L("tab.chat"), id="chat"):
+                chatbot = chat.build(holder, switch)
+            with gr.Tab(L("tab.anatomy"), id="anatomy") as anatomy_tab:
                 anatomy.build(holder, anatomy_tab, chatbot)
-            with gr.Tab("KV blocks (live)", id="kv"):
-                kv_blocks.build(holder)
+            with gr.Tab(L("tab.kv"), id="kv"):
+                kv_blocks.build(holder, switch)
                 kv_watch.build(watching or kv_watch.Watching(), holder.shared)
-            with gr.Tab("Cache inspector", id="inspector"):
+            with gr.Tab(L("tab.inspector"), id="inspector"):
                 cache_inspector.build(holder)
-            with gr.Tab("VRAM budget", id="vram"):
-                calculate, inputs, outputs = vram.build(holder)
+            with gr.Tab(L("tab.vram"), id="vram"):
+                calculate, inputs, outputs = vram.build(holder, switch)
         demo.load(calculate, inputs, outputs, api_name=False, show_progress="hidden")
+        texts = static_texts(demo)
+
+        def relabel(chosen, request: gr.Request):  # every static text of the page in the chosen language
+            LANGUAGES.set(request, chosen)
+            return static_updates(texts, chosen)
+        switch.change(relabel, switch, [block for block, _ in texts], api_name=False, queue=False,
+                      js=page.SWITCH_JS)
+        def session_language(request: gr.Request):  # the browser's, or what the session chose
+            return lang_of(request)
+        # the session's language on the switch; a change redraws the page in it
+        demo.load(session_language, None, switch, api_name=False, queue=False)
     # the engine batches concurrent requests itself; the bound turns overload into a "busy" message
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=holder.config.max_num_seqs)
-    return demo
+    return english_api(demo)
 
 
 def serve(holder: EngineHolder, host: str = "127.0.0.1", port: int = 7860, share: bool = False,
@@ -98,8 +119,9 @@ def serve(holder: EngineHolder, host: str = "127.0.0.1", port: int = 7860, share
     for tests). The API always uses the holder's current engine."""
     demo = build_app(holder, upload_ttl, watching)
     api_routes = create_router(holder.get, api or ApiSettings(shared=holder.shared)).routes
-    demo.launch(server_name=host, server_port=port, share=share, css=CSS, allowed_paths=[EXAMPLES_DIR],
-                theme=gr.themes.Soft(), prevent_thread_lock=not block, quiet=not block, max_file_size=max_file_size,
+    demo.launch(server_name=host, server_port=port, share=share, css=page.CSS, js=page.JS, allowed_paths=[EXAMPLES_DIR],
+                i18n=I18N,
+                theme=page.THEME, prevent_thread_lock=not block, quiet=not block, max_file_size=max_file_size,
                 app_kwargs={"routes": api_routes})  # Gradio's FastAPI app starts with the API's routes
     return demo
 
@@ -112,6 +134,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         block_size=args.block_size, num_blocks=num_blocks or None, max_model_len=args.max_model_len,
                         enable_chunked_prefill=args.enable_chunked_prefill,
                         max_num_batched_tokens=args.max_num_batched_tokens, async_vision=args.async_vision,
+                        max_step_slowdown=args.max_step_slowdown, enforce_eager=args.enforce_eager,
                         kv_events=args.kv_events_config)
 
 

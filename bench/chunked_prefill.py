@@ -10,6 +10,7 @@ import threading
 import time
 
 from minivlm import Request, SamplingParams
+from minivlm.config import DEFAULT_STEP_SLOWDOWN
 
 from bench.timing import Row
 from bench.workload import PROMPTS, scene
@@ -95,11 +96,18 @@ def offered_load(engine, n: int = 2) -> float:
     return min(times) / PERIOD
 
 
-def measure(ctx, budget: int = 32) -> list[Row]:
+def budget_settings(budget: int | None, slowdown: float = DEFAULT_STEP_SLOWDOWN) -> dict:
+    """A fixed token budget, or (None) what `python app.py --enable-chunked-prefill` gets: the adaptive budget."""
+    if budget is None:
+        return {"max_num_batched_tokens": 512, "max_step_slowdown": slowdown}
+    return {"max_num_batched_tokens": budget, "max_step_slowdown": None}
+
+
+def measure(ctx, budget: int | None = None, slowdown: float = DEFAULT_STEP_SLOWDOWN) -> list[Row]:
     arrivals = 3 * ctx.repeats
-    chunked = ctx.engine.isolated(enable_chunked_prefill=True, max_num_batched_tokens=budget, max_num_seqs=32)
-    overlap = ctx.engine.isolated(enable_chunked_prefill=True, max_num_batched_tokens=budget, max_num_seqs=32,
-                                  async_vision=True)
+    chunked = ctx.engine.isolated(enable_chunked_prefill=True, max_num_seqs=32, **budget_settings(budget, slowdown))
+    overlap = ctx.engine.isolated(enable_chunked_prefill=True, max_num_seqs=32, async_vision=True,
+                                  **budget_settings(budget, slowdown))
     whole = ctx.engine.isolated(max_num_seqs=32)
     runs = {"steady": (chunked, 0, True), "chunked": (chunked, arrivals, True), "whole": (whole, arrivals, True),
             "chunked, async vision": (overlap, arrivals, True),
@@ -123,10 +131,12 @@ def measure(ctx, budget: int = 32) -> list[Row]:
         chunked.close(), overlap.close(), whole.close()
     ms = {k: (1e3 * percentile(v, 0.5), 1e3 * percentile(v, 0.99)) for k, v in gaps.items()}
     steady = ms["steady"][0]
+    said = f"token budget {budget}" if budget else f"the adaptive budget (mixed steps <= {slowdown}x a decode step" + \
+        ("; README's server flags)" if slowdown == DEFAULT_STEP_SLOWDOWN else ")")
     ctx.details["chunked_prefill"] = {"gaps_s": gaps, "budget_tokens": budget, "arrivals_per_run": arrivals,
                                       "stream_tokens_equal": same, "p50_p99_ms": ms,
                                       "arrival_latency_s": waits, "offered_load": load}
-    note = (f"{STREAMS} streams, a 448x448 image request every {PERIOD}s ({arrivals} a run), token budget {budget}; "
+    note = (f"{STREAMS} streams, a 448x448 image request every {PERIOD}s ({arrivals} a run), {said}; "
             f"steady-state ITL (p50, no arrivals) {steady:.1f} ms; stream tokens equal in every run: "
             f"{'yes' if same else 'NO'}; arrivals answered after (median) " + ", ".join(
                 f"{k} {percentile(v, 0.5):.2f} s" for k, v in waits.items() if v))
@@ -150,8 +160,8 @@ def measure(ctx, budget: int = 32) -> list[Row]:
 
 
 def main():
-    """python -m bench.chunked_prefill --budgets 8 16 32 64: the rows at several token budgets (the trade-off
-    between the streams' inter-token latency and how soon the arrivals are answered)."""
+    """python -m bench.chunked_prefill --budgets auto 16 32: the rows at several token budgets ("auto": the default
+    adaptive one), the trade-off between the streams' inter-token latency and how soon the arrivals are answered."""
     import argparse
     import tempfile
 
@@ -161,14 +171,16 @@ def main():
     from bench.report import machine, text_table
     from bench.workload import BENCH_MODEL, build_checkpoint, make_engine
     ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-    ap.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
+    ap.add_argument("--budgets", nargs="+", default=["auto", "16", "32"])
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--slowdown", type=float, default=DEFAULT_STEP_SLOWDOWN, help="the adaptive budget's (auto)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     engine = make_engine(build_checkpoint(tempfile.gettempdir() + "/minivlm-bench-qwen2_5_vl-70m", BENCH_MODEL))
     print(machine())
     for budget in args.budgets:
-        rows = measure(Context(engine, None, None, args.repeats), budget)
+        rows = measure(Context(engine, None, None, args.repeats), None if budget == "auto" else int(budget),
+                       args.slowdown)
         print(f"\ntoken budget {budget}: {rows[0].note}\n{text_table(rows)}")
 
 

@@ -5,7 +5,9 @@ import time
 import torch
 
 from minivlm import Request, SamplingParams
+from minivlm.model import decode_ops
 
+from bench.long_context import decode_steps
 from bench.timing import Row, TokenClock, copy_bandwidth, decode_rate, median, spread
 from bench.workload import hf_inputs, scene
 
@@ -47,9 +49,18 @@ def measure(ctx, new_tokens: int = 64) -> list[Row]:
     ctx.details["single_stream"] = {"rates": rates, "decoder_weight_bytes": weight_bytes,
                                     "copy_bandwidth_GBps": bandwidth / 1e9, "bound_tok_s": bound}
     rate_spread = spread(rates["engine"], rates["hf"], "tok/s")
+    ops = {}
+    for fused in (True, False):  # PyTorch ops of one decode step: the fused C paths, and PyTorch ops only
+        before, decode_ops.KERNELS.enabled = decode_ops.KERNELS.enabled, fused and decode_ops.KERNELS.enabled
+        try:
+            ops[fused] = decode_steps(ctx.engine, [request], 4)[1]
+        finally:
+            decode_ops.KERNELS.enabled = before
+    ctx.details["single_stream"]["ops_per_step"] = {"fused": ops[True], "pytorch": ops[False]}
+    op_note = f"; {ops[True]} ops per decode step ({ops[False]} in PyTorch ops only, as with enforce_eager)"
     return [
         Row("single-stream decode vs HF generate", eng, hf, "tok/s", eng / hf, ">= 1.0x", eng >= hf,
-            f"{new_tokens} tokens after a 224x224 image prompt", same=same, spread=rate_spread),
+            f"{new_tokens} tokens after a 224x224 image prompt{op_note}", same=same, spread=rate_spread),
         Row("single-stream decode vs bandwidth bound", eng, bound, "tok/s", eng / bound, ">= 50%", eng / bound >= 0.5,
             f"{weight_bytes / 1e6:.0f} MB weights/token at {bandwidth / 1e9:.1f} GB/s copy bandwidth", same=same,
             spread=rate_spread.split(";")[0] + " tok/s"),

@@ -5,10 +5,14 @@ os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")  # must be set before 
 
 from minivlm.config import EngineConfig  # noqa: E402
 from minivlm.engine import Engine  # noqa: E402
-from minivlm.core import RequestFailed  # noqa: E402
-from minivlm.output import Output  # noqa: E402
-from minivlm.request import CacheHit, Request, SamplingParams  # noqa: E402
-from minivlm.snapshot import BlockInfo, KVSnapshot, MemoryReport, StreamEvent  # noqa: E402
+from minivlm.engine.step_result import RequestFailed  # noqa: E402
+from minivlm.engine.outputs import CacheHit, Output, StreamEvent  # noqa: E402
+from minivlm.engine.request import Request, SamplingParams  # noqa: E402
+from minivlm.views.snapshot import BlockInfo, KVSnapshot, MemoryReport  # noqa: E402
+from minivlm.device import available_devices  # noqa: E402
+from minivlm.loader import resolve_model_dir  # noqa: E402
+from minivlm.multimodal import load_image, split_images  # noqa: E402
 
 __all__ = ["Engine", "EngineConfig", "Request", "SamplingParams", "Output", "CacheHit", "StreamEvent",
-           "KVSnapshot", "BlockInfo", "MemoryReport", "RequestFailed"]
+           "KVSnapshot", "BlockInfo", "MemoryReport", "RequestFailed", "available_devices", "resolve_model_dir",
+           "load_image", "split_images"]

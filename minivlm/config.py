@@ -8,6 +8,7 @@ DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 STRATEGIES = ("none", "A", "B", "C")
 DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_STEP_SLOWDOWN = 1.5  # chunked prefill's default: mixed steps at most 1.5x a decode step (p99 ITL <= 2x steady)
 
 
 @dataclass
@@ -23,6 +24,7 @@ class EngineConfig:
     max_model_len: int = 4096
     max_num_batched_tokens: int | None = None   # tokens one step may compute (the step's token budget)
     enable_chunked_prefill: bool = False    # split long prefills into chunks mixed with the decodes of each step
+    max_step_slowdown: float | None = None  # chunked: a mixed step may take this x a decode step (adaptive budget)
     cache_strategy: str = "C"
     seed: int = 0
     vision_cache_bytes: int = 64 * 2**20
@@ -31,6 +33,7 @@ class EngineConfig:
     cpu_memory_budget_bytes: int = 2 * 2**30
     event_log_size: int = 20_000    # events kept in the ring log, about 400 bytes each (0 = no event log)
     kv_events: KVEventsConfig | dict | str | None = None  # vLLM's --kv-events-config (docs/KV_EVENTS.md)
+    enforce_eager: bool = False     # vLLM's name: no fused C decode paths, every layer in PyTorch ops (comparisons)
 
     def __post_init__(self):
         def positive_int(name):
@@ -54,12 +57,19 @@ class EngineConfig:
         self.kv_events = kv_events_config(self.kv_events)
         if self.kv_events is not None and self.kv_events.active and not self.event_log_size:
             raise ValueError("EngineConfig.kv_events publishes from the event log: event_log_size must be > 0")
-        if not isinstance(self.enable_chunked_prefill, bool):
-            raise ValueError(f"EngineConfig.enable_chunked_prefill must be True or False, got {self.enable_chunked_prefill!r}")
-        if not isinstance(self.async_vision, bool):
-            raise ValueError(f"EngineConfig.async_vision must be True or False, got {self.async_vision!r}")
+        for name in ("enable_chunked_prefill", "async_vision", "enforce_eager"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"EngineConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if self.max_num_batched_tokens is None:  # chunked: a short step, so decodes keep their pace
+            if self.enable_chunked_prefill and self.max_step_slowdown is None:  # no budget pinned: measure one
+                self.max_step_slowdown = DEFAULT_STEP_SLOWDOWN
             self.max_num_batched_tokens = 512 if self.enable_chunked_prefill else max(self.max_model_len, 2048)
+        if self.max_step_slowdown is not None and (isinstance(self.max_step_slowdown, bool) or not isinstance(
+                self.max_step_slowdown, (int, float)) or not 1 < self.max_step_slowdown <= 100):
+            raise ValueError("EngineConfig.max_step_slowdown must be a number in (1, 100] (a mixed step's time over a "
+                             f"decode step's), got {self.max_step_slowdown!r}")
+        if self.max_step_slowdown is not None and not self.enable_chunked_prefill:
+            raise ValueError("EngineConfig.max_step_slowdown sizes prefill chunks: it needs enable_chunked_prefill=True")
         positive_int("max_num_batched_tokens")
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"EngineConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")

@@ -7,7 +7,7 @@ import torch  # noqa: E402
 
 from minivlm.config import DEFAULT_MODEL  # noqa: E402
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def available_devices() -> dict[str, str | None]:
@@ -37,9 +37,9 @@ def pick_device(name: str = "auto", model: str | None = None) -> torch.device:
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     """auto: bf16 on CUDA with compute capability >= 8, fp16 on older CUDA and on MPS, fp32 on CPU."""
     if name != "auto":
-        if name not in DTYPES:
+        if name not in TORCH_DTYPES:
             raise ValueError(f"unknown dtype {name!r}; choose auto, float32, bfloat16 or float16")
-        return DTYPES[name]
+        return TORCH_DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
     if device.type == "mps":

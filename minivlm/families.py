@@ -14,21 +14,31 @@ from transformers.models.smolvlm import SmolVLMConfig, SmolVLMProcessor
 from transformers.processing_utils import ProcessorMixin
 
 
-class Qwen2VLImageOnlyProcessor(Qwen2VLProcessor):
+class VideoExpanded:
+    """minivlm expands a video's tokens itself (minivlm.video_prompt), so they reach the processor already in
+    place, with no video for it to process: its count check must not see them."""
+
+    def validate_inputs(self, images=None, text=None, videos=None, audio=None, **kwargs):
+        if text is not None and videos is None and getattr(self, "video_token", None):
+            text = [t.replace(self.video_token, "") for t in ([text] if isinstance(text, str) else text)]
+        return super().validate_inputs(images=images, text=text, videos=videos, audio=audio, **kwargs)
+
+
+class Qwen2VLImageOnlyProcessor(VideoExpanded, Qwen2VLProcessor):
     """Qwen2-VL processor for images and text only (no video processor, so no torchvision)."""
 
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
         super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
 
-class Qwen2_5_VLImageOnlyProcessor(Qwen2_5_VLProcessor):
+class Qwen2_5_VLImageOnlyProcessor(VideoExpanded, Qwen2_5_VLProcessor):
     """Qwen2.5-VL processor for images and text only."""
 
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
         super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
 
-class Qwen3VLImageOnlyProcessor(Qwen3VLProcessor):
+class Qwen3VLImageOnlyProcessor(VideoExpanded, Qwen3VLProcessor):
     """Qwen3-VL processor for images and text only."""
 
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
@@ -58,7 +68,7 @@ class InternVLImageOnlyProcessor(InternVLProcessor):
 
 @dataclass(frozen=True)
 class Family:
-    """One model family. Qwen-VL processor defaults are those of the published checkpoints' preprocessor_config."""
+    """One model family: how its images become tokens, its positions, the processor knobs a request may set."""
     model_type: str                 # config.json's model_type
     title: str
     config_class: type
@@ -70,10 +80,6 @@ class Family:
                                     # markers) or "crops" (InternVL: closest-aspect-ratio crops + a thumbnail)
     deepstack: bool = False         # ViT layer features added to the first decoder layers' image rows
     interleaved_mrope: bool = False  # t/h/w frequencies interleaved (else contiguous chunks; a config flag may override)
-    patch_size: int = 0             # Qwen-VL: ViT patch, 2x2 merge and the default pixel range
-    merge_size: int = 0
-    min_pixels: int = 0
-    max_pixels: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,13 +92,10 @@ class DecoderFacts:
 
 QWEN_KNOBS = ("min_pixels", "max_pixels")
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
-    Family("qwen2_vl", "Qwen2-VL", Qwen2VLConfig, Qwen2VLImageOnlyProcessor, "patches", True, QWEN_KNOBS,
-           patch_size=14, merge_size=2, min_pixels=56 * 56, max_pixels=28 * 28 * 16384),
-    Family("qwen2_5_vl", "Qwen2.5-VL", Qwen2_5_VLConfig, Qwen2_5_VLImageOnlyProcessor, "patches", True, QWEN_KNOBS,
-           patch_size=14, merge_size=2, min_pixels=56 * 56, max_pixels=28 * 28 * 16384),
+    Family("qwen2_vl", "Qwen2-VL", Qwen2VLConfig, Qwen2VLImageOnlyProcessor, "patches", True, QWEN_KNOBS),
+    Family("qwen2_5_vl", "Qwen2.5-VL", Qwen2_5_VLConfig, Qwen2_5_VLImageOnlyProcessor, "patches", True, QWEN_KNOBS),
     Family("qwen3_vl", "Qwen3-VL", Qwen3VLConfig, Qwen3VLImageOnlyProcessor, "patches", True, QWEN_KNOBS,
-           deepstack=True, interleaved_mrope=True, patch_size=16, merge_size=2, min_pixels=256 * 256,
-           max_pixels=4096 * 4096),
+           deepstack=True, interleaved_mrope=True),
     Family("smolvlm", "SmolVLM2", SmolVLMConfig, SmolVLMImageOnlyProcessor, "tiles", False,
            ("do_image_splitting", "max_image_size", "size"), tiling="grid"),
     Family("idefics3", "Idefics3 (SmolVLM)", Idefics3Config, Idefics3Processor, "tiles", False,

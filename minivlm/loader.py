@@ -141,3 +141,8 @@ class LoadedModel:
     def weights_bytes(self) -> int:
         params = {id(p): p for p in self.decoder.parameters()}  # tied embeddings count once
         return sum(p.numel() * p.element_size() for p in params.values()) + (self.vision.num_bytes() if self.vision else 0)
+
+    def weight_copies_bytes(self) -> int:
+        """The decoder's dense copies of packed weights, kept for gemv.c (CPU fp32 decode of a few sequences)."""
+        return sum(m.dense.numel() * m.dense.element_size() for m in self.decoder.modules()
+                   if getattr(m, "dense", None) is not None)

@@ -1,15 +1,15 @@
 """Images in, prompt tokens out: load and validate images, run the processor, hash image content."""
 import hashlib
-import io
-import os
 from dataclasses import dataclass, field
 
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps
 
+from minivlm import image_limits
 from minivlm.image_layout import image_settings, locate_images, placeholder_types
+from minivlm.video_prompt import expand_videos, prepare_videos, video_item, video_spans
 
-MAX_INPUT_PIXELS = 64_000_000       # refuse to decode images larger than this (decompression bombs)
+MAX_INPUT_PIXELS = image_limits.MAX_IMAGE_PIXELS  # refuse to decode images larger than this (bombs)
 
 
 @dataclass
@@ -25,6 +25,8 @@ class ImageInfo:
     pixel_rows: int = 0               # rows of the prompt's pixel_values it owns (patches or tiles)
     tiles: tuple[int, int] | None = None   # tiled families: (rows, cols) of crops; None when not split
     thumbnail: bool = False           # a global view / thumbnail follows its crops
+    kind: str = "image"               # "image" or "video" (a video's grid has t > 1 frame pairs)
+    video: object = None              # a video's VideoFacts: fps, sampled frames, timestamps (minivlm.video_patches)
 
     def __post_init__(self):
         self.end = self.end or self.start + self.num_tokens
@@ -39,46 +41,42 @@ class ImageInfo:
 class Prompt:
     """A request rendered by the processor."""
     token_ids: list[int]
-    token_types: list[int]            # 0 text, 1 image placeholder
+    token_types: list[int]            # 0 text, 1 image or video placeholder
     pixel_values: torch.Tensor | None  # Qwen: [patches, dim]; tiled families: [tiles, 3, H, W]
     images: list[ImageInfo]
     pixel_mask: torch.Tensor | None = None  # SmolVLM: [tiles, H, W], which pixels of a padded tile are real
 
 
-def load_image(obj) -> tuple[Image.Image, list[str]]:
-    """PIL image, encoded bytes or a file path -> RGB image (EXIF-rotated, first frame), plus notes for the user."""
-    notes = []
-    if isinstance(obj, (str, os.PathLike)) and not os.path.isfile(obj):
-        raise ValueError(f"image path {str(obj)[:200]!r} does not exist")
-    if isinstance(obj, Image.Image):
-        img = obj
-    elif isinstance(obj, (bytes, bytearray, str, os.PathLike)):
-        try:
-            img = Image.open(io.BytesIO(obj) if isinstance(obj, (bytes, bytearray)) else obj)
-            check_pixels(*img.size)  # from the header, before decoding a possible decompression bomb
-            img.load()
-        except (UnidentifiedImageError, OSError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
-            raise ValueError(f"not a readable image ({type(e).__name__}: {e})") from e
-    else:
-        raise ValueError(f"an image must be a PIL.Image, encoded bytes or a file path, got {type(obj).__name__}")
-    check_pixels(*img.size)
-    if getattr(img, "n_frames", 1) > 1:
-        notes.append(f"animated image: used the first of {img.n_frames} frames")
-        img.seek(0)
-        img = img.copy()
-    img = ImageOps.exif_transpose(img)
-    if img.mode != "RGB":
-        notes.append(f"converted {img.mode} image to RGB")
-        img = to_rgb(img)
-    return img, notes
+def load_image(obj, max_pixels: int | None = None) -> tuple[Image.Image, list[str]]:
+    """PIL image, encoded bytes or a file path -> RGB image (EXIF-rotated, first frame), plus notes for the user;
+    checked from its header first (minivlm.image_limits) and decoded no larger than `max_pixels` needs."""
+    return load_images([obj], max_pixels)[0]
 
 
-def check_pixels(width: int, height: int):
-    if width < 1 or height < 1:
-        raise ValueError(f"image has zero size ({width}x{height})")
-    if width * height > MAX_INPUT_PIXELS:
-        raise ValueError(f"image is {width}x{height} = {width * height / 1e6:.0f} MP, over the "
-                         f"{MAX_INPUT_PIXELS / 1e6:.0f} MP limit; downscale it first")
+def load_images(raw: list, max_pixels: int | None = None) -> list[tuple[Image.Image, list[str]]]:
+    """A request's images: every header checked (each image, then all together) before any pixel is decoded;
+    each then decoded within the server's budget and no larger than a processor using `max_pixels` needs."""
+    keep = image_limits.keep_pixels(max_pixels)
+    out = []
+    for i, (opened, pixels) in enumerate(image_limits.open_all(raw, keep)):
+        if opened is None:
+            img, notes, upright = raw[i], [], False
+        else:
+            img, notes, upright = image_limits.decode(opened, pixels, keep, image_limits.image_name(raw[i], i))
+        if getattr(img, "n_frames", 1) > 1:
+            notes.append(f"animated image: used the first of {img.n_frames} frames")
+            img.seek(0)
+            img = img.copy()
+        if not upright:
+            img = ImageOps.exif_transpose(img)
+        if img.mode != "RGB":
+            notes.append(f"converted {img.mode} image to RGB")
+            img = to_rgb(img)
+        out.append((img, notes))
+    return out
+
+
+check_pixels = image_limits.check_size
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -104,7 +102,13 @@ def content_hash(img: Image.Image) -> str:
 
 def split_images(messages: list[dict]) -> tuple[list[dict], list]:
     """Pull image objects out of HF-format messages (the chat template only needs to know where they go)."""
-    clean, images = [], []
+    clean, images, _ = split_media(messages)
+    return clean, images
+
+
+def split_media(messages: list[dict]) -> tuple[list[dict], list, list]:
+    """Pull images and videos (VideoItem) out of HF-format messages."""
+    clean, images, videos = [], [], []
     for m in messages:
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ValueError("each message must be a dict with 'role' and 'content'")
@@ -114,7 +118,10 @@ def split_images(messages: list[dict]) -> tuple[list[dict], list]:
             for item in content:
                 if not isinstance(item, dict) or "type" not in item:
                     raise ValueError("message content items must be dicts with a 'type'")
-                if item["type"] == "image" or "image" in item:
+                if item["type"] == "video" or "video" in item:
+                    videos.append(video_item(item))
+                    items.append({"type": "video"})
+                elif item["type"] == "image" or "image" in item:
                     if item.get("image") is None:
                         raise ValueError("an image content item has no 'image'")
                     images.append(item["image"])
@@ -123,7 +130,7 @@ def split_images(messages: list[dict]) -> tuple[list[dict], list]:
                     items.append(item)
             content = items
         clean.append({"role": m["role"], "content": content})
-    return clean, images
+    return clean, images, videos
 
 
 def render(processor, clean: list[dict]) -> str:
@@ -134,23 +141,30 @@ def render(processor, clean: list[dict]) -> str:
 
 
 def build_prompt(family, processor, messages: list[dict], mm_kwargs: dict | None, max_images: int) -> Prompt:
-    """Render messages with the checkpoint's chat template and run the processor on text + images."""
-    clean, raw_images = split_images(messages)
-    if raw_images and family.images == "none":
-        raise ValueError(f"{family.title} is a text-only model: it takes no images ({len(raw_images)} given)")
+    """Render messages with the checkpoint's chat template and run the processor on text + images (+ videos)."""
+    clean, raw_images, raw_videos = split_media(messages)
+    if (raw_images or raw_videos) and family.images == "none":
+        raise ValueError(f"{family.title} is a text-only model: it takes no images ({len(raw_images)} given)"
+                         if raw_images else f"{family.title} is a text-only model: it takes no video")
     if len(raw_images) > max_images:
         raise ValueError(f"too many images: {len(raw_images)} (this engine allows {max_images} per request)")
+    if len(raw_videos) > max_images:
+        raise ValueError(f"too many videos: {len(raw_videos)} (this engine allows {max_images} per request)")
     call_kwargs, settings = image_settings(family, processor, mm_kwargs)
-    loaded = [load_image(im) for im in raw_images]
+    videos = prepare_videos(getattr(processor, "video_settings", None), raw_videos, family.title)
+    loaded = load_images(raw_images, image_limits.processor_pixels(processor, mm_kwargs))
     text = render(processor, clean)
     if family.images == "none":
         ids = processor(text, add_special_tokens=False)["input_ids"]
         return Prompt(ids, [0] * len(ids), None, [])
+    if videos:
+        text = expand_videos(processor, text, videos)
     bos = processor.tokenizer.bos_token
     if bos is not None and text.startswith(bos):  # as HF's apply_chat_template: the template wrote the BOS already
         call_kwargs = {**call_kwargs, "add_special_tokens": False}
     out = processor(text=[text], images=[im for im, _ in loaded] or None, return_tensors="pt", **call_kwargs)
-    types = placeholder_types(family, processor, out)
+    kinds = placeholder_types(family, processor, out)
+    types = [int(t == 1) for t in kinds]
     spans = locate_images(family, processor, out, types, [im.size for im, _ in loaded], call_kwargs) if loaded else []
     if len(spans) != len(loaded):
         raise ValueError(f"the processor laid out {len(spans)} images for {len(loaded)} given")
@@ -160,4 +174,17 @@ def build_prompt(family, processor, messages: list[dict], mm_kwargs: dict | None
     mask = out.get("pixel_attention_mask") if loaded else None
     if pixels is not None and family.images == "tiles" and pixels.dim() == 5:  # SmolVLM: [1, tiles, 3, H, W]
         pixels, mask = pixels[0], (mask[0] if mask is not None else None)
-    return Prompt(out["input_ids"][0].tolist(), types, pixels, images, mask)
+    if videos:
+        vs = processor.video_settings.key()
+        clips = [ImageInfo(v.source.content_hash, v.grid, s, n, ("video processor",) + vs + v.facts.key(), [], e,
+                           v.patches.shape[0], kind="video", video=v.facts)
+                 for v, (s, e, n) in zip(videos, video_spans(kinds, videos))]
+        images, pixels = in_prompt_order(images, pixels, clips, [v.patches for v in videos])
+    return Prompt(out["input_ids"][0].tolist(), [int(t != 0) for t in kinds], pixels, images, mask)
+
+
+def in_prompt_order(images: list, pixels, clips: list, patches: list):
+    """Images and videos sorted by where they start, their pixel rows (Qwen: patches) concatenated in that order."""
+    rows = list(pixels.split([im.pixel_rows for im in images])) if images else []
+    items = sorted(zip(images + clips, rows + patches), key=lambda pair: pair[0].start)
+    return [i for i, _ in items], torch.cat([r.to(torch.float32) for _, r in items])

@@ -8,6 +8,7 @@ from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
 from minivlm.families import FAMILIES, get_family
+from minivlm.video_patches import video_settings
 
 PROCESSORS = {name: (f.config_class, f.processor_class) for name, f in FAMILIES.items() if f.processor_class}
 
@@ -49,8 +50,10 @@ def load_processor(model_dir: str, model_type: str):
     if family.images == "patches" and not isinstance(image_processor, Qwen2VLImageProcessorPil):
         image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
     chat_template = getattr(tokenizer, "chat_template", None)
-    return family.processor_class(image_processor, tokenizer, chat_template=chat_template,
-                                  **saved_processor_fields(model_dir, family.processor_class))
+    processor = family.processor_class(image_processor, tokenizer, chat_template=chat_template,
+                                       **saved_processor_fields(model_dir, family.processor_class))
+    processor.video_settings = video_settings(model_dir, model_type)  # None: this family takes no video
+    return processor
 
 
 register_processors()

@@ -7,18 +7,23 @@ import time
 import gradio as gr
 
 from minivlm import Request
-from minivlm.multimodal import load_image, split_images
+from minivlm.image_limits import processor_pixels
+from minivlm import load_image, split_images
 
 from panels.anatomy_figures import grid_figure, rope_figure, token_strip_figure
 from panels.anatomy_keys import keys_html
 from panels.anatomy_tiles import cell_tiles, positions_figure, tiled_grid_figure
+from panels.anatomy_video import frame_strip_figure, video_rope_figure, with_video_frames
 from panels.chat import to_hf_messages
 from panels.holder import EXAMPLES_DIR, EngineHolder
+from panels.uploads import checked, image_input
+from panels.i18n import EN, L, lang_of, t
+from panels.i18n.errors import localize_error
 
 RED, BLUE = os.path.join(EXAMPLES_DIR, "red_circle.png"), os.path.join(EXAMPLES_DIR, "blue_circle.png")
 EXAMPLES = [[RED, BLUE, "What color is the shape?"], [os.path.join(EXAMPLES_DIR, "three_shapes.png"), None,
                                                        "What color is the triangle?"]]
-LARGEST = 1024 * 768  # the slider reaches a 1024×768 image at full resolution
+TRACK = 4  # the size slider ends at 4x the processor's default, so the default sits a quarter of the way along
 
 
 def pixel_range(engine) -> tuple[int, int, int, int]:
@@ -27,8 +32,8 @@ def pixel_range(engine) -> tuple[int, int, int, int]:
     ip, family = getattr(engine.processor, "image_processor", None), engine.family
     if family.images == "patches":
         unit = (ip.patch_size * ip.merge_size) ** 2  # one merged token's pixels
-        default = int(ip.size.longest_edge)
-        return 4 * unit, max(LARGEST, 4 * default), unit, default
+        default = int(ip.size.longest_edge)  # steps of one token; a linear track where the default is visible
+        return 4 * unit, TRACK * default, unit, default
     if family.tiling == "crops":
         return 1, max(12, ip.max_patches), 1, ip.max_patches
     if family.images == "tiles":
@@ -40,7 +45,8 @@ def pixel_range(engine) -> tuple[int, int, int, int]:
 def knob_label(engine) -> str:
     family = engine.family
     if family.images == "patches":
-        return "max_pixels"
+        ip = engine.processor.image_processor
+        return f"max_pixels (one step = one token = {(ip.patch_size * ip.merge_size) ** 2} px)"
     return "max_patches (crops)" if family.tiling == "crops" else "size: longest edge before tiling (px)"
 
 
@@ -60,98 +66,116 @@ def pixels_kwargs(engine, value) -> dict | None:
     return None
 
 
-def describe(a, seconds: float) -> str:
+def decoded(engine, value) -> int | None:
+    """The pixels the engine decodes an image to for this slider value (the same as a chat request's)."""
+    return processor_pixels(engine.processor, None if value is None else pixels_kwargs(engine, value))
+
+
+def describe(a, seconds: float, lang: str = EN) -> str:
     n, bs = len(a.tokens), a.block_size
     n_image = sum(im.num_tokens for im in a.images)
     unused = bs * len(a.blocks) - n
-    images = "; ".join(f"image {k + 1}: {im.original_size[0]}×{im.original_size[1]} px → {im.num_tokens} tokens"
-                       for k, im in enumerate(a.images)) or "no image"
-    return (f"**{n} prompt tokens** = {n - n_image} text + {n_image} image ({images}) · **{len(a.blocks)} KV "
-            f"blocks** of {bs} ({sum(b.full for b in a.blocks)} full and keyed; {unused} unused slots in the last) · "
-            f"drawn in {seconds:.2f} s" + "".join(f"<br>note: {x}" for x in a.notes))
+    images = "; ".join(t(lang, "anat.image_line", kind=t(lang, f"anat.kind.{im.kind}") if lang != EN else im.kind,
+                         n=k + 1, w=im.original_size[0], h=im.original_size[1], tokens=im.num_tokens)
+                       for k, im in enumerate(a.images)) or t(lang, "anat.no_image")
+    return (t(lang, "anat.describe", n=n, text=n - n_image, image=n_image, images=images, blocks=len(a.blocks), bs=bs,
+              full=sum(b.full for b in a.blocks), unused=unused, secs=f"{seconds:.2f}")
+            + "".join(t(lang, "anat.note", note=x) for x in a.notes))
 
 
-def render(engine, request: Request, images: list, other: Request | None = None):
+def render(engine, request: Request, images: list, other: Request | None = None, lang: str = EN):
     """The tab's five outputs for `request` (compared with `other`); raises ValueError on a refused request."""
     start = time.perf_counter()
     a = engine.anatomy(request)
     b = engine.anatomy(other) if other is not None else None
+    frames = {}
+    if any(im.kind == "video" for im in a.images):  # a video: its first sampled frame stands for it in the strip
+        images, frames = with_video_frames(request.to_messages(), a, images)
     tiled = a.images_as == "tiles"
-    grid = (tiled_grid_figure if tiled else grid_figure)(images, a.images) if a.images else None
-    figures = (grid, token_strip_figure(a, images, cell_tiles), rope_figure(a) if a.mrope else positions_figure(a),
-               keys_html(a, b))
-    return describe(a, time.perf_counter() - start), *figures
+    grid = (tiled_grid_figure(images, a.images) if tiled else grid_figure(images, a.images, lang)) if a.images \
+        else None
+    rope = rope_figure(a, lang) if a.mrope else positions_figure(a)
+    if frames:  # panels 1 and 2 show the video: its frame pairs, and positions where t moves
+        grid, rope = frame_strip_figure(a, frames), video_rope_figure(a)
+    figures = (grid, token_strip_figure(a, images, cell_tiles, lang), rope, keys_html(a, b, lang=lang))
+    return describe(a, time.perf_counter() - start, lang), *figures
 
 
 def build(holder: EngineHolder, tab=None, chatbot=None):
     """Lay out the tab (drawn when `tab` is selected; `chatbot` lets it take the chat's last request)."""
     lo, hi, step, default = pixel_range(holder.get())
     label = knob_label(holder.get())
-    gr.Markdown("How a request becomes what the engine stores: the image cut into patches and merged into tokens, "
-                "the prompt as tokens in KV blocks, each image token's M-RoPE position, and what goes into each "
-                "block's prefix-cache key under A, B and C. Nothing runs the model.")
+    gr.Markdown(L("anat.intro"))
     with gr.Row():
         with gr.Column():
-            image = gr.Image(RED, type="filepath", label="Image", height=180, sources=["upload"], elem_id="anat-img1")
-            pixels = gr.Slider(lo, hi, value=default, step=step, label=f"{label} (image)", elem_id="anat-pixels")
+            image = image_input(value=RED, label=L("anat.image"), height=180, sources=["upload"], elem_id="anat-img1")
+            pixels = gr.Slider(lo, hi, value=default, step=step, label=t(EN, "anat.which_image", knob=label),
+                               elem_id="anat-pixels")
         with gr.Column():
-            other = gr.Image(BLUE, type="filepath", label="Second image, to compare keys (empty = the same image)",
-                             height=180, sources=["upload"], elem_id="anat-img2")
-            other_pixels = gr.Slider(lo, hi, value=default, step=step, label=f"{label} (second image)",
+            other = image_input(value=BLUE, label=L("anat.other"),
+                                height=180, sources=["upload"], elem_id="anat-img2")
+            other_pixels = gr.Slider(lo, hi, value=default, step=step, label=t(EN, "anat.which_second", knob=label),
                                      elem_id="anat-pixels2")
-    prompt = gr.Textbox("What color is the shape?", label="Prompt (the same for both)", elem_id="anat-prompt")
+    prompt = gr.Textbox("What color is the shape?", label=L("anat.prompt"), elem_id="anat-prompt")
     with gr.Row():
-        show = gr.Button("Show anatomy", variant="primary", elem_id="anat-show")
-        from_chat = gr.Button("Use the chat's last request", elem_id="anat-from-chat", visible=chatbot is not None)
-    gr.Examples(EXAMPLES, [image, other, prompt], label="Examples")
-    summary = gr.Markdown(label="Anatomy summary", elem_id="anat-summary")
+        show = gr.Button(L("anat.show"), variant="primary", elem_id="anat-show")
+        from_chat = gr.Button(L("anat.from_chat"), elem_id="anat-from-chat", visible=chatbot is not None)
+    examples = gr.Examples(EXAMPLES, [image, other, prompt], label=L("anat.examples"))
+    summary = gr.Markdown(label=L("anat.summary"), elem_id="anat-summary")
     with gr.Row(equal_height=True):
-        grid = gr.Plot(label="1 · the image as the vision tower sees it", elem_id="anat-grid")
-        rope = gr.Plot(label="2 · positions of the image tokens (M-RoPE t, h, w; or 1-D)", elem_id="anat-rope")
-    strip = gr.Plot(label="3 · the prompt as tokens, in KV blocks", elem_id="anat-strip")
-    keys = gr.HTML(label="4 · prefix-cache keys per block under A, B and C", elem_id="anat-keys")
+        grid = gr.Plot(label=L("anat.grid"), elem_id="anat-grid")
+        rope = gr.Plot(label=L("anat.rope"), elem_id="anat-rope")
+    strip = gr.Plot(label=L("anat.strip"), elem_id="anat-strip")
+    keys = gr.HTML(label=L("anat.keys"), elem_id="anat-keys")
     outputs = [summary, grid, strip, rope, keys]
 
     def from_form(path, other_path, text, max_px, other_px, request: gr.Request):
-        engine = holder.get()
+        engine, lang = holder.get(), lang_of(request)
         salt = holder.salt(request.session_hash if request else None)
         try:
             if engine.family.images == "none":  # a text model: the prompt alone
-                return render(engine, Request(prompt=text, cache_salt=salt), [])
-            img = [load_image(path)[0]] if path else []
+                return render(engine, Request(prompt=text, cache_salt=salt), [], lang=lang)
+            img = [load_image(checked(path, "Image"), decoded(engine, max_px))[0]] if path else []
             first = Request(prompt=text, images=img, mm_processor_kwargs=pixels_kwargs(engine, max_px), cache_salt=salt)
-            second = [load_image(other_path)[0]] if other_path else img
+            second = [load_image(checked(other_path, "Second image"), decoded(engine, other_px))[0]] \
+                if other_path else img
             compare = Request(prompt=text, images=second, mm_processor_kwargs=pixels_kwargs(engine, other_px),
                               cache_salt=salt) if second else None
-            return render(engine, first, img, compare)
+            return render(engine, first, img, compare, lang)
         except ValueError as e:
-            raise gr.Error(str(e))
+            raise gr.Error(localize_error(str(e), lang))
 
     def from_history(history, request: gr.Request):
+        lang = lang_of(request)
         messages = to_hf_messages(history or [])
         if not messages:
-            raise gr.Error("The chat is empty: send a message in the Chat tab first.")
+            raise gr.Error(t(lang, "anat.chat_empty"))
         salt = holder.salt(request.session_hash if request else None)
         try:
-            images = [load_image(x)[0] for x in split_images(messages)[1]]
-            return render(holder.get(), Request(messages=messages, cache_salt=salt), images)
+            engine = holder.get()
+            images = [load_image(x, decoded(engine, None))[0] for x in split_images(messages)[1]]
+            return render(engine, Request(messages=messages, cache_salt=salt), images, lang=lang)
         except ValueError as e:
-            raise gr.Error(str(e))
+            raise gr.Error(localize_error(str(e), lang))
 
     inputs = [image, other, prompt, pixels, other_pixels]
-    triggers = [show.click, prompt.submit, pixels.release, other_pixels.release, image.change, other.change]
+    # a person's changes only (input, not change): the tab's own slider/visibility update must not render again
+    triggers = [show.click, prompt.submit, pixels.release, other_pixels.release, image.input, other.input]
     if tab is not None:
         triggers.append(tab.select)
 
-        def configure():  # the sliders follow the engine's family (the header may have rebuilt it)
-            engine = holder.get()
+        def configure(request: gr.Request):  # the sliders follow the engine's family (the header may have rebuilt it)
+            engine, lang = holder.get(), lang_of(request)
             lo, hi, step, default = pixel_range(engine)
             name, visible = knob_label(engine), engine.family.images != "none"
-            return [gr.update(minimum=lo, maximum=hi, step=step, label=f"{name}{which}", visible=visible)
-                    for which in (" (image)", " (second image)")] + [gr.update(visible=visible)] * 2
+            return [gr.update(minimum=lo, maximum=hi, step=step, label=t(lang, which, knob=name), visible=visible)
+                    for which in ("anat.which_image", "anat.which_second")] + [gr.update(visible=visible)] * 2
         tab.select(configure, None, [pixels, other_pixels, image, other], api_name=False, queue=False)
-    gr.on(triggers, from_form, inputs, outputs, api_name="anatomy", concurrency_id="anatomy", concurrency_limit=2,
+    # one at a time, in arrival order: the tab's own render on opening must not land after (and overwrite) a click
+    # on "Use the chat's last request" made while it ran
+    gr.on(triggers, from_form, inputs, outputs, api_name="anatomy", concurrency_id="anatomy", concurrency_limit=1,
           trigger_mode="always_last")
+    examples.load_input_event.then(from_form, inputs, outputs, api_name=False, concurrency_id="anatomy")
     if chatbot is not None:
         from_chat.click(from_history, [chatbot], outputs, api_name="anatomy_from_chat", concurrency_id="anatomy")
     return from_form, inputs, outputs

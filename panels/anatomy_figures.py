@@ -9,6 +9,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from PIL import Image
 
+from panels.i18n import EN, t as say  # t: a token in this file
+
+
 TEXT_BG, SPECIAL_BG, EMPTY_BG = (226, 234, 246), (205, 196, 238), (246, 246, 246)
 BLOCK_EDGE, PATCH_LINE, MERGE_LINE = (35, 35, 35), (255, 255, 255), (255, 190, 0)
 GRID_DISPLAY = 360    # the longest side of each image on the grid picture, in px
@@ -30,7 +33,7 @@ def raster_figure(pixels: np.ndarray, traces: list, title: str, width_hint: int 
     shown `width_hint` px wide (about a tab's width), enlarged at most `max_scale` times."""
     h, w = pixels.shape[:2]
     fig = go.Figure([go.Image(source=data_uri(pixels), x0=0, y0=0, dx=1, dy=1, hoverinfo="skip"), *traces])
-    fig.update_layout(title=dict(TITLE, text=title), showlegend=False, plot_bgcolor="white",
+    fig.update_layout(title=dict(TITLE, text=title), showlegend=False,
                       height=int(h * min(max_scale, width_hint / w)) + TOP_MARGIN + 10,
                       margin=dict(l=10, r=10, t=TOP_MARGIN, b=10),
                       xaxis=dict(visible=False, range=[0, w]),
@@ -53,7 +56,7 @@ def cell_tiles(image: Image.Image, info, cell: int) -> np.ndarray:
     return px.reshape(rows, cell, cols, cell, 3).transpose(0, 2, 1, 3, 4)
 
 
-def grid_figure(images: list[Image.Image], infos: list) -> go.Figure:
+def grid_figure(images: list[Image.Image], infos: list, lang: str = EN) -> go.Figure:
     """Each image as the vision tower sees it (resized), thin lines between patches, thick ones around each
     merge×merge group: one group = one token. Hover a group for its token's index and M-RoPE position."""
     scaled, hover = [], []
@@ -79,14 +82,13 @@ def grid_figure(images: list[Image.Image], infos: list) -> go.Figure:
         xs, ys = np.meshgrid(x0 + g * (np.arange(cols) + 0.5), g * (np.arange(rows) + 0.5))
         hover.append(go.Scatter(x=xs.ravel(), y=ys.ravel(), mode="markers", hoverinfo="text",
                                 marker=dict(size=max(4, g * 0.8), opacity=0, symbol="square"),
-                                hovertext=[f"image {k + 1} · token {info.start + j} · merged cell (row {j // cols}, "
-                                           f"col {j % cols})" for j in range(rows * cols)]))
-        notes.append(f"image {k + 1}: {info.original_size[0]}×{info.original_size[1]} → "
-                     f"{info.resized_size[0]}×{info.resized_size[1]} · {info.grid_thw[2]}×{info.grid_thw[1]} "
-                     f"patches of {info.patch_size} px · {info.merge_size}×{info.merge_size} merge → "
-                     f"{cols}×{rows} = {info.num_tokens} tokens")
+                                hovertext=[say(lang, "anat.grid_hover", k=k + 1, i=info.start + j, row=j // cols,
+                                             col=j % cols) for j in range(rows * cols)]))
+        notes.append(say(lang, "anat.grid_note", k=k + 1, ow=info.original_size[0], oh=info.original_size[1],
+                       rw=info.resized_size[0], rh=info.resized_size[1], gw=info.grid_thw[2], gh=info.grid_thw[1],
+                       patch=info.patch_size, m=info.merge_size, cols=cols, rows=rows, n=info.num_tokens))
         x0 += px.shape[1] + IMAGE_GAP
-    title = "<br>".join(notes) + "<br><sup>white: patch edges · yellow: merge groups (one group = one token)</sup>"
+    title = "<br>".join(notes) + say(lang, "anat.grid_legend")
     return raster_figure(canvas, hover, title, max_scale=1.25)
 
 
@@ -96,7 +98,7 @@ def strip_layout(n: int, block_size: int) -> tuple[int, int]:
     return (44 if n <= 400 else 20), per_row
 
 
-def token_strip_figure(anatomy, images: list[Image.Image], tiled_cells=None) -> go.Figure:
+def token_strip_figure(anatomy, images: list[Image.Image], tiled_cells=None, lang: str = EN) -> go.Figure:
     """The prompt token by token, wrapped in whole KV blocks: text tokens labelled, image tokens as thumbnails of
     their merged patch (tiled_cells(image, info, cell): a tiled family's per-view cells), each block outlined (the
     empty slots of a partial last block shown as such)."""
@@ -143,7 +145,8 @@ def token_strip_figure(anatomy, images: list[Image.Image], tiled_cells=None) -> 
         canvas[y - 2:y + cell + 1, x - 2:x] = canvas[y - 2:y + cell + 1, x1 - 1:x1 + 1] = BLOCK_EDGE
         block_x.append(x + 2)
         block_y.append(y - 3)
-        block_text.append(f"block {b.index}" + ("" if b.full else f" · {b.end - b.start}/{bs}, not keyed yet"))
+        block_text.append(say(lang, "anat.block_label", i=b.index)
+                          + ("" if b.full else say(lang, "anat.partial", n=b.end - b.start, bs=bs)))
     xs, ys = (np.array([origin(i) for i in range(n)]) + cell / 2).reshape(-1, 2).T
     traces = [go.Scatter(x=xs, y=ys, mode="markers", hoverinfo="text", hovertext=hover,
                          marker=dict(size=cell * 0.6, opacity=0, symbol="square")),
@@ -152,21 +155,25 @@ def token_strip_figure(anatomy, images: list[Image.Image], tiled_cells=None) -> 
               go.Scatter(x=block_x, y=block_y, text=block_text, mode="text", hoverinfo="skip", textposition="top right",
                          textfont=dict(size=11, color="#444"))]
     n_image = sum(t.type == "image" for t in anatomy.tokens)
-    title = (f"{n} tokens ({n - n_image} text, {n_image} image) in {len(anatomy.blocks)} KV blocks of {bs}"
-             f" · purple: special tokens · grey: empty slots of the last block")
+    title = say(lang, "anat.strip_title", n=n, text=n - n_image, image=n_image, blocks=len(anatomy.blocks), bs=bs)
     return raster_figure(canvas, traces, title)
 
 
-def rope_figure(anatomy) -> go.Figure:
+def offset(delta: int) -> str:
+    """Token index i shifted by the rope delta, as a person writes it: "i − 56", "i + 3", "i"."""
+    return "i" if delta == 0 else f"i {'−' if delta < 0 else '+'} {abs(delta)}"
+
+
+def rope_figure(anatomy, lang: str = EN) -> go.Figure:
     """For each image, its tokens' M-RoPE t, h and w ids as heatmaps over its merged grid (the actual ids: the
     image starts where the text before it ended; the text after it resumes at start + max(rows, cols))."""
     if not anatomy.images:
         fig = go.Figure()
-        fig.update_layout(title=dict(TITLE, text="No image: every token's (t, h, w) is (i, i, i), plain 1-D RoPE"),
+        fig.update_layout(title=dict(TITLE, text=say(lang, "anat.rope_none")),
                           height=TOP_MARGIN + 20,
                           xaxis=dict(visible=False), yaxis=dict(visible=False))
         return fig
-    titles = [f"image {k + 1}: {axis}" for k in range(len(anatomy.images)) for axis in AXES]
+    titles = [say(lang, "anat.rope_axis", k=k + 1, axis=axis) for k in range(len(anatomy.images)) for axis in AXES]
     fig = make_subplots(rows=len(anatomy.images), cols=3, subplot_titles=titles, horizontal_spacing=0.04,
                         vertical_spacing=0.12 / len(anatomy.images))
     for k, info in enumerate(anatomy.images):
@@ -182,11 +189,9 @@ def rope_figure(anatomy) -> go.Figure:
                              row=k + 1, col=axis + 1)
             fig.update_xaxes(showticklabels=False, row=k + 1, col=axis + 1)
     after = [t for t in anatomy.tokens if t.type == "text" and t.index > anatomy.images[-1].start]
-    tail = f"; the text after it resumes at {after[0].position[0]}" if after else ""
+    tail = say(lang, "anat.rope_tail", n=after[0].position[0]) if after else ""
     fig.update_layout(height=TOP_MARGIN + 260 * len(anatomy.images), margin=dict(l=10, r=10, t=TOP_MARGIN, b=10),
-                      plot_bgcolor="white",
-                      title=dict(TITLE, text=(
-                          f"image 1 starts at {anatomy.tokens[anatomy.images[0].start].position[0]}{tail}<br>"
-                          f"<sup>generated token i then gets i {anatomy.rope_delta:+d} on all three axes "
-                          f"(the rope delta)</sup>")))
+                      
+                      title=dict(TITLE, text=say(lang, "anat.rope_title", tail=tail, offset=offset(anatomy.rope_delta),
+                                               start=anatomy.tokens[anatomy.images[0].start].position[0])))
     return fig

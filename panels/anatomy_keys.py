@@ -5,11 +5,16 @@ import html
 import itertools
 import os
 
-from minivlm.anatomy import KEY_STRATEGIES
+from minivlm.views.anatomy import KEY_STRATEGIES
+
+from panels.i18n import EN, t
 
 SAME, DIFFERENT, NONE = "#d9f2d9", "#f8d4d4", "#f1f1f1"
-EDGE = {SAME: "#2e8b57", DIFFERENT: "#c0392b", NONE: "#bbbbbb"}
-WHAT = {"A": "token ids only", "B": "+ image content hash", "C": "+ grid or tiling, processor settings, offset, model"}
+EDGE = {SAME: "#1d6b40", DIFFERENT: "#a5281b", NONE: "#bbbbbb"}
+INK, FAINT = "#1f2937", "#555"  # text on the pastel cells: dark in both page themes (their background is fixed)
+MARK = f"<mark style='background:#ffe066;color:{INK}'>"  # a differing input, highlighted alike in both themes
+SUBDUED = "opacity:0.8"  # muted text on the page's own background, in the theme's own text colour
+WHAT = {s: t(EN, f"keys.what.{s}") for s in "ABC"}  # what each strategy's key holds beyond the parent key
 
 
 def run_length(ids: list[int]) -> str:
@@ -26,6 +31,12 @@ def extra_fields(item) -> list[tuple[str, str]]:
     if item[0] == "salt":
         return [("salt", str(item[1])[:24])]
     digest, grid, tiles, settings, offset = item  # C: an image overlapping the block
+    if settings and settings[0] == "video processor":  # C: a video: its processor, then which frames, at what fps
+        lo, hi = settings[5:7]
+        _, frames, indices, total, fps, aimed, _, per_pair, _ = settings[11:20]
+        return [("video", digest[:12]), ("frames", f"{len(indices)} of {total} · {frames[:8]}"),
+                ("fps", f"{fps:g}" + (f" → {aimed:g}" if aimed else "")), ("s / pair", f"{per_pair:.3g}"),
+                ("grid", "×".join(map(str, grid))), ("pixels", f"{lo:,}–{hi:,}"), ("at slot", str(offset))]
     if grid is not None:  # Qwen-VL: the patch grid and the pixel range
         lo, hi, patch, merge = settings[:4]
         return [("image", digest[:12]), ("grid", "×".join(map(str, grid))), ("pixels", f"{lo:,}–{hi:,}"),
@@ -57,8 +68,8 @@ def numbered(lines) -> dict[tuple[str, int], str]:
 def field_html(name: str, value: str, theirs: dict | None, slot: tuple[str, int]) -> str:
     text = html.escape(value)
     if theirs is not None and theirs.get(slot) != value:
-        text = f"<mark>{text}</mark> ≠ <mark>{html.escape(theirs.get(slot, '—'))}</mark>"
-    return f"<span style='color:#666'>{name}</span> {text}"
+        text = f"{MARK}{text}</mark> ≠ {MARK}{html.escape(theirs.get(slot, '—'))}</mark>"
+    return f"<span style='color:{FAINT}'>{name}</span> {text}"
 
 
 def cell(first, second, i: int, strategy: str) -> str:
@@ -68,7 +79,8 @@ def cell(first, second, i: int, strategy: str) -> str:
     other = second.blocks[i].keys[strategy] if theirs is not None else None
     color = NONE if key is None or other is None else SAME if key == other else DIFFERENT
     verdict = {SAME: " = same key", DIFFERENT: " ≠ different key", NONE: ""}[color]
-    out = [f"<b>{strategy}</b> <code>{key[:12] + '…' if key else 'no key (partial block)'}</code>"
+    shown = key[:12] + '…' if key else 'no key (partial block)'
+    out = [f"<b style='color:{INK}'>{strategy}</b> <code style='color:{INK};background:none'>{shown}</code>"
            f"<span style='color:{EDGE[color]}'>{verdict}</span>"]
     seen: dict[str, int] = {}
     for line in lines:
@@ -79,30 +91,31 @@ def cell(first, second, i: int, strategy: str) -> str:
         out.append(" · ".join(parts))
     mine = numbered(lines)
     if theirs is not None:
-        extra = [f"<span style='color:#666'>{name}</span> — ≠ <mark>{html.escape(v)}</mark>"
+        extra = [f"<span style='color:{FAINT}'>{name}</span> — ≠ {MARK}{html.escape(v)}</mark>"
                  for (name, k), v in theirs.items() if (name, k) not in mine]
         out += [" · ".join(extra)] if extra else []
-    return (f"<td style='background:{color};border-left:4px solid {EDGE[color]};padding:4px 8px;vertical-align:top;"
+    return (f"<td style='background:{color};color:{INK};border-left:4px solid {EDGE[color]};padding:4px 8px;"
+            f"vertical-align:top;"
             f"font:12px/1.45 ui-monospace,monospace'>" + "<br>".join(out) + "</td>")
 
 
-def keys_html(first, second=None, names=("request 1", "request 2")) -> str:
+def keys_html(first, second=None, names=None, lang: str = EN) -> str:
     """The key table of `first`, compared block by block with `second` when given."""
-    head = "".join(f"<th style='text-align:left;padding:4px 8px'>{s} <span style='font-weight:normal;color:#666'>"
-                   f"({WHAT[s]})</span></th>" for s in KEY_STRATEGIES)
+    names = names or (t(lang, "keys.request", n=1), t(lang, "keys.request", n=2))
+    head = "".join(f"<th style='text-align:left;padding:4px 8px'>{s} <span style='font-weight:normal;{SUBDUED}'>"
+                   f"({t(lang, f'keys.what.{s}')})</span></th>" for s in KEY_STRATEGIES)
     rows = []
     for b in first.blocks:
-        label = f"block {b.index}<br><span style='color:#666'>tokens {b.start}–{b.end - 1}<br>{b.kind}</span>"
+        label = t(lang, "keys.block", i=b.index, style=SUBDUED, first=b.start, last=b.end - 1,
+                  kind=t(lang, f"kind.{b.kind}") if lang != EN else b.kind)
         rows.append(f"<tr><td style='padding:4px 8px;vertical-align:top;white-space:nowrap'>{label}</td>"
                     + "".join(cell(first, second, b.index, s) for s in KEY_STRATEGIES) + "</tr>")
     if second is None:
-        note = "Add a second image to compare two requests block by block."
+        note = t(lang, "keys.add_second")
     else:
-        note = (f"Each key of <b>{names[0]}</b> next to <b>{names[1]}</b>'s: <span style='background:{SAME}'>green"
-                f"</span> = the same key, so {names[1]} would be served {names[0]}'s cached block; "
-                f"<span style='background:{DIFFERENT}'>red</span> = a different key. "
-                f"<mark>Highlighted</mark>: the inputs that differ ({names[0]} ≠ {names[1]}).")
-    return (f"<div id='anatomy-keys-table'><p style='margin:4px 0'>This engine keys its prefix cache with strategy "
-            f"<b>{first.strategy}</b>. A key = sha256(parent key, the block's token ids, extra). {note}</p>"
+        note = t(lang, "keys.compare", a=names[0], b=names[1], same_open=f"<span style='background:{SAME};color:{INK}'>",
+                 diff_open=f"<span style='background:{DIFFERENT};color:{INK}'>", mark=MARK)
+    return (f"<div id='anatomy-keys-table'><p style='margin:4px 0'>"
+            f"{t(lang, 'keys.intro', strategy=first.strategy, note=note)}</p>"
             f"<table style='border-collapse:separate;border-spacing:0 4px;width:100%'><tr><th></th>{head}</tr>"
             + "".join(rows) + "</table></div>")

@@ -101,7 +101,7 @@ def positions_figure(anatomy) -> go.Figure:
     fig.update_yaxes(autorange="reversed", tickvals=list(range(y0)), ticktext=labels)
     fig.update_xaxes(title="token within the view")
     fig.update_layout(height=TOP_MARGIN + 60 + 26 * y0, margin=dict(l=10, r=10, t=TOP_MARGIN, b=40),
-                      plot_bgcolor="white", title=dict(TITLE, text=(
+                      title=dict(TITLE, text=(
                           f"1-D RoPE: every token, image or marker, takes the next position ({'; '.join(spans)})"
                           f"<br><sup>the markers between crops count too; generated token i sits at i</sup>")))
     return fig

@@ -7,21 +7,24 @@ import os
 import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
-from PIL import Image, UnidentifiedImageError
 
 from minivlm import Request, SamplingParams
-from minivlm.cache_study import compare_strategies, max_logprob_diff
+from minivlm.views.cache_study import compare_strategies, max_logprob_diff
 
 from panels.access import refusal
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
+from panels.uploads import checked, image_input
+from panels.i18n import EN, L, lang_of, t
+from panels.i18n.errors import localize_error
 
 STRATEGIES = ("A", "B", "C")
 RESIZES = {"processor default": None, "max 160×160 px": 160 * 160, "max 112×112 px": 112 * 112,
            "max 448×448 px": 448 * 448, "another tiling": "other", "one view (no splitting)": "single"}
 TOP_LOGPROBS = 20
+ROUNDING = 1e-4  # below this a logprob difference is float rounding (a false hit moves them by whole units)
 HIT_COLORS = {0: "#e5e7eb", 1: "#16a34a", 2: "#dc2626"}  # miss, true hit, false hit
-RESULT_COLUMNS = ["strategy", "hits", "true hits", "false hits", "cached tokens", "answer · image 1",
-                  "answer · image 2", "cold answer · image 2", "max |Δlogprob| vs cold"]
+COLUMN_IDS = ["strategy", "hits", "true", "false", "cached", "answer1", "answer2", "cold", "drift", "meaning"]
+RESULT_COLUMNS = [t(EN, f"insp.col.{c}") for c in COLUMN_IDS]  # the API's table (English)
 
 
 def _example(name: str) -> str:
@@ -40,6 +43,25 @@ PRESETS = {  # the seeds' cases: (image 1, image 2, prompt, second prompt or "",
     "Same image, different tiling": ("three_shapes.png", "three_shapes.png", "Describe the picture.", "",
                                      "processor default", "another tiling"),
 }
+
+
+# the video preset: one clip sampled at two rates (Qwen2.5-VL: the same tokens, only M-RoPE's time axis moves)
+VIDEO_PRESET = ("Same video, different fps", "moving_square.gif", 2, 4, "What happens in the video?")
+
+
+def video_request(clip: str, fps: float, prompt: str) -> Request:
+    return Request(messages=[{"role": "user", "content": [{"type": "video", "video": clip, "fps": fps},
+                                                          {"type": "text", "text": prompt}]}])
+
+
+def run_video_pair(engine, clip: str, fps_1: float, fps_2: float, prompt: str, max_tokens: int):
+    """The same clip at two sampling rates, cold and under A, B and C (as run_pair does for two images)."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=TOP_LOGPROBS)
+    cfg = engine.config
+    blocks = min(engine.num_blocks, 2 * math.ceil(cfg.max_model_len / cfg.block_size) + 2)
+    results = compare_strategies(engine, video_request(clip, fps_1, prompt), video_request(clip, fps_2, prompt),
+                                 params, STRATEGIES, blocks)
+    return {r.strategy: (r.second, r.first) for r in results}, results[0].cold
 
 
 def processor_kwargs(engine, choice: str) -> dict | None:
@@ -65,23 +87,7 @@ def processor_kwargs(engine, choice: str) -> dict | None:
     return {"size": {"longest_edge": ip.size.longest_edge + tile}}  # one more crop along the longest side
 
 
-def refuse_unreadable(image: gr.Image) -> gr.Image:
-    """Make `image` refuse an unreadable upload with a message naming the image and its file (gradio's own decoding
-    would fail first, with a bare "Error"). Wrapped on the instance: a gr.Image subclass makes gradio write a stub."""
-    decode = image.preprocess
-
-    def preprocess(payload):
-        try:
-            return decode(payload)
-        except (UnidentifiedImageError, OSError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
-            name = payload.orig_name or os.path.basename(payload.path or "") or "the upload"
-            raise refusal(f"{image.label} ({name}) is not a readable image: {type(e).__name__}. "
-                          "Upload a PNG, JPEG, WebP or GIF picture.") from None
-    image.preprocess = preprocess
-    return image
-
-
-def hits_figure(results: dict, block_size: int) -> go.Figure:
+def hits_figure(results: dict, block_size: int, lang: str = EN) -> go.Figure:
     """Rows A/B/C, one cell per full prompt block of request 2 (x: logical block L0, L1, ...): miss, true hit or
     false hit, labelled with the physical block it reused (#id): the two numberings are different things."""
     fig = go.Figure()
@@ -96,16 +102,15 @@ def hits_figure(results: dict, block_size: int) -> go.Figure:
             x=list(range(n)), y=[name] * n, mode="markers+text", text=label, showlegend=False,
             marker=dict(symbol="square", size=26, color=[HIT_COLORS[s] for s in state]),
             textfont=dict(color="white", size=10),
-            hovertext=[f"{name}: logical block L{i} · {['miss', 'true hit', 'FALSE hit'][s]}"
-                       + (f" · reused physical block {label[i]}" if s else "") for i, s in enumerate(state)],
+            hovertext=[t(lang, "insp.hover", name=name, i=i, state=t(lang, f"insp.hover_state.{s}"))
+                       + (t(lang, "insp.reused", label=label[i]) if s else "") for i, s in enumerate(state)],
             hoverinfo="text"))
-    for s, name in ((1, "true hit"), (2, "false hit"), (0, "miss")):
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+    for s, name in ((1, "insp.true_hit"), (2, "insp.false_hit"), (0, "insp.miss")):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=t(lang, name),
                                  marker=dict(symbol="square", size=12, color=HIT_COLORS[s])))
     n = max(len(t.x) for t in fig.data)
-    fig.update_layout(title="Request 2's prompt blocks by logical index L; #id = the physical block it reused",
-                      height=260, margin=dict(l=10, r=10, t=40, b=10), plot_bgcolor="white",
-                      xaxis=dict(title="logical block of request 2", tickvals=list(range(n)),
+    fig.update_layout(title=t(lang, "insp.title"), height=260, margin=dict(l=10, r=10, t=40, b=10),
+                      xaxis=dict(title=t(lang, "insp.axis"), tickvals=list(range(n)),
                                  ticktext=[f"L{i}" for i in range(n)]),
                       yaxis=dict(categoryorder="array", categoryarray=list(reversed(STRATEGIES))))
     return fig
@@ -124,64 +129,87 @@ def run_pair(engine, pair, max_tokens: int):
     return {r.strategy: (r.second, r.first) for r in results}, results[0].cold
 
 
-def results_table(results: dict, cold) -> pd.DataFrame:
+def drift_meaning(diff: float, lang: str = EN) -> str:
+    """What the largest logprob difference from the cold run says about the reused KV."""
+    if diff == 0:
+        return t(lang, "insp.bit_identical")
+    return t(lang, "insp.rounding" if diff < ROUNDING else "insp.not_this")
+
+
+def results_table(results: dict, cold, lang: str = EN) -> pd.DataFrame:
     """One row per strategy: hit counts, the answers, and the drift from a cold run."""
     rows = []
     for name, (second, first) in results.items():
         false = sum(h.false_hit for h in second.cache_hits)
         hits = len(second.cache_hits)
         rows.append([name, hits, hits - false, false, second.num_cached_tokens, first.text.strip(),
-                     second.text.strip(), cold.text.strip(), f"{max_logprob_diff(second, cold):.4g}"])
-    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+                     second.text.strip(), cold.text.strip(), f"{max_logprob_diff(second, cold):.4g}",
+                     drift_meaning(max_logprob_diff(second, cold), lang)])
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS if lang == EN else [t(lang, f"insp.col.{c}") for c in COLUMN_IDS])
 
 
 def build(holder: EngineHolder):
     """Lay out the inspector tab and wire its events (api name: inspect)."""
-    gr.Markdown("Runs request 1 then request 2 on a fresh **isolated** KV pool per strategy (the loaded weights are "
-                "shared, the app's own cache is never touched), and request 2 once more with no cache at all. "
-                "A **false hit** reuses a block whose KV was computed from different content. A true hit's logprobs "
-                "differ from the cold run's only by float rounding (about 1e-6: the cached run computes just the "
-                "uncached tail, a differently shaped matrix product); a false hit's differ by whole units.")
+    gr.Markdown(L("insp.intro"))
     with gr.Row():
         with gr.Column():
-            img1 = refuse_unreadable(gr.Image(type="pil", label="Image 1", height=200, elem_id="insp-img1"))
-            resize1 = gr.Dropdown(list(RESIZES), value="processor default", label="resize / tiling of image 1")
+            img1 = image_input(label=L("insp.img1"), height=200, elem_id="insp-img1")
+            resize1 = gr.Dropdown(list(RESIZES), value="processor default", label=L("insp.resize1"))
         with gr.Column():
-            img2 = refuse_unreadable(gr.Image(type="pil", label="Image 2", height=200, elem_id="insp-img2"))
-            resize2 = gr.Dropdown(list(RESIZES), value="processor default", label="resize / tiling of image 2")
+            img2 = image_input(label=L("insp.img2"), height=200, elem_id="insp-img2")
+            resize2 = gr.Dropdown(list(RESIZES), value="processor default", label=L("insp.resize2"))
     with gr.Row():
-        prompt = gr.Textbox("What color is the shape?", label="Prompt", scale=3)
-        prompt2 = gr.Textbox("", label="Prompt for request 2 (empty = the same)", scale=3)
-        max_tokens = gr.Slider(1, 64, value=8, step=1, label="max tokens", scale=1)
+        prompt = gr.Textbox("What color is the shape?", label=L("insp.prompt"), scale=3)
+        prompt2 = gr.Textbox("", label=L("insp.prompt2"), scale=3)
+        max_tokens = gr.Slider(1, 64, value=8, step=1, label=L("insp.max_tokens"), scale=1)
     with gr.Row():
-        preset_buttons = [gr.Button(name, size="sm", elem_id=f"preset-{i}") for i, name in enumerate(PRESETS)]
-        run = gr.Button("Run A / B / C", variant="primary", elem_id="insp-run")
-    results = gr.Dataframe(label="Per strategy", elem_id="insp-results", wrap=True)
-    blocks = gr.Plot(label="Which blocks were reused", elem_id="insp-blocks")
+        preset_buttons = [gr.Button(L(f"preset.{name}"), size="sm", elem_id=f"preset-{i}") for i, name in enumerate(PRESETS)]
+        video_button = gr.Button(L(f"preset.{VIDEO_PRESET[0]}"), size="sm", elem_id="preset-video")
+        run = gr.Button(L("insp.run"), variant="primary", elem_id="insp-run")
+    results = gr.Dataframe(label=L("insp.results"), elem_id="insp-results", wrap=True)
+    blocks = gr.Plot(label=L("insp.blocks"), elem_id="insp-blocks")
 
     @gpu
-    def inspect(image_1, image_2, prompt, prompt_2, resize_1, resize_2, max_tokens):
+    def inspect(image_1, image_2, prompt, prompt_2, resize_1, resize_2, max_tokens, request: gr.Request = None):
+        lang = lang_of(request)
         if image_1 is None or image_2 is None:
-            raise refusal("Give two images (upload them or pick a preset).")
+            raise refusal(t(lang, "insp.two_images"))
+        image_1, image_2 = checked(image_1, t(lang, "insp.img1"), lang), \
+            checked(image_2, t(lang, "insp.img2"), lang)
         if not (prompt or "").strip():
-            raise refusal("Give a prompt.")
+            raise refusal(t(lang, "insp.give_prompt"))
         if resize_1 not in RESIZES or resize_2 not in RESIZES:
             raise refusal(f"resize must be one of {list(RESIZES)}")
         engine = holder.get()
         if engine.family.images == "none":
-            raise refusal(f"{engine.family.title} is a text-only model: the inspector compares requests with images.")
+            raise refusal(t(lang, "insp.text_only", model=engine.family.title))
         try:
             kw = [processor_kwargs(engine, r) for r in (resize_1, resize_2)]
             second = (image_2, (prompt_2 or "").strip() or prompt, kw[1])
             out, cold = run_pair(engine, ((image_1, prompt, kw[0]), second), int(max_tokens))
         except ValueError as e:
-            raise refusal(str(e))
-        return results_table(out, cold), hits_figure(out, engine.config.block_size)
+            raise refusal(localize_error(str(e), lang))
+        return results_table(out, cold, lang), hits_figure(out, engine.config.block_size, lang)
 
+    @gpu
+    def inspect_video(max_tokens, request: gr.Request = None):
+        """The video preset: request 1 samples the clip at 2 fps, request 2 the same file at 4 fps. Key C holds the
+        fps and the sampled frames, so no block with video tokens is shared; A and B see the same file (and, on
+        Qwen2.5-VL, the same token ids) and reuse them: a false hit, as when vLLM's hash lacked fps / num_frames."""
+        engine = holder.get()
+        name, clip, fps_1, fps_2, question = VIDEO_PRESET
+        try:
+            out, cold = run_video_pair(engine, _example(clip), fps_1, fps_2, question, int(max_tokens))
+        except ValueError as e:
+            raise refusal(f"{name}: {localize_error(str(e), lang_of(request))}")
+        return results_table(out, cold, lang_of(request)), hits_figure(out, engine.config.block_size, lang_of(request))
+
+    video_button.click(inspect_video, [max_tokens], [results, blocks], api_name="inspect_video",
+                       concurrency_id="inspect")
     inputs = [img1, img2, prompt, prompt2, resize1, resize2, max_tokens]
     run.click(inspect, inputs, [results, blocks], api_name="inspect", concurrency_id="inspect", concurrency_limit=1)
     for button, (a, b, p1, p2, r1, r2) in zip(preset_buttons, PRESETS.values()):
         def fill(a=a, b=b, p1=p1, p2=p2, r1=r1, r2=r2):
-            return Image.open(_example(a)), Image.open(_example(b)), p1, p2, r1, r2
+            return _example(a), _example(b), p1, p2, r1, r2
         button.click(fill, None, inputs[:-1], api_name=False, queue=False).then(
             inspect, inputs, [results, blocks], api_name=False, concurrency_id="inspect")

@@ -1,5 +1,4 @@
 """Chat tab: image + text in, the answer streams out token by token; multi-turn, stop, sampling controls."""
-import itertools
 import os
 import threading
 import time
@@ -9,17 +8,30 @@ import gradio as gr
 from minivlm import Request, SamplingParams
 
 from panels.access import refusal
+from panels.chat_hints import HINT_TITLE, HINT_TITLES, hint, knows_chinese, trained_questions, trained_summary
+from panels.chat_stream import AnswerStream
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
+from panels.i18n import CATALOGUE, EN, LANGUAGES, L, lang_of, t, word
+from panels.i18n.errors import localize_error
 
-ERROR_TITLE = "⚠️ request refused"
+ERROR_TITLE = t(EN, "chat.error_title")
+ERROR_TITLES = CATALOGUE["chat.error_title"]  # a bubble keeps the language it was written in
+PAUSED_NOTE = t(EN, "chat.paused")
 EXAMPLES = [("red_circle.png", "Describe the picture."), ("blue_circle.png", "What color is the shape?"),
             ("green_triangle.png", "What shape is it?"), ("yellow_square.png", "Where is the yellow square?"),
             ("two_shapes.png", "Describe the picture."), ("three_shapes.png", "Describe the picture."),
             ("three_shapes.png", "Where is the green circle?"), ("two_shapes.png", "How many shapes are there?")]
+ZH_EXAMPLES = [("red_circle.png", "描述这张图片。"), ("blue_circle.png", "这个形状是什么颜色？"),
+               ("green_triangle.png", "这是什么形状？"), ("three_shapes.png", "描述这张图片。"),
+               ("three_shapes.png", "绿色的圆形在哪里？"), ("two_shapes.png", "图中有几个形状？")]  # if the model knows them
+VIDEO_EXAMPLES = [("moving_square.mp4", "What happens in the video?")]  # a 3 s clip: Qwen-VL checkpoints with video
 
 
 def _parts(content) -> list:
     return content if isinstance(content, list) else [content]
+
+
+VIDEO_EXTENSIONS = (".mp4", ".webm", ".mov", ".mkv", ".avi")  # sent as videos (a GIF stays an image: its first frame)
 
 
 def to_hf_messages(history: list[dict], system_prompt: str = "") -> list[dict]:
@@ -27,7 +39,8 @@ def to_hf_messages(history: list[dict], system_prompt: str = "") -> list[dict]:
     refused turn and its error bubble are dropped."""
     kept = []
     for m in history:
-        if (m.get("metadata") or {}).get("title") == ERROR_TITLE:
+        title = (m.get("metadata") or {}).get("title")
+        if title in (*ERROR_TITLES, *HINT_TITLES):  # a refused (or picture-less) question goes with its bubble
             if kept and kept[-1]["role"] == "user":
                 kept.pop()
             continue
@@ -42,7 +55,9 @@ def to_hf_messages(history: list[dict], system_prompt: str = "") -> list[dict]:
             elif part.get("type") == "text":
                 content.append({"type": "text", "text": part["text"]})
             elif part.get("type") == "file" or "path" in part:  # normalized by gradio, or as user_turn made it
-                content.append({"type": "image", "image": (part.get("file") or part)["path"]})
+                path = (part.get("file") or part)["path"]
+                kind = "video" if path.lower().endswith(VIDEO_EXTENSIONS) else "image"
+                content.append({"type": kind, kind: path})
         if messages and messages[-1]["role"] == m["role"]:  # gradio may split one turn into several bubbles
             messages[-1]["content"].extend(content)
         else:
@@ -63,19 +78,20 @@ def turn_files(turn: dict) -> list[str]:
             if isinstance(part, dict) and (part.get("type") == "file" or "path" in part)]
 
 
-def refuse(history: list[dict], error: Exception):
+def refuse(history: list[dict], error: Exception, lang: str = EN):
     """The chat outputs for a request the engine refused or failed: the reason once, in an error bubble, with each
-    uploaded file called by its own name (never the server's temporary path)."""
+    uploaded file called by its own name (never the server's temporary path), in the page's language."""
     message = str(error)
     for m in history:
         if m["role"] == "user":
             for path in turn_files(m):
                 message = message.replace(path, os.path.basename(path))
-    history.append({"role": "assistant", "content": message, "metadata": {"title": ERROR_TITLE}})
-    return history, None, "refused (the reason is in the chat)"
+    history.append({"role": "assistant", "content": localize_error(message, lang),
+                    "metadata": {"title": t(lang, "chat.error_title")}})
+    return history, None, t(lang, "chat.refused_line")
 
 
-def parse_seed(text) -> int | None:
+def parse_seed(text, lang: str = EN) -> int | None:
     """The seed box: empty = the engine's seed, else a whole number."""
     text = "" if text is None else str(text).strip()
     if not text:
@@ -83,87 +99,120 @@ def parse_seed(text) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise refusal(f"The seed must be a whole number or empty (the engine's), not {text!r}.") from None
+        raise refusal(t(lang, "chat.bad_seed", text=text[:40])) from None
 
 
-def finished_text(text: str, finish_reason: str) -> str:
+def finished_text(text: str, finish_reason: str, lang: str = EN) -> str:
     """What the answer bubble shows once the answer is complete: an empty answer says so."""
-    return text if text.strip() else f"(empty answer · finish: {finish_reason})"
+    return text if text.strip() else t(lang, "chat.empty_answer", reason=word(lang, "reason", finish_reason))
 
 
-def build(holder: EngineHolder):
+def build(holder: EngineHolder, switch: gr.Radio | None = None):
     """Lay out the chat tab and wire its events (api names: chat, regenerate, stop); returns the chatbot (its
-    history)."""
+    history). `switch`: the header's language switch."""
     active: dict[str, str | None] = {}  # session -> request id now streaming, so Stop can abort exactly that one
     active_lock = threading.Lock()
-    chatbot = gr.Chatbot(label="chat history", height=440, elem_id="chatbot")
-    box = gr.MultimodalTextbox(file_types=["image"], file_count="multiple", sources=["upload"], elem_id="chat-input",
-                               label="message (text and images)", show_label=False,
-                               placeholder="Attach an image and ask about it, e.g. Describe the picture.")
+    chatbot = gr.Chatbot(label=L("chat.history"), height=440, elem_id="chatbot")
+    box = gr.MultimodalTextbox(file_types=["image", *VIDEO_EXTENSIONS], file_count="multiple", sources=["upload"], elem_id="chat-input",
+                               label=L("chat.input"), show_label=False, placeholder=L("chat.placeholder"))
     with gr.Row():
-        stop = gr.Button("Stop", variant="stop", elem_id="chat-stop")
-        regenerate = gr.Button("Regenerate", elem_id="chat-regenerate")
-        clear = gr.Button("Clear chat")
-    stats = gr.Markdown(elem_id="chat-stats", label="answer statistics")
-    system_prompt = gr.Textbox("", label="system prompt (sent before the conversation; empty = none)", lines=1,
-                               elem_id="chat-system")
-    with gr.Accordion("Sampling", open=False):
+        stop = gr.Button(L("chat.stop"), variant="stop", elem_id="chat-stop")
+        regenerate = gr.Button(L("chat.regenerate"), elem_id="chat-regenerate")
+        clear = gr.Button(L("chat.clear"))
+    stats = gr.Markdown(elem_id="chat-stats", label=L("chat.stats"))
+    system_prompt = gr.Textbox("", label=L("chat.system"), lines=1, elem_id="chat-system")
+    with gr.Accordion(L("chat.sampling"), open=False):
         with gr.Row():
-            max_tokens = gr.Slider(1, holder.config.max_model_len, value=64, step=1, label="max tokens")
-            temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
-            top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
-            top_k = gr.Slider(0, 100, value=0, step=1, label="top-k (0 = off)")
-            seed = gr.Textbox("", label="seed (empty = engine's)", placeholder="engine's seed", elem_id="chat-seed")
-            ignore_eos = gr.Checkbox(False, label="ignore EOS (keep decoding to max tokens)")
+            max_tokens = gr.Slider(1, holder.config.max_model_len, value=64, step=1, label=L("chat.max_tokens"),
+                                   elem_id="chat-max-tokens")
+            temperature = gr.Slider(0, 2, value=0, step=0.05, label=L("chat.temperature"))
+            top_p = gr.Slider(0.05, 1, value=1, step=0.05, label=L("chat.top_p"))
+            top_k = gr.Slider(0, 100, value=0, step=1, label=L("chat.top_k"))
+            seed = gr.Textbox("", label=L("chat.seed"), placeholder=L("chat.seed_placeholder"), elem_id="chat-seed")
+            ignore_eos = gr.Checkbox(False, label=L("chat.ignore_eos"), elem_id="chat-ignore-eos")
     gr.Examples([[{"text": q, "files": [os.path.join(EXAMPLES_DIR, f)]}] for f, q in EXAMPLES], inputs=[box],
-                label="Example scenes (the tiny model was trained on such scenes)")
+                label=L("chat.examples"))
+    if knows_chinese(holder.config.model):
+        gr.Examples([[{"text": q, "files": [os.path.join(EXAMPLES_DIR, f)]}] for f, q in ZH_EXAMPLES], inputs=[box],
+                    label=L("chat.examples_zh"))
+    gr.Examples([[{"text": q, "files": [os.path.join(EXAMPLES_DIR, f)]}] for f, q in VIDEO_EXAMPLES], inputs=[box],
+                label=L("chat.video_examples"))
 
-    def one_at_a_time(history, session, *sampling):
+    def trained_note(request: gr.Request = None, lang: str | None = None) -> str:  # at each page load: the
+        trained = trained_questions(holder.config.model)  # serving model may have been rebuilt since
+        if trained is None:
+            return ""
+        lang = lang or lang_of(request)
+        about, forms = trained_summary(trained, lang)
+        return t(lang, "chat.trained", about=about, questions=forms)
+    trained = gr.Markdown(trained_note, elem_id="chat-trained", label=L("chat.trained_label"))
+
+    def one_at_a_time(history, session, lang, *sampling):
         """Stream an answer to `history`, refusing a second one while this session's first still streams."""
         with active_lock:
             busy = session in active
             if not busy:
                 active[session] = None
         if busy:
-            raise refusal("One answer at a time per session: wait for the current one to finish, or press Stop.")
+            raise refusal(t(lang, "chat.one_at_a_time"))
         try:
-            yield from answer(history, session, *sampling)
+            yield from answer(history, session, lang, *sampling)
         finally:
             with active_lock:
                 active.pop(session, None)
 
-    def answer(history, session, n_tokens, temp, p, k, seed_text, no_eos, system):
+    def answer(history, session, lang, n_tokens, temp, p, k, seed_text, no_eos, system):
         start = time.perf_counter()
         try:
             params = SamplingParams(max_tokens=int(n_tokens), temperature=float(temp), top_p=float(p), top_k=int(k),
-                                    seed=parse_seed(seed_text), ignore_eos=bool(no_eos))
-            req = Request(messages=to_hf_messages(history, system), cache_salt=holder.salt(session))
-            stream = holder.get().stream(req, params, snapshots=False)
-            first = next(stream)  # the engine validates the request here: bad input raises ValueError
-        except (ValueError, RuntimeError) as e:  # RuntimeError: the engine was closed by a rebuild meanwhile
-            yield refuse(history, e)
+                                    seed=parse_seed(seed_text, lang), ignore_eos=bool(no_eos))
+            messages = to_hf_messages(history, system)
+            engine = holder.get()
+        except (ValueError, RuntimeError) as e:
+            yield refuse(history, e, lang)
             return
+        pictured = any(part["type"] in ("image", "video") for m in messages for part in m["content"])
+        note = hint(holder.config.model, pictured,
+                    " ".join(part["text"] for part in messages[-1]["content"] if part["type"] == "text"), lang)
+        if note and not pictured:
+            history.append({"role": "assistant", "content": note, "metadata": {"title": t(lang, "chat.hint_title")}})
+            yield history, None, t(lang, "chat.no_picture_line")
+            return
+        req = Request(messages=messages, cache_salt=holder.salt(session))
         with active_lock:
             active[session] = req.request_id
-        history.append({"role": "assistant", "content": ""})
-        ev = first
-        try:
-            for ev in itertools.chain([first], stream):
-                history[-1]["content"] = ev.text
-                yield history, None, gr.skip()
-        except Exception as e:  # a failed engine step (e.g. out of memory) ends this request, not the app
-            yield refuse(history[:-1], e)
+        answer_at = len(history)
+        try:  # the question shows at once; the answer replaces the wait (or the paused notice) as it streams
+            yield history, None, gr.skip()
+            ev = None
+            for update in AnswerStream(engine, req, params).updates():
+                shown = history[answer_at:answer_at + 1]
+                text = ev.text if ev is not None else ""
+                if update is None:  # no token for a while, and the engine is paused: say why
+                    paused = t(lang, "chat.paused")
+                    text = f"{text}\n\n{paused}" if text else paused
+                else:
+                    ev = update
+                    text = ev.text
+                if shown:
+                    shown[0]["content"] = text
+                else:
+                    history.append({"role": "assistant", "content": text})
+                yield history, gr.skip(), gr.skip()  # the box was emptied once: what is typed meanwhile stays
+        except Exception as e:  # refused input, a failed step (the app keeps serving), an engine closed by a rebuild
+            chat, _, line = refuse(history[:answer_at], e, lang)  # the question stays, with the reason instead of an answer
+            yield chat, gr.skip(), line
             return
-        finally:
-            stream.close()  # if the page went away mid-answer, this aborts the request in the engine
-        out, secs = ev.output, time.perf_counter() - start
+        out, secs = (ev.output if ev is not None else None), time.perf_counter() - start
         if out is None:
             return
-        history[-1]["content"] = finished_text(out.text, out.finish_reason)
+        history[answer_at] = {"role": "assistant", "content": finished_text(out.text, out.finish_reason, lang)}
+        if note:  # an answer to a question the model was never trained on: a guess, and the chat says so
+            history.append({"role": "assistant", "content": note, "metadata": {"title": t(lang, "chat.hint_title")}})
         n = len(out.token_ids)
-        yield history, None, (f"{n} tokens in {secs:.2f} s ({n / max(secs, 1e-9):.1f} tok/s) · prompt "
-                              f"{out.num_prompt_tokens} tokens, {out.num_cached_tokens} from the prefix cache · "
-                              f"finish: {out.finish_reason}")
+        yield history, gr.skip(), t(lang, "chat.stats_line", n=n, secs=f"{secs:.2f}", rate=f"{n / max(secs, 1e-9):.1f}",
+                                    prompt=out.num_prompt_tokens, cached=out.num_cached_tokens,
+                                    reason=word(lang, "reason", out.finish_reason))
 
     # the handlers' argument names are the API's parameter names (they shadow the widgets of the same name)
     @gpu
@@ -172,11 +221,11 @@ def build(holder: EngineHolder):
         history = list(history or [])
         turn = user_turn(message or {})
         if not turn["content"]:
-            gr.Warning("Type a question or attach an image first.")
+            gr.Warning(t(lang_of(request), "chat.type_first"))
             yield history, gr.skip(), gr.skip()
             return
         history.append(turn)
-        yield from one_at_a_time(history, request.session_hash if request else None, max_tokens,
+        yield from one_at_a_time(history, request.session_hash if request else None, lang_of(request), max_tokens,
                                  temperature, top_p, top_k, seed, ignore_eos,
                                  system_prompt)
 
@@ -187,8 +236,9 @@ def build(holder: EngineHolder):
         while history and history[-1]["role"] != "user":  # the last answer (or its error bubble) goes
             history.pop()
         if not history:
-            raise refusal("Nothing to regenerate yet: ask a question first.")
-        for chat, _, line in one_at_a_time(history, request.session_hash if request else None, max_tokens,
+            raise refusal(t(lang_of(request), "chat.nothing_to_regenerate"))
+        for chat, _, line in one_at_a_time(history, request.session_hash if request else None, lang_of(request),
+                                           max_tokens,
                                            temperature, top_p, top_k, seed,
                                            ignore_eos, system_prompt):
             yield chat, gr.skip(), line  # whatever is typed in the box stays there
@@ -200,7 +250,10 @@ def build(holder: EngineHolder):
             holder.get().abort(rid)
 
     sampling = [max_tokens, temperature, top_p, top_k, seed, ignore_eos, system_prompt]
+    # "multiple": a second Enter while an answer streams reaches the server and is refused out loud (gradio's
+    # default, "once", drops it without a word)
     box.submit(respond, [box, chatbot, *sampling], [chatbot, box, stats], api_name="chat", concurrency_id="chat",
+               trigger_mode="multiple",
                concurrency_limit=holder.config.max_num_seqs,
                api_description="Ask: a message (text and images) after the chat history; streams the answer.")
     regenerate.click(regenerate_last, [chatbot, *sampling], [chatbot, box, stats], api_name="regenerate",
@@ -208,5 +261,10 @@ def build(holder: EngineHolder):
     stop.click(stop_request, None, None, api_name="stop", queue=False,
                api_description="Stop this session's answer that is streaming now.")
     clear.click(lambda: ([], None, ""), None, [chatbot, box, stats], api_name=False, queue=False)
+    if switch is not None:  # the trained questions' note in the chosen language
+        def relang(chosen, request: gr.Request):
+            LANGUAGES.set(request, chosen)
+            return trained_note(lang=chosen)
+        switch.change(relang, switch, trained, api_name=False, queue=False)
     return chatbot
 

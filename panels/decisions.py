@@ -1,12 +1,15 @@
 """What the KV tab says in words: the decision log (one line per scheduler step, in the engine's own sentences),
 this run's counters (from the events) and the engine's lifetime counters (from a snapshot), labelled as such so
 the two never read as the same number (pure functions, unit-tested)."""
-from minivlm.events import by_step, describe
+from minivlm.views.events import by_step
+
+from panels.i18n import EN, t
+from panels.i18n.events import describe_in, plan_in, stored_run
 
 MAX_LOG_STEPS = 40  # the log shows the newest steps; the JSONL download has all of them
 
 
-def sentences(events) -> list[str]:
+def sentences(events, lang: str = EN) -> list[str]:
     """The step's decisions other than what it ran, one sentence each; a request's run of stored blocks is one."""
     out, i = [], 0
     while i < len(events):
@@ -15,31 +18,43 @@ def sentences(events) -> list[str]:
             while j < len(events) and events[j].kind == "BlockStored" and events[j].request_id == ev.request_id:
                 j += 1
             if j - i > 1:
-                ids = [b for e in events[i:j] for b in e.block_ids]
-                out.append(f"{ev.request_id} filled blocks {', '.join(map(str, ids))} → each stored under its key "
-                           f"({', '.join(e.block_hashes[0][:8] + '…' for e in events[i:j])})")
+                out.append(stored_run(events[i:j], lang))
                 i = j
                 continue
         if ev.kind != "scheduled":
-            out.append(describe(ev))
+            out.append(describe_in(ev, lang))
         i = j
     return out
 
 
-def decision_log(events, until_step: int | None = None, max_steps: int = MAX_LOG_STEPS) -> str:
-    """Markdown, newest step first: "- **step 14** · decode 8 request(s), 8 token(s)" and under it every other
-    decision of that step as a sentence ("req-3 filled block 41 (16/16) → stored under key 9f3a1c2b…")."""
+def decision_log(events, until_step: int | None = None, max_steps: int = MAX_LOG_STEPS, lang: str = EN) -> str:
+    """Markdown, newest step first: "- **step 14** · decode 8 request(s), 8 token(s)", under it the step's plan
+    ("plan: req-3 prefill tokens 48–73 into blocks 0,1,2 (hits) + 15,14 (new); req-0 decode 1 token at slot 213")
+    and every other decision of that step as a sentence ("req-3 filled block 41 (16/16) → stored under key …")."""
     steps = [(s, evs) for s, evs in by_step(events).items() if until_step is None or s <= until_step]
     if not steps:
-        return "_No decisions yet: launch requests (or send a chat), then Step or Run._"
+        return t(lang, "kv.no_decisions")
     lines = []
     for s, evs in reversed(steps[-max_steps:]):
-        ran = " · ".join(describe(e) for e in evs if e.kind == "scheduled") or "nothing ran"
-        lines.append(f"- **step {s}** · {ran}")
-        lines += [f"    - {sentence}" for sentence in sentences(evs)]
+        ran = " · ".join(describe_in(e, lang) for e in evs if e.kind == "scheduled") or t(lang, "kv.nothing_ran")
+        lines.append(t(lang, "kv.step_head", step=s, ran=ran))
+        lines += [t(lang, "kv.plan_line", plan=plan_in(e, lang)) for e in evs if e.kind == "scheduled"]
+        lines += [budget_line(e.fields["budget"], lang) for e in evs
+                  if e.kind == "scheduled" and e.fields.get("budget") and e.step_kind != "decode"]
+        lines += [f"    - {sentence}" for sentence in sentences(evs, lang)]
     older = len(steps) - max_steps
-    tail = [f"- _… {older} earlier step(s): download the events for all of them_"] if older > 0 else []
+    tail = [t(lang, "kv.older", n=older)] if older > 0 else []
     return "\n".join(lines + tail)
+
+
+def budget_line(b: dict, lang: str = EN) -> str:
+    """Chunked prefill's adaptive budget for a step, and the measurements it came from."""
+    if not b["decodes"] or b["decode_ms"] is None or b["token_ms"] is None:
+        why = t(lang, "kv.budget_no_stream" if not b["decodes"] else "kv.budget_unmeasured")
+    else:
+        why = t(lang, "kv.budget_why", decode=f"{b['decode_ms']:.1f}", fixed=f"{b['fixed_ms']:.1f}",
+                token=f"{b['token_ms']:.2f}", slowdown=b["slowdown"])
+    return t(lang, "kv.budget_line", tokens=b["prompt_tokens"], why=why)
 
 
 def run_counters(events) -> dict[str, int]:
@@ -61,28 +76,27 @@ def run_counters(events) -> dict[str, int]:
     return count
 
 
-def run_line(events) -> str:
+def run_line(events, lang: str = EN) -> str:
     """This run's counters in one markdown line, said to be per run."""
     c = run_counters(events)
-    steps = len(by_step(events))
-    return (f"**This run** (from its first arrival): {c['arrived']} requests arrived, {c['finished']} finished · "
-            f"{steps} steps ({c['prefill steps']} prefill, {c['decode steps']} decode"
-            f"{f', {m} mixed' if (m := c['mixed steps']) else ''}) · "
-            f"**{c['preempted']} preemptions** · {c['blocks reused']} blocks reused from the prefix cache "
-            f"({c['false hits']} false) · {c['blocks stored']} stored, {c['blocks evicted']} evicted")
+    return t(lang, "kv.run_line", arrived=c["arrived"], finished=c["finished"], steps=len(by_step(events)),
+             prefill=c["prefill steps"], decode=c["decode steps"],
+             mixed=t(lang, "kv.run_mixed", n=c["mixed steps"]) if c["mixed steps"] else "",
+             preempted=c["preempted"], reused=c["blocks reused"], false=c["false hits"], stored=c["blocks stored"],
+             evicted=c["blocks evicted"])
 
 
-def frame_line(snap, shows: str) -> str:
+def frame_line(snap, shows: str, lang: str = EN) -> str:
     """What one map shows: which step, live or replayed, its queues and pool occupancy."""
     used = sum(b.ref_count > 0 for b in snap.blocks)
     cached = sum(b.ref_count == 0 and b.cached for b in snap.blocks)
-    return (f"**step {snap.step}** · {shows} · running {len(snap.running)} · waiting {len(snap.waiting)} · "
-            f"blocks used {used} / cached {cached} / free {snap.num_blocks - used - cached} of {snap.num_blocks}")
+    return t(lang, "kv.frame_line", step=snap.step, shows=shows, running=len(snap.running),
+             waiting=len(snap.waiting), used=used, cached=cached, free=snap.num_blocks - used - cached,
+             total=snap.num_blocks)
 
 
-def lifetime_line(snap) -> str:
+def lifetime_line(snap, lang: str = EN) -> str:
     """The engine's own counters, which cover its whole life (every run and every chat since it started)."""
     st = snap.cache_stats or {}
-    return (f"Engine lifetime (all runs and chats since it started): step {snap.step} · "
-            f"preemptions {snap.num_preemptions} · prefix-cache hits {st.get('hits', 0)} "
-            f"(true {st.get('true_hits', 0)}, false {st.get('false_hits', 0)}) in {st.get('lookups', 0)} lookups")
+    return t(lang, "kv.lifetime_line", step=snap.step, preempted=snap.num_preemptions, hits=st.get("hits", 0),
+             true=st.get("true_hits", 0), false=st.get("false_hits", 0), lookups=st.get("lookups", 0))

@@ -15,21 +15,25 @@ except ImportError:
         return fn if fn is not None else (lambda f: f)
 
 from minivlm import Engine, EngineConfig  # noqa: E402
-from minivlm.loader import resolve_model_dir  # noqa: E402
+from minivlm import resolve_model_dir  # noqa: E402
+
+from panels.i18n import EN, t  # noqa: E402
+from panels.i18n.errors import localize_error  # noqa: E402
 
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "examples")
 OPERATOR_TOKEN_ENV = "MINIVLM_ADMIN_TOKEN"  # on a shared deployment, whoever knows it may reconfigure the engine
 
 
-def status_line(engine: Engine) -> str:
+def status_line(engine: Engine, lang: str = EN) -> str:
     """vLLM-style start-up line: model, device, dtype, KV cache size in tokens, max concurrency."""
     rep, cfg = engine.memory_report(), engine.config
-    return (f"**{os.path.basename(cfg.model.rstrip('/')) or cfg.model}** ({engine.hf_config.model_type}) on "
-            f"**{rep.device}** ({rep.dtype}) · weights {rep.weights_bytes / 2**20:,.1f} MiB · "
-            f"KV cache: {rep.num_blocks:,} blocks × {rep.block_size} = **{rep.kv_cache_tokens:,} tokens** "
-            f"({rep.kv_cache_bytes / 2**20:,.1f} MiB) · maximum concurrency for {cfg.max_model_len:,} tokens per "
-            f"request: **{rep.max_concurrency:.2f}x** · prefix cache: {cfg.cache_strategy} · "
-            f"attention: {engine.attention_backend}")
+    return t(lang, "header.status_line", model=os.path.basename(cfg.model.rstrip('/')) or cfg.model,
+             model_type=engine.hf_config.model_type, device=rep.device, dtype=rep.dtype,
+             weights_mib=f"{rep.weights_bytes / 2**20:,.1f}", blocks=f"{rep.num_blocks:,}", block_size=rep.block_size,
+             tokens=f"{rep.kv_cache_tokens:,}", kv_mib=f"{rep.kv_cache_bytes / 2**20:,.1f}",
+             max_len=f"{cfg.max_model_len:,}", concurrency=f"{rep.max_concurrency:.2f}", strategy=cfg.cache_strategy,
+             attention=localize_error(engine.attention_backend, lang), linear=localize_error(engine.linear_backend, lang),
+             decode=localize_error(engine.decode_backend, lang))
 
 
 class EngineHolder:
@@ -41,7 +45,8 @@ class EngineHolder:
         self.operator_token = operator_token or None
         self.config = dataclasses.replace(config, cache_strategy="C") if shared else config
         self.engine: Engine | None = None
-        self.status = "no engine loaded"
+        self.status = t(EN, "header.no_engine")
+        self.builds = 0  # engines built so far (a rebuild is one more)
         self._lock = threading.Lock()
 
     def load(self, config: EngineConfig | None = None) -> str:
@@ -58,10 +63,12 @@ class EngineHolder:
             self._release()
             try:
                 self.engine = Engine(config)
+                self.builds += 1
             except Exception as e:
                 if previous is None:
                     raise
                 self.engine = Engine(previous)  # keep serving what worked
+                self.builds += 1
                 self.status = status_line(self.engine)
                 raise ValueError(f"{e} · the previous settings were loaded again; their prefix cache starts "
                                  "empty") from e
@@ -71,8 +78,9 @@ class EngineHolder:
 
     def _release(self):
         if self.engine is not None:
-            self.engine.close()  # requests still streaming on it end as aborted
-            self.engine = None
+            old, self.engine = self.engine, None  # first: whoever sees its requests end sees it is gone
+            old.close()  # requests still streaming on it end as aborted
+            del old
             gc.collect()  # drop its weights and KV pool now, not whenever the collector runs
 
     def get(self) -> Engine:
@@ -80,20 +88,40 @@ class EngineHolder:
         with self._lock:
             if self.engine is None:
                 self.engine = Engine(self.config)
+                self.builds += 1
                 self.status = status_line(self.engine)
             return self.engine
 
-    def refusal(self, token: str | None) -> str | None:
+    def status_in(self, lang: str = EN) -> str:
+        """The status line in `lang` (the engine's, or what went wrong: that stays as it was written)."""
+        engine = self.engine
+        if lang == EN:
+            return self.status
+        return status_line(engine, lang) if engine is not None else t(lang, "header.no_engine")
+
+    def rebuild_cost(self, lang: str = EN) -> str:
+        """What a rebuild would end now, in words (said next to the settings before anyone changes one)."""
+        engine = self.engine
+        if engine is None:
+            return t(lang, "header.cost_first")
+        snap = engine.snapshot()
+        active = len(set(snap.running) | set(snap.waiting))
+        cached = sum(b.block_hash is not None for b in snap.blocks)
+        requests = t(lang, "header.cost_running", n=active, s="s" if active != 1 else "") if active \
+            else t(lang, "header.cost_none")
+        blocks = t(lang, "header.cost_cached", n=cached, s="s" if cached != 1 else "") if cached \
+            else t(lang, "header.cost_nothing")
+        return t(lang, "header.cost_line", requests=requests, blocks=blocks)
+
+    def refusal(self, token: str | None, lang: str = EN) -> str | None:
         """Why this caller may not reconfigure the engine (None: they may). Checked on the server for every
         reconfiguring call, since a shared app's API is reachable without its page."""
         if not self.shared:
             return None
         if self.operator_token and token and hmac.compare_digest(token.encode(), self.operator_token.encode()):
             return None
-        how = (f"enter the operator token (${OPERATOR_TOKEN_ENV}) in the header" if self.operator_token else
-               f"restart the app with other flags, or set ${OPERATOR_TOKEN_ENV} to change it from the header")
-        return (f"This is a shared deployment: its engine configuration belongs to the operator and was not "
-                f"changed. Operator: {how}.")
+        how = t(lang, "header.how_token" if self.operator_token else "header.how_restart", env=OPERATOR_TOKEN_ENV)
+        return t(lang, "header.shared_refusal", how=how)
 
     def salt(self, session_hash: str | None) -> str | None:
         """Per-session cache salt on shared deployments: users never share KV blocks (no timing side channel)."""

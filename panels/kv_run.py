@@ -2,16 +2,19 @@
 (replay, timeline, decision log and counters all come from them), launches that drain on threads, pausing with a
 watchdog, and on a shared deployment an isolated engine per session."""
 import collections
+import dataclasses
 import threading
 import time
 
 import gradio as gr
 
 from minivlm import Request, SamplingParams
-from minivlm.events import replay, replay_steps
+from minivlm.views.events import replay, replay_steps
 
 from panels.decisions import decision_log, frame_line, lifetime_line, run_line
 from panels.holder import EngineHolder
+from panels.i18n import EN, t
+from panels.i18n.errors import localize_error
 from panels.paged_vs_contiguous import paging_markdown
 from panels.plots import block_map_figure, block_table
 from panels.timeline import timeline_figure
@@ -19,6 +22,7 @@ from panels.timeline import timeline_figure
 KEPT_RUNS = 8  # sessions whose last run stays replayable (a shared deployment's isolated engines are closed after)
 SHARED_LAUNCH_BLOCKS = 96  # a shared deployment's session gets its own pool this small (it still preempts)
 PAUSE_TIMEOUT_S = 120  # a paused engine whose page stopped asking (closed, or gone) resumes after this long
+SLIDER_LABEL = t(EN, "kv.slider")
 POLL_S = 1.0  # the page asks for the live view this often,
 RENDER_SHARE = 0.02  # and a run's live redraws may take at most 2 % of the wall time while its engine decodes
 
@@ -52,6 +56,7 @@ class Run:
         self.start_step = snap.step  # the frame before the run's first arrival
         self.threads: list[threading.Thread] = []
         self.errors: list[str] = []
+        self.aborted = False  # a launched request was cut off
         self.touched = time.monotonic()
         self.settled_at = 0.0  # when its last launch finished draining
         self.redraw = Throttle(RENDER_SHARE, POLL_S)  # paces the live view while the engine runs freely
@@ -62,8 +67,9 @@ class Run:
 
         def drain():
             try:
-                for _ in stream:
-                    pass
+                for ev in stream:
+                    if ev.finished and ev.output is not None and ev.output.finish_reason == "abort":
+                        self.aborted = True  # cut off (a rebuild closed the engine)
             except Exception as e:  # refused input or a failed step: the summary shows it
                 self.errors.append(str(e))
             finally:
@@ -73,7 +79,7 @@ class Run:
         self.threads.append(t)
 
     def busy(self) -> bool:
-        return self.engine.loop.is_paused() or any(t.is_alive() for t in self.threads)
+        return self.engine.is_paused() or any(t.is_alive() for t in self.threads)
 
     def moving(self, grace: float) -> bool:
         """Busy, or settled within `grace` seconds (so a page polling every `grace` s sees how it ended)."""
@@ -99,7 +105,7 @@ class Run:
         self.engine.pause()
 
         def watch():
-            while self.engine.loop.is_paused():
+            while self.engine.is_paused():
                 if time.monotonic() - self.touched > PAUSE_TIMEOUT_S:
                     self.engine.resume()
                     return
@@ -120,6 +126,7 @@ class Runs:
     def __init__(self, holder: EngineHolder):
         self.holder = holder
         self.runs: collections.OrderedDict[str, Run] = collections.OrderedDict()
+        self.ended: dict[str, str] = {}  # session -> what of its ended ("launch" or "run"; shown until its next run)
         self.lock = threading.Lock()
 
     def get(self, session: str) -> Run | None:
@@ -129,12 +136,18 @@ class Runs:
             stale = run is not None and run.parent is not self.holder.engine
             if stale:
                 del self.runs[session]
+                self.ended[session] = "launch" if any(t.is_alive() for t in run.threads) or run.aborted else "run"
         if stale:
             run.close()
             return None
         if run is not None:
             run.touched = time.monotonic()
         return run
+
+    def ended_note(self, session: str, lang: str = EN) -> str | None:
+        """Why the session's last run is gone (a rebuild ended it), in `lang`; None if it is not."""
+        what = self.ended.get(session)
+        return None if what is None else t(lang, "kv.ended_by_rebuild", what=t(lang, f"kv.what_{what}"))
 
     def current(self, session: str) -> Run:
         """The session's run while it is busy (paused or draining); else a new run on the right engine."""
@@ -148,6 +161,7 @@ class Runs:
                 num_blocks=min(parent.num_blocks, SHARED_LAUNCH_BLOCKS))
         new = Run(engine, owned, parent)
         with self.lock:
+            self.ended.pop(session, None)
             self.runs[session] = new
             self.runs.move_to_end(session)
             evicted = [] if run is None or run.engine is engine else [run]
@@ -158,42 +172,63 @@ class Runs:
         return new
 
 
-def live_view(run: Run):
+def shared_totals(snap, lang: str = EN) -> str:
+    """The shared engine as counts: what a visitor may know of the other visitors' use of it."""
+    used = sum(b.ref_count > 0 for b in snap.blocks)
+    cached = sum(b.ref_count == 0 and b.cached for b in snap.blocks)
+    return t(lang, "kv.shared_totals", running=len(snap.running), waiting=len(snap.waiting), used=used,
+             total=snap.num_blocks, cached=cached, blocks=SHARED_LAUNCH_BLOCKS)
+
+
+def live_view(run: Run, lang: str = EN):
     """view(run, run.engine, None) when the run's throttle allows one now (the engine runs freely), else None."""
     if not run.redraw.ready():
         return None
     t0 = time.thread_time()
-    out = view(run, run.engine, None)
+    out = view(run, run.engine, None, lang=lang)
     run.redraw.spent(2 * (time.thread_time() - t0))  # gradio then serialises about as much again
     return out
 
 
-def view(run: Run | None, engine, step: int | None):
-    """The tab's outputs for one moment: live (step=None: the engine now) or the replay of `step` of the run."""
+def view(run: Run | None, engine, step: int | None, note: str | None = None, totals_only: bool = False,
+         lang: str = EN):
+    """The tab's outputs for one moment: live (step=None: the engine now) or the replay of `step` of the run;
+    without a run, `note` says why (e.g. a rebuild ended it) and the replay slider is reset; totals_only (a
+    shared deployment's visitor before their own run): the shared pool as counts, never its blocks or keys."""
     if run is None:
         snap = engine.snapshot()
-        summary = "<br>".join([frame_line(snap, "live"), lifetime_line(snap),
-                               paging_markdown(snap, engine.config.max_model_len)])
-        return (block_map_figure(snap), block_table(snap), summary, timeline_figure([]), decision_log([]), gr.update())
+        lines = [f"**{note}**"] if note else []
+        title = None
+        if totals_only:
+            lines.append(shared_totals(snap, lang))
+            snap = dataclasses.replace(snap, blocks=[], block_tables={}, running=[], waiting=[])
+            title = t(lang, "kv.shared_title")
+        else:
+            lines += [frame_line(snap, t(lang, "kv.live_word"), lang), lifetime_line(snap, lang),
+                      paging_markdown(snap, engine.config.max_model_len, lang)]
+        if engine.is_paused():
+            lines.insert(0, t(lang, "kv.paused_elsewhere"))
+        slider = gr.update(minimum=0, maximum=1, value=0, interactive=False, label=t(lang, "kv.slider"))
+        return (block_map_figure(snap, title, lang), block_table(snap, lang), "<br>".join(lines),
+                timeline_figure([], lang=lang), decision_log([], lang=lang), slider)
     events = run.all_events()
     mine = [e for e in events if e.seq > run.start_seq]
     live = run.engine.snapshot()
     last = max(live.step, run.start_step)
     if step is None:
-        snap, shows = live, "live"
+        snap, shows = live, t(lang, "kv.live_word")
     else:
         try:
             snap = run.frame(events, max(run.start_step, min(int(step), last)))
-            shows = f"**replay** (live is at step {live.step}; press Back to live)"
+            shows = t(lang, "kv.replay_word", step=live.step)
         except ValueError as e:  # the ring dropped events this run needs
-            snap, shows = live, f"live (no replay: {e})"
-    paused = " · **engine paused: press Step or Run**" if run.engine.loop.is_paused() else ""
-    summary = "<br>".join([frame_line(snap, shows) + paused, run_line(mine), lifetime_line(live),
-                           paging_markdown(snap, run.engine.config.max_model_len),
-                           *[f"⚠ {e}" for e in run.errors[-3:]]])
-    label = (f"replay step ({last - run.start_step} steps recorded in this run: {run.start_step}–{last}; "
-             f"{run.start_step} is before the first arrival)")
+            snap, shows = live, t(lang, "kv.no_replay", why=e)
+    paused = t(lang, "kv.paused_suffix") if run.engine.is_paused() else ""
+    summary = "<br>".join([frame_line(snap, shows, lang) + paused, run_line(mine, lang), lifetime_line(live, lang),
+                           paging_markdown(snap, run.engine.config.max_model_len, lang),
+                           *[f"⚠ {localize_error(e, lang)}" for e in run.errors[-3:]]])
+    label = t(lang, "kv.slider_run", n=last - run.start_step, first=run.start_step, last=last)
     slider = gr.update(minimum=run.start_step, maximum=max(last, run.start_step + 1), value=snap.step,
                        interactive=True, label=label)
-    return (block_map_figure(snap), block_table(snap), summary, timeline_figure(mine, snap.step),
-            decision_log(mine, until_step=snap.step), slider)
+    return (block_map_figure(snap, lang=lang), block_table(snap, lang), summary, timeline_figure(mine, snap.step, lang),
+            decision_log(mine, until_step=snap.step, lang=lang), slider)

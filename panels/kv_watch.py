@@ -8,6 +8,7 @@ import gradio as gr
 from minivlm.kv_events.view import image_ids
 from minivlm.kv_events.watcher import KVEventWatcher
 from panels.prefix_tree import tree_figure
+from panels.i18n import EN, L, t
 
 POLL_S = 1.0
 
@@ -34,7 +35,7 @@ class Watching:
 
 def status_markdown(w: KVEventWatcher | None) -> str:
     if w is None:
-        return "Not watching. Enter a publisher's address (e.g. `tcp://vllm-host:5557#kv-events`) and press Watch."
+        return t(EN, "watch.idle")
     s = w.view.summary()
     c = s["counts"]
     dialects = ", ".join(f"{d} ({n})" for d, n in s["dialects"].items()) or "none yet"
@@ -76,17 +77,17 @@ def figure(w: KVEventWatcher | None):
 def build(watching: Watching, shared: bool):
     """The watch section (api names: kv_watch, kv_watch_poll). On a shared deployment visitors cannot point the
     server at an address of their choosing: only the --watch-kv-events flag sets it."""
-    with gr.Accordion("Watch a KV-event stream (vLLM, SGLang, another minivlm)", open=watching.get() is not None):
+    with gr.Accordion(L("watch.accordion"), open=watching.get() is not None):
         w = watching.get()
         with gr.Row():
             target = gr.Textbox(f"{w.endpoint}#{w.topic}" if w and w.topic else (w.endpoint if w else ""),
-                                label="publisher: tcp://host:port[#topic]", elem_id="kv-watch-target",
+                                label=L("watch.target"), elem_id="kv-watch-target",
                                 interactive=not shared, scale=3)
-            replay = gr.Textbox(w.replay_endpoint or "" if w else "", label="replay endpoint (optional)",
+            replay = gr.Textbox(w.replay_endpoint or "" if w else "", label=L("watch.replay"),
                                 elem_id="kv-watch-replay", interactive=not shared, scale=2)
-            go = gr.Button("Watch", elem_id="kv-watch-go", interactive=not shared, scale=1)
-        status = gr.Markdown(status_markdown(w), elem_id="kv-watch-status", label="watched stream: counters")
-        tree = gr.Plot(label="Prefix tree drawn from the watched stream", elem_id="kv-watch-tree")
+            go = gr.Button(L("watch.go"), elem_id="kv-watch-go", interactive=not shared, scale=1)
+        status = gr.Markdown(L("watch.idle") if w is None else status_markdown(w), elem_id="kv-watch-status", label=L("watch.status"))
+        tree = gr.Plot(label=L("watch.tree"), elem_id="kv-watch-tree")
         seen = gr.State(None)
         timer = gr.Timer(POLL_S)
 

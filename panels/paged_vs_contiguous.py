@@ -2,6 +2,8 @@
 the paged pool holds whole blocks only as tokens arrive, wasting at most the unused tail of each last block."""
 from dataclasses import dataclass
 
+from panels.i18n import EN, t
+
 
 @dataclass(frozen=True)
 class PagingFigures:
@@ -23,17 +25,15 @@ def paging_figures(snap, max_model_len: int) -> PagingFigures:
                          len(used) * snap.block_size - tokens, table_entries - len(used))
 
 
-def paging_markdown(snap, max_model_len: int) -> str:
+def paging_markdown(snap, max_model_len: int, lang: str = EN) -> str:
     """One line for the KV tab, next to the map."""
     f = paging_figures(snap, max_model_len)
     if not f.requests:
-        return "**Paged vs contiguous**: no request holds KV right now."
+        return t(lang, "kv.paging_none")
     share = f.paged_slots / f.contiguous_slots
     waste = f.unused_slots / max(1, f.paged_slots)
-    shared = f" · prefix sharing saves {f.shared_savings} more block{'s' if f.shared_savings != 1 else ''}" \
+    shared = t(lang, "kv.paging_shared", n=f.shared_savings, s="s" if f.shared_savings != 1 else "") \
         if f.shared_savings else ""
-    return (f"**Paged vs contiguous**: a contiguous engine would reserve {f.requests} × {max_model_len:,} = "
-            f"**{f.contiguous_slots:,}** token slots for these {f.requests} requests; the paged pool holds "
-            f"{f.paged_blocks} blocks × {snap.block_size} = **{f.paged_slots:,}** ({share:.1%} of that) for "
-            f"{f.tokens:,} tokens · internal fragmentation: **{f.unused_slots}** unused slots in partly filled "
-            f"blocks ({waste:.1%} of what is held){shared}")
+    return t(lang, "kv.paging", requests=f.requests, max_len=f"{max_model_len:,}", slots=f"{f.contiguous_slots:,}",
+             blocks=f.paged_blocks, block_size=snap.block_size, paged=f"{f.paged_slots:,}", share=f"{share:.1%}",
+             tokens=f"{f.tokens:,}", unused=f.unused_slots, waste=f"{waste:.1%}", shared=shared)

@@ -4,7 +4,10 @@ prefix share a path and branch where they differ. The next block the free queue 
 import gradio as gr
 import plotly.graph_objects as go
 
-KIND_COLORS = {"text": "#7eaef5", "image": "#f2a65a", "mixed": "#b28ae8"}
+from panels.i18n import EN, L, lang_of, t
+
+
+KIND_COLORS = {"text": "#7eaef5", "image": "#f2a65a", "mixed": "#b28ae8", "video": "#e05d8c"}
 NEXT_EVICTED = "#d62728"
 ROW_PX = 44
 
@@ -33,17 +36,17 @@ def layout(nodes) -> dict[int, tuple[int, float]]:
     return pos
 
 
-def hover(n) -> str:
-    state = (f"in use by {n.ref_count} request{'s' if n.ref_count > 1 else ''}" if n.ref_count else
-             f"cached, free: overwritten after {n.evicted_after} more block allocation"
-             f"{'s' if n.evicted_after != 1 else ''} (eviction rank {n.eviction_rank})")
-    parent = ("root (a prompt's first block)" if n.parent_key is None else
-              f"block {n.parent_block}" if n.parent_block is not None else "evicted: no lookup reaches this block")
-    return (f"block {n.block_id} · {n.kind} · {n.num_tokens} tokens<br>key {n.key[:16]}…<br>parent: {parent}"
-            f"<br>{state}")
+def hover(n, lang: str = EN) -> str:
+    from panels.plots import kind_word
+    state = (t(lang, "tree.in_use", n=n.ref_count, s="s" if n.ref_count > 1 else "") if n.ref_count else
+             t(lang, "tree.cached", n=n.evicted_after, s="s" if n.evicted_after != 1 else "", rank=n.eviction_rank))
+    parent = (t(lang, "tree.root") if n.parent_key is None else
+              t(lang, "tree.parent_block", id=n.parent_block) if n.parent_block is not None else t(lang, "tree.orphan"))
+    return t(lang, "tree.hover", id=n.block_id, kind=kind_word(n.kind, lang), n=n.num_tokens, key=n.key[:16],
+             parent=parent, state=state)
 
 
-def tree_figure(nodes, hover_of=hover, title: str | None = None) -> go.Figure:
+def tree_figure(nodes, hover_of=hover, title: str | None = None, lang: str = EN) -> go.Figure:
     """The forest: one trace for the edges, one per block kind for the nodes, labels with block id and ref count.
     hover_of and title let another source of nodes (a watched KV-event stream, panels/kv_watch.py) say its own."""
     pos = layout(nodes)
@@ -58,34 +61,36 @@ def tree_figure(nodes, hover_of=hover, title: str | None = None) -> go.Figure:
                              name="key chains on parent", showlegend=False))
     for kind, color in KIND_COLORS.items():
         group = [n for n in nodes if n.kind == kind]
+        if kind == "video" and not group:  # only video models have them: no empty legend entry elsewhere
+            continue
         fig.add_trace(go.Scatter(
-            x=[pos[n.block_id][0] for n in group], y=[pos[n.block_id][1] for n in group], name=f"{kind} block",
-            mode="markers+text", textposition="middle center", hovertext=[hover_of(n) for n in group], hoverinfo="text",
+            x=[pos[n.block_id][0] for n in group], y=[pos[n.block_id][1] for n in group],
+            name=t(lang, "tree.kind_block", kind=t(lang, f"kind.{kind}") if lang != EN else kind),
+            mode="markers+text", textposition="middle center", hoverinfo="text",
+            hovertext=[hover_of(n, lang) if hover_of is hover else hover_of(n) for n in group],
             text=[str(n.block_id) for n in group], textfont=dict(size=9, color="#111"),
             marker=dict(size=22, symbol="square", color=color, opacity=[1.0 if n.ref_count else 0.45 for n in group],
                         line=dict(width=[2.5 if n.ref_count > 1 else 1 for n in group], color="#222"))))
     shared = [n for n in nodes if n.ref_count > 1]
     fig.add_trace(go.Scatter(x=[pos[n.block_id][0] + 0.28 for n in shared],
                              y=[pos[n.block_id][1] - 0.3 for n in shared],
-                             text=[f"×{n.ref_count}" for n in shared], mode="text", hoverinfo="skip",
-                             name="ref count", showlegend=False, textfont=dict(size=10, color="#222")))
+                             text=[f"×{n.ref_count}" for n in shared], mode="markers+text", hoverinfo="skip",
+                             name="ref count", showlegend=False, textfont=dict(size=9, color="white"),
+                             marker=dict(symbol="circle", size=18, color="rgba(20, 20, 20, 0.72)")))  # both themes
     nxt = [n for n in nodes if n.eviction_rank == 0]
     fig.add_trace(go.Scatter(x=[pos[n.block_id][0] for n in nxt], y=[pos[n.block_id][1] for n in nxt],
-                             mode="markers", name="next to be evicted", hoverinfo="skip",
+                             mode="markers", name=t(lang, "tree.next_evicted"), hoverinfo="skip",
                              marker=dict(size=32, symbol="square-open", color=NEXT_EVICTED, line=dict(width=3))))
     orphans = sum(n.orphan for n in nodes)
     roots = sum(n.parent_key is None for n in nodes)
     branches = sum(1 for n in nodes if sum(m.parent_block == n.block_id for m in nodes) > 1)
     rows = 1 + max((p[1] for p in pos.values()), default=0)
     fig.update_layout(
-        title=dict(font=dict(size=14), text=title or (
-            f"Prefix cache as a tree: {len(nodes)} cached blocks, {roots} root{'s' if roots != 1 else ''}, {branches} "
-            f"branch point{'s' if branches != 1 else ''}"
-            + (f", {orphans} orphaned (parent evicted)" if orphans else "")
-            + "<br><sup>a lookup walks right from a root while the keys match · faded: free but cached (revivable) · "
-              "×n: shared by n requests · red ring: the next block the free queue overwrites</sup>")),
-        height=min(900, 190 + int(rows * ROW_PX)), margin=dict(l=10, r=10, t=100, b=40), plot_bgcolor="white",
-        xaxis=dict(title="position in the chain (logical block index)", dtick=1, zeroline=False, showgrid=False),
+        title=dict(font=dict(size=14), text=title or t(
+            lang, "tree.title", n=len(nodes), roots=roots, s_roots="s" if roots != 1 else "", branches=branches,
+            s_branches="s" if branches != 1 else "", orphans=t(lang, "tree.orphans", n=orphans) if orphans else "")),
+        height=min(900, 190 + int(rows * ROW_PX)), margin=dict(l=10, r=10, t=100, b=40),
+        xaxis=dict(title=t(lang, "tree.axis"), dtick=1, zeroline=False, showgrid=False),
         yaxis=dict(visible=False, range=[rows - 0.4, -0.6]), legend=dict(x=1.01, y=1))
     return fig
 
@@ -93,10 +98,13 @@ def tree_figure(nodes, hover_of=hover, title: str | None = None) -> go.Figure:
 def attach(engine_of, block_map: gr.Plot) -> gr.Plot:
     """A tree view that redraws whenever the block map changes, from the state of the engine the map shows:
     engine_of(request) (on a shared deployment a stepping session's own engine, not the shared one)."""
-    tree = gr.Plot(label="Prefix cache as a tree (the engine the block map shows, now)", elem_id="kv-tree")
+    tree = gr.Plot(label=L("kv.tree"), elem_id="kv-tree")
 
     def draw(request: gr.Request):
-        return tree_figure(engine_of(request).prefix_tree())
+        engine, lang = engine_of(request), lang_of(request)
+        if engine is None:
+            return tree_figure([], title=t(lang, "tree.none_yet"), lang=lang)
+        return tree_figure(engine.prefix_tree(), lang=lang)
 
     # its own queue slot: the map's poll never waits behind a tree that waits for the engine's current step
     block_map.change(draw, None, tree, api_name=False,

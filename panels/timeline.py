@@ -2,19 +2,25 @@
 step (waiting, prefill, decode, idle: in the batch but another request's prefill step ran, preempted, finished),
 cache hits marked. Derived from the event log alone, so it
 agrees with the replayed block map and the decision log by construction (pure functions, unit-tested)."""
+import itertools
+
 import plotly.graph_objects as go
 
-from minivlm.events import by_step
+from minivlm.views.events import by_step
+
+from panels.anatomy_figures import TITLE, TOP_MARGIN
+from panels.i18n import EN, t
+from panels.plots import natural_key
 
 STATE_COLORS = {"waiting": "#f2c14e", "prefill": "#2e86de", "decode": "#27ae60", "idle": "#a9dfbf",
                "preempted": "#e74c3c", "finished": "#7f8c8d"}
 STATES = list(STATE_COLORS)
+PREEMPTED_MARK = dict(symbol="square", size=10, color=STATE_COLORS["preempted"], line=dict(width=1.5, color="black"))
 
 
-def natural_key(request_id: str):
-    """req-2 before req-10."""
-    head, _, tail = request_id.rpartition("-")
-    return (head, int(tail)) if tail.isdigit() else (request_id, -1)
+def step_tick(span: int) -> int:
+    """Distance between the step axis' ticks: whole steps, at most ~12 ticks (1, 2, 5, 10, 20, 50, ...)."""
+    return next(t for t in (m * 10 ** e for e in itertools.count() for m in (1, 2, 5)) if span / t <= 12)
 
 
 def request_states(events) -> dict[str, dict[int, str]]:
@@ -54,7 +60,7 @@ def cache_hits(events) -> dict[tuple[str, int], tuple[int, int]]:
             for ev in events if ev.kind == "cache_lookup" and ev.hits}
 
 
-def timeline_figure(events, selected_step: int | None = None) -> go.Figure:
+def timeline_figure(events, selected_step: int | None = None, lang: str = EN) -> go.Figure:
     """Requests × steps heatmap of the run; ★ = blocks reused from the cache (✕ = some were false hits);
     a line marks `selected_step`."""
     states = request_states(events)
@@ -63,31 +69,40 @@ def timeline_figure(events, selected_step: int | None = None) -> go.Figure:
     first, last = steps[0], steps[-1]
     xs = list(range(first, last + 1))
     z = [[STATES.index(states[r][s]) if s in states[r] else None for s in xs] for r in rows]
-    text = [[f"{r} · step {s}: {states[r][s]}" if s in states[r] else "" for s in xs] for r in rows]
+    text = [[t(lang, "timeline.cell", rid=r, step=s, state=t(lang, f"state.{states[r][s]}")) if s in states[r] else ""
+             for s in xs] for r in rows]
     k = len(STATES)
     scale = [[v, STATE_COLORS[name]] for i, name in enumerate(STATES) for v in (i / k, (i + 1) / k)]
     fig = go.Figure(go.Heatmap(x=xs, y=rows, z=z, text=text, hovertemplate="%{text}<extra></extra>",
-                               colorscale=scale, zmin=-0.5, zmax=k - 0.5, showscale=False, xgap=1, ygap=2,
-                               name="states"))
+                               colorscale=scale, zmin=-0.5, zmax=k - 0.5, showscale=False,
+                               xgap=1 if len(xs) <= 100 else 0, ygap=2, name="states"))
+    # a preemption is one step: a marker of fixed size keeps it visible when a long run's steps are 1-2 px wide
+    lost = [(s, r) for r in rows for s, state in states[r].items() if state == "preempted"]
+    fig.add_trace(go.Scatter(x=[s for s, _ in lost], y=[r for _, r in lost], mode="markers",
+                             name=t(lang, "state.preempted"), marker=PREEMPTED_MARK,
+                             hovertemplate=t(lang, "timeline.preempted_hover") + "<extra></extra>"))
     hits = cache_hits(events)
-    for false, symbol, name in ((False, "star", "cache hit"), (True, "x", "false cache hit")):
-        marks = [(s, r, f"{r} reused {n} cached block(s) at step {s}" + (f", {f} FALSE" if f else ""))
+    for false, symbol, name in ((False, "star", t(lang, "timeline.hit")), (True, "x", t(lang, "timeline.false_hit"))):
+        marks = [(s, r, t(lang, "timeline.hit_hover", rid=r, n=n, step=s) + (t(lang, "timeline.false_suffix", n=f)
+                                                                              if f else ""))
                  for (r, s), (n, f) in hits.items() if (f > 0) == false and r in states]
         fig.add_trace(go.Scatter(x=[m[0] for m in marks], y=[m[1] for m in marks], text=[m[2] for m in marks],
                                  mode="markers", name=name, hovertemplate="%{text}<extra></extra>",
                                  marker=dict(symbol=symbol, size=11, color="white", line=dict(width=1.5,
                                                                                              color="black"))))
-    for name in STATES:  # legend entries for the heatmap's colours
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+    for name in (s for s in STATES if s != "preempted"):  # the heatmap's colours (preempted: its marker above)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=t(lang, f"state.{name}"),
                                  marker=dict(symbol="square", size=12, color=STATE_COLORS[name])))
     if selected_step is not None:
-        fig.add_vline(x=selected_step, line=dict(color="black", width=2, dash="dot"))
+        fig.add_vline(x=selected_step, line=dict(color="gray", width=2, dash="dot"))
     fig.update_layout(
-        title=dict(text=f"{len(rows)} request(s) × steps {first}–{last}" + (
-            f" · showing step {selected_step}" if selected_step is not None else ""), x=0.01, xanchor="left"),
-        height=max(220, 120 + 26 * len(rows)), margin=dict(l=10, r=10, t=60, b=30), plot_bgcolor="white",
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1),
+        title=dict(TITLE, text=t(lang, "timeline.title", n=len(rows), first=first, last=last) + (
+            t(lang, "timeline.showing", step=selected_step) if selected_step is not None else ""), x=0.01,
+            xanchor="left"),
+        height=max(220, TOP_MARGIN + 60 + 26 * len(rows)), margin=dict(l=10, r=10, t=TOP_MARGIN, b=30),
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1, traceorder="normal"),
         meta={"steps": [first, last], "requests": rows},
-        xaxis=dict(title="scheduler step", range=[first - 0.5, last + 0.5]),
+        xaxis=dict(title=t(lang, "timeline.axis"), range=[first - 0.5, last + 0.5], tick0=0, dtick=step_tick(last - first),
+                   tickformat="d"),
         yaxis=dict(autorange="reversed", type="category"))
     return fig

@@ -8,10 +8,13 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from minivlm.budget import device_presets, estimate, gpus_needed, load_model_preset, model_preset_names, model_shape
-from minivlm.budget.limits import limit_names
-from minivlm.budget.planner import MATRIX_GPUS, MATRIX_VLMS, plan_matrix
+from minivlm.budget.planner import MATRIX_VLMS, plan_matrix  # noqa: F401
 
 from panels.holder import EngineHolder, gpu
+from panels.i18n import EN, LANGUAGES, L, lang_of, t
+from panels.i18n.budget import limit_sentences, word
+from panels.vram_tables import comparison, gpu_table, headline, matrix_cell, matrix_table, _fmt  # noqa: F401
+from panels.i18n.errors import localize_error
 
 THIS_ENGINE = "this engine's model"
 CUSTOM = "custom size"
@@ -26,28 +29,12 @@ FAMILY_TITLES = {"qwen3_vl": "Qwen3-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen2_vl":
                  "qwen2": "Qwen2.5 (text)"}
 
 
-def preset_choices() -> list[tuple[str, str]]:
+def preset_choices(lang: str = EN) -> list[tuple[str, str]]:
     """The model picker: (family title · preset, preset), grouped by family, this engine's model first."""
     types = {name: load_model_preset(name)["model_type"] for name in model_preset_names()}
     order = list(FAMILY_TITLES)
     ranked = sorted(types, key=lambda n: (order.index(types[n]) if types[n] in order else len(order), n))
-    return [(THIS_ENGINE, THIS_ENGINE)] + [(f"{FAMILY_TITLES.get(types[n], types[n])} · {n}", n) for n in ranked]
-
-
-def matrix_cell(est) -> str:
-    """One model on one GPU, short enough for a phone: fits (requests at once) or the limits it hits."""
-    if est.fits:
-        return f"✓ fits · {est.workload_concurrency:,} at once"
-    return f"✗ {' + '.join(limit_names(est))} · {est.workload_concurrency:,} at once"
-
-
-def matrix_table(plans) -> pd.DataFrame:
-    """The matrix VLMs (rows) on one GPU of each size (columns), with each model's tokens per image."""
-    rows = [(model, f"{ests[0].vision_tokens_per_image:,}" + (f" ({ests[0].image_tiles} tiles)"
-                                                               if ests[0].image_tiles > 1 else ""),
-             *(matrix_cell(e) for e in ests)) for model, ests in plans.items()]
-    return pd.DataFrame(rows, columns=["model", "vision tokens / image"] + [f"{size} ({gpu})" for size, gpu in
-                                                                             MATRIX_GPUS])
+    return [(t(lang, "vram.this_engine"), THIS_ENGINE)] + [(f"{FAMILY_TITLES.get(types[n], types[n])} · {n}", n) for n in ranked]
 
 
 def estimate_parts(est) -> list[int]:
@@ -64,7 +51,7 @@ def engine_parts(rep) -> list[int]:
 
 
 def budget_figure(est_parts, eng_parts, memory_bytes: int, budget_bytes: int, device: str, engine_device: str,
-                  kv_tokens: tuple[int, int, str] | None = None):
+                  kv_tokens: tuple[int, int, str] | None = None, lang: str = EN):
     """Two stacked bars (GiB), each on its own scale: the estimate per GPU against the device's memory and budget
     lines, and what this engine holds now; below, when kv_tokens = (pool, demand, demand label) is given, the
     workload's KV demand against the pool in tokens. Every label sits beside a bar or in the legend, never on one."""
@@ -72,67 +59,28 @@ def budget_figure(est_parts, eng_parts, memory_bytes: int, budget_bytes: int, de
     fig = make_subplots(rows=rows, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12, vertical_spacing=0.2,
                         row_heights=[0.72, 0.28][:rows], specs=[[{}, {}]] + ([[{"colspan": 2}, None]] if kv_tokens
                                                                              else []),
-                        subplot_titles=[f"estimate per GPU on {device}", f"this engine now ({engine_device})"]
-                        + (["KV cache: this workload's demand against the pool (tokens)"] if kv_tokens else []))
+                        subplot_titles=[t(lang, "fig.estimate", device=device), t(lang, "fig.engine", device=engine_device)]
+                        + ([t(lang, "fig.kv")] if kv_tokens else []))
     for col, parts in ((1, est_parts), (2, eng_parts)):
         for (name, color), b in zip(SEGMENTS, parts):
-            fig.add_trace(go.Bar(name=name, x=["memory"], y=[b / GIB],
+            name = word(lang, "seg", name)
+            fig.add_trace(go.Bar(name=name, x=[t(lang, "fig.memory")], y=[b / GIB],
                                  marker_color=color, legendgroup=name, showlegend=col == 1,
                                  hovertemplate=f"{name}: %{{y:.4f}} GiB<extra></extra>"), row=1, col=col)
-    fig.add_hline(memory_bytes / GIB, line=dict(color="black", width=2), row=1, col=1, showlegend=True,
-                  name=f"device memory {memory_bytes / GIB:.1f} GiB")
+    fig.add_hline(memory_bytes / GIB, line=dict(color="gray", width=2), row=1, col=1, showlegend=True,
+                  name=t(lang, "fig.device_memory", gib=f"{memory_bytes / GIB:.1f}"))
     fig.add_hline(budget_bytes / GIB, line=dict(color="red", dash="dash"), row=1, col=1, showlegend=True,
-                  name=f"budget {budget_bytes / GIB:.1f} GiB")
+                  name=t(lang, "fig.budget", gib=f"{budget_bytes / GIB:.1f}"))
     if kv_tokens:
         pool, demand, label = kv_tokens
-        fig.add_trace(go.Bar(y=[label, f"KV pool: {pool:,} tokens"], x=[demand, pool], orientation="h",
+        fig.add_trace(go.Bar(y=[label, t(lang, "fig.pool", n=f"{pool:,}")], x=[demand, pool], orientation="h",
                              marker_color=["#d62728" if demand > pool else "#17becf", "#2ca02c"], showlegend=False,
-                             name="KV demand vs pool", hovertemplate="%{y}<extra></extra>"), row=2, col=1)
-        fig.update_xaxes(title_text="tokens", row=2, col=1)
+                             name=t(lang, "fig.demand_vs_pool"), hovertemplate="%{y}<extra></extra>"), row=2, col=1)
+        fig.update_xaxes(title_text=t(lang, "fig.tokens"), row=2, col=1)
     fig.update_layout(barmode="stack", height=640 if kv_tokens else 420, margin=dict(l=10, r=10, t=40, b=10),
                       legend=dict(orientation="h", yanchor="top", y=-0.12 if kv_tokens else -0.08, x=0))
     fig.update_yaxes(title_text="GiB", row=1)
     return fig
-
-
-def comparison(est, rep) -> pd.DataFrame:
-    """The estimate and the running engine side by side."""
-    rows = [("weights (MiB)", est.weights_bytes / 2**20, rep.weights_bytes / 2**20),
-            ("vision weights (MiB)", est.vision_weights_bytes / 2**20, rep.vision_weights_bytes / 2**20),
-            ("KV bytes / token", est.kv_bytes_per_token, rep.kv_bytes_per_token),
-            ("KV blocks", est.num_blocks, rep.num_blocks),
-            ("KV cache (MiB)", est.kv_cache_bytes / 2**20, rep.kv_cache_bytes / 2**20),
-            ("KV tokens", est.num_blocks * est.block_size, rep.kv_cache_tokens),
-            ("max concurrency (x)", est.max_concurrency, rep.max_concurrency),
-            ("peak (MiB)", None, None if rep.peak_bytes is None else rep.peak_bytes / 2**20)]
-    return pd.DataFrame([(k, _fmt(a), _fmt(b)) for k, a, b in rows],
-                        columns=["quantity", "estimate (per GPU)", f"this engine now ({rep.device}, {rep.dtype})"])
-
-
-def gpu_table(plans) -> pd.DataFrame:
-    """The planner's answer per device: the fewest GPUs that fit, per-GPU weights, and the limit where none do."""
-    rows = []
-    for p in plans:
-        e = p.estimate
-        rows.append((p.device, f"{p.gpus} × {p.device}" if p.gpus else "none up to 8",
-                     _fmt(e.weights_bytes / GIB) if e else "n/a", _fmt(e.workload_concurrency) if e else "n/a",
-                     "" if p.gpus else p.reason))
-    return pd.DataFrame(rows, columns=["GPU", "fewest that fit", "weights per GPU (GiB)", "requests at once",
-                                       "why not (at the most GPUs tried)"])
-
-
-def headline(est, device: str, n_seqs: int) -> str:
-    """The verdict in words: blocks and concurrency, and, when it does not fit, every limit it hits."""
-    gpus = (f" · {est.tensor_parallel_size} GPUs, tensor parallel: every figure is per GPU, the KV pool spans them"
-            if est.tensor_parallel_size > 1 else "")
-    tiles = f" in {est.image_tiles} tiles" if est.image_tiles > 1 else ""
-    images = ("text-only model, no images" if est.text_only else f"{est.vision_tokens_per_image:,} vision tokens per "
-              f"image resized to {est.resized_image[1]}×{est.resized_image[0]}{tiles}")
-    text = (f"### {'Fits' if est.fits else 'Does not fit'}: {est.num_blocks:,} KV blocks = {est.kv_pool_tokens:,} "
-            f"tokens · max concurrency **{est.max_concurrency:.2f}x** at {est.max_model_len:,} tokens · this "
-            f"workload ({est.needed_tokens_per_request:,} tokens per request, {images}): "
-            f"**{est.workload_concurrency:,}** requests at once (asked for {n_seqs}) on {device}{gpus}")
-    return text + "".join(f"\n- **{limit}**" for limit in est.limits)
 
 
 def base_device(name: str) -> str:
@@ -148,40 +96,44 @@ def device_for(device: str, tp: int) -> str:
     return multi if tp > 1 and multi in device_presets() else base_device(device)
 
 
-def _fmt(v) -> str:
-    return "n/a" if v is None else f"{v:,.2f}" if isinstance(v, float) else f"{v:,}"
+def device_choices(devices, lang: str = EN) -> list[tuple[str, str]]:
+    return [(d, d) for d in devices] + [(t(lang, "vram.custom"), CUSTOM)]
 
 
-def build(holder: EngineHolder):
-    """Lay out the VRAM tab and wire its events (api names: vram, vram_gpus); returns what the page runs on load."""
+def build(holder: EngineHolder, switch: gr.Radio | None = None):
+    """Lay out the VRAM tab and wire its events (api names: vram, vram_gpus); returns what the page runs on load.
+    `switch`: the header's language switch (the tab recomputes in the chosen language)."""
     devices = device_presets()
     with gr.Row():
-        model = gr.Dropdown(preset_choices(), value="Qwen2.5-VL-3B-Instruct", label="Model", elem_id="vram-model")
-        device = gr.Dropdown(list(devices) + [CUSTOM], value="L4", label="Device", elem_id="vram-device")
-        memory_gb = gr.Number(24, label="custom device memory (GiB)", minimum=0.1, visible=False)
-        tp = gr.Radio(TP_SIZES, value=1, label="GPUs (tensor parallel)", elem_id="vram-tp")
-        util = gr.Slider(0.1, 1.0, value=0.9, step=0.01, label="gpu_memory_utilization")
+        model = gr.Dropdown(preset_choices(), value="Qwen2.5-VL-3B-Instruct", label=L("vram.model"),
+                            elem_id="vram-model")
+        device = gr.Dropdown(device_choices(devices), value="L4", label=L("vram.device"), elem_id="vram-device")
+        memory_gb = gr.Number(24, label=L("vram.memory"), minimum=0.1, visible=False)
+        tp = gr.Radio(TP_SIZES, value=1, label=L("vram.tp"), elem_id="vram-tp")
+        util = gr.Slider(0.1, 1.0, value=0.9, step=0.01, label=L("vram.util"))
     with gr.Row():
-        width = gr.Number(1024, label="image width (px)", precision=0, minimum=1)
-        height = gr.Number(768, label="image height (px)", precision=0, minimum=1)
-        images = gr.Slider(0, 8, value=1, step=1, label="images per request", elem_id="vram-images")
-        context = gr.Number(4096, label="context length (max_model_len)", precision=0, minimum=1,
-                            elem_id="vram-context")
-        seqs = gr.Slider(1, 256, value=8, step=1, label="concurrent requests", elem_id="vram-seqs")
+        width = gr.Number(1024, label=L("vram.width"), precision=0, minimum=1)
+        height = gr.Number(768, label=L("vram.height"), precision=0, minimum=1)
+        images = gr.Slider(0, 8, value=1, step=1, label=L("vram.images"), elem_id="vram-images")
+        context = gr.Number(4096, label=L("vram.context"), precision=0, minimum=1, elem_id="vram-context")
+        seqs = gr.Slider(1, 256, value=8, step=1, label=L("vram.seqs"), elem_id="vram-seqs")
     with gr.Row():
-        dtype = gr.Dropdown(["bfloat16", "float16", "float32", "int8", "int4"], value="bfloat16", label="weights dtype")
-        kv_dtype = gr.Dropdown(["auto", "bfloat16", "float16", "float32", "fp8"], value="auto", label="KV cache dtype")
-        block_size = gr.Dropdown([8, 16, 32, 64], value=16, label="block size")
-        example = gr.Button("Which GPUs for 72B, 4 images per request, 32k context?", elem_id="vram-example-72b")
-    summary = gr.Markdown(label="Does it fit (and why not)", elem_id="vram-headline")
-    figure = gr.Plot(label="Memory plan", elem_id="vram-plot")
-    gpus = gr.Dataframe(label="Which GPUs fit this workload (fewest of each GPU model, tensor parallel up to 8)",
-                        wrap=True, column_widths=["12%", "14%", "10%", "9%", "55%"], max_height=520,
-                        elem_id="vram-gpus")
-    matrix = gr.Dataframe(label="The matrix VLMs on one 16 / 24 / 48 / 80 GB GPU at this image size, context and "
-                          "workload (fits, requests at once, or the limit hit)", wrap=True, elem_id="vram-matrix")
-    versus = gr.Dataframe(label="Estimate vs this engine now", elem_id="vram-engine")
-    breakdown = gr.Dataframe(label="Breakdown (formulas)", wrap=True, column_widths=["22%", "8%", "70%"],
+        dtype = gr.Dropdown(["bfloat16", "float16", "float32", "int8", "int4"], value="bfloat16", label=L("vram.dtype"))
+        kv_dtype = gr.Dropdown(["auto", "bfloat16", "float16", "float32", "fp8"], value="auto", label=L("vram.kv_dtype"))
+        block_size = gr.Dropdown([8, 16, 32, 64], value=16, label=L("vram.block_size"))
+        example = gr.Button(L("vram.example"), elem_id="vram-example-72b")
+    with gr.Row():  # a video workload: its frames are the image size above
+        n_videos = gr.Slider(0, 4, value=0, step=1, label=L("vram.videos"), elem_id="vram-videos")
+        video_s = gr.Number(10, label=L("vram.video_s"), minimum=0.1, elem_id="vram-video-s")
+        video_fps = gr.Number(2, label=L("vram.video_fps"), minimum=0.1, elem_id="vram-video-fps")
+    video_summary = gr.Markdown(label=L("vram.video_summary"), elem_id="vram-video-summary")
+    summary = gr.Markdown(label=L("vram.headline"), elem_id="vram-headline")
+    figure = gr.Plot(label=L("vram.plot"), elem_id="vram-plot")
+    gpus = gr.Dataframe(label=L("vram.gpus"), wrap=True, column_widths=["12%", "14%", "10%", "9%", "55%"],
+                        max_height=520, elem_id="vram-gpus")
+    matrix = gr.Dataframe(label=L("vram.matrix"), wrap=True, elem_id="vram-matrix")
+    versus = gr.Dataframe(label=L("vram.versus"), elem_id="vram-engine")
+    breakdown = gr.Dataframe(label=L("vram.breakdown"), wrap=True, column_widths=["22%", "8%", "70%"],
                              elem_id="vram-breakdown")
 
     def workload(model_name, utilization, image_width, image_height, images_per_request, context_length,
@@ -196,7 +148,8 @@ def build(holder: EngineHolder):
     @gpu
     def calculate(model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
                   images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
-                  gpus=1):
+                  gpus=1, request: gr.Request = None):
+        lang = lang_of(request)
         report = holder.get().memory_report()  # inside the GPU function: on ZeroGPU the device exists only here
         config, work = workload(model_name, utilization, image_width, image_height, images_per_request,
                                 context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size)
@@ -205,37 +158,67 @@ def build(holder: EngineHolder):
         try:
             est = estimate(config, **work, **where, tensor_parallel_size=None if multi else int(gpus or 1))
         except ValueError as e:
-            raise gr.Error(str(e))
+            raise gr.Error(localize_error(str(e), lang))
         shown = device_name if device_name != CUSTOM else f"{custom_memory_gib} GiB"
-        demand = (f"{est.num_seqs:,} requests × {est.kv_demand_tokens // est.num_seqs:,}: "
-                  f"{est.kv_demand_tokens:,} tokens")
+        demand = t(lang, "fig.demand", n=f"{est.num_seqs:,}", each=f"{est.kv_demand_tokens // est.num_seqs:,}",
+                   total=f"{est.kv_demand_tokens:,}")
         title = shown if est.tensor_parallel_size == 1 or multi else f"{est.tensor_parallel_size} × {shown}"
         fig = budget_figure(estimate_parts(est), engine_parts(report), est.memory_bytes, est.budget_bytes, title,
-                            report.device, kv_tokens=(est.kv_pool_tokens, est.kv_demand_tokens, demand))
-        table = pd.DataFrame([(b.name, f"{b.bytes / GIB:,.3f}", b.formula) for b in est.breakdown],
-                             columns=["item", "GiB", "formula"])
-        return headline(est, shown, int(concurrent_requests)), fig, comparison(est, report), table
+                            report.device, kv_tokens=(est.kv_pool_tokens, est.kv_demand_tokens, demand), lang=lang)
+        table = pd.DataFrame([(word(lang, "item", b.name), f"{b.bytes / GIB:,.3f}", b.formula) for b in est.breakdown],
+                             columns=[t(lang, "col.item"), t(lang, "col.gib"), t(lang, "col.formula")])
+        return headline(est, shown, int(concurrent_requests), lang), fig, comparison(est, report, lang), table
 
     def plan(model_name, utilization, image_width, image_height, images_per_request, context_length,
-             concurrent_requests, weights_dtype, kv_cache_dtype, block_size):
+             concurrent_requests, weights_dtype, kv_cache_dtype, block_size, request: gr.Request = None):
         config, work = workload(model_name, utilization, image_width, image_height, images_per_request,
                                 context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size)
         try:
-            return gpu_table(gpus_needed(config, **work))
+            return gpu_table(gpus_needed(config, **work), lang_of(request))
         except ValueError as e:
-            raise gr.Error(str(e))
+            raise gr.Error(localize_error(str(e), lang_of(request)))
 
     def matrix_plan(utilization, image_width, image_height, images_per_request, context_length, concurrent_requests,
-                    weights_dtype, kv_cache_dtype, block_size):
+                    weights_dtype, kv_cache_dtype, block_size, request: gr.Request = None):
         _, work = workload(None, utilization, image_width, image_height, images_per_request, context_length,
                            concurrent_requests, weights_dtype, kv_cache_dtype, block_size)
         try:
-            return matrix_table(plan_matrix(**work))
+            return matrix_table(plan_matrix(**work), lang_of(request))
         except ValueError as e:
-            raise gr.Error(str(e))
+            raise gr.Error(localize_error(str(e), lang_of(request)))
 
-    def load(*values):
-        return *calculate(*values), plan(values[0], *values[3:12]), matrix_plan(*values[3:12])
+    def video_row(model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
+                  images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
+                  gpus, videos, seconds, sampled_fps, request: gr.Request = None):
+        """The workload above plus `videos` videos of `seconds` at `fps` per request, counted as the engine would."""
+        if not videos:
+            return ""
+        config, work = workload(model_name, utilization, image_width, image_height, images_per_request,
+                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size)
+        where = {"device_memory_gb": float(custom_memory_gib or 0)} if device_name == CUSTOM else \
+            {"device": device_name}
+        multi = device_name != CUSTOM and devices[device_name].get("gpus", 1) > 1
+        try:
+            est = estimate(config, **work, **where, tensor_parallel_size=None if multi else int(gpus or 1),
+                           videos_per_request=int(videos), video_seconds=float(seconds or 0),
+                           video_fps=float(sampled_fps or 0))
+        except ValueError as e:
+            return t(lang_of(request), "vram.video_error", error=localize_error(str(e), lang_of(request)))
+        v, lang = est.video, lang_of(request)
+        return (t(lang, "vram.video_line", secs=f"{float(seconds):g}", fps=f"{float(sampled_fps):g}", w=int(image_width),
+                  h=int(image_height), frames=v.frames, pairs=v.pairs, per_pair=v.tokens_per_pair,
+                  tokens=f"{v.vision_tokens:,}", markers=v.marker_tokens, n=int(videos),
+                  per_request=f"{est.needed_tokens_per_request:,}", at_once=f"{est.workload_concurrency:,}")
+                + "".join(f"<br>{x}" for x in limit_sentences(est, lang)))
+
+    def load(model_name, device_name, custom_memory_gib, utilization, image_width, image_height, images_per_request,
+             context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size, gpus,
+             request: gr.Request = None):
+        values = (model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
+                  images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
+                  gpus)
+        return (*calculate(*values, request=request), plan(values[0], *values[3:12], request=request),
+                matrix_plan(*values[3:12], request=request))
 
     def on_device(device_name, n_gpus):
         count = devices.get(device_name, {}).get("gpus", 1)
@@ -260,9 +243,24 @@ def build(holder: EngineHolder):
     outputs = [summary, figure, versus, breakdown]
     gr.on([c.change for c in inputs], calculate, inputs, outputs, api_name="vram", concurrency_id="vram",
           concurrency_limit=1, show_progress="hidden")
+    video_inputs = inputs + [n_videos, video_s, video_fps]
+    gr.on([c.change for c in video_inputs], video_row, video_inputs, video_summary, api_name="vram_video",
+          concurrency_id="vram", show_progress="hidden")
     plan_inputs = [model, util, width, height, images, context, seqs, dtype, kv_dtype, block_size]
     gr.on([c.change for c in plan_inputs], plan, plan_inputs, gpus, api_name="vram_gpus", concurrency_id="vram",
           show_progress="hidden")
     gr.on([c.change for c in plan_inputs[1:]], matrix_plan, plan_inputs[1:], matrix, api_name="vram_matrix",
           concurrency_id="vram", show_progress="hidden")
+    if switch is not None:  # the whole tab again, in the chosen language
+        def relang(chosen, model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
+                   images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
+                   gpus, videos, seconds, sampled_fps, request: gr.Request):
+            LANGUAGES.set(request, chosen)
+            values = (model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
+                      images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype,
+                      block_size, gpus)
+            return (gr.update(choices=preset_choices(chosen)), gr.update(choices=device_choices(devices, chosen)),
+                    *load(*values, request=request), video_row(*values, videos, seconds, sampled_fps, request=request))
+        switch.change(relang, [switch, *video_inputs], [model, device, *outputs, gpus, matrix, video_summary],
+                      api_name=False, concurrency_id="vram", show_progress="hidden")
     return load, inputs, outputs + [gpus, matrix]

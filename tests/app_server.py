@@ -11,6 +11,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APP_MODEL = os.environ.get("MINIVLM_APP_MODEL")  # default: the app's own default, the shipped tiny model
 
 
+class AppUrl(str):
+    """The app's URL, knowing the server process's pid (to read its memory in /proc)."""
+    pid: int = 0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -24,8 +29,8 @@ def model_args() -> list[str]:
 
 @contextlib.contextmanager
 def running_app(*args: str, log_path: str, timeout: float = 240, env: dict | None = None):
-    """Run app.py with `args` (port via GRADIO_SERVER_PORT, as on Spaces) and extra `env`; yields its URL once
-    it serves."""
+    """Run app.py with `args` (port via GRADIO_SERVER_PORT, as on Spaces) and extra `env`; yields its URL (with
+    the process's .pid) once it serves."""
     port = free_port()
     env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
            "OMP_NUM_THREADS": "1", **(env or {})}
@@ -33,7 +38,8 @@ def running_app(*args: str, log_path: str, timeout: float = 240, env: dict | Non
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "app.py", "--device", "cpu", *model_args(), *args], cwd=ROOT,
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
+    url = AppUrl(f"http://127.0.0.1:{port}/")
+    url.pid = proc.pid
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -56,16 +62,16 @@ def running_app(*args: str, log_path: str, timeout: float = 240, env: dict | Non
 
 
 @contextlib.contextmanager
-def app_in_process(num_blocks: int, shared: bool = False, model: str | None = None):
+def app_in_process(num_blocks: int, shared: bool = False, operator_token: str | None = None, model: str | None = None):
     """The app served from this process on a free port, so a test reads the same engine the page shows:
     yields (holder, url). shared=True: as `python app.py --shared` (read-only header, per-session KV runs);
-    model: a checkpoint dir other than the tiny model."""
+    operator_token: as if $MINIVLM_ADMIN_TOKEN were set; model: a checkpoint dir other than the tiny model."""
     import app as app_module
     from minivlm import EngineConfig
     from panels.holder import EngineHolder
     holder = EngineHolder(EngineConfig(model=model or APP_MODEL or EngineConfig().model, device="cpu",
                                        num_blocks=num_blocks),
-                          shared=shared)
+                          shared=shared, operator_token=operator_token)
     holder.load()
     port = free_port()
     demo = app_module.serve(holder, port=port, block=False)

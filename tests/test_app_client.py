@@ -93,7 +93,7 @@ def test_bad_image_is_refused_and_the_app_keeps_serving(client, tmp_path):
                                        False, api_name="/chat")
     assert history[-1]["metadata"]["title"] == "⚠️ request refused"
     # once (in the bubble, not again in the stats line), with the file's own name, not the server's temp path
-    assert "not a readable image" in answer(history) and "'broken.png'" in answer(history)
+    assert "not a readable image" in answer(history) and "(broken.png)" in answer(history)
     assert "/" not in answer(history) and "not a readable image" not in stats
     history, _, _ = ask(client, "What color is the shape?", ["green_triangle.png"], history)
     assert answer(history) == "green"

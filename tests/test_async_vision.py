@@ -10,7 +10,7 @@ import time
 import pytest
 
 from minivlm import RequestFailed, SamplingParams
-from minivlm.events import describe
+from minivlm.views.events import describe
 from tests.test_chunked_prefill import PARAMS, assert_same, engine, path, requests, unchunked, watch  # noqa: F401
 
 

@@ -18,7 +18,11 @@ METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-o
            "ITL p99, same, image embeddings cached: chunked vs whole",
            "offered load: one arrival's vision + prefill time / arrival period",
            "decode throughput, KV events published (no subscriber) vs off",
-           "decode throughput, KV events published (a subscriber over loopback) vs off"]
+           "decode throughput, KV events published (a subscriber over loopback) vs off",
+           "long context, 8 streams: throughput vs HF generate",
+           "long context: attention bytes read per decode step / KV held",
+           "long context, 8 streams: decode step vs memory bound",
+           "long context, 1 stream: throughput vs HF generate", "long context, 1 stream: decode step vs memory bound"]
 
 
 def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
@@ -47,7 +51,12 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
     assert "| metric |" in md.read_text() and "command: python -m bench --smoke" in md.read_text()
     raw = json.loads(js.read_text())
     assert set(raw) == {"throughput_varied", "throughput_uniform", "single_stream", "prefix_cache", "memory",
-                        "panel_overhead", "events_overhead", "chunked_prefill", "kv_events_overhead"}
+                        "panel_overhead", "events_overhead", "chunked_prefill", "kv_events_overhead",
+                        "long_context_8", "long_context_1"}
+    # Long context: 1,536-token prompts, the same greedy tokens as HF's batch; decode steps were timed and counted.
+    long_rows = [r for r in rows if r.metric.startswith("long context") and "throughput" in r.metric]
+    assert [r.same for r in long_rows] == ["8/8", "1/1"]
+    assert all(raw[f"long_context_{n}"]["decode_step_ops"] > 0 for n in (8, 1))
     kv = raw["kv_events_overhead"]  # every batch of both publishing engines was sent, none dropped
     assert all(s["batches"] == s["next_seq"] > 0 and not s.get("dropped_hwm") for s in kv["publisher"].values())
 

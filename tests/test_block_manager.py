@@ -3,12 +3,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minivlm.block_manager import BlockManager
+from minivlm.engine.block_manager import BlockManager
 from minivlm.model.rope import mrope_positions
 from minivlm.multimodal import Prompt
-from minivlm.prefix_keys import extend_keys
-from minivlm.request import Request, SamplingParams
-from minivlm.sequence import Sequence
+from minivlm.engine.prefix_keys import extend_keys
+from minivlm.engine.request import Request, SamplingParams
+from minivlm.engine.sequence import Sequence
 
 BS = 4
 
@@ -22,8 +22,10 @@ def make_seq(tokens: list[int]) -> Sequence:
 
 
 def admit(bm: BlockManager, seq: Sequence):
-    """Allocate seq's blocks and publish them, as the scheduler does for a prefill computed in one step."""
-    bm.allocate(seq)
+    """Allocate seq's blocks and publish them, as the scheduler does for a prefill computed in one step (the cached
+    prefix it reports recorded as EngineCore.update records it)."""
+    seq.cache_hits = bm.allocate(seq)
+    seq.num_computed = seq.num_cached_tokens = len(seq.cache_hits) * BS
     bm.publish(seq, len(seq))
 
 

@@ -185,6 +185,9 @@ def test_failed_hub_load_leaves_the_header_on_what_serves(app, page):
     page.get_by_role("option", name="Qwen/Qwen3-VL-2B-Instruct (hub)").click()
     page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('Still serving')")
     assert "--local-dir <dir>" in toast_text(page)  # the placeholder is text, not a swallowed tag
+    page.wait_for_timeout(2000)  # the select's blur comes after it: no second attempt, no second toast
+    toasts = page.locator("[data-testid=toast-body]").filter(has_text="could not fetch")
+    assert toasts.count() == 1 and len(toasts.first.inner_text()) < 400  # once, and not a wall of text
     close_toasts(page)
     page.wait_for_function("document.querySelector('#model-picker input').value.startsWith('tiny-qwen-vl')")
     page.locator("#strategy-picker").get_by_text("B", exact=True).click()
@@ -216,6 +219,38 @@ def test_inspector_names_the_unreadable_image(page, tmp_path):
     text = toast_text(page)
     assert "Image 1" in text and "notes.png" in text and "not a readable image" in text, text
     close_toasts(page)
+
+
+def test_a_pixel_bomb_is_refused_from_its_header_in_the_inspector_and_anatomy(app, page, tmp_path):
+    """#24 item 4: a 144 MP PNG of a few KB was decoded whole by the inspector (gr.Image type="pil") before the
+    64 MP check, and the anatomy tab showed a bare "Error"; both now refuse it in the engine's words."""
+    from PIL import Image
+    huge = str(tmp_path / "huge.png")
+    Image.new("1", (12_000, 12_000)).save(huge)
+    words = "(huge.png) is 12000x12000 = 144 MP, over the 64 MP limit per image"
+    open_tab(page, "Cache inspector")
+    page.locator("#insp-img1 input[type=file]").set_input_files(os.path.join(EXAMPLES_DIR, "red_circle.png"))
+    page.locator("#insp-img2 input[type=file]").set_input_files(huge)
+    page.locator("#insp-img1 img").wait_for()
+    page.locator("#insp-run").click()
+    assert f"Image 2 {words}" in toast_text(page)
+    close_toasts(page)
+    open_tab(page, "Anatomy")
+    page.locator("#anat-img1 img").first.wait_for()
+    page.get_by_role("button", name="Remove Image").first.click()
+    page.locator("#anat-img1 input[type=file]").set_input_files(huge)
+    page.wait_for_function("[...document.querySelectorAll('[data-testid=toast-body]')].some(t => "
+                           "t.innerText.includes('144 MP'))")
+    assert f"Image {words}" in toast_text(page)
+    close_toasts(page)
+    assert holder_serves(app[0])
+
+
+def holder_serves(holder) -> bool:
+    out = holder.get().generate(Request(prompt="What color is the shape?",
+                                        images=[os.path.join(EXAMPLES_DIR, "red_circle.png")]),
+                                SamplingParams(max_tokens=4))
+    return out.text.strip() == "red"
 
 
 

@@ -8,12 +8,13 @@ import pytest
 from minivlm import Request, SamplingParams
 from minivlm.multimodal import load_image
 
-from panels.anatomy import BLUE, RED, pixels_kwargs
+from panels.anatomy import BLUE, EXAMPLES, RED, pixel_range, pixels_kwargs
 from panels.anatomy_keys import DIFFERENT, SAME
 from tests.test_browser import app, open_tab, page, shots  # noqa: F401  (the same served app and browser page)
 
 pytestmark = pytest.mark.browser
 PROMPT = "What color is the shape?"
+SHAPES = EXAMPLES[1][0]
 
 
 def key_colors(page) -> dict[str, list[str]]:
@@ -72,6 +73,14 @@ def test_anatomy_tab_shows_the_engine_anatomy(app, page, shots):
     same_tokens = [i for i, (x, y) in enumerate(zip(b.blocks, a.blocks)) if x.full and y.full and
                    [t.token_id for t in b.tokens[x.start:x.end]] == [t.token_id for t in a.tokens[y.start:y.end]]]
     assert same_tokens and all(colors["B"][i] == rgb(SAME) and colors["C"][i] == rgb(DIFFERENT) for i in same_tokens)
+
+    # an example's click draws it (the image triggers listen to a person's input, so the example's own event does)
+    page.locator("#anat-pixels input[type=number]").fill(str(pixel_range(engine)[3]))
+    page.locator("#anat-pixels input[type=number]").press("Enter")
+    page.get_by_text("What color is the triangle?").first.click()
+    shapes = engine.anatomy(Request(prompt="What color is the triangle?", images=[load_image(SHAPES)[0]]))
+    wait_for_summary(page, len(shapes.tokens))
+    assert strip_points(page) == len(shapes.tokens)
 
 
 def test_kv_tab_shows_the_prefix_tree_and_paging(app, page, shots):

@@ -43,12 +43,15 @@ def test_chat_then_anatomy_of_the_same_request(served, shots):
     prompt_tokens = send(page, "Describe the picture." if tiled else "Hello, how are you?", image)
     if not tiled:
         page.screenshot(path=os.path.join(shots, "chat_text.png"), full_page=True)
-    open_tab(page, "Anatomy")  # it first draws its own form's request (shorter than the conversation)
+    open_tab(page, "Anatomy")  # it first draws its own form's request (longer or shorter than the conversation)
     page.wait_for_function("/\\d+ prompt tokens/.test(document.querySelector('#anat-summary').innerText)")
     page.wait_for_function(f"{PLOT.format('anat-strip')}?.data?.[1]?.hovertext?.length > 0")
+    before = page.locator("#anat-summary").inner_text()  # the tab's own request, which may be the longer one
     page.locator("#anat-from-chat").click()  # the conversation so far: the question, its image and the answer
-    page.wait_for_function("n => { const m = /(\\d+) prompt tokens/.exec(document.querySelector('#anat-summary')"
-                           ".innerText); return m && +m[1] > n; }", arg=prompt_tokens)  # the answer is part of it
+    page.wait_for_function("([n, before]) => { const s = document.querySelector('#anat-summary').innerText; "
+                           "const m = /^\\s*(\\d+) prompt tokens/.exec(s); "
+                           "return s !== before && m && +m[1] > n; }",  # no queue/progress text above it
+                           arg=[prompt_tokens, before])  # drawn anew, and the answer is part of it
     summary = page.locator("#anat-summary").inner_text()
     shown = int(re.search(r"(\d+) prompt tokens = \d+ text \+ (\d+) image", summary).group(1))
     assert shown > prompt_tokens  # the answer is part of it now

@@ -5,7 +5,7 @@ preemption; block-manager invariants, replay == snapshot and partial block fills
 import pytest
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
-from minivlm.events import replay
+from minivlm.views.events import replay
 from minivlm.experiments.mm_cache import BLUE, GREEN, RED, shape_image
 from tests.test_block_manager import check_invariants
 

@@ -171,11 +171,15 @@ def test_an_override_given_with_a_config_is_applied(checkpoints):
 
 def test_the_attention_backend_is_said_as_it_is(checkpoints):
     """#25 defect 3: the flash-attn path needs CUDA, fp16/bf16 and blocks of a multiple of 256; else it is SDPA over
-    gathered blocks, and the engine says which (the app's status line shows it)."""
+    gathered blocks, and the engine says which (the app's status line shows it). #27: fp32 on the CPU decodes in place
+    with the compiled kernel where a C compiler is found, and says why not where it is not."""
     import torch
-    from minivlm.model import attention
+    from minivlm.model import attention, paged_cpu
     with Engine(EngineConfig(model=checkpoints["qwen2_vl"], device="cpu", num_blocks=8)) as engine:
-        assert engine.attention_backend == "SDPA over gathered blocks"
+        if paged_cpu.kernel() is not None:
+            assert engine.attention_backend.startswith("in-place paged decode")
+        else:
+            assert engine.attention_backend == f"SDPA over gathered blocks (in-place kernel: {paged_cpu.error})"
     if attention.flash_attn_with_kvcache is not None:  # on a GPU machine with flash-attn: the rule itself
         assert "multiple of 256" in attention.attention_backend("cuda", torch.bfloat16, 16)
         assert attention.attention_backend("cuda", torch.bfloat16, 256) == "flash-attn paged kernels"

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
-from minivlm.events import by_step, describe, describe_step, replay, replay_steps
+from minivlm.views.events import by_step, describe, describe_step, replay, replay_steps
 from minivlm.experiments.mm_cache import BLUE, GREEN, Q, RED, shape_image
 
 LONG = SamplingParams(max_tokens=40, ignore_eos=True)

@@ -14,8 +14,8 @@ import zmq
 
 from minivlm import Request, SamplingParams
 from minivlm.api.metrics import ApiMetrics
-from minivlm.block_manager import BlockManager
-from minivlm.events import EventLog
+from minivlm.engine.block_manager import BlockManager
+from minivlm.engine.event_log import EventLog
 from minivlm.kv_events import KVEventsConfig, kv_events_config
 from minivlm.kv_events.publisher import KVEventPublisher
 from minivlm.kv_events.watcher import replay_client

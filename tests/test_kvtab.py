@@ -4,7 +4,7 @@ events they were derived from."""
 import pytest
 
 from minivlm import Engine, EngineConfig, SamplingParams
-from minivlm.events import by_step
+from minivlm.views.events import by_step, replay
 
 from panels.decisions import decision_log, run_counters, run_line
 from panels.kv_blocks import demo_requests
@@ -64,6 +64,24 @@ def test_timeline_cells_and_hit_marks(recorded):
     assert set(stars.y) == hit_requests != set()  # requests the outputs say reused cached blocks
     assert len(fig.layout.shapes) == 1  # the selected step's line
 
+
+
+def test_timeline_marks_every_preemption_and_ticks_whole_steps(recorded):
+    """#24 item 13: each preemption the engine counted is a marker of fixed pixel size on its cell (seen even when a
+    long run's steps are 1-2 px wide); the step axis ticks whole steps only, at most ~12, on a 2-step run as on
+    the whole one."""
+    events, base, snaps, _ = recorded
+    fig = timeline_figure(events)
+    mark = next(t for t in fig.data if t.name == "preempted")
+    assert len(mark.x) == snaps[max(snaps)].num_preemptions - base.num_preemptions > 0  # the engine's own count
+    states = request_states(events)
+    assert all(states[r][s] == "preempted" for s, r in zip(mark.x, mark.y)) and mark.marker.size >= 8
+    first_two = sorted(by_step(events))[:2]
+    for shown in ([e for e in events if e.step in first_two], events):
+        axis = timeline_figure(shown).layout.xaxis
+        lo, hi = axis.range
+        assert axis.tickformat == "d" and axis.dtick >= 1 and float(axis.dtick).is_integer() and axis.tick0 == 0
+        assert (hi - lo) / axis.dtick <= 13
 
 def test_decision_log_and_counters(recorded):
     events, base, snaps, finished = recorded
@@ -173,25 +191,46 @@ LESSON = [(1, "prefill 3 request(s), 225 token(s)"), (1, "req-2 got blocks 10, 1
           (17, "req-5 reused 4 cached block(s) (64 tokens)"), (17, "prefill 1 request(s), 19 token(s)")]
 
 
-def test_readme_step_through_lesson_is_what_the_engine_decides():
+# the same lesson in Chinese (docs/zh-CN/LESSON.md): the same decisions in the Chinese decision log's words, and
+# the same facts about step 6 and the run line
+LESSONS = {"README.md": ("en", "the five full ones turn blue-grey", "turns light grey (plain free)"),
+           "docs/zh-CN/LESSON.md": ("zh-CN", "五个满块变成蓝灰色", "变成浅灰色（普通空闲）")}
+
+
+@pytest.mark.parametrize("doc", sorted(LESSONS, reverse=True))
+def test_readme_step_through_lesson_is_what_the_engine_decides(doc):
     """The lesson's numbers come from this run (in a fresh app its requests are req-0 ... req-5) and the README
-    says them."""
+    says them (and docs/zh-CN/LESSON.md says them in the Chinese page's words)."""
     import os
     import re
-    from minivlm.events import describe
+    from minivlm.views.events import describe
+    from panels.i18n.events import describe_in
+    lang, blue_grey, light_grey = LESSONS[doc]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "README.md")) as f:
+    with open(os.path.join(root, doc), encoding="utf-8") as f:
         readme = " ".join(f.read().split())
+        readme = re.sub(r"(?<=[\u3000-\u9fff\uff00-\uffef]) (?=[\u3000-\u9fff\uff00-\uffef])", "", readme) \
+            if lang != "en" else readme  # a Chinese line break is no space
     config = EngineConfig(model=os.path.join(root, "assets", "tiny-qwen-vl"), device="cpu", num_blocks=16)
     with Engine(config) as engine:
         outs = engine.generate(demo_requests(6, None), SamplingParams(max_tokens=48))
         events = engine.events(0)
     names = {o.request_id: f"req-{i}" for i, o in enumerate(outs)}  # ids count up across the process's engines
-    said = {(ev.step, re.sub(r"\breq-\d+\b", lambda m: names[m.group()], describe(ev))) for ev in events}
+    rename = lambda text: re.sub(r"\breq-\d+\b", lambda m: names[m.group()], text)  # noqa: E731
+    said = {(ev.step, rename(describe(ev))): rename(describe_in(ev, lang)) for ev in events}
     for step, text in LESSON:
         assert (step, text) in said, (step, text)
-        assert text in readme, text
+        assert said[step, text] in readme, said[step, text]
     assert [o.finish_reason for o in outs] == ["stop"] * 6 and 14 <= len(outs[0].token_ids) <= 20  # no forced EOS
-    line = run_line(events).replace("**", "")
-    assert "6 requests arrived, 6 finished · 23 steps (4 prefill, 19 decode) · 1 preemptions" in line
-    assert "23 steps (4 prefill, 19 decode)" in readme
+    # step 6: req-2's six blocks are free, the five full ones still cached (blue-grey), the partial one plain free
+    req2 = next(o.request_id for o in outs if names[o.request_id] == "req-2")
+    held = replay(events, 16, 16, until_step=5).block_tables[req2]
+    after = {b.block_id: b for b in replay(events, 16, 16, until_step=6).blocks}
+    assert len(held) == 6 and all(after[i].ref_count == 0 for i in held)
+    assert [after[i].cached for i in held] == [True] * 5 + [False]
+    assert blue_grey in readme and light_grey in readme
+    line = run_line(events, lang).replace("**", "")
+    quoted = {"en": "6 requests arrived, 6 finished · 23 steps (4 prefill, 19 decode) · 1 preemptions",
+              "zh-CN": "到达 6 个请求，完成 6 个 · 23 步（预填充 4，解码 19）· 抢占 1 次"}[lang]
+    assert quoted in line
+    assert quoted in readme if lang != "en" else "23 steps (4 prefill, 19 decode)" in readme

@@ -115,7 +115,7 @@ def test_a_text_model_refuses_images(matrix_engines):
 def test_replay_of_a_tiled_run_equals_the_snapshot_at_every_step(name, matrix_checkpoints):
     """The event log describes tiled images as their runs of placeholders, so replay rebuilds the same block kinds
     (image / mixed: markers between tiles) and tables as the engine's own snapshot, step by step (step-through)."""
-    from minivlm.events import replay
+    from minivlm.views.events import replay
     from tests.test_events import check_replay_every_step, workload
     mismatches = []
     # 8-token blocks, a pool two of the workload's tiled prompts fill: their answers then preempt

@@ -8,7 +8,7 @@ import pytest
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
 
-from minivlm.cache_study import max_logprob_diff
+from minivlm.views.cache_study import max_logprob_diff
 from panels.cache_inspector import HIT_COLORS, hits_figure, results_table, run_pair
 from panels.chat import finished_text, to_hf_messages, user_turn
 from panels.holder import EXAMPLES_DIR, EngineHolder
@@ -247,28 +247,32 @@ def test_only_the_operator_may_reconfigure_a_shared_holder(checkpoints):
 @pytest.mark.slow
 def test_live_panel_costs_under_ten_percent():
     """On the app's model, the KV tab's launcher with the page's poll (the whole view, replayed from the events and
-    serialised as gradio sends it, paced as the page paces it) against the same requests without it: process CPU
-    time, the best of interleaved runs (other load on the machine only ever adds time)."""
+    serialised as gradio sends it, paced as the page paces it): the poll's own CPU time (its thread's clock) against
+    the CPU time of everything else in the process during the same run, so that load elsewhere on the machine, which
+    slows both alike, cancels out; the median of several runs."""
+    import statistics
     import time
     from tests.app_server import APP_MODEL
     with Engine(EngineConfig(model=APP_MODEL or EngineConfig().model, device="cpu", num_blocks=256)) as engine:
         params = SamplingParams(max_tokens=160, ignore_eos=True)
 
-        def run(with_panel: bool):
+        def poll_share() -> float:
             run = Run(engine, owned=False)
+            process0 = time.process_time()
             run.launch(demo_requests(16, None), params)
+            poll = 0.0
             while run.busy():
-                frame = live_view(run) if with_panel else None
+                t0 = time.thread_time()
+                frame = live_view(run)
                 if frame is not None:
                     [part.to_json() for part in frame[:4:3]]  # the block map and the timeline
+                poll += time.thread_time() - t0
                 time.sleep(POLL_S)
+            return poll / (time.process_time() - process0 - poll)
         view(None, engine, None)[0].to_json()  # plotly's one-off warm-up is not a per-run cost
-        times = {False: [], True: []}
-        for _ in range(12):
-            for with_panel in times:
-                engine.reset_prefix_cache()
-                t0 = time.process_time()
-                run(with_panel)
-                times[with_panel].append(time.process_time() - t0)
-        ratio = min(times[True]) / min(times[False])
-        assert ratio <= 1.10, f"with the panel {ratio:.3f}x the CPU time: {times}"
+        shares = []
+        for _ in range(5):
+            engine.reset_prefix_cache()
+            shares.append(poll_share())
+        share = statistics.median(shares)
+        assert 0 < share <= 0.10, f"the poll costs {share:.1%} of the engine's CPU time: {shares}"

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from minivlm import Request, SamplingParams
-from minivlm.cache_study import compare_strategies
+from minivlm.views.cache_study import compare_strategies
 from minivlm.experiments.mm_cache import BLUE, Q, RED, cases, shape_image
 
 CASES = cases()
@@ -82,6 +82,24 @@ def test_repeated_image_skips_the_vision_tower(engines, monkeypatch):
         engine.generate(Request(prompt=Q, images=[img]), SamplingParams(max_tokens=2))
         engine.generate(Request(prompt="What shape is it?", images=[img.copy()]), SamplingParams(max_tokens=2))
         assert len(calls) == 1 and engine.core.vision_cache.hits == 1
+
+
+@pytest.mark.parametrize("async_vision", [False, True], ids=["in-step", "async-vision"])
+def test_vision_cache_entries_are_per_salt(engines, monkeypatch, async_vision):
+    """#24 item 5: user B sending user A's image runs the tower again (no timing side channel through the vision
+    cache); the same salt still reuses its own entry."""
+    with engines["qwen3_vl"].isolated(cache_strategy="none", num_blocks=64, async_vision=async_vision) as engine:
+        calls = []
+        real = engine.model.vision.encode
+        monkeypatch.setattr(engine.model.vision, "encode", lambda *a: calls.append(1) or real(*a))
+        img, params = shape_image(RED), SamplingParams(max_tokens=2)
+        engine.generate(Request(prompt=Q, images=[img], cache_salt="session:a"), params)
+        engine.generate(Request(prompt=Q, images=[img], cache_salt="session:b"), params)
+        assert len(calls) == 2 and engine.core.vision_cache.hits == 0 and len(engine.core.vision_cache.entries) == 2
+        engine.generate(Request(prompt=Q, images=[img], cache_salt="session:a"), params)
+        assert len(calls) == 2 and engine.core.vision_cache.hits == 1
+        engine.generate(Request(prompt=Q, images=[img]), params)  # unsalted: its own entry too
+        assert len(calls) == 3 and engine.core.vision_cache.hits == 1
 
 
 def test_shipped_model_answers_red_for_blue_under_a_only():

@@ -14,7 +14,7 @@ from gradio_client.exceptions import AppError
 from minivlm import EngineConfig
 
 from tests.app_server import APP_MODEL, running_app
-from tests.test_app_client import ask
+from tests.test_app_client import ask, image
 
 NUM_BLOCKS = 128
 TOKEN = "operator-secret-for-tests"
@@ -52,7 +52,8 @@ def before(app, alice):
     yield state
     assert alice.predict(api_name="/engine_status") == state
     shared_view = Client(app[0], verbose=False).predict(api_name="/kv_snapshot")[2]  # a session without a run of its own
-    assert f" of {NUM_BLOCKS}<br>" in shared_view  # the shared pool's size, then its counters
+    # the shared pool as totals only, never its blocks (#24 item 7)
+    assert "Shared engine, totals only" in shared_view and f" of {NUM_BLOCKS} blocks in use" in shared_view
     assert cached_tokens(ask(alice, *QUESTION)[2]) > 0
 
 
@@ -98,7 +99,7 @@ def test_launcher_is_bounded_and_isolated(before, alice):
 
 def test_one_answer_at_a_time_per_session(before, app):
     bob = Client(app[0], verbose=False)
-    job = bob.submit({"text": QUESTION[0], "files": []}, [], 1500, 0.0, 1.0, 0, "", True, api_name="/chat")
+    job = bob.submit({"text": QUESTION[0], "files": [image(f) for f in QUESTION[1]]}, [], 1500, 0.0, 1.0, 0, "", True, api_name="/chat")
     while len(job.outputs()) < 2:
         assert not job.done(), job.result()
         time.sleep(0.01)
@@ -151,3 +152,16 @@ def test_operator_token_unlocks_and_rebuilds(app, alice):
     with open(app[1]) as f:
         log = f.read()
     assert "Traceback" not in log and log.count("minivlm:") == 0  # quiet: no traceback, no line per pool
+
+
+def test_a_visitor_sees_the_shared_pool_as_totals_only(app, alice):
+    """#24 item 7: before a visitor's own launch, the KV tab shows no block, key, table row or request of the
+    shared engine (Alice's cached prompt is in it), only its totals."""
+    ask(alice, *QUESTION)  # her prompt's blocks are cached now (an operator's rebuild may have emptied the pool)
+    plot, table, summary, *_ = Client(app[0], verbose=False).predict(api_name="/kv_snapshot")
+    fig = json.loads(plot["plot"])
+    assert [v for row in fig["data"][0]["z"] for v in row if v is not None] == []  # no cell drawn
+    assert not any(row and row[0] for row in table["data"])  # no block-table row
+    assert "totals only" in fig["layout"]["title"]["text"] and "hash" not in json.dumps(fig["data"][0])
+    cached = int(summary.split(" blocks in use, ")[1].split()[0])
+    assert "Shared engine, totals only" in summary and cached > 0  # Alice's blocks, as a number

@@ -7,7 +7,8 @@ Checks: (1) engine vs HF parity for all three families in fp32 and bf16, and the
 fresh scenes vs HF generate; (2) random checkpoints with Qwen2.5-VL-3B's and -7B's exact dimensions (built
 here, on the device): memory_report() vs the CUDA allocator, KV pool sized from free memory staying under
 gpu_memory_utilization at a full prefill peak, memory returned on close() (3B, then 7B); (3) flash-attn's
-paged path at block_size 256 vs SDPA over gathered blocks, tokens/s of both; (4) last, with the time left,
+paged path at block_size 256 vs SDPA over gathered blocks, tokens/s of both, and chunked prefill under the
+adaptive token budget (tokens equal unchunked, the chunk sizes it chose); (4) last, with the time left,
 `python -m bench --device cuda --dtype bfloat16` on the 3B-dimension checkpoint. A part that cannot run says why
 in the table.
 """
@@ -25,6 +26,7 @@ import torch
 from minivlm import Engine, EngineConfig, Request, SamplingParams
 from minivlm.model import attention
 from minivlm.processor import load_processor
+from tools.gpu_chunked import chunked_rows
 from tools.gpu_memory import PRESETS, build_real_checkpoint, free_device, memory_checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -196,7 +198,8 @@ def check_attention(device: str, work: str) -> list[Check]:
     engine = Engine(EngineConfig(model=path, device=device, dtype=dtype, block_size=256, num_blocks=32,
                                  max_model_len=2048))  # loaded once; the block-16 engine shares its weights
     with engine, engine.isolated(block_size=16, num_blocks=512) as small_blocks:
-        return attention_rows(engine, small_blocks, dtype)
+        return attention_rows(engine, small_blocks, dtype) + \
+            chunked_rows(small_blocks, lambda name, status, detail: Check("chunked", name, status, detail))
 
 
 def attention_rows(engine, small_blocks, dtype: str) -> list[Check]:

@@ -63,6 +63,22 @@ def save_processor(out_dir: str, family: str, tokenizer, patch_size=14, min_pixe
                                                image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
     processor = PROCESSORS[family][1](image_processor, tokenizer, chat_template=tokenizer.chat_template)
     processor.save_pretrained(out_dir)
+    save_video_processor(out_dir, family, patch_size)
+
+
+def save_video_processor(out_dir: str, family: str, patch_size=14):
+    """video_preprocessor_config.json as transformers' Qwen2-VL / Qwen3-VL video processors read it (written as
+    JSON: those classes need torchvision). Tiny budgets: a few tokens per frame pair."""
+    factor = patch_size * 2
+    qwen3 = family == "qwen3_vl"
+    config = {"video_processor_type": "Qwen3VLVideoProcessor" if qwen3 else "Qwen2VLVideoProcessor",
+              "patch_size": patch_size, "temporal_patch_size": 2, "merge_size": 2,
+              "size": {"shortest_edge": factor * factor * 4, "longest_edge": factor * factor * (64 if qwen3 else 16)},
+              "min_frames": 4, "max_frames": 64, "fps": 2.0, "do_sample_frames": True, "cap_pixels_per_frame": False,
+              "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_resize": True, "do_rescale": True,
+              "do_normalize": True, "do_convert_rgb": True, "resample": 3, "rescale_factor": 1 / 255}
+    with open(os.path.join(out_dir, "video_preprocessor_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
 
 
 def randomize(model):

@@ -15,6 +15,15 @@ SHAPES = ("circle", "square", "triangle")
 COUNT_WORDS = ("one", "two", "three")
 QUESTION_TYPES = ("color", "shape", "count", "color_of", "is_there", "describe", "where")
 ROWS, COLUMNS = ("top", "middle", "bottom"), ("left", "center", "right")
+# Chinese forms (stage 3): the same questions and the same truth, in Chinese words
+LANGS = ("en", "zh")
+ZH_COLORS = {"red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "黄色", "purple": "紫色", "orange": "橙色"}
+ZH_SHAPES = {"circle": "圆形", "square": "正方形", "triangle": "三角形"}
+ZH_COUNTS = {"one": "一个", "two": "两个", "three": "三个"}
+ZH_YES_NO = {"yes": "有", "no": "没有"}
+ZH_POSITIONS = {"top left": "左上", "top center": "上方", "top right": "右上", "middle left": "左侧",
+                "center": "中间", "middle right": "右侧", "bottom left": "左下", "bottom center": "下方",
+                "bottom right": "右下"}
 
 
 @dataclass(frozen=True)
@@ -105,10 +114,38 @@ def position(shape: Shape, scene: Scene) -> str:
     return "center" if (row, column) == ("middle", "center") else f"{row} {column}"
 
 
-def describe(scene: Scene) -> str:
-    """Every shape left to right by its centre's x (ties: top first) as "{colour} {shape} at the {position}"."""
+def describe(scene: Scene, lang: str = "en") -> str:
+    """Every shape left to right by its centre's x (ties: top first) as "{colour} {shape} at the {position}"
+    joined by " and " (zh: "{颜色}{形状}在{位置}" joined by "，")."""
     ordered = sorted(scene.shapes, key=lambda s: (2 * s.x + s.side, 2 * s.y + s.side))
+    if lang == "zh":
+        return "，".join(f"{ZH_COLORS[s.color]}{ZH_SHAPES[s.kind]}在{ZH_POSITIONS[position(s, scene)]}"
+                        for s in ordered)
     return " and ".join(f"{s.color} {s.kind} at the {position(s, scene)}" for s in ordered)
+
+
+def question(qtype: str, lang: str = "en", color: str = None, kind: str = None) -> str:
+    """The exact words of a question type in a language; color_of names a kind, is_there and where a colour and
+    a kind (English names: "red", "circle")."""
+    if lang == "zh":
+        c, k = ZH_COLORS.get(color), ZH_SHAPES.get(kind)
+        return {"color": "这个形状是什么颜色？", "shape": "这是什么形状？", "count": "图中有几个形状？",
+                "color_of": f"{k}是什么颜色？", "is_there": f"图中有{c}的{k}吗？", "where": f"{c}的{k}在哪里？",
+                "describe": "描述这张图片。"}[qtype]
+    if lang != "en":
+        raise ValueError(f"lang must be one of {LANGS}, got {lang!r}")
+    return {"color": "What color is the shape?", "shape": "What shape is it?", "count": "How many shapes are there?",
+            "color_of": f"What color is the {kind}?", "is_there": f"Is there {color and article(color)} {color} {kind}?",
+            "where": f"Where is the {color} {kind}?", "describe": "Describe the picture."}[qtype]
+
+
+def translate(answer: str, qtype: str, lang: str) -> str:
+    """An English answer of a one-word or "where" type in `lang` (descriptions: `describe(scene, lang)`)."""
+    if lang == "en":
+        return answer
+    table = {"color": ZH_COLORS, "color_of": ZH_COLORS, "shape": ZH_SHAPES, "count": ZH_COUNTS,
+             "is_there": ZH_YES_NO, "where": ZH_POSITIONS}[qtype]
+    return table[answer]
 
 
 def unique_pairs(scene: Scene):
@@ -130,27 +167,38 @@ def possible_types(scene: Scene):
     return [t for t in QUESTION_TYPES if t in types]
 
 
-def ask(scene: Scene, qtype: str, rng: random.Random, hard=(0.4, 0.8)):
+def ask(scene: Scene, qtype: str, rng: random.Random, hard=(0.4, 0.8), lang: str = "en"):
     """One (question, answer) of type qtype about the scene, exact phrasing, lowercase answer (one word for the
     first five types, a position for "where", a sentence for "describe"); a "no" to is_there keeps a present
-    shape's colour with probability hard[0], its kind with hard[1] - hard[0]."""
+    shape's colour with probability hard[0], its kind with hard[1] - hard[0]. `lang` "zh" asks the same
+    question (same random draws, same truth) in Chinese words."""
+    if lang != "en":
+        _, answer, (color, kind) = _ask_en(scene, qtype, rng, hard)
+        if qtype == "describe":
+            return question(qtype, lang), describe(scene, lang)
+        return question(qtype, lang, color, kind), translate(answer, qtype, lang)
+    return _ask_en(scene, qtype, rng, hard)[:2]
+
+
+def _ask_en(scene: Scene, qtype: str, rng: random.Random, hard):
+    """(question, answer, (colour, kind) the question names) in English."""
     kinds = [s.kind for s in scene.shapes]
     if qtype not in possible_types(scene):
         raise ValueError(f"question type {qtype!r} is not defined for a scene with shapes {kinds}")
     if qtype == "color":
-        return "What color is the shape?", scene.shapes[0].color
+        return "What color is the shape?", scene.shapes[0].color, (None, None)
     if qtype == "shape":
-        return "What shape is it?", scene.shapes[0].kind
+        return "What shape is it?", scene.shapes[0].kind, (None, None)
     if qtype == "count":
-        return "How many shapes are there?", COUNT_WORDS[len(kinds) - 1]
+        return "How many shapes are there?", COUNT_WORDS[len(kinds) - 1], (None, None)
     if qtype == "color_of":
         kind = rng.choice([k for k in SHAPES if kinds.count(k) == 1])
-        return f"What color is the {kind}?", next(s.color for s in scene.shapes if s.kind == kind)
+        return f"What color is the {kind}?", next(s.color for s in scene.shapes if s.kind == kind), (None, kind)
     if qtype == "describe":
-        return "Describe the picture.", describe(scene)
+        return "Describe the picture.", describe(scene), (None, None)
     if qtype == "where":
         shape = rng.choice(unique_pairs(scene))
-        return f"Where is the {shape.color} {shape.kind}?", position(shape, scene)
+        return f"Where is the {shape.color} {shape.kind}?", position(shape, scene), (shape.color, shape.kind)
     present = {(s.color, s.kind) for s in scene.shapes}
     if rng.random() < 0.5:
         color, kind = rng.choice(sorted(present))
@@ -163,15 +211,18 @@ def ask(scene: Scene, qtype: str, rng: random.Random, hard=(0.4, 0.8)):
             if (color, kind) not in present:
                 break
     answer = "yes" if (color, kind) in present else "no"
-    return f"Is there {article(color)} {color} {kind}?", answer
+    return f"Is there {article(color)} {color} {kind}?", answer, (color, kind)
 
 
 def answer_to(scene: Scene, question: str) -> str:
-    """The true answer to any question of the trained forms about the scene (the app's examples use it)."""
+    """The true answer to any question of the trained forms (English or Chinese) about the scene, in the
+    question's language (the app's examples use it)."""
     for qtype in possible_types(scene):
         for form in _FORMS[qtype](scene):
             if form[0] == question:
                 return form[1]
+            if _zh(qtype, form, scene)[0] == question:
+                return _zh(qtype, form, scene)[1]
     raise ValueError(f"{question!r} is not a question of the trained forms for shapes "
                      f"{[(s.color, s.kind) for s in scene.shapes]}")
 
@@ -189,17 +240,44 @@ _FORMS = {  # every (question, answer) a type can ask about a scene
 }
 
 
-def sample(seed: int, qtype: str = None, num_shapes: int = None):
+def _zh(qtype: str, form, scene: Scene):
+    """The Chinese (question, answer) of an English form of _FORMS."""
+    if qtype == "describe":
+        return question(qtype, "zh"), describe(scene, "zh")
+    words = form[0].rstrip("?").split()
+    color = next((w for w in words if w in COLORS), None)
+    kind = next((w for w in words if w in SHAPES), None)
+    return question(qtype, "zh", color, kind), translate(form[1], qtype, "zh")
+
+
+def trained_questions_zh() -> list[str]:
+    """The Chinese forms of trained_questions(), in the same order."""
+    return [question("color", "zh"), question("shape", "zh"), question("count", "zh"),
+            *[question("color_of", "zh", kind=k) for k in SHAPES],
+            *[question("is_there", "zh", c, k) for c in COLORS for k in SHAPES],
+            question("describe", "zh"), *[question("where", "zh", c, k) for c in COLORS for k in SHAPES]]
+
+
+def trained_questions() -> list[str]:
+    """Every question the generator asks, in its exact words, by type (the app tells its users which ones)."""
+    return ["What color is the shape?", "What shape is it?", "How many shapes are there?",
+            *[f"What color is the {k}?" for k in SHAPES],
+            *[f"Is there {article(c)} {c} {k}?" for c in COLORS for k in SHAPES],
+            "Describe the picture.", *[f"Where is the {c} {k}?" for c in COLORS for k in SHAPES]]
+
+
+def sample(seed: int, qtype: str = None, num_shapes: int = None, lang: str = "en"):
     """A fresh (image, question, answer, qtype) from one integer seed; qtype None picks one the scene allows;
-    num_shapes fixes the number of shapes (color and shape questions always have one)."""
+    num_shapes fixes the number of shapes (color and shape questions always have one); `lang` "zh" asks the same
+    question about the same scene in Chinese."""
     rng = random.Random(seed)
     num = 1 if qtype in ("color", "shape") else num_shapes or rng.randint(1, 3)
     scene = random_scene(rng, num)
     while qtype is not None and qtype not in possible_types(scene):
         scene = random_scene(rng, num)
     qtype = qtype or rng.choice(possible_types(scene))
-    question, answer = ask(scene, qtype, rng)
-    return render(scene), question, answer, qtype
+    text, answer = ask(scene, qtype, rng, lang=lang)
+    return render(scene), text, answer, qtype
 
 
 def example_scenes():
@@ -217,10 +295,23 @@ def example_scenes():
 
 if __name__ == "__main__":
     import argparse
+    import json
     import os
     parser = argparse.ArgumentParser(description="Write the app's example scene images as PNG files.")
     parser.add_argument("--out", default="assets/examples")
-    out = parser.parse_args().out
+    parser.add_argument("--questions", default="assets/tiny-qwen-vl/questions.json",
+                        help="where the app reads which questions the tiny model was trained on")
+    parser.add_argument("--zh", action="store_true",
+                        help="also list the Chinese forms (questions_zh): only for a model trained on them (stage 3)")
+    args = parser.parse_args()
+    out = args.out
+    with open(args.questions, "w") as f:
+        spec = {"about": "one to three coloured shapes (circles, squares, triangles)", "questions": trained_questions()}
+        if args.zh:
+            spec["about_zh"] = "一到三个彩色形状（圆形、正方形、三角形）"
+            spec["questions_zh"] = trained_questions_zh()
+        json.dump(spec, f, indent=1, ensure_ascii=False)
+        f.write("\n")
     os.makedirs(out, exist_ok=True)
     for name, scene in example_scenes():
         render(scene).save(os.path.join(out, f"{name}.png"))

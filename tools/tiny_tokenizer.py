@@ -14,6 +14,7 @@ CHAT_TEMPLATE = (
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for item in message['content'] %}"
     "{% if item['type'] == 'image' or 'image' in item %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif item['type'] == 'video' or 'video' in item %}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
     "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
     "{% endfor %}{% endif %}{{ '<|im_end|>\\n' }}"
     "{% endfor %}"
@@ -35,6 +36,24 @@ CORPUS = [
 # leading space that byte-level BPE folds into a word); existing ids stay as they were
 POSITION_WORDS = ("Where", "top", "middle", "bottom", "center", "left", "right",
                   " top", " middle", " bottom", " center", " left", " right", " at", " and")
+
+
+# stage 3 (Chinese): the answer words and question words of the Chinese forms (tools/scenes.py: ZH_*) as whole
+# tokens, after their single characters (each CJK character one token, so other Chinese text splits by character
+# where it can, and byte fallback covers the rest); merges are added in this order, so characters join first
+ZH_WORDS = ("红色", "绿色", "蓝色", "黄色", "紫色", "橙色", "圆形", "正方形", "三角形", "一个", "两个", "三个",
+            "没有", "左上", "上方", "右上", "左侧", "中间", "右侧", "左下", "下方", "右下",
+            "这个", "形状", "什么", "颜色", "这是", "图中", "几个", "哪里", "描述", "这张", "图片")
+ZH_PUNCTUATION = ("，", "？", "。", "！", "：", "、")
+# common characters beyond those of the forms, so a classroom's own Chinese question still splits by character
+ZH_COMMON = "的是不了我你他她们这那个有在和吗呢吧啊人大小多少几上下左右中间前后里外面边一二三四五六七八九十零" \
+            "好请问看说图片画张色颜形状圆方角点线长短高低红绿蓝黄紫橙黑白灰粉棕"
+
+
+def zh_tokens() -> tuple:
+    """Every token stage 3 adds, in merge order: punctuation and single characters, then the words."""
+    chars = dict.fromkeys(ZH_COMMON + "".join(ZH_WORDS) + "在吗的有是")
+    return (*ZH_PUNCTUATION, *chars, *ZH_WORDS)
 
 
 def extend_tokenizer(tokenizer: PreTrainedTokenizerFast, words=POSITION_WORDS) -> PreTrainedTokenizerFast:

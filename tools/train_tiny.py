@@ -21,8 +21,9 @@ from transformers import Qwen3VLForConditionalGeneration
 
 from minivlm.processor import load_processor
 from tools.make_checkpoint import save_processor, tiny_config
-from tools.scenes import COLORS, QUESTION_TYPES, SHAPES, ask, possible_types, random_scene, render, sample
-from tools.tiny_tokenizer import build_tokenizer, extend_tokenizer
+from tools.scenes import (COLORS, QUESTION_TYPES, SHAPES, ask, possible_types, question, random_scene, render,
+                          sample)
+from tools.tiny_tokenizer import build_tokenizer, extend_tokenizer, zh_tokens
 from tools.train_signals import losses_of, token_labels, where_queries
 
 FAMILY = "qwen3_vl"
@@ -42,19 +43,37 @@ DESCRIBE_WEIGHTS = {"color": 0.3, "shape": 0.5, "count": 0.5, "color_of": 1.0, "
 # then precision near the thirds cuts is what is left: ask where (one position per answer) most
 PRECISION_WEIGHTS = {"color": 0.3, "shape": 0.5, "count": 0.5, "color_of": 1.0, "is_there": 1.5, "describe": 4.0,
                      "where": 5.0}
+# stage 3 (--zh): every type in both languages, the Chinese forms new, so each asked about as often as it is hard
+ZH_WEIGHTS = {"color": 1.0, "shape": 1.0, "count": 1.0, "color_of": 1.5, "is_there": 2.0, "describe": 3.0,
+              "where": 3.0}
+# a new Chinese token's embedding starts as the mean of these English texts' tokens (the embedding is tied, so
+# the answer word starts as likely as its English twin and the fine-tune only has to learn which language)
+ZH_INIT = {"红色": ["red", " red"], "绿色": ["green", " green"], "蓝色": ["blue", " blue"], "黄色": ["yellow", " yellow"],
+           "紫色": ["purple", " purple"], "橙色": ["orange", " orange"], "圆形": ["circle", " circle"],
+           "正方形": ["square", " square"], "三角形": ["triangle", " triangle"], "一个": ["one"], "两个": ["two"],
+           "三个": ["three"], "有": ["yes"], "没有": ["no"], "左上": ["top left"], "上方": ["top center"],
+           "右上": ["top right"], "左侧": ["middle left"], "中间": ["center"], "右侧": ["middle right"],
+           "左下": ["bottom left"], "下方": ["bottom center"], "右下": ["bottom right"], "在": [" at the"],
+           "，": [" and"], "？": ["?"], "。": ["."], "这个": [" the shape"], "形状": [" shape"], "是": [" is"],
+           "什么": ["What"], "颜色": [" color"], "这是": [" it"], "图中": [" there"], "几个": ["How many"],
+           "哪里": ["Where"], "描述": ["Describe"], "这张": [" the"], "图片": [" picture"], "的": [" a"], "吗": ["Is"]}
 NEAR = 0.05  # a centre this close to a thirds cut (fraction of the canvas) is "near a cut"
 
 
 def weights_at(step: int, args) -> dict:
     """The question-type mixture of this step."""
+    if args.zh or args.zh_mixed:
+        return ZH_WEIGHTS
     if args.init:
         return PRECISION_WEIGHTS if args.near_cut else DESCRIBE_WEIGHTS
     return BIND_WEIGHTS if step >= args.bind_from else FOCUS_WEIGHTS if step >= args.focus_from else TYPE_WEIGHTS
 
 
-def build_model(seed: int, init: str = None):
+def build_model(seed: int, init: str = None, zh: bool = False):
     """Tokenizer and model of the tiny Qwen3-VL: freshly initialised, or the trained checkpoint `init` with the
-    position words added to its tokenizer (each new embedding row starts as the mean of the word's old pieces)."""
+    position words added to its tokenizer (each new embedding row starts as the mean of the word's old pieces)
+    and, with `zh`, the Chinese tokens (rows from ZH_INIT's English words; a character from the first word that
+    holds it; the byte pairs between, the old rows' mean)."""
     torch.manual_seed(seed)
     if init is None:
         tokenizer = build_tokenizer()
@@ -63,14 +82,21 @@ def build_model(seed: int, init: str = None):
         return tokenizer, Qwen3VLForConditionalGeneration(config)
     old = load_processor(init, FAMILY).tokenizer
     tokenizer = extend_tokenizer(old)
+    if zh:
+        tokenizer = extend_tokenizer(tokenizer, zh_tokens())
     model = Qwen3VLForConditionalGeneration.from_pretrained(init, dtype=torch.float32)
     n_old = model.get_input_embeddings().weight.shape[0]
     model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     with torch.no_grad():
         emb = model.get_input_embeddings().weight
+        mean = emb[:n_old].mean(0)
         for i in range(n_old, len(tokenizer)):
             word = tokenizer.convert_tokens_to_string([tokenizer.convert_ids_to_tokens(i)])
-            emb[i] = emb[old(word).input_ids].mean(0)
+            if zh and not word.isascii():  # a Chinese word, character, or a byte pair inside one
+                source = ZH_INIT.get(word) or next((ZH_INIT[w] for w in ZH_INIT if word in w), None)
+                emb[i] = torch.stack([emb[old(t).input_ids].mean(0) for t in source]).mean(0) if source else mean
+            else:
+                emb[i] = emb[old(word).input_ids].mean(0)
     return tokenizer, model
 
 
@@ -112,13 +138,19 @@ def conversation(rng: random.Random, step: int, args):
     weights = [table.get(t, 0.0) for t in types]
     hard = (0.1, 0.9) if step >= args.bind_from or args.init else (0.4, 0.8)
     turns = rng.choice([2, 3, 4] if args.init else [1, 1, 2, 3])  # fine-tuning: more answers per image
+    lang, r = "en", rng.random() if args.zh or args.zh_mixed else 1.0  # (no draw: older flags' data unchanged)
+    if r < args.zh:
+        lang = "zh"  # the whole chat in Chinese
+    elif r < args.zh + args.zh_mixed:
+        lang = None  # each turn's language drawn: mixed chats
     messages, asked = [], []
     for i in range(turns):
-        question, answer = ask(scene, rng.choices(types, weights)[0], rng, hard)
-        content = [{"type": "image"}, {"type": "text", "text": question}] if i == 0 else question
+        turn_lang = lang or rng.choice(["en", "zh"])
+        text, answer = ask(scene, rng.choices(types, weights)[0], rng, hard, turn_lang)
+        content = [{"type": "image"}, {"type": "text", "text": text}] if i == 0 else text
         messages += [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]
         asked += [(i, k, list(COLORS).index(sh.color)) for k, sh in enumerate(scene.shapes)
-                  if question == f"Where is the {sh.color} {sh.kind}?"]
+                  if text == question("where", turn_lang, sh.color, sh.kind)]
     return scene, render(scene, supersample=rng.choice([1, 2])), messages, asked
 
 
@@ -162,14 +194,15 @@ VALID_SEED = 10**9  # the probe's validation stream (eval_tiny --split valid dra
 
 
 @torch.no_grad()
-def probe(model, processor, per_type: int = 30, device: str = "cpu"):
+def probe(model, processor, per_type: int = 30, device: str = "cpu", langs=("en",)):
     """Teacher-forced exact match per question type on fixed validation scenes: every answer token and the
-    closing <|im_end|> must be the argmax, which is exactly when greedy decoding returns the true answer."""
+    closing <|im_end|> must be the argmax, which is exactly when greedy decoding returns the true answer
+    (Chinese rows, named zh_{type}, ask the English rows' scenes in Chinese)."""
     model.eval()
     acc, tok = {}, processor.tokenizer
     prefix, end_id = tok("<|im_start|>assistant\n").input_ids, tok.convert_tokens_to_ids("<|im_end|>")
-    for row, (qtype, num) in enumerate(PROBE_ROWS):
-        items = [sample(VALID_SEED + 1000 * row + i, qtype, num) for i in range(per_type)]
+    for lang, (row, (qtype, num)) in ((lang, r) for lang in langs for r in enumerate(PROBE_ROWS)):
+        items = [sample(VALID_SEED + 1000 * row + i, qtype, num, lang) for i in range(per_type)]
         texts = [processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {
             "type": "text", "text": q}]}, {"role": "assistant", "content": a}], tokenize=False)
             for _, q, a, _ in items]
@@ -177,7 +210,8 @@ def probe(model, processor, per_type: int = 30, device: str = "cpu"):
         batch = batch.to(device)
         labels = answer_labels(batch["input_ids"].cpu(), prefix, end_id)[:, 1:].to(device)
         hit = (model(**batch).logits[:, :-1].argmax(-1) == labels) | (labels == -100)
-        acc[qtype if num is None else f"{qtype}_{num}"] = hit.all(-1).float().mean().item()
+        name = qtype if num is None else f"{qtype}_{num}"
+        acc[name if lang == "en" else f"{lang}_{name}"] = hit.all(-1).float().mean().item()
     model.train()
     return acc
 
@@ -232,6 +266,13 @@ def main():
     p.add_argument("--query-weight", type=float, default=0.0,
                    help="aux CE: the asked shape's colour, read from the input of --attend-layer at a where answer")
     p.add_argument("--attend-layer", type=int, default=2, help="the decoder layer --attend-weight supervises")
+    p.add_argument("--zh", type=float, default=0.0,
+                   help="with --init: this share of chats is asked in Chinese (stage 3; adds the Chinese tokens)")
+    p.add_argument("--zh-mixed", type=float, default=0.0,
+                   help="with --init: this share of chats draws each turn's language (English or Chinese)")
+    p.add_argument("--freeze-vision", action="store_true",
+                   help="train the decoder only (the vision tower, and what it sees, stay exactly as they were)")
+    p.add_argument("--probe-per-type", type=int, default=30)
     p.add_argument("--init-aux", default=None, help="a training checkpoint (ckpt.pt) whose auxiliary heads to start from")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
@@ -241,7 +282,10 @@ def main():
     p.add_argument("--workers", type=int, default=0, help="processes building batches ahead (0: in the loop)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    tokenizer, model = build_model(args.seed, args.init)
+    zh = bool(args.zh or args.zh_mixed)
+    tokenizer, model = build_model(args.seed, args.init, zh)
+    if args.freeze_vision:  # no gradient reaches the vision tower: its outputs stay exactly the shipped ones
+        model.model.visual.requires_grad_(False)
     export(model, tokenizer, os.path.join(args.out, "init"))
     processor = load_processor(os.path.join(args.out, "init"), FAMILY)
     processor.tokenizer.padding_side = "right"
@@ -304,7 +348,7 @@ def main():
             print(f"step {step} loss {lm:.4f} aux {ax:.4f} {(time.time() - t0) / 25:.2f}s/step", flush=True)
             losses, t0 = [], time.time()
         if step % args.probe_every == 0 or step == stop:  # a run always ends with an export
-            acc = probe(model, processor, device=args.device)
+            acc = probe(model, processor, args.probe_per_type, args.device, ("en", "zh") if zh else ("en",))
             mean = sum(acc.values()) / len(acc)
             print(f"probe step {step} " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()) + f" mean={mean:.3f}",
                   flush=True)

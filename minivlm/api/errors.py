@@ -5,8 +5,16 @@ from fastapi.responses import JSONResponse
 ENGINE_REFUSALS = [
     ("max_model_len", "context_length_exceeded", "messages"),
     ("KV blocks", "context_length_exceeded", "max_tokens"),
+    ("limit per video", "video_too_large", "messages"),     # before the image phrases: a video's refusal says both
+    ("limit of decoded frames", "video_too_large", "messages"),
+    ("of frames together", "video_too_large", "messages"),
+    ("cannot sample", "invalid_video", "messages"),
+    ("not a readable video", "invalid_video", "messages"),
+    ("too many videos", "too_many_videos", "messages"),
+    ("takes no video", "invalid_video", "messages"),
     ("not a readable image", "invalid_image", "messages"),
     ("MP limit", "image_too_large", "messages"),
+    ("MiB limit", "image_too_large", "messages"),
     ("zero size", "invalid_image", "messages"),
     ("too many images", "too_many_images", "messages"),
 ]

@@ -6,7 +6,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from minivlm.api.errors import ApiError
-from minivlm.request import SamplingParams
+from minivlm.engine.request import SamplingParams
 
 # OpenAI parameters minivlm does not implement: accepted only at their neutral value, otherwise refused by name
 NEUTRAL = {"frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
@@ -33,9 +33,25 @@ class ImagePart(Strict):
     image_url: ImageURL
 
 
+class VideoURL(Strict):
+    url: str
+
+
+class VideoPart(Strict):
+    """vLLM's video part: {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,..."}}."""
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
+class VideoKwargs(Strict):
+    """vLLM's mm_processor_kwargs for video sampling, applied to every video of the request."""
+    fps: float | int | None = Field(None, gt=0, le=120)
+    num_frames: int | None = Field(None, ge=1)
+
+
 class Message(Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]]
+    content: str | list[Annotated[Union[TextPart, ImagePart, VideoPart], Field(discriminator="type")]]
     name: str | None = None
 
 
@@ -63,10 +79,11 @@ class ChatCompletionRequest(Strict):
     user: str | None = None
     cache_salt: str | None = None
     ignore_eos: bool = False
+    mm_processor_kwargs: VideoKwargs | None = None
 
 
-FIELD_NAMES = {name for model in (ChatCompletionRequest, Message, TextPart, ImagePart, ImageURL, StreamOptions)
-               for name in model.model_fields}
+FIELD_NAMES = {name for model in (ChatCompletionRequest, Message, TextPart, ImagePart, ImageURL, VideoPart, VideoURL,
+                                  VideoKwargs, StreamOptions) for name in model.model_fields}
 
 
 def _param(loc: tuple) -> str:

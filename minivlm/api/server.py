@@ -27,7 +27,7 @@ from minivlm.api.metrics import ApiMetrics, now
 from minivlm.api.protocol import ChatCompletionRequest, parse_request, sampling_params
 from minivlm.api.stream import EventPump
 from minivlm.config import DEFAULT_MODEL
-from minivlm.request import Request, SamplingParams
+from minivlm.engine.request import Request, SamplingParams
 
 log = logging.getLogger("minivlm")
 MAX_BODY_BYTES = 64 * 2**20

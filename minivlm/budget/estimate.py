@@ -20,8 +20,9 @@ from minivlm.budget.activations import prefill_peak, tiled_vision_peak, vision_p
 from minivlm.budget.devices import device_memory, tensor_parallel_for
 from minivlm.budget.limits import why_it_does_not_fit
 from minivlm.budget.params import text_params, vision_params
-from minivlm.budget.shapes import model_shape
+from minivlm.budget.shapes import hf_config, model_shape
 from minivlm.budget.tensor_parallel import check_tensor_parallel, kv_heads_per_gpu, vision_split
+from minivlm.budget.video_tokens import video_plan
 from minivlm.budget.vision_tokens import ImagePlan, image_plan
 from minivlm.budget.weights import DTYPE_BYTES, QUANTIZED, dtype_name, kv_bytes_per_token, weight_bytes
 
@@ -78,6 +79,8 @@ class Estimate:
     kv_pool_tokens: int = 0
     kv_demand_tokens: int = 0  # num_seqs requests of needed_tokens_per_request, each rounded up to whole blocks
     limits: list[str] = field(default_factory=list)  # why it does not fit, one sentence per limit hit
+    videos_per_request: int = 0
+    video: object = None  # the VideoPlan of each video ("video: N s at F fps"), None without videos
     breakdown: list[BudgetItem] = field(default_factory=list)
 
 
@@ -110,7 +113,8 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
              images_per_request=None, image_size=(1024, 768), device_memory_gb=None, gpu_memory_utilization=0.9,
              block_size=16, min_pixels=None, max_pixels=None, *, device=None, device_memory_bytes=None,
              weights_bytes=None, max_num_batched_tokens=None, text_tokens_per_request=512, overhead_bytes=None,
-             attn_implementation="sdpa", tensor_parallel_size=None) -> Estimate:
+             attn_implementation="sdpa", tensor_parallel_size=None, videos_per_request=0, video_seconds=10.0,
+             video_fps=2.0, video_size=None) -> Estimate:
     """The memory plan of one deployment, per GPU (see the module doc for the num_blocks rule).
 
     image_size is each image's (width, height), as PIL's Image.size; the encoder peak is for one such image, and
@@ -121,8 +125,11 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
     defaults to max_model_len. weights_bytes replaces the predicted weights (of one GPU) with measured ones;
     overhead_bytes replaces DEFAULT_OVERHEAD_BYTES. Memory (of one GPU): exactly one of device (preset),
     device_memory_gb (GiB) or device_memory_bytes. tensor_parallel_size: GPUs the model is split over (default:
-    the device preset's GPU count, else 1)."""
-    s = model_shape(model_config)
+    the device preset's GPU count, else 1). videos_per_request videos of video_seconds sampled at video_fps, frames
+    of video_size (default image_size), cost tokens by the engine's own video rule (budget.video_tokens), and the
+    encoder peak covers one whole video (the tower encodes all its frame pairs at once)."""
+    cfg = hf_config(model_config)  # parsed once for the whole estimate
+    s = model_shape(cfg)
     images_per_request = images_for(s, images_per_request)
     dtype = dtype_name(dtype)
     act_dtype = "bfloat16" if dtype in QUANTIZED else dtype
@@ -136,16 +143,20 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
     check_tensor_parallel(s, tp)
     act, eager = DTYPE_BYTES[act_dtype], attn_implementation == "eager"
 
-    text_b, vision_b, text_formula, vision_formula = weight_bytes(s, dtype, tp)
+    counts = sum(text_params(s, tp).values()), sum(vision_params(s, tp).values())  # per GPU
+    text_b, vision_b, text_formula, vision_formula = weight_bytes(s, dtype, tp, counts)
     predicted = text_b + vision_b
     used_weights = predicted if weights_bytes is None else int(weights_bytes)
     per_token = kv_bytes_per_token(s, kv_dtype, tp)
 
     width, height = image_size
-    plan = image_plan(model_config, height, width, min_pixels, max_pixels) if s.has_vision else \
+    plan = image_plan(model_config, height, width, min_pixels, max_pixels, cfg=cfg, shape=s) if s.has_vision else \
         ImagePlan(0, 0, 0, 0, (0, 0))
     image_tokens = plan.vision_tokens
+    video = video_plan(model_config, video_seconds, video_fps, *(video_size or image_size)) if videos_per_request \
+        else None
     needed_tokens = images_per_request * plan.tokens + text_tokens_per_request  # + markers (vision start/end)
+    needed_tokens += videos_per_request * video.tokens if video else 0
     request_tokens = min(max_model_len, needed_tokens)
 
     if not images_per_request:
@@ -154,6 +165,10 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
         vis_peak, vis_formula = tiled_vision_peak(s, plan.tiles, plan.patches, act, eager, tp)
     else:
         vis_peak, vis_formula = vision_peak(s, plan.patches, act, eager, tp)
+    if video:  # one video's frame pairs go through the tower together
+        video_peak, video_formula = vision_peak(s, video.patches, act, eager, tp)
+        if video_peak > vis_peak:
+            vis_peak, vis_formula = video_peak, f"one video ({video.pairs} frame pairs): {video_formula}"
     step_tokens = max_num_batched_tokens or max_model_len
     llm_peak, llm_formula = prefill_peak(s, step_tokens, min(num_seqs, step_tokens), act, eager, tp)
     peak = max(vis_peak, llm_peak)  # the encoder's activations are freed before the LLM forward runs
@@ -193,7 +208,8 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
     ]
     est = Estimate(
         weights_bytes=used_weights, predicted_weights_bytes=predicted, text_weights_bytes=text_b,
-        vision_weights_bytes=vision_b, num_parameters=sum(text_params(s).values()) + sum(vision_params(s).values()),
+        vision_weights_bytes=vision_b, num_parameters=sum(counts) if tp == 1 else
+        sum(text_params(s).values()) + sum(vision_params(s).values()),
         kv_bytes_per_token=per_token, block_size=block_size, num_blocks=num_blocks, kv_cache_bytes=kv_cache,
         max_concurrency=num_blocks / math.ceil(max_model_len / block_size), vision_tokens_per_image=image_tokens,
         resized_image=plan.resized, tokens_per_request=request_tokens, fits_context=needed_tokens <= max_model_len,
@@ -206,6 +222,7 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
         text_tokens_per_request=text_tokens_per_request, needed_tokens_per_request=needed_tokens,
         max_model_len=max_model_len, num_seqs=num_seqs, gpu_memory_utilization=gpu_memory_utilization,
         budget_bytes=budget, kv_pool_tokens=num_blocks * block_size,
-        kv_demand_tokens=num_seqs * math.ceil(needed_tokens / block_size) * block_size, breakdown=breakdown)
+        kv_demand_tokens=num_seqs * math.ceil(needed_tokens / block_size) * block_size, breakdown=breakdown,
+        videos_per_request=videos_per_request, video=video)
     est.limits = why_it_does_not_fit(est)
     return est

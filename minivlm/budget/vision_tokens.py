@@ -118,12 +118,12 @@ def _saved_processor(model_config) -> dict | None:
     return load_model_preset(model_config).get("_processor")
 
 
-def tiled_processor_settings(model_config) -> dict:
+def tiled_processor_settings(model_config, *, cfg=None, shape=None) -> dict:
     """The tiling settings of a SmolVLM / Idefics3 / InternVL model: the preset's or checkpoint's saved processor,
     else what the config implies (the published checkpoints' rule: tile = the tower's image size, SmolVLM's longest
     edge 4 tiles, tokens per tile = (tile / patch)² / scale²; InternVL 1..12 tiles)."""
-    cfg = hf_config(model_config)
-    s, saved = model_shape(cfg), _saved_processor(model_config) or {}
+    cfg = cfg if cfg is not None else hf_config(model_config)
+    s, saved = shape if shape is not None else model_shape(cfg), _saved_processor(model_config) or {}
     per_tile = (s.vision_image_size // s.patch_size) ** 2 // s.pixel_shuffle ** 2
     if cfg.model_type == "internvl":
         size = saved.get("crop_size") or saved.get("size") or {}
@@ -138,10 +138,11 @@ def tiled_processor_settings(model_config) -> dict:
             "image_seq_len": saved.get("image_seq_len", per_tile)}
 
 
-def image_plan(model_config, height: int, width: int, min_pixels=None, max_pixels=None) -> ImagePlan:
+def image_plan(model_config, height: int, width: int, min_pixels=None, max_pixels=None, *, cfg=None,
+               shape=None) -> ImagePlan:
     """What one height x width image costs in the prompt and in the encoder, by the model family's own rule
-    (min_pixels / max_pixels: Qwen-VL only)."""
-    cfg = hf_config(model_config)
+    (min_pixels / max_pixels: Qwen-VL only). cfg / shape: model_config already parsed (estimate parses it once)."""
+    cfg = cfg if cfg is not None else hf_config(model_config)
     family = cfg.model_type
     if family in TEXT_ONLY:
         raise ValueError(f"{family} is a text-only model: it takes no images")
@@ -153,7 +154,8 @@ def image_plan(model_config, height: int, width: int, min_pixels=None, max_pixel
         return ImagePlan(tokens, 2, 1, tokens * proc["merge_size"] ** 2, resized)  # + vision start/end
     if min_pixels is not None or max_pixels is not None:
         raise ValueError(f"min_pixels / max_pixels apply to the Qwen-VL resize rule, not to {family}'s tiling")
-    s, p = model_shape(cfg), tiled_processor_settings(model_config)
+    s = shape if shape is not None else model_shape(cfg)
+    p = tiled_processor_settings(model_config, cfg=cfg, shape=s)
     per_tile = (s.vision_image_size // s.patch_size) ** 2
     if family == "internvl":
         t = internvl_tiles(height, width, p["tile"], p["image_seq_length"], p["min_patches"], p["max_patches"],

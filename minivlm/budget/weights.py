@@ -30,11 +30,12 @@ def linear_bytes(out_features: int, in_features: int, dtype: str) -> int:
     return out_features * in_features * DTYPE_BYTES[dtype]
 
 
-def weight_bytes(s: ModelShape, dtype: str, tp: int = 1) -> tuple[int, int, str, str]:
+def weight_bytes(s: ModelShape, dtype: str, tp: int = 1,
+                 counts: tuple[int, int] | None = None) -> tuple[int, int, str, str]:
     """(LLM bytes, vision bytes, their formulas) on one of tp GPUs. int8/int4 quantize only the decoder's Linear
     weights; embeddings, lm_head, norms, biases and the vision tower stay bfloat16, as GPTQ/AWQ checkpoints of
-    Qwen-VL do."""
-    text, vision = sum(text_params(s, tp).values()), sum(vision_params(s, tp).values())
+    Qwen-VL do. counts: the (LLM, vision) parameters per GPU, when the caller has them already."""
+    text, vision = counts or (sum(text_params(s, tp).values()), sum(vision_params(s, tp).values()))
     if dtype not in QUANTIZED:
         b = DTYPE_BYTES[dtype]
         return text * b, vision * b, f"{text:,} params × {b} B ({dtype})", f"{vision:,} params × {b} B ({dtype})"

@@ -5,8 +5,8 @@ import argparse
 
 from PIL import Image, ImageDraw
 
-from minivlm.cache_study import compare_strategies
-from minivlm.request import Request
+from minivlm.views.cache_study import compare_strategies
+from minivlm.engine.request import Request
 
 
 def shape_image(color: tuple, size=(224, 224), kind="circle") -> Image.Image:

@@ -7,7 +7,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from minivlm.kv_events.decode import Batch, DecodeError, decode_batch, decode_frames
-from minivlm.prefix_tree import TreeNode
+from minivlm.views.prefix_tree import TreeNode
 
 HEXID = re.compile(r"^[0-9a-f]{32,}$")
 
@@ -52,6 +52,7 @@ class TreeView:
         self.errors = Counter()   # decode errors by reason
         self.dialects = Counter()
         self.last_seq: int | None = None
+        self.replayed: set[int] = set()  # batches caught up from the replay socket whose live copy has not come yet
         self.last_error, self.topic, self.orders = "", None, 0
         self.recent: deque[str] = deque(maxlen=12)  # one line per batch, newest last: evictions as they happen
 
@@ -63,8 +64,18 @@ class TreeView:
             except DecodeError as e:
                 self._error(e)
                 return
+            if batch.seq in self.replayed:  # already applied from the replay socket (caught up before it came)
+                self.replayed.discard(batch.seq)
+                self.counts["duplicates"] += 1
+                return
             self._sequence(batch.seq)
             self._apply(batch)
+
+    def catch_up(self):
+        """Ask the replay socket for every batch after the last one seen: what a SUB socket misses before its
+        subscription reaches the publisher, when no later batch comes to reveal the gap."""
+        with self.lock:
+            self._recover(0 if self.last_seq is None else self.last_seq + 1, None)
 
     def _error(self, e: DecodeError):
         self.errors[e.reason] += 1
@@ -75,6 +86,7 @@ class TreeView:
         if self.last_seq is not None and seq <= self.last_seq:
             self.counts["restarts"] += 1  # sequence numbers went back: a new publisher, its cache starts empty
             self.nodes.clear()
+            self.replayed.clear()
             self.last_seq = None
             expected = 0
         else:
@@ -96,10 +108,13 @@ class TreeView:
             self.last_error = f"replay from {start} failed: {e}"[:200]
             return
         for seq, payload in missed:
-            if start <= seq < end:
+            if start <= seq and (end is None or seq < end):
                 try:
                     self._apply(decode_batch(seq, self.topic or "", payload))
                     self.counts["recovered"] += 1
+                    if end is None:  # a gap found by asking: counted as one; its live copy, if it still
+                        self.counts["gaps"] += 1  # arrives, is skipped, not taken for a restart
+                        self.replayed.add(seq)
                 except DecodeError as e:
                     self._error(e)
 
@@ -144,7 +159,7 @@ class TreeView:
 
     # ---- reading ----------------------------------------------------------------------------------------
     def tree(self) -> list[TreeNode]:
-        """The nodes as minivlm.prefix_tree.TreeNode (block_id: arrival order; ref count and eviction rank are
+        """The nodes as minivlm.views.prefix_tree.TreeNode (block_id: arrival order; ref count and eviction rank are
         not on the wire), so panels/prefix_tree.py draws them."""
         with self.lock:
             nodes = list(self.nodes.values())

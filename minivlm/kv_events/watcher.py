@@ -13,6 +13,7 @@ from minivlm.kv_events.decode import parse_seq
 from minivlm.kv_events.view import TreeView
 
 REPLAY_TIMEOUT_S = 1.0
+CATCH_UP_S = 0.5  # a batch known to be sent and not here after this long is fetched from the replay socket
 
 
 def parse_target(target: str) -> tuple[str, str]:
@@ -77,12 +78,17 @@ class KVEventWatcher:
             self.sub.close(linger=0)
 
     def wait_for(self, seq: int, timeout_s: float = 10.0) -> bool:
-        """Block until the batch numbered `seq` has been applied (tests, scripts)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        """Block until the batch numbered `seq` has been applied (tests, scripts); a batch the caller knows was
+        sent but that has not come within CATCH_UP_S is asked from the replay socket (a late join loses it)."""
+        start = time.monotonic()
+        caught_up = False
+        while time.monotonic() < start + timeout_s:
             last = self.view.last_seq
             if last is not None and last >= seq:
                 return True
+            if not caught_up and self.replay_endpoint and time.monotonic() > start + CATCH_UP_S:
+                self.view.catch_up()
+                caught_up = True
             time.sleep(0.01)
         return False
 

@@ -4,11 +4,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from minivlm.model import paged_cpu
+
 try:  # optional on CUDA: flash-attn's paged kernels (flash-attn 2 needs pages of a multiple of 256 tokens)
     from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 except ImportError:
     flash_attn_varlen_func = flash_attn_with_kvcache = None
 FLASH_ATTN_ENABLED = True  # False forces SDPA over gathered blocks even where flash-attn is installed (comparisons)
+CHUNK_IN_PLACE = 16  # CPU: chunks up to this many tokens read the pool in place; longer ones gather (SDPA's GEMMs win)
 
 
 @dataclass
@@ -26,6 +29,7 @@ class AttentionMetadata:
     block_size: int
     decode_mask: torch.Tensor | None = None  # built by the first layer of a decode step, reused by the others
     parts: list | None = None  # mixed steps: [(token rows, metadata of those sequences)] for decodes, then prefills
+    token_queries: tuple | None = None  # short chunks: (block table, length) of every token, built by the 1st layer
 
     @classmethod
     def build(cls, slots, q_lens: list[int], ctx_lens: list[int], tables: torch.Tensor, block_size: int, device):
@@ -63,11 +67,16 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     return cache.index_select(0, blocks).reshape(-1, *cache.shape[2:])[:length]
 
 
-def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q [T, heads, d], k/v [T, kv_heads, d] of the new tokens -> output [T, heads, d]."""
-    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                    kv_written: bool = False) -> torch.Tensor:
+    """q [T, heads, d], k/v [T, kv_heads, d] of the new tokens -> output [T, heads, d]. kv_written: the caller has
+    already stored k/v at the step's slots (decode_ops.rope_store)."""
+    if not kv_written:
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     if use_flash_attn(q, meta):
         return _flash(q, k_cache, v_cache, meta, scale)
+    if meta.is_prefill and max(meta.q_lens) <= CHUNK_IN_PLACE and paged_cpu.available(q):
+        return _every_token_in_place(q, k_cache, v_cache, meta, scale)
     if meta.parts:  # mixed: decodes batched, prefill chunks each on their own
         out = torch.empty_like(q)
         for rows, part in meta.parts:
@@ -82,6 +91,10 @@ def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: f
 def _prefill(q, k, v, k_cache, v_cache, meta, scale):
     outs, start = [], 0
     for i, (q_len, ctx) in enumerate(zip(meta.q_lens, meta.ctx_lens)):
+        if ctx > q_len and q_len <= CHUNK_IN_PLACE and paged_cpu.available(q):  # a short chunk after cached tokens
+            outs.append(_chunk_in_place(q[start:start + q_len], k_cache, v_cache, meta.block_tables[i], ctx, scale))
+            start += q_len
+            continue
         qi = q[start:start + q_len].transpose(0, 1)
         if ctx == q_len:  # nothing cached: the new K/V are the whole context
             ki, vi = k[start:start + q_len], v[start:start + q_len]
@@ -91,14 +104,42 @@ def _prefill(q, k, v, k_cache, v_cache, meta, scale):
             vi = gather_kv(v_cache, meta.block_tables[i], ctx)
             mask = torch.ones(q_len, ctx, dtype=torch.bool, device=q.device).tril(ctx - q_len)
             causal = False
-        o = F.scaled_dot_product_attention(qi, ki.transpose(0, 1), vi.transpose(0, 1), attn_mask=mask,
-                                           is_causal=causal, scale=scale, enable_gqa=True)
-        outs.append(o.transpose(0, 1))
+        # 4-D on purpose: CPU SDPA sends 3-D inputs to its unfused math path (25x slower at 1,536 tokens)
+        o = F.scaled_dot_product_attention(qi[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
+                                           attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
+        outs.append(o[0].transpose(0, 1))
         start += q_len
     return torch.cat(outs, dim=0)
 
 
+def _chunk_in_place(q, k_cache, v_cache, table, ctx: int, scale: float) -> torch.Tensor:
+    """A prefill chunk's attention read in place: its K/V are already in the pool, so each of its q_len tokens is
+    a decode query over the first (its position + 1) tokens of the same block table (causal, no context copy)."""
+    q_len = q.shape[0]
+    lens = torch.arange(ctx - q_len + 1, ctx + 1)
+    return paged_cpu.paged_decode(q, k_cache, v_cache, table[None].expand(q_len, -1), lens, scale)
+
+
+def _every_token_in_place(q, k_cache, v_cache, meta, scale) -> torch.Tensor:
+    """A step of decodes and short chunks (chunked prefill's mixed steps) as one in-place call: every new token is a
+    decode query over its own sequence's tokens up to itself, since the step's K/V are already written."""
+    if meta.token_queries is None:
+        q_lens = torch.tensor(meta.q_lens, device=q.device)
+        tables = meta.block_tables.repeat_interleave(q_lens, dim=0)
+        lens = torch.cat([torch.arange(c - n + 1, c + 1) for n, c in zip(meta.q_lens, meta.ctx_lens)])
+        meta.token_queries = (tables, lens)
+    return paged_cpu.paged_decode(q, k_cache, v_cache, *meta.token_queries, scale)
+
+
 def _decode(q, k_cache, v_cache, meta, scale):
+    if paged_cpu.available(q):  # in place: no copy of any context (paged_decode.c)
+        return paged_cpu.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.ctx_lens_t, scale)
+    return gathered_decode(q, k_cache, v_cache, meta, scale)
+
+
+def gathered_decode(q, k_cache, v_cache, meta, scale):
+    """Every sequence's padded context copied out of the pool (per layer, K and V), then one SDPA call: the path
+    where the in-place kernel is not available, and the reference it is tested against."""
     bsz, max_blocks = meta.block_tables.shape
     heads, kv_heads, d = q.shape[1], k_cache.shape[2], q.shape[2]
     flat = meta.block_tables.reshape(-1)
@@ -118,8 +159,16 @@ def _decode(q, k_cache, v_cache, meta, scale):
 
 def attention_backend(device, dtype, block_size: int) -> str:
     """Which decode attention an engine on this device, dtype and block size runs, in words (the status line)."""
+    if torch.device(device).type == "cpu" and dtype == torch.float32 and paged_cpu.ENABLED and paged_cpu.kernel():
+        return "in-place paged decode (C kernel over the block tables); prefill: SDPA"
     if flash_attn_with_kvcache is None or torch.device(device).type != "cuda":
-        return "SDPA over gathered blocks" + ("" if torch.device(device).type != "cuda" else " (flash-attn not installed)")
+        why = ""
+        if torch.device(device).type == "cuda":
+            why = " (flash-attn not installed)"
+        elif torch.device(device).type == "cpu":
+            why = " (in-place kernel: " + ("fp32 only" if dtype != torch.float32 else "off, MINIVLM_PAGED_CPU=0"
+                                           if not paged_cpu.ENABLED else paged_cpu.error) + ")"
+        return "SDPA over gathered blocks" + why
     if dtype not in (torch.float16, torch.bfloat16) or block_size % 256:
         return "SDPA over gathered blocks (flash-attn's paged kernel needs fp16/bf16 and a block size that is a multiple of 256)"
     return "flash-attn paged kernels"

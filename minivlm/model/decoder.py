@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivlm.families import decoder_facts, get_family
+from minivlm.model import decode_layer, decode_ops
 from minivlm.model.attention import AttentionMetadata, paged_attention
 from minivlm.model.linear import FastLinear, use_fast_linears
 from minivlm.model.rope import MRotaryEmbedding, apply_rope
@@ -37,9 +38,15 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
 
-    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata):
+    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata, fused: bool = False):
         T, h, kv = x.shape[0], self.heads, self.kv_heads
         qkv = self.qkv_proj(x).view(T, h + 2 * kv, self.head_dim)
+        if fused:  # norm, RoPE and the K/V write in one call, in place on qkv
+            norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else ()
+            decode_ops.rope_store(qkv, cos, sin, h, kv_cache[0], kv_cache[1], meta.slot_mapping, *norms)
+            o = paged_attention(qkv[:, :h], qkv[:, h:h + kv], qkv[:, h + kv:], kv_cache[0], kv_cache[1], meta,
+                                self.head_dim ** -0.5, kv_written=True)
+            return self.o_proj(o.reshape(T, -1))
         qk, v = qkv[:, :h + kv], qkv[:, h + kv:]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
@@ -55,7 +62,9 @@ class MLP(nn.Module):
         self.gate_up_proj = FastLinear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = FastLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x):
+    def forward(self, x, fused: bool = False):
+        if fused:
+            return self.down_proj(decode_ops.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -68,7 +77,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, kv_cache, meta):
+    def forward(self, x, cos, sin, kv_cache, meta, fused: bool = False):
+        if fused:  # decode_ops: the residual add happens in place on x, inside the second norm's call
+            norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+            a = self.self_attn(decode_ops.rms_norm(x, norm1.weight, norm1.eps), cos, sin, kv_cache, meta, fused=True)
+            h = decode_ops.rms_norm(x, norm2.weight, norm2.eps, delta=a)
+            return x.add_(self.mlp(h, fused=True))
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -124,15 +138,24 @@ class Decoder(nn.Module):
         if tied:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = MRotaryEmbedding(*self.rope_args).to(device)
-        use_fast_linears(self, device, dtype)
+        use_fast_linears(self, device, dtype, small_batches=True)
+        if torch.device(device).type == "cpu" and dtype == torch.float32:  # compiled meanwhile: requests never wait
+            decode_ops.KERNELS.start(), decode_layer.KERNELS.start()
 
-    def forward(self, embeds, positions, kv_caches, meta: AttentionMetadata, deepstack=None) -> torch.Tensor:
-        """embeds [T, hidden], positions [3, T]; deepstack = (rows [N], [features [N, hidden] per layer]) or None."""
+    def forward(self, embeds, positions, kv_caches, meta: AttentionMetadata, deepstack=None,
+                eager: bool = False) -> torch.Tensor:
+        """embeds [T, hidden], positions [3, T]; deepstack = (rows [N], [features [N, hidden] per layer]) or None;
+        eager: PyTorch ops only (no decode_ops.c / decode_layer.c)."""
         cos, sin = self.rotary(positions, embeds.dtype)
         cos, sin = cos[:, None], sin[:, None]  # [T, 1, head_dim]: broadcast over heads, made once per step
-        x = embeds
+        fused = not eager and decode_ops.available(embeds)
+        x = embeds.clone() if fused else embeds  # the fused layers add into x in place: never into the caller's
+        whole = decode_layer.prepare(self, x, meta) if fused and deepstack is None else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_caches[i], meta)
+            if whole is not None:  # a decode step of a few sequences: each layer is one C call
+                x = decode_layer.run(layer, x, cos, sin, kv_caches[i], whole)
+                continue
+            x = layer(x, cos, sin, kv_caches[i], meta, fused)
             if deepstack is not None and i < len(deepstack[1]):
                 x = x.index_add(0, deepstack[0], deepstack[1][i].to(x.dtype))  # ViT layer features at image tokens
         return self.norm(x)

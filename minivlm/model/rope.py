@@ -2,10 +2,14 @@
 import torch
 
 
-def mrope_positions(token_types: list[int], grids: list[tuple[int, int, int]], merge: int) -> tuple[torch.Tensor, int]:
+def mrope_positions(token_types: list[int], grids: list[tuple[int, int, int]], merge: int,
+                    t_scales: list[float | None] | None = None) -> tuple[torch.Tensor, int]:
     """get_rope_index semantics for one prompt: text tokens share one counter on all 3 axes; an image starting
     at counter p gets (p, p + row, p + col) on its merged grid and the counter then advances by max(rows, cols).
-    Returns positions [3, len] and the rope delta (decode position = sequence length + delta)."""
+    A video's run has t > 1 frame pairs: its time axis is p + k, or p + int(k * scale) where a scale is given
+    (Qwen2.5-VL: tokens_per_second x seconds per frame pair, multiplied in float32 as transformers does).
+    grids / t_scales: one per run of placeholders. Returns positions [3, len] and the rope delta (decode
+    position = sequence length + delta)."""
     pieces, pos, i, img = [], 0, 0, 0
     n = len(token_types)
     while i < n:
@@ -17,14 +21,19 @@ def mrope_positions(token_types: list[int], grids: list[tuple[int, int, int]], m
             pos += j - i
         else:
             t, h, w = grids[img]
+            scale = t_scales[img] if t_scales else None
             img += 1
             rows, cols = h // merge, w // merge
-            tt = torch.zeros(t, rows, cols, dtype=torch.long) + torch.arange(t).view(t, 1, 1)
+            steps = torch.arange(t)
+            if scale is not None:
+                steps = (steps * torch.tensor(scale, dtype=torch.float32)).long()
+            tt = torch.zeros(t, rows, cols, dtype=torch.long) + steps.view(t, 1, 1)
             hh = torch.arange(rows).view(1, rows, 1).expand(t, rows, cols)
             ww = torch.arange(cols).view(1, 1, cols).expand(t, rows, cols)
             pieces.append(torch.stack([tt, hh, ww]).reshape(3, -1) + pos)
             if pieces[-1].shape[1] != j - i:
-                raise ValueError(f"image {img - 1} has {j - i} placeholder tokens but its grid gives {pieces[-1].shape[1]}")
+                raise ValueError(f"vision run {img - 1} has {j - i} placeholder tokens but its grid gives "
+                                 f"{pieces[-1].shape[1]}")
             pos += max(rows, cols)
         i = j
     positions = torch.cat(pieces, dim=1) if pieces else torch.zeros(3, 0, dtype=torch.long)

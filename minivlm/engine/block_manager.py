@@ -1,0 +1,167 @@
+"""Physical KV blocks: a free queue, reference counts, and a hash table that lets freed blocks be revived."""
+from collections import deque
+
+from minivlm.engine.event_log import EventLog
+from minivlm.engine.outputs import CacheHit
+from minivlm.views.snapshot import block_kind, holds_video, video_spans
+
+
+class Block:
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.key: str | None = None       # prefix-cache key under the engine's strategy
+        self.truth: str | None = None     # strategy-C key of the content actually stored here
+        self.parent: str | None = None    # key of the block before it in its chain (an edge of the prefix tree)
+        self.token_ids: list[int] = []
+        self.kind = "free"                # text | image | mixed | video, remembered for cached-but-free blocks
+
+
+class BlockManager:
+    """Allocates blocks to sequences. Full blocks are registered by key; a freed block keeps its key (and KV)
+    until the free queue hands it out again, so an identical prefix arriving later is served from it."""
+
+    def __init__(self, num_blocks: int, block_size: int, caching: bool, events=None):
+        self.block_size = block_size
+        self.caching = caching
+        self.events = events or EventLog(0)  # every change of a block's owner or key is logged here
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: deque[int] = deque(range(num_blocks))  # left = evicted first
+        self.key_to_block: dict[str, int] = {}
+        self.stats = {"hits": 0, "true_hits": 0, "false_hits": 0, "lookups": 0}
+        self.dirty: set[int] = set()  # blocks whose state changed since the last snapshot
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return (num_tokens + self.block_size - 1) // self.block_size
+
+    def match_prefix(self, seq) -> list[int]:
+        """Leading full blocks of seq already in the cache; at least one token is always left to compute."""
+        if not self.caching:
+            return []
+        hits = []
+        for i, key in enumerate(seq.block_keys[:(len(seq) - 1) // self.block_size]):
+            b = self.key_to_block.get(key)
+            if b is None or self.blocks[b].token_ids != seq.block_tokens(i, self.block_size):
+                break
+            hits.append(b)
+        return hits
+
+    def can_allocate(self, seq) -> bool:
+        hits = self.match_prefix(seq)
+        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        return self.blocks_needed(len(seq)) - len(hits) + revived <= self.num_free
+
+    def allocate(self, seq) -> list[CacheHit]:
+        """Give seq a block table for all its tokens: cache hits first (shared), fresh blocks for the rest; returns
+        the hits (its first len(hits) * block_size tokens need no computing). The scheduler publishes the fresh
+        blocks as the steps that fill them are scheduled (publish)."""
+        assert not seq.block_table
+        hits = self.match_prefix(seq)
+        cache_hits = []
+        for i, b in enumerate(hits):
+            block = self.blocks[b]
+            if block.ref_count == 0:
+                self.free.remove(b)  # revive a cached-but-free block
+            block.ref_count += 1
+            self.dirty.add(b)
+            false_hit = block.truth != seq.truth_keys[i]
+            cache_hits.append(CacheHit(b, i, false_hit))
+            seq.block_table.append(b)
+        cached = len(hits) * self.block_size
+        self.events.emit("cache_lookup", seq.request_id, hits=cache_hits, num_cached_tokens=cached)
+        if seq.num_output_tokens == 0 and self.caching:  # a re-admission after preemption is not a new prompt lookup
+            self.stats["lookups"] += 1
+            self.stats["hits"] += len(hits)
+            self.stats["false_hits"] += sum(h.false_hit for h in cache_hits)
+            self.stats["true_hits"] += sum(not h.false_hit for h in cache_hits)
+        fresh = [self._take_free() for _ in range(len(hits), self.blocks_needed(len(seq)))]
+        seq.block_table += fresh
+        self.events.emit("allocated", seq.request_id, block_ids=fresh)
+        return cache_hits
+
+    def publish(self, seq, end: int, start: int | None = None) -> list[tuple[int, str]]:
+        """Register the full blocks that computing seq's tokens [start, end) completes (start: its num_computed);
+        returns the (block id, key) of each block newly published."""
+        start = seq.num_computed if start is None else start
+        return [p for i in range(start // self.block_size, end // self.block_size) for p in self.register(seq, i)]
+
+    def register(self, seq, i: int) -> list[tuple[int, str]]:
+        """Publish full block i of seq under its key (its K/V are written in the current step)."""
+        if not self.caching or i >= len(seq.block_keys):
+            return []
+        block = self.blocks[seq.block_table[i]]
+        if block.key == seq.block_keys[i]:
+            return []  # already published (a cache hit, or a recomputed block that kept its key)
+        block.key, block.truth = seq.block_keys[i], seq.truth_keys[i]
+        block.parent = seq.block_keys[i - 1] if i else None
+        block.token_ids = seq.block_tokens(i, self.block_size)
+        start, end = i * self.block_size, (i + 1) * self.block_size
+        block.kind = block_kind(seq.token_types[start:end], holds_video(video_spans(seq), start, end))
+        self.key_to_block.setdefault(block.key, block.block_id)
+        self.dirty.add(block.block_id)
+        self.events.emit("BlockStored", seq.request_id, block_ids=[block.block_id], block_hashes=[block.key],
+                         parent_block_hash=block.parent, token_ids=block.token_ids,
+                         extra_keys=seq.block_extras[i], block_kind=block.kind)
+        return [(block.block_id, block.key)]
+
+    def _take_free(self) -> int:
+        b = self.free.popleft()
+        block = self.blocks[b]
+        assert block.ref_count == 0
+        if block.key is not None:  # evict: its old content is about to be overwritten
+            self._unpublish(block)
+        block.token_ids = []
+        block.ref_count = 1
+        self.dirty.add(b)
+        return b
+
+    def deallocate(self, seq):
+        """Drop seq's references; blocks reaching zero go to the free queue, tail blocks first to be evicted."""
+        freed = []
+        for b in reversed(seq.block_table):
+            block = self.blocks[b]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {b} freed twice"
+            self.dirty.add(b)
+            if block.ref_count == 0:
+                self.free.append(b)
+                freed.append(b)
+        seq.block_table = []
+        if freed:
+            self.events.emit("freed", seq.request_id, block_ids=freed)
+
+    def forget(self, seq, written: int | None = None):
+        """Unpublish blocks whose K/V were never written (a failed step: tokens from `written`, by default its
+        num_computed, on), then free them."""
+        written = seq.num_computed if written is None else written
+        for b in seq.block_table[written // self.block_size:]:
+            if self.blocks[b].key is not None:
+                self._unpublish(self.blocks[b])
+        self.deallocate(seq)
+
+    def _unpublish(self, block: Block):
+        if self.key_to_block.get(block.key) == block.block_id:
+            del self.key_to_block[block.key]
+        self.events.emit("BlockRemoved", block_ids=[block.block_id], block_hashes=[block.key])
+        block.key = block.truth = None
+
+    def can_append(self, seq) -> bool:
+        """Room for the K/V of seq's newest token."""
+        return self.blocks_needed(len(seq)) <= len(seq.block_table) or self.num_free > 0
+
+    def append_slot(self, seq):
+        if self.blocks_needed(len(seq)) > len(seq.block_table):
+            seq.block_table.append(self._take_free())
+            self.events.emit("allocated", seq.request_id, block_ids=seq.block_table[-1:])
+
+    def reset(self):
+        """Forget every cached-but-free block (used blocks keep their content)."""
+        for b in self.free:
+            self.blocks[b].key = self.blocks[b].truth = None
+            self.dirty.add(b)
+        self.key_to_block = {k: b for k, b in self.key_to_block.items() if self.blocks[b].ref_count > 0}
+        self.events.emit("AllBlocksCleared")

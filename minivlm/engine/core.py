@@ -1,0 +1,297 @@
+"""EngineCore: the KV pool and one step's pipeline. A step admits new requests, has the scheduler write its plan,
+has the runner execute it (images, model, sampling), applies the result in one `update` (the only writer of
+request progress) and builds the snapshot; every stage runs under a guard, so a fault fails exactly the requests
+it touched and the others carry on."""
+import logging
+import time
+
+import torch
+
+from minivlm.engine.block_manager import BlockManager
+from minivlm.config import EngineConfig
+from minivlm.engine.event_log import EventLog
+from minivlm.image_layout import runs
+from minivlm.engine.kv_pool import KVPool
+from minivlm.loader import LoadedModel
+from minivlm.engine.output_processor import OutputProcessor
+from minivlm.engine.outputs import StreamEvent
+from minivlm.engine.plan import ScheduledRequest, StepOutcome, StepPlan
+from minivlm.engine.prefix_keys import extend_keys
+from minivlm.engine.runner import ModelRunner
+from minivlm.engine.scheduler import Scheduler
+from minivlm.engine.sequence import Sequence, writing
+from minivlm.engine.step_result import RequestFailed, StepResult
+from minivlm.views.snapshot import KVSnapshot, SnapshotBuilder, video_spans
+from minivlm.engine.vision_cache import VisionCache
+from minivlm.engine.vision_worker import VisionWorker
+
+log = logging.getLogger("minivlm")
+
+
+class EngineCore:
+    """Single-threaded: the caller (Engine) holds its lock around every call."""
+
+    def __init__(self, config: EngineConfig, model: LoadedModel):
+        self.config, self.model = config, model
+        self.pool = KVPool(config, model)
+        self.num_blocks = self.pool.num_blocks
+        self.events = EventLog(config.event_log_size)
+        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.cache_strategy != "none", self.events)
+        self.scheduler = Scheduler(self.block_manager, config, self.events)
+        self.snapshots = SnapshotBuilder(self.block_manager)
+        self.vision_cache = VisionCache(config.vision_cache_bytes)
+        self.runner = ModelRunner(model, self.pool.kv_cache, config.block_size, self.vision_cache, config.enforce_eager)
+        # half the CPU threads for the tower's thread, the rest stay with the steps it overlaps
+        self.vision_worker = VisionWorker(model.vision, max(1, torch.get_num_threads() // 2)) \
+            if config.async_vision and model.vision is not None else None
+        self.outputs = OutputProcessor(model.tokenizer, model.eos_ids, config.max_model_len)
+        self.step_count = 0
+        self.live: dict[int, Sequence] = {}      # seq_id -> every admitted, unfinished request
+        self.last_plan: StepPlan | None = None   # the plan of the latest step that ran something
+        self._written: dict[int, int] = {}       # this step, before its update: seq_id -> tokens whose K/V exist
+        self._step_seqs: dict[int, Sequence] = {}  # this step: every request it may touch, failed ones included
+        self.kv_publisher = None
+        if config.kv_events is not None and config.kv_events.active:  # zmq is imported only when publishing
+            from minivlm.kv_events.publisher import KVEventPublisher
+            self.kv_publisher = KVEventPublisher(config.kv_events, config.block_size)
+        self.after_step = None  # debug hook: called with the core after every step (tests check invariants)
+        self.clock = time.perf_counter  # what step times are measured with (a test may give a clock of its own)
+
+    def step(self, new: list[Sequence]) -> StepResult:
+        """One scheduler step: prefill a batch of waiting requests, or decode one token for every running one
+        (chunked prefill: decodes and prefill chunks together, within the step's token budget)."""
+        res = StepResult()
+        aborted = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.aborted]
+        if not (new or aborted or self.scheduler.has_work()):
+            return res
+        if not (new or aborted) and self._only_encoding():
+            VisionWorker.wait_any(self.scheduler.waiting, timeout=0.05)  # nothing to run until an image is encoded
+            if self._only_encoding():
+                return res  # not a step: nothing was decided
+        self.step_count += 1
+        self.events.step = self.step_count
+        for seq in new:
+            self._isolate("admit", [seq], lambda b: [self._admit(b[0])], res)
+        for seq in aborted + [s for s in new if s.aborted and s.finish_reason is None]:
+            res.events.append((seq, self.abort(seq)))
+        if self.scheduler.has_work():
+            self._run_step(res)
+        if self.kv_publisher is not None:
+            self.kv_publisher.after_step(self)  # this step's block events, one batch, queued for the sender
+        if self.after_step is not None:
+            self.after_step(self)
+        return res
+
+    def _only_encoding(self) -> bool:
+        s = self.scheduler
+        return not s.running and all(not seq.vision_ready for seq in s.waiting)
+
+    def _run_step(self, res: StepResult):
+        """The pipeline: plan, execute (images, model, sampling), update, snapshot."""
+        self._step_seqs = dict(self.live)
+        plan, dropped = self.scheduler.schedule(self.step_count)
+        self._written = {r.seq_id: r.start for r in plan}
+        for seq, e in dropped:
+            self.fail(seq, "schedule", e, res)
+        if plan.requests:
+            self.last_plan = plan
+        start = self.clock()
+        out = self.execute(plan, res)
+        if not plan.encodes and len(out.ran) == len(plan):  # a whole step without the tower: a clean measurement
+            self.scheduler.observe(plan, self.clock() - start)
+        events = self.update(plan, out, res)
+        self._written = {}
+        self._attach_snapshot([(s, ev) for s, ev in events if s.wants_snapshot], res)
+        res.events += [(s, ev) for s, ev in events if ev.finished or s.finish_reason is None]
+
+    def _alive(self, reqs) -> list:
+        return [r for r in reqs if r.seq_id in self.live]
+
+    def execute(self, plan: StepPlan, res: StepResult) -> StepOutcome:
+        """Have the runner run the plan: the vision tower for its images, the forward for its requests, sampling for
+        those whose prefill completes. The runner gets the plan and the image embeddings, nothing else."""
+        out = StepOutcome()
+        jobs, embeds = self._isolate("vision encode", self._alive(plan.encodes),
+                                     lambda b: [self.runner.encode_images(j) for j in b], res)
+        out.encoded = {j.seq_id: e for j, e in zip(jobs, embeds)}
+        reqs = self._alive(plan)
+        if not reqs:
+            return out
+        images = {r.seq_id: out.encoded.get(r.seq_id) or (self.live[r.seq_id].image_embeds,
+                                                          self.live[r.seq_id].deepstack)
+                  for r in reqs if r.image_at}
+        ran, logits = self._isolate("model run", reqs, lambda b: self.runner.forward(self._sub(plan, b, images),
+                                                                                     images), res)
+        if not ran:
+            return out
+        out.ran = {r.seq_id for r in ran}
+        logits = logits if isinstance(logits, torch.Tensor) else torch.stack(logits)
+        row = {r.seq_id: i for i, r in enumerate(ran)}
+        wanted = [r for r in ran if r.sample]
+        if not wanted:
+            return out
+        if len(wanted) < len(ran):
+            logits = logits[torch.tensor([row[r.seq_id] for r in wanted], device=logits.device)]
+            row = {r.seq_id: i for i, r in enumerate(wanted)}
+        sampled, tokens = self._isolate("sampling", wanted, lambda b: self.runner.sample_tokens(
+            b, logits if len(b) == len(wanted) else logits[[row[r.seq_id] for r in b]]), res)
+        out.sampled = {r.seq_id: t for r, t in zip(sampled, tokens)}
+        return out
+
+    def _sub(self, plan: StepPlan, reqs: list[ScheduledRequest], images: dict) -> StepPlan:
+        """The plan for these of its requests (all of them: the plan itself, its inputs built once). A request that
+        hit a block unpublished since (its publisher failed before writing it) recomputes from that block."""
+        redo = [self.scheduler.replan(self.live[r.seq_id], r) for r in reqs]
+        for r in redo:
+            if r.image_at and r.seq_id not in images:  # rewound into image tokens a hit had covered
+                seq = self.live[r.seq_id]
+                images[r.seq_id] = (seq.image_embeds, seq.deepstack) if seq.image_embeds is not None else \
+                    self.runner.encode_images(self.scheduler.encode_job(seq))
+        if len(reqs) == len(plan.requests) and all(a is b for a, b in zip(redo, plan.requests)):
+            return plan
+        return plan.only(redo)
+
+    def _attach_snapshot(self, wants: list[tuple[Sequence, StreamEvent]], res: StepResult):
+        """One snapshot per step, shared by every request that asked for one. If building it raises, the
+        unfinished requests that asked fail; finished ones still get their final event (without a snapshot)."""
+        if not wants:
+            return
+        try:
+            snap = self.snapshot()
+        except Exception as e:
+            snap = None
+            for seq, ev in wants:
+                if not ev.finished:
+                    self.fail(seq, "snapshot", e, res)
+        for _, ev in wants:
+            ev.snapshot = snap
+
+    def _isolate(self, stage: str, seqs: list, fn, res: StepResult) -> tuple[list, list]:
+        """fn(batch) -> one result per item (a Sequence, or a plan's ScheduledRequest / EncodeJob). If the batch
+        raises, each item runs alone, so only the requests that fault alone fail. Returns the items that went
+        through and their results."""
+        try:
+            return seqs, fn(seqs)
+        except Exception as e:
+            if len(seqs) == 1:
+                self.fail(self._seq(seqs[0]), stage, e, res)
+                return [], []
+        kept, results = [], []
+        for seq in seqs:
+            if self._seq(seq).finish_reason is not None:
+                continue  # failed meanwhile (a rewound retry's image encoding)
+            try:
+                results += fn([seq])
+                kept.append(seq)
+            except Exception as e:
+                self.fail(self._seq(seq), stage, e, res)
+        return kept, results
+
+    def _seq(self, item) -> Sequence:
+        """The request a stage's item stands for (a Sequence, or a plan's ScheduledRequest / EncodeJob)."""
+        return item if isinstance(item, Sequence) else self._step_seqs[item.seq_id]
+
+    def _admit(self, seq: Sequence):
+        seq.arrived_step = self.step_count
+        self.events.emit("arrived", seq.request_id, num_prompt_tokens=seq.num_prompt_tokens,
+                         num_images=len(seq.images),  # runs of placeholders: a tiled image is one run per tile
+                         image_spans=[(a, b - a) for a, b in runs(seq.token_types[:seq.num_prompt_tokens])],
+                         video_spans=video_spans(seq))
+        self.outputs.start(seq)
+        if self.vision_worker is not None:
+            self.runner.start_encoding(seq, self.vision_worker)
+        seq.sealed = True  # from here on only update writes its progress
+        self.live[seq.seq_id] = seq
+        self.scheduler.add(seq)
+
+    def update(self, plan: StepPlan, out: StepOutcome, res: StepResult) -> list[tuple[Sequence, StreamEvent]]:
+        """The only writer of request progress. Preempted requests restart from token 0; every request whose forward
+        ran has its tokens [start, end) computed (and, the first time, its image embeddings and cache hits); each
+        sampled token is appended, completes and publishes a block when it fills one, and goes down the output
+        path (text, stop, finish)."""
+        bs = self.config.block_size
+        with writing():
+            for p in plan.preemptions:
+                if p.seq_id in self.live:
+                    self.live[p.seq_id].num_computed = 0  # recomputed from the start on re-admission
+            for r in plan:
+                seq = self.live.get(r.seq_id)
+                if seq is None or r.seq_id not in out.ran:
+                    continue
+                if r.admitted and seq.num_output_tokens == 0:  # a re-admission is not a new prompt lookup
+                    seq.cache_hits, seq.num_cached_tokens = list(r.hits), len(r.hits) * bs
+                if r.seq_id in out.encoded:
+                    self._store_images(seq, plan, out.encoded[r.seq_id])
+                seq.num_computed = r.end
+                self._written.pop(r.seq_id, None)
+            return [(seq, ev) for r in plan if r.seq_id in out.sampled and (seq := self.live.get(r.seq_id))
+                    for ev in self._isolate("advance", [seq], lambda b: [self._advance(b[0], *out.sampled[r.seq_id])],
+                                            res)[1]]
+
+    def _store_images(self, seq: Sequence, plan: StepPlan, embeds: tuple):
+        seq.image_embeds, seq.deepstack = embeds
+        job = next(j for j in plan.encodes if j.seq_id == seq.seq_id)
+        if job.pending is not None:  # async_vision: its tower ran on the vision thread while earlier steps went on
+            self.events.emit("vision_encoded", seq.request_id, num_images=len(job.pending[0]),
+                             seconds=round(job.pending[1].result()[1], 4), arrived_step=seq.arrived_step)
+        seq.vision_job = None
+        seq.pixel_values = seq.pixel_mask = None  # the pixels are not needed any more
+
+    def _advance(self, seq: Sequence, token: int, logprobs: dict | None) -> StreamEvent:
+        """Record a sampled token: publish the block its computed tokens completed, then the output path."""
+        bs = self.config.block_size
+        if seq.num_computed % bs == 0:  # the block just completed becomes reusable by later requests
+            extend_keys(seq, bs, self.config.cache_strategy, self.model.model_id, self.model.dtype_name)
+            self.block_manager.register(seq, seq.num_computed // bs - 1)
+        ev, reason = self.outputs.advance(seq, token, logprobs)
+        if reason:
+            ev.output, ev.finished = self._finish(seq, reason).output, True
+        return ev
+
+    def abort(self, seq: Sequence) -> StreamEvent:
+        """End a request now (admitted or not); its final event carries what it produced so far."""
+        if seq.detokenizer is None:
+            self.outputs.start(seq)
+        return self._finish(seq, "abort")
+
+    def _finish(self, seq: Sequence, reason: str) -> StreamEvent:
+        self.events.emit("finished", seq.request_id, finish_reason=reason)
+        self.scheduler.finish(seq)
+        self.live.pop(seq.seq_id, None)
+        seq.finish_reason = reason
+        out = self.outputs.output(seq, reason)
+        return StreamEvent(seq.request_id, "", out.text, True, None, out)
+
+    def fail(self, seq: Sequence, stage: str, error: BaseException, res: StepResult | None = None):
+        """Take a faulted request out (its newest blocks were never written, so they are unpublished); the
+        caller's error goes into res (the loop, when it fails a request itself, tells the caller directly)."""
+        res = res if res is not None else StepResult()
+        log.exception("request %s failed during %s", seq.request_id, stage, exc_info=error)
+        seq.finish_reason = "error"
+        self.events.emit("finished", seq.request_id, finish_reason="error", stage=stage, error=str(error))
+        self.live.pop(seq.seq_id, None)
+        try:  # in a step before its update, only the tokens before its planned start have K/V
+            self.scheduler.finish(seq, computed=False, written=self._written.pop(seq.seq_id, None))
+        finally:
+            res.failed.append((seq, RequestFailed(seq.request_id, stage, error)))
+
+    def snapshot(self) -> KVSnapshot:
+        s = self.scheduler
+        return self.snapshots.build(list(s.running), list(s.waiting), self.step_count, s.num_preemptions,
+                                    last_event_seq=self.events.last_seq)
+
+    def reset_prefix_cache(self):
+        """Forget every cached-but-free block and every cached vision embedding."""
+        self.block_manager.reset()
+        self.vision_cache.clear()
+        if self.kv_publisher is not None:
+            self.kv_publisher.after_step(self)  # a reset between steps is its own batch
+
+    def release(self):
+        """Drop the KV pool now, not whenever the engine is collected."""
+        self.pool.release()
+        self.runner.kv_caches = None
+        if self.kv_publisher is not None:
+            self.kv_publisher.close()  # frees its endpoint for the engine that replaces this one
+        if self.vision_worker is not None:
+            self.vision_worker.close()

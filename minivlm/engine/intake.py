@@ -1,0 +1,62 @@
+"""A request becomes a Sequence on the caller's thread: rendered, positioned, keyed and checked against the
+engine's limits, so bad input raises at the caller and never reaches the engine loop."""
+import hashlib
+import itertools
+
+import torch
+
+from minivlm.config import EngineConfig
+from minivlm.loader import LoadedModel
+from minivlm.model.rope import mrope_positions
+from minivlm.multimodal import build_prompt
+from minivlm.engine.prefix_keys import extend_keys
+from minivlm.engine.request import Request, SamplingParams
+from minivlm.engine.sequence import Sequence
+from minivlm.video_prompt import vision_runs
+
+
+class Intake:
+    def __init__(self, config: EngineConfig, model: LoadedModel, num_blocks: int):
+        self.config, self.model, self.num_blocks = config, model, num_blocks
+        self.seed_counter = itertools.count()
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.config.block_size)
+
+    def make_sequence(self, request: Request, params: SamplingParams) -> Sequence:
+        """Validate and render a request: processor, M-RoPE positions, block keys, length and pool checks."""
+        if not isinstance(request, Request):
+            raise ValueError(f"expected a minivlm.Request, got {type(request).__name__}")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"expected minivlm.SamplingParams, got {type(params).__name__}")
+        cfg, model = self.config, self.model
+        prompt = build_prompt(model.family, model.processor, request.to_messages(), request.mm_processor_kwargs,
+                              cfg.max_images_per_request)
+        n = len(prompt.token_ids)
+        if n >= cfg.max_model_len:
+            raise ValueError(f"prompt is {n} tokens; max_model_len is {cfg.max_model_len} (prompt + output)")
+        need = self.blocks_needed(min(n + params.max_tokens, cfg.max_model_len))
+        if need > self.num_blocks:
+            raise ValueError(f"request needs up to {need} KV blocks but the engine has {self.num_blocks}; "
+                             f"lower max_tokens or raise num_blocks")
+        if model.family.mrope:
+            grids, t_scales = vision_runs(prompt.images)  # a video may be several runs (Qwen3-VL's timestamps)
+            positions, delta = mrope_positions(prompt.token_types, grids, model.merge, t_scales)
+        else:  # 1-D RoPE: one counter, the same on all three axes; generated token i sits at i
+            positions, delta = torch.arange(n).expand(3, -1), 0
+        generator = None
+        if params.temperature > 0:
+            seed = params.seed if params.seed is not None else cfg.seed * 1_000_003 + next(self.seed_counter)
+            generator = torch.Generator().manual_seed(seed)
+        seq = Sequence(request, prompt, params, positions, delta, generator)
+        extend_keys(seq, cfg.block_size, cfg.cache_strategy, model.model_id, model.dtype_name)
+        seq.vision_keys = self.vision_keys(seq)
+        return seq
+
+    def vision_keys(self, seq: Sequence) -> tuple[str, ...]:
+        """Each image's vision-cache key, under the request's cache salt: differently salted requests never share
+        a tower output (as they never share a KV block), so a hit cannot tell one user what another sent."""
+        keys = [im.vision_key(self.model.model_id, self.model.dtype_name) for im in seq.images]
+        if seq.cache_salt is None:
+            return tuple(keys)
+        return tuple(hashlib.sha256(repr((key, seq.cache_salt)).encode()).hexdigest() for key in keys)

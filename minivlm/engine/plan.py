@@ -1,0 +1,160 @@
+"""The step plan: everything one scheduler step decided, as immutable plain data (vLLM's SchedulerOutput). The
+scheduler writes it, the runner executes it, EngineCore.update applies it, and the `scheduled` event carries it,
+so the log is the very object that drove the step."""
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from minivlm.engine.outputs import CacheHit
+from minivlm.engine.request import SamplingParams
+
+
+@dataclass(frozen=True, eq=False)
+class ScheduledRequest:
+    """One request's part of a step: it computes the K/V of tokens [start, end) and, when `sample`, the next token."""
+    seq_id: int
+    request_id: str
+    start: int
+    end: int
+    sample: bool                          # end is the sequence's length: a token is sampled after it
+    kind: str                             # prefill (whole or its rest) | chunk (more prefill follows) | decode
+    block_table: tuple[int, ...]          # the whole table after this step's allocations
+    hits: tuple[CacheHit, ...] = ()       # blocks shared from the prefix cache (admissions only)
+    new_blocks: tuple[int, ...] = ()      # blocks allocated to it in this step
+    publishes: tuple[tuple[int, str], ...] = ()  # (block id, key) of the full blocks this step's K/V complete
+    admitted: bool = False                # it left the waiting queue in this step
+    encode: bool = False                  # its image embeddings are computed in this step (see StepPlan.encodes)
+    # what the runner needs of it, computed once when planned
+    token_ids: tuple[int, ...] = ()
+    positions: torch.Tensor | None = None  # [3, end - start] M-RoPE positions
+    slots: tuple[int, ...] = ()            # flat KV slot of each token
+    image_at: tuple[int, ...] = ()         # offsets in [0, end - start) of its image placeholder tokens
+    image_rows: tuple[int, ...] = ()       # their rows in the request's image embeddings
+    params: SamplingParams | None = None   # how to sample (when `sample`)
+    generator: torch.Generator | None = None  # the request's own RNG (temperature > 0), advanced by sampling
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """A running request sent back to the waiting queue by recompute, with the blocks it released and why."""
+    seq_id: int
+    request_id: str
+    block_ids: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, eq=False)
+class EncodeJob:
+    """A request's images to put through the vision tower in this step (its first chunk with image tokens)."""
+    seq_id: int
+    request_id: str
+    keys: tuple[str, ...]                 # each image's vision-cache key
+    images: tuple                         # ImageInfo of each image (pixel rows, grid or tiles)
+    pixel_values: torch.Tensor
+    pixel_mask: torch.Tensor | None
+    pending: tuple | None = None          # async_vision: (image indices, Future) of the vision thread's job
+
+
+@dataclass(frozen=True, eq=False)
+class StepInputs:
+    """The flat tensors of a step's forward, built once from its requests (on the CPU; the runner moves them)."""
+    input_ids: torch.Tensor               # [T]
+    positions: torch.Tensor               # [3, T]
+    slot_mapping: torch.Tensor            # [T]
+    block_tables: torch.Tensor            # [B, max blocks], padded with block 0
+    q_lens: list[int]
+    ctx_lens: list[int]
+    image_at: torch.Tensor                # [I] rows of T that hold image placeholders
+    image_owner: list[tuple[int, torch.Tensor]]  # (index in the batch, its image-embedding rows) per request with images
+    last: torch.Tensor                    # [B] each request's last row in T (its logits)
+
+    @classmethod
+    def build(cls, reqs) -> "StepInputs":
+        q_lens = [r.num_tokens for r in reqs]
+        width = max(len(r.block_table) for r in reqs)
+        offsets = torch.tensor([0] + q_lens).cumsum(0).tolist()
+        at, owner = [], []
+        for n, r in enumerate(reqs):
+            if r.image_at:
+                at += [offsets[n] + i for i in r.image_at]
+                owner.append((n, torch.tensor(r.image_rows)))
+        return cls(torch.tensor([t for r in reqs for t in r.token_ids]), torch.cat([r.positions for r in reqs], dim=1),
+                   torch.tensor([s for r in reqs for s in r.slots]),
+                   torch.tensor([list(r.block_table) + [0] * (width - len(r.block_table)) for r in reqs]),
+                   q_lens, [r.end for r in reqs], torch.tensor(at, dtype=torch.long), owner,
+                   torch.tensor(offsets[1:]) - 1)
+
+
+@dataclass(frozen=True, eq=False)
+class StepPlan:
+    """One step: who computes which tokens, the blocks it allocates and publishes, the preemptions with their
+    reason, the images to encode; `inputs` are the flat tensors of the forward. Iterating yields the requests."""
+    step: int
+    kind: str                             # prefill | decode | mixed (decodes and prefill chunks together)
+    requests: tuple[ScheduledRequest, ...]
+    preemptions: tuple[Preemption, ...] = ()
+    encodes: tuple[EncodeJob, ...] = ()
+    budget: dict | None = None            # the adaptive token budget's decision and its measurements, if adaptive
+    _inputs: list = field(default_factory=list, repr=False)  # built on first use, once
+
+    def __iter__(self):
+        return iter(self.requests)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def inputs(self) -> StepInputs:
+        if not self._inputs:
+            self._inputs.append(StepInputs.build(self.requests))
+        return self._inputs[0]
+
+    def only(self, reqs) -> "StepPlan":
+        """The same step restricted to some of its requests (a stage retried one request at a time)."""
+        keep = {r.seq_id for r in reqs}
+        return replace(self, requests=tuple(reqs), encodes=tuple(e for e in self.encodes if e.seq_id in keep),
+                       _inputs=[])
+
+    def to_dict(self) -> list[dict]:
+        """The requests as plain data (what the `scheduled` event carries): no tensors, no RNG."""
+        return [{"request_id": r.request_id, "kind": r.kind, "start": r.start, "end": r.end, "sample": r.sample,
+                 "admitted": r.admitted, "hits": [h.block_id for h in r.hits], "new_blocks": list(r.new_blocks),
+                 "published": [b for b, _ in r.publishes], "slots": [r.slots[0], r.slots[-1]] if r.slots else [],
+                 "encode": r.encode} for r in self.requests]
+
+
+@dataclass
+class StepOutcome:
+    """What executing a plan produced: image embeddings per request, the requests whose forward ran, and the token
+    (with its logprobs) each sampling request drew. Plain results; EngineCore.update applies them."""
+    encoded: dict[int, tuple] = field(default_factory=dict)
+    ran: set[int] = field(default_factory=set)
+    sampled: dict[int, tuple[int, dict | None]] = field(default_factory=dict)
+
+
+def _ids(ids) -> str:
+    return ",".join(map(str, ids))
+
+
+def describe_request(r: dict) -> str:
+    """One request of a plan in words: "req-3 prefill tokens 48–73 into blocks 0,1,2 (hits) + 15,14 (new)"."""
+    rid = r["request_id"]
+    if r["kind"] == "decode":
+        where = f"at slot {r['slots'][0]}" if r["slots"] else ""
+        new = f" (new block {_ids(r['new_blocks'])})" if r["new_blocks"] else ""
+        return f"{rid} decode 1 token {where}{new}".rstrip()
+    head = f"{rid} {'prefill chunk' if r['kind'] == 'chunk' else 'prefill'} tokens {r['start']}–{r['end'] - 1}"
+    parts = [f"{_ids(r['hits'])} (hits)"] if r["hits"] else []
+    parts += [f"{_ids(r['new_blocks'])} (new)"] if r["new_blocks"] else []
+    into = f" into blocks {' + '.join(parts)}" if parts else ""
+    tail = ("; encodes its images" if r["encode"] else "") + ("; samples a token" if r["sample"] else "")
+    return head + into + tail
+
+
+def describe_plan(step: int, requests: list[dict]) -> str:
+    """A step's plan in one line: "step 7: req-3 prefill tokens 48–73 into blocks …; req-0 decode 1 token at slot 213"."""
+    return f"step {step}: " + "; ".join(describe_request(r) for r in requests) if requests else f"step {step}: nothing ran"

@@ -1,0 +1,65 @@
+"""What a caller sends: a Request (prompt + images, or chat messages) and its SamplingParams."""
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+_ids = itertools.count()
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens: temperature 0 is greedy; logprobs=k reports the top-k (plus the sampled token)."""
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
+            raise ValueError(f"logprobs must be an integer >= 0 or None, got {self.logprobs!r}")
+
+
+@dataclass
+class Request:
+    """A prompt with images, or a chat history in HF messages format (exactly one of the two)."""
+    prompt: str | None = None
+    images: list[Any] = field(default_factory=list)
+    messages: list[dict] | None = None
+    cache_salt: str | None = None
+    mm_processor_kwargs: dict | None = None
+    request_id: str | None = None
+
+    def __post_init__(self):
+        if self.request_id is None:
+            self.request_id = f"req-{next(_ids)}"
+        if self.images is None:
+            self.images = []
+
+    def to_messages(self) -> list[dict]:
+        """The chat this request means: images first, then the prompt, as one user turn."""
+        if self.messages is not None:
+            if self.prompt is not None or self.images:
+                raise ValueError("give either messages or prompt/images, not both")
+            if not isinstance(self.messages, list) or not self.messages:
+                raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
+            return self.messages
+        if not (self.prompt and self.prompt.strip()) and not self.images:
+            raise ValueError("empty request: give a prompt, images, or messages")
+        content = [{"type": "image", "image": im} for im in self.images]
+        content.append({"type": "text", "text": self.prompt or ""})
+        return [{"role": "user", "content": content}]

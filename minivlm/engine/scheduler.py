@@ -1,0 +1,238 @@
+"""Continuous batching: admit waiting requests while blocks and budgets allow (prefill), otherwise advance
+every running request by one token (decode), preempting the newest by recompute when blocks run out. Each step's
+decisions come out as one immutable StepPlan (minivlm.engine.plan); the scheduler writes no request progress."""
+from collections import deque
+from dataclasses import replace
+
+from minivlm.engine.block_manager import BlockManager
+from minivlm.config import EngineConfig
+from minivlm.engine.event_log import EventLog
+from minivlm.engine.plan import EncodeJob, Preemption, ScheduledRequest, StepPlan
+from minivlm.engine.sequence import Sequence
+from minivlm.engine.step_budget import AdaptiveTokenBudget
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, config: EngineConfig, events: EventLog | None = None):
+        self.bm = block_manager
+        self.events = events or EventLog(0)
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.chunked = config.enable_chunked_prefill
+        self.adaptive = AdaptiveTokenBudget(config.max_step_slowdown, config.max_num_batched_tokens) \
+            if self.chunked and config.max_step_slowdown is not None else None
+        self._budget = None                  # this step: the adaptive budget's decision (plain data), if any
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self.num_preemptions = 0
+        self._start: dict[int, int] = {}     # this step: seq_id -> first token it computes
+        self._planned: dict[int, dict] = {}  # this step: seq_id -> what was decided for it
+        self._preempted: list[Preemption] = []
+
+    def add(self, seq: Sequence):
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self, step: int = 0) -> tuple[StepPlan, list[tuple[Sequence, Exception]]]:
+        """Pick this step's work (below) and return it as a StepPlan, with the requests whose scheduling raised;
+        the `scheduled` event carries the plan's requests as plain data."""
+        self._start, self._planned, self._preempted, self._budget = {}, {}, [], None
+        batch, kind, failed = self._pick()
+        reqs = tuple(self._item(s) for s in batch)
+        encodes = tuple(self.encode_job(s) for s, r in zip(batch, reqs) if r.encode)
+        plan = StepPlan(step, kind, reqs, tuple(self._preempted), encodes, self._budget)
+        if reqs:
+            counts = {r.request_id: r.num_tokens for r in reqs}
+            extra = {"budget": self._budget} if self._budget is not None else {}
+            self.events.emit("scheduled", step_kind=kind, request_ids=list(counts),
+                             num_tokens=sum(counts.values()), num_scheduled_tokens=counts,
+                             sampling=[r.request_id for r in reqs if r.sample],  # chunks don't
+                             plan=plan.to_dict(), **extra)
+        return plan, failed
+
+    def _item(self, seq: Sequence) -> ScheduledRequest:
+        """seq's part of the plan, with the runner's inputs for its tokens [start, end) computed once."""
+        p = self._planned[seq.seq_id]
+        start, end = p["start"], p["end"]
+        kind = "decode" if seq.num_output_tokens > 0 and start == len(seq) - 1 else \
+            "prefill" if end == len(seq) else "chunk"
+        sample = end == len(seq)
+        return ScheduledRequest(seq.seq_id, seq.request_id, start, end, sample, kind, tuple(seq.block_table),
+                                tuple(p.get("hits", ())), tuple(p.get("new", ())), tuple(p["publishes"]),
+                                p.get("admitted", False), params=seq.params if sample else None,
+                                generator=seq.generator if sample else None, **self._inputs(seq, start, end))
+
+    def _inputs(self, seq: Sequence, start: int, end: int) -> dict:
+        """What the runner needs of seq's tokens [start, end): ids, positions, slots, where its image tokens are."""
+        bs, table = self.bm.block_size, seq.block_table
+        image_at = tuple(i for i, t in enumerate(seq.token_types[start:end]) if t)
+        return {"token_ids": tuple(seq.token_ids[start:end]), "positions": seq.positions(start, end),
+                "slots": tuple(table[t // bs] * bs + t % bs for t in range(start, end)), "image_at": image_at,
+                "image_rows": tuple(seq.image_rank[start:end][list(image_at)].tolist()) if image_at else (),
+                "encode": bool(image_at) and seq.image_embeds is None and seq.pixel_values is not None}
+
+    @staticmethod
+    def encode_job(seq: Sequence) -> EncodeJob:
+        return EncodeJob(seq.seq_id, seq.request_id, seq.vision_keys, tuple(seq.images), seq.pixel_values,
+                         seq.pixel_mask, seq.vision_job)
+
+    def replan(self, seq: Sequence, req: ScheduledRequest) -> ScheduledRequest:
+        """req itself, or, if a block it hit was unpublished in this step, req computing from that block."""
+        start = self.unwritten_start(seq, req.start)
+        if start == req.start:
+            return req
+        return replace(req, start=start, **{k: v for k, v in self._inputs(seq, start, req.end).items() if k != "encode"})
+
+    def _pick(self) -> tuple[list[Sequence], str, list]:
+        """Chunked: the running requests first (a decode token each, or their prefill's next chunk), then new
+        ones, until the token budget is spent. Otherwise: prefill as many waiting requests as fit whole; if
+        none, decode every running one. A request whose block bookkeeping raises is dropped (its blocks
+        forgotten) and reported as failed; the rest go on."""
+        if self.chunked:
+            limit = self._step_limit()
+            batch, failed = self._continue_running(limit)
+            budget = limit - sum(self._count(s) for s in batch)
+            batch += self._admit_waiting(budget, failed)
+            kinds = {self._is_decode(s) for s in batch}
+            return batch, "mixed" if len(kinds) > 1 else "decode" if True in kinds else "prefill", failed
+        failed = []
+        batch = self._admit_waiting(self.max_num_batched_tokens, failed, whole=True)
+        if batch or failed:
+            return batch, "prefill", failed
+        batch, failed = self._continue_running(None)
+        return batch, "decode", failed
+
+    def _step_limit(self) -> int:
+        """The step's token budget: the configured one, or (adaptive) the running decodes plus the prompt tokens
+        the measured step times allow beside them."""
+        if self.adaptive is None:
+            return self.max_num_batched_tokens
+        decodes = sum(s.num_output_tokens > 0 and s.num_computed == len(s) - 1 for s in self.running)
+        decision = self.adaptive.decide(decodes)
+        self._budget = decision.to_dict()
+        return min(self.max_num_batched_tokens, decodes + decision.prompt_tokens)
+
+    def observe(self, plan: StepPlan, seconds: float):
+        """The forward time of a plan that ran whole: what the adaptive budget learns from."""
+        if self.adaptive is not None:
+            decodes = sum(r.kind == "decode" for r in plan)
+            self.adaptive.observe(decodes, sum(r.end - r.start for r in plan if r.kind != "decode"), seconds)
+
+    def _count(self, seq: Sequence) -> int:
+        p = self._planned[seq.seq_id]
+        return p["end"] - p["start"]
+
+    def _is_decode(self, seq: Sequence) -> bool:
+        return seq.num_output_tokens > 0 and self._planned[seq.seq_id]["start"] == len(seq) - 1
+
+    def _admit_waiting(self, budget: int, failed: list, whole: bool = False) -> list[Sequence]:
+        """Admit waiting requests in order while sequence slots, budget and blocks last; whole=True admits
+        only prompts that fit the budget whole (always the first one, which the config guarantees fits)."""
+        batch = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = next((s for s in self.waiting if s.vision_ready), None)  # async_vision: skip images in the tower
+            if seq is None:
+                break
+            if whole and batch and len(seq) > budget:
+                break
+            try:
+                if not self.bm.can_allocate(seq):
+                    break
+                hits = self.bm.allocate(seq)  # the whole prompt's blocks: a prefill never waits for memory midway
+                start = len(hits) * self.bm.block_size
+                self._start[seq.seq_id] = start
+                self._plan(seq, start, len(seq) - start if whole else budget,
+                           hits=hits, new=seq.block_table[len(hits):], admitted=True)
+            except Exception as e:
+                self.waiting.remove(seq)
+                failed.append((seq, self._drop(seq, e)))
+                continue
+            budget -= self._count(seq)
+            self.waiting.remove(seq)
+            self.running.append(seq)
+            batch.append(seq)
+        return batch
+
+    def _continue_running(self, budget: int | None) -> tuple[list[Sequence], list]:
+        """Every running request, oldest first, gets its next token or prefill chunk while the budget (None: no
+        limit) lasts; a request that needs a block when none is free preempts the newest running one."""
+        survivors, batch, failed = deque(), [], []
+        while self.running:
+            seq = self.running.popleft()
+            if budget is not None and budget <= 0:
+                survivors.append(seq)  # stays running; its turn comes next step
+                continue
+            try:
+                while not self.bm.can_append(seq):
+                    need = f"{seq.request_id} needs a block for its next token; none is free; "
+                    if not self.running:
+                        self.preempt(seq, need + f"no other request is running, so {seq.request_id} itself")
+                        break
+                    victim = self.running.pop()  # newest first: it has the least work to redo
+                    self.preempt(victim, need + f"preempting the newest running request, {victim.request_id}")
+                else:
+                    had = len(seq.block_table)
+                    self.bm.append_slot(seq)
+                    start = seq.num_computed
+                    self._plan(seq, start, budget if budget is not None else len(seq) - start,
+                               new=seq.block_table[had:])
+                    survivors.append(seq)
+                    batch.append(seq)
+                    if budget is not None:
+                        budget -= self._count(seq)
+            except Exception as e:
+                failed.append((seq, self._drop(seq, e)))
+        self.running = survivors
+        return batch, failed
+
+    def _plan(self, seq: Sequence, start: int, max_tokens: int, **decided):
+        """Schedule up to max_tokens of seq's uncomputed tokens, from `start`, for this step. The full blocks they
+        complete are published now: their K/V are written in this step's forward, in every layer before any
+        attention reads the cache, so a request that hits them in this same step reads written K/V."""
+        bs = self.bm.block_size
+        end = min(len(seq), start + max_tokens)
+        self.bm.dirty.update(seq.block_table[start // bs:-(-end // bs)])  # their fill levels change
+        self._planned[seq.seq_id] = {"start": start, "end": end, "publishes": [], **decided}
+        self._planned[seq.seq_id]["publishes"] = self.bm.publish(seq, end, start)
+
+    def _drop(self, seq: Sequence, error: Exception) -> Exception:
+        """Take a request whose scheduling raised out of the engine: its blocks were never computed."""
+        self.bm.forget(seq, self._start.get(seq.seq_id))
+        self._planned.pop(seq.seq_id, None)
+        return error
+
+    def preempt(self, seq: Sequence, why: str = "preempted"):
+        """Free seq's blocks and queue it first in line; its tokens so far are recomputed on re-admission."""
+        blocks = list(seq.block_table)
+        freeing = sum(self.bm.blocks[b].ref_count == 1 for b in blocks)
+        self.events.emit("preempted", seq.request_id, block_ids=blocks,
+                         reason=f"{why}, releasing its {len(blocks)} blocks ({freeing} become free); "
+                                f"its {len(seq)} tokens will be recomputed")
+        self.bm.deallocate(seq)
+        self._preempted.append(Preemption(seq.seq_id, seq.request_id, tuple(blocks), why))
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def unwritten_start(self, seq: Sequence, start: int) -> int:
+        """Where seq must start computing if a block it hit before `start` was unpublished in this step (a request
+        that published it failed before writing its K/V): the first such block, which it then computes itself."""
+        bs = self.bm.block_size
+        for i, b in enumerate(seq.block_table[:start // bs]):
+            if self.bm.caching and i < len(seq.block_keys) and self.bm.blocks[b].key != seq.block_keys[i]:
+                return i * bs
+        return start
+
+    def finish(self, seq: Sequence, computed: bool = True, written: int | None = None):
+        """Remove a finished, aborted or failed request and release its blocks (computed=False: its blocks from
+        token `written` on never got their K/V, so they are unpublished too)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.block_table:
+            if computed:
+                self.bm.deallocate(seq)
+            else:
+                self.bm.forget(seq, written)

@@ -1,0 +1,118 @@
+"""Per-request state while a request lives in the scheduler: tokens, positions, image embeddings, blocks.
+Its progress (computed tokens, tokens, keys, image embeddings, logprobs) is written only by EngineCore.update
+once the engine has admitted it: anywhere else a write raises (the plan is the only writer)."""
+import contextlib
+import itertools
+import threading
+
+import torch
+
+from minivlm.multimodal import Prompt
+from minivlm.engine.outputs import CacheHit
+from minivlm.engine.request import Request, SamplingParams
+
+
+_seq_ids = itertools.count()
+
+
+GUARDED = frozenset({"num_computed", "image_embeds", "deepstack", "logprobs", "cache_hits", "num_cached_tokens"})
+_writer = threading.local()  # .open is True on the thread inside EngineCore.update
+
+
+class StateWriteError(RuntimeError):
+    """A sealed request's progress written outside EngineCore.update."""
+
+
+@contextlib.contextmanager
+def writing():
+    """The window in which EngineCore.update (and only it) writes request progress."""
+    _writer.open = True
+    try:
+        yield
+    finally:
+        _writer.open = False
+
+
+class Sequence:
+    """One submission of a request inside the engine. Tokens [0, num_computed) have their K/V in the blocks of
+    block_table. seq_id is internal and unique per submission; request_id is the caller's label."""
+
+    def __init__(self, request: Request, prompt: Prompt, params: SamplingParams, positions: torch.Tensor,
+                 rope_delta: int, generator: torch.Generator | None):
+        self.seq_id = next(_seq_ids)
+        self.request_id = request.request_id
+        self.cache_salt = request.cache_salt
+        self.params = params
+        self.token_ids = list(prompt.token_ids)
+        self.token_types = list(prompt.token_types)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.prompt_positions = positions       # [3, num_prompt_tokens]
+        self.rope_delta = rope_delta
+        self.images = prompt.images
+        self.pixel_values = prompt.pixel_values
+        self.pixel_mask = prompt.pixel_mask        # SmolVLM: which pixels of each padded tile are real
+        self.image_embeds: torch.Tensor | None = None    # [image tokens, hidden], filled once by the vision tower
+        self.deepstack: list[torch.Tensor] = []
+        self.vision_keys: tuple[str, ...] = ()    # each image's vision-cache key (set by intake)
+        self.vision_job = None                     # (image indices, Future) while the vision worker encodes them
+        self.arrived_step = 0                      # the engine step that admitted it
+        self.image_rank = torch.tensor(prompt.token_types).cumsum(0) - 1  # row of each image token in image_embeds
+        self.generator = generator
+        self.block_table: list[int] = []
+        self.block_keys: list[str] = []    # key of each full block under the engine's strategy
+        self.truth_keys: list[str] = []    # strategy-C key of each full block (ground truth for false hits)
+        self.block_extras: list[tuple] = []  # the extra key material of each block_keys entry
+        self.num_computed = 0
+        self.num_cached_tokens = 0
+        self.cache_hits: list[CacheHit] = []
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.detokenizer = None                     # the output path's per-request text state
+        self.finish_reason: str | None = None
+        self.aborted = False                        # set by any thread (Engine.abort), read by the loop
+        self.sink = None                            # the submitting caller's queue (thread-safe)
+        self.wants_snapshot = False                 # attach a KVSnapshot to this request's events
+        self.sealed = False                         # admitted: from now on only EngineCore.update writes progress
+
+    def __setattr__(self, name, value):
+        if name in GUARDED and self.__dict__.get("sealed") and not getattr(_writer, "open", False):
+            raise StateWriteError(f"{name} of request {self.request_id} is written only by EngineCore.update")
+        object.__setattr__(self, name, value)
+
+    def check_writable(self, what: str):
+        """Raise unless progress may be written now (in-place writes: tokens and keys)."""
+        if self.sealed and not getattr(_writer, "open", False):
+            raise StateWriteError(f"{what} of request {self.request_id} are written only by EngineCore.update")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def vision_ready(self) -> bool:
+        """Its images need no more encoding in the background (async_vision); the scheduler waits for this."""
+        return self.vision_job is None or self.vision_job[1].done()
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    def positions(self, start: int, end: int) -> torch.Tensor:
+        """M-RoPE positions [3, end-start] of tokens start..end-1 (generated tokens: index + rope delta)."""
+        parts = []
+        if start < self.num_prompt_tokens:
+            parts.append(self.prompt_positions[:, start:min(end, self.num_prompt_tokens)])
+        if end > self.num_prompt_tokens:
+            gen = torch.arange(max(start, self.num_prompt_tokens), end) + self.rope_delta
+            parts.append(gen.expand(3, -1))
+        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+    def append_token(self, token_id: int):
+        self.check_writable("tokens")
+        self.token_ids.append(token_id)
+        self.token_types.append(0)
+
+    def block_tokens(self, i: int, block_size: int) -> list[int]:
+        return self.token_ids[i * block_size:(i + 1) * block_size]

@@ -1,0 +1,36 @@
+/* One decoder layer of a decode step on the CPU (fp32), in one call: with one to four sequences a layer is four
+   matrix-vector products and a handful of small ops, and calling each from Python cost about as much as the small
+   ops themselves. This runs the same kernels in the same order (so the same numbers) as the Python path of
+   decoder.py with decode_ops: norm, qkv, RoPE + K/V write, paged attention in place, o, add + norm, gate_up,
+   SiLU-and-multiply, down, add. Built by decode_layer.py. */
+#include "gemv.c"
+#include "paged_decode.c"
+#include "decode_ops.c"
+
+typedef struct {  /* a layer's weights (dense [out, in]) and shape; set once per layer by decode_layer.py */
+    const float *input_norm, *post_norm, *q_norm, *k_norm;  /* q_norm and k_norm NULL where the family has none */
+    const float *qkv, *qkv_bias, *o, *o_bias, *gate_up, *down;  /* biases NULL where absent */
+    int64_t hidden, heads, kv_heads, head_dim, intermediate;
+    float eps, qk_eps, scale;
+} Layer;
+
+/* x [rows, hidden] is the residual stream, updated in place; scratch holds rows * Layer_scratch floats. */
+void decode_layer_f32(const Layer *L, float *x, int64_t rows, const float *cos, const float *sin, float *k_cache,
+                      float *v_cache, int64_t block_size, const int64_t *slots, const int64_t *tables,
+                      int64_t table_width, const int64_t *lens, float *scratch, int threads) {
+    const int64_t n = L->hidden, d = L->head_dim, width = (L->heads + 2 * L->kv_heads) * d;
+    float *h = scratch, *qkv = h + rows * n, *attn = qkv + rows * width, *gu = attn + rows * L->heads * d;
+    float *act = gu + rows * 2 * L->intermediate, *out = act + rows * L->intermediate;
+    rms_norm_f32(x, 0, L->input_norm, h, rows, n, L->eps, threads);
+    gemv_f32(h, L->qkv, L->qkv_bias, qkv, rows, width, n, threads);
+    rope_store_f32(qkv, cos, sin, L->q_norm, L->k_norm, L->qk_eps, k_cache, v_cache, slots, rows, L->heads,
+                   L->kv_heads, d, threads);
+    paged_decode_f32(qkv, width, k_cache, v_cache, tables, table_width, lens, attn, rows, L->heads, L->kv_heads, d,
+                     block_size, L->scale, threads);
+    gemv_f32(attn, L->o, L->o_bias, out, rows, n, L->heads * d, threads);
+    rms_norm_f32(x, out, L->post_norm, h, rows, n, L->eps, threads);  /* x += attention, then its norm */
+    gemv_f32(h, L->gate_up, 0, gu, rows, 2 * L->intermediate, n, threads);
+    silu_mul_f32(gu, act, rows, L->intermediate, threads);
+    gemv_f32(act, L->down, 0, out, rows, n, L->intermediate, threads);
+    for (int64_t i = 0; i < rows * n; i++) x[i] += out[i];
+}

@@ -1,0 +1,107 @@
+"""A decode step's decoder layers as one C call each (decode_layer.c), on the CPU in fp32 for one to gemv.MAX_ROWS
+sequences: the CPU's counterpart of a captured decode step. The layer's kernels and their order are those of the
+Python path (gemv.c, decode_ops.c, paged_decode.c), so the numbers are the same; what goes is the Python between
+them: about 2 ms of a 13 ms single-stream step on the bench model. `prepare` returns None (and the decoder runs
+layer by layer) for anything else: prefill and mixed steps, more sequences, other dtypes or devices, a kernel not
+built, or MINIVLM_DECODE_LAYER=0."""
+import ctypes
+import os
+from dataclasses import dataclass
+
+import torch
+
+from minivlm.model import decode_ops, gemv, paged_cpu
+from minivlm.model.c_build import LazyKernels
+
+_p, _i = ctypes.c_void_p, ctypes.c_int64
+KERNELS = LazyKernels(os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_layer.c"),
+                      "MINIVLM_DECODE_LAYER",
+                      {"decode_layer_f32": [_p, _p, _i, _p, _p, _p, _p, _i, _p, _p, _i, _p, _p, ctypes.c_int]})
+
+
+class Layer(ctypes.Structure):  # decode_layer.c's Layer, field for field
+    _fields_ = [(name, _p) for name in ("input_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_bias", "o",
+                                        "o_bias", "gate_up", "down")] + \
+               [(name, _i) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")] + \
+               [(name, ctypes.c_float) for name in ("eps", "qk_eps", "scale")]
+
+
+@dataclass
+class DecodeStep:
+    """What every layer's call of one step shares (made once per step)."""
+    rows: int
+    slots: torch.Tensor
+    tables: torch.Tensor
+    lens: torch.Tensor
+    scratch: torch.Tensor
+    threads: int
+
+
+def _dense(linear) -> torch.Tensor | None:
+    """The plain [out, in] weight gemv.c reads: FastLinear's dense copy beside a packed weight, or the weight."""
+    w = getattr(linear, "dense", None) if linear.weight.is_mkldnn else linear.weight
+    return w if w is not None and w.is_contiguous() and w.dtype == torch.float32 else None
+
+
+def _ptr(t) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def layer_struct(layer) -> Layer | None:
+    """The layer's weights and shape for the C call, made once (the weights never move after load); None if a
+    matrix has no dense fp32 copy."""
+    if "_c_layer" not in vars(layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        mats = [_dense(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        c = None
+        if all(m is not None for m in mats):
+            norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
+            c = Layer(_ptr(layer.input_layernorm.weight), _ptr(layer.post_attention_layernorm.weight),
+                      *map(_ptr, norms), _ptr(mats[0]), _ptr(attn.qkv_proj.bias), _ptr(mats[1]),
+                      _ptr(attn.o_proj.bias), _ptr(mats[2]), _ptr(mats[3]), mats[3].shape[0], attn.heads,
+                      attn.kv_heads, attn.head_dim, mats[3].shape[1], layer.input_layernorm.eps,
+                      attn.q_norm.eps if attn.q_norm is not None else 0.0, attn.head_dim ** -0.5)
+        layer._c_layer = c
+    return layer._c_layer
+
+
+def prepare(decoder, x: torch.Tensor, meta) -> DecodeStep | None:
+    """The step's shared arguments if every layer of this step can run as one C call, else None."""
+    if meta.is_prefill or x.shape[0] > gemv.MAX_ROWS or not (decode_ops.available(x) and paged_cpu.available(x)
+                                                              and gemv.available()):
+        return None
+    if KERNELS.ready() is None or any(layer_struct(layer) is None for layer in decoder.layers):
+        return None
+    c = decoder.layers[0]._c_layer
+    per_row = 2 * c.hidden + (c.heads + 2 * c.kv_heads) * c.head_dim + c.heads * c.head_dim + 3 * c.intermediate
+    return DecodeStep(x.shape[0], meta.slot_mapping.to(torch.int64).contiguous(),
+                      meta.block_tables.to(torch.int64).contiguous(), meta.ctx_lens_t.to(torch.int64).contiguous(),
+                      torch.empty(x.shape[0] * per_row), torch.get_num_threads())
+
+
+def run(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache, step: DecodeStep) -> torch.Tensor:
+    """The layer on x [rows, hidden], in place (x is the step's own residual stream); K/V go into kv_cache."""
+    k_cache, v_cache = kv_cache
+    KERNELS.get().decode_layer_f32(ctypes.byref(layer._c_layer), x.data_ptr(), step.rows, cos.data_ptr(),
+                                   sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[1],
+                                   step.slots.data_ptr(), step.tables.data_ptr(), step.tables.shape[1],
+                                   step.lens.data_ptr(), step.scratch.data_ptr(), step.threads)
+    return x
+
+
+def decode_backend(decoder, device, dtype) -> str:
+    """How a decode step's layers run, in words (the status line)."""
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        return "PyTorch ops (the fused C paths are for the CPU in fp32)"  # words the app's catalogue knows
+    if decode_ops.KERNELS.why_not():
+        return f"PyTorch ops (decode_ops.c off: {decode_ops.KERNELS.why_not()})"
+    why = KERNELS.why_not()
+    if why is None and not gemv.available():
+        why = gemv.error or "MINIVLM_GEMV=0"
+    if why is None and not (paged_cpu.ENABLED and paged_cpu.kernel() is not None):
+        why = paged_cpu.error or "MINIVLM_PAGED_CPU=0"
+    if why is None and any(layer_struct(layer) is None for layer in decoder.layers):
+        why = "no dense fp32 weights"
+    if why:
+        return f"fused small ops (decode_ops.c); decode_layer.c off: {why}"
+    return f"one C call a layer for 1-{gemv.MAX_ROWS} sequences (decode_layer.c), fused small ops (decode_ops.c) above"

@@ -1,0 +1,63 @@
+/* The decoder layer's small ops for the CPU (fp32), fused: with one or a few tokens a step, each of them costs
+   more in dispatch than in arithmetic. Three functions replace about 15 PyTorch ops per layer:
+     rms_norm_f32       x += delta (the residual add, optional), then out = x * rsqrt(mean(x^2) + eps) * weight;
+     rope_store_f32     per-head q/k RMSNorm (Qwen3, optional), RoPE on q and k in place, K and V into the pool;
+     silu_mul_f32       out = silu(gate) * up, from the fused gate_up product.
+   Same arithmetic as HF's fp32 modules, summed in another order (differences of a few ulps). Built by decode_ops.py. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PARALLEL_ROWS 16  /* below this many rows a thread team costs more than it saves */
+
+static inline void norm_row(float *y, const float *x, const float *w, int64_t n, float eps) {
+    float ss = 0.f;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+}
+
+void rms_norm_f32(float *x, const float *delta, const float *w, float *out, int64_t rows, int64_t n, float eps,
+                  int threads) {
+#pragma omp parallel for if(rows >= PARALLEL_ROWS) num_threads(threads)
+    for (int64_t t = 0; t < rows; t++) {
+        float *xt = x + t * n;
+        if (delta)
+            for (int64_t i = 0; i < n; i++) xt[i] += delta[t * n + i];
+        norm_row(out + t * n, xt, w, n, eps);
+    }
+}
+
+/* qkv [rows, heads + 2 * kv_heads, d] (q heads, then k, then v); cos/sin [rows, d] in rotate_half's layout;
+   q_norm/k_norm [d] or NULL; caches [blocks * block_size, kv_heads, d]; slots [rows]: where each row's K/V go. */
+void rope_store_f32(float *qkv, const float *cos, const float *sin, const float *q_norm, const float *k_norm,
+                    float eps, float *k_cache, float *v_cache, const int64_t *slots, int64_t rows, int64_t heads,
+                    int64_t kv_heads, int64_t d, int threads) {
+    const int64_t half = d / 2, row = (heads + 2 * kv_heads) * d;
+#pragma omp parallel for if(rows >= PARALLEL_ROWS) num_threads(threads)
+    for (int64_t t = 0; t < rows; t++) {
+        float *r = qkv + t * row, x[d];
+        const float *c = cos + t * d, *s = sin + t * d;
+        for (int64_t h = 0; h < heads + kv_heads; h++) {
+            float *v = r + h * d;
+            const float *nw = h < heads ? q_norm : k_norm;
+            if (nw) norm_row(x, v, nw, d, eps);
+            else memcpy(x, v, d * sizeof(float));
+            for (int64_t i = 0; i < half; i++) {  /* x * cos + rotate_half(x) * sin */
+                v[i] = x[i] * c[i] - x[i + half] * s[i];
+                v[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+            }
+        }
+        const int64_t at = slots[t] * kv_heads * d;
+        memcpy(k_cache + at, r + heads * d, kv_heads * d * sizeof(float));
+        memcpy(v_cache + at, r + (heads + kv_heads) * d, kv_heads * d * sizeof(float));
+    }
+}
+
+void silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n, int threads) {
+#pragma omp parallel for if(rows >= PARALLEL_ROWS) num_threads(threads)
+    for (int64_t t = 0; t < rows; t++) {
+        const float *g = gate_up + t * 2 * n, *u = g + n;
+        for (int64_t i = 0; i < n; i++) out[t * n + i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+}

@@ -1,0 +1,45 @@
+"""The CPU fp32 matrix-vector product of small decode batches (gemv.c), called through ctypes. FastLinear sends
+inputs of at most MAX_ROWS rows here when the kernel is built; `available` says no (and `error` why) otherwise."""
+import ctypes
+import os
+import threading
+
+import torch
+
+from minivlm.model.c_build import build
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemv.c")
+ENABLED = os.environ.get("MINIVLM_GEMV", "1") != "0"  # 0: oneDNN for every batch size (comparisons, debugging)
+MAX_ROWS = 4  # measured here: 1.5x oneDNN at 1-2 rows, even at 4, oneDNN's blocked GEMM ahead from 8
+_lock = threading.Lock()
+_lib: list = []  # [] not tried yet, [None] unavailable, [fn] loaded
+error: str | None = None
+
+
+def kernel():
+    """The loaded kernel function, or None (see `error`)."""
+    global error
+    if not _lib:
+        with _lock:
+            if not _lib:
+                lib, error = build(SOURCE) if ENABLED else (None, "MINIVLM_GEMV=0")
+                fn = lib.gemv_f32 if lib is not None else None
+                if fn is not None:
+                    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+                    fn.argtypes, fn.restype = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int], None
+                _lib.append(fn)
+    return _lib[0]
+
+
+def available() -> bool:
+    return ENABLED and kernel() is not None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for fp32 CPU tensors, x of at most a few rows; weight dense [out, in]."""
+    out_features, in_features = weight.shape
+    flat = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, in_features).contiguous()  # decode: as is
+    y = torch.empty(flat.shape[0], out_features, dtype=x.dtype)
+    kernel()(flat.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
+             flat.shape[0], out_features, in_features, torch.get_num_threads())
+    return y if flat is x else y.reshape(*x.shape[:-1], out_features)

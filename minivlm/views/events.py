@@ -1,0 +1,186 @@
+"""Views of the event log (minivlm.engine.event_log): replay (the KV state at any step, from the plans and the block
+events), plain-English sentences and the step plan in a line, events by step."""
+from minivlm.engine.event_log import EngineEvent
+from minivlm.engine.plan import describe_plan as _describe_plan
+from minivlm.views.snapshot import BlockInfo, KVSnapshot, block_fill
+
+
+class _Replay:
+    """The KV state rebuilt from events alone (see replay)."""
+
+    def __init__(self, num_blocks: int, block_size: int, base: KVSnapshot | None):
+        self.num_blocks, self.bs = num_blocks, block_size
+        self.keys: list[str | None] = [None] * num_blocks
+        self.cached_kind = ["free"] * num_blocks
+        self.tables: dict[str, list[int]] = {}
+        self.types: dict[str, list[int]] = {}      # token types per request (1 = image placeholder)
+        self.videos: dict[str, list] = {}          # (start, length) of each request's videos
+        self.computed: dict[str, int] = {}
+        self.running: list[str] = []
+        self.waiting: list[str] = []
+        self.step = self.preemptions = 0
+        if base is not None:  # an idle pool: only cached blocks carry state
+            if base.running or base.waiting or base.num_blocks != num_blocks:
+                raise ValueError("a replay base must be a snapshot of this pool taken while no request was queued")
+            self.keys = [b.block_hash if b.cached else None for b in base.blocks]
+            self.cached_kind = [b.kind for b in base.blocks]
+            self.step, self.preemptions = base.step, base.num_preemptions
+
+    def apply(self, ev: EngineEvent):
+        rid, f = ev.request_id, ev.fields
+        self.step = ev.step
+        if ev.kind == "arrived":
+            types = [0] * f["num_prompt_tokens"]
+            for start, n in f["image_spans"]:
+                types[start:start + n] = [1] * n
+            self.types[rid], self.computed[rid] = types, 0
+            self.videos[rid] = f.get("video_spans", [])
+            self.waiting.append(rid)
+        elif ev.kind == "scheduled":  # the step's plan: who was admitted with which blocks, who computed what
+            for r in f["plan"]:
+                rid = r["request_id"]
+                if r["admitted"]:
+                    self.tables[rid] = r["hits"] + r["new_blocks"]
+                    self.waiting.remove(rid)
+                    self.running.append(rid)
+                else:
+                    self.tables[rid] += r["new_blocks"]
+                self.computed[rid] = r["end"]
+                if r["sample"]:
+                    self.types[rid].append(0)  # the token it samples
+        elif ev.kind == "BlockStored":
+            for b, key in zip(f["block_ids"], f["block_hashes"]):
+                self.keys[b] = key
+                self.cached_kind[b] = f["block_kind"]
+        elif ev.kind == "BlockRemoved":
+            for b in f["block_ids"]:
+                self.keys[b] = None
+        elif ev.kind == "AllBlocksCleared":
+            held = {b for t in self.tables.values() for b in t}
+            self.keys = [k if b in held else None for b, k in enumerate(self.keys)]
+        elif ev.kind in ("preempted", "finished"):
+            self.tables.pop(rid, None)
+            for queue in (self.running, self.waiting):
+                if rid in queue:
+                    queue.remove(rid)
+            if ev.kind == "preempted":
+                self.waiting.insert(0, rid)
+                self.computed[rid], self.preemptions = 0, self.preemptions + 1
+
+    def snapshot(self) -> KVSnapshot:
+        bs, owners, fill = self.bs, {}, {}
+        for rid in self.running + self.waiting:
+            for j, b in enumerate(self.tables.get(rid, [])):
+                owners.setdefault(b, []).append(rid)
+                n, kind = block_fill(self.computed[rid], j, bs, self.types[rid], self.videos[rid])
+                if n >= fill.get(b, (-1, ""))[0]:
+                    fill[b] = (n, kind)
+        blocks = []
+        for b in range(self.num_blocks):
+            cached = b not in owners and self.keys[b] is not None
+            n, kind = fill.get(b, (bs if cached else 0, self.cached_kind[b] if cached else "free"))
+            key = self.keys[b]
+            blocks.append(BlockInfo(b, len(owners.get(b, [])), n, key[:16] if key else None, owners.get(b, []),
+                                    kind, cached))
+        tables = {rid: list(self.tables[rid]) for rid in self.running + self.waiting if rid in self.tables}
+        return KVSnapshot(bs, self.num_blocks, blocks, tables, self.step, list(self.running), list(self.waiting),
+                          self.preemptions)
+
+
+def _start(events: list[EngineEvent], num_blocks: int, block_size: int, base: KVSnapshot | None) -> _Replay:
+    first = base.last_event_seq + 1 if base is not None else 1
+    if events and events[0].seq != first:
+        raise ValueError(f"replay needs the log from seq {first} on, but it starts at {events[0].seq} "
+                         f"(events were dropped: raise event_log_size)")
+    return _Replay(num_blocks, block_size, base)
+
+
+def replay_steps(events: list[EngineEvent], num_blocks: int, block_size: int, base: KVSnapshot | None = None):
+    """Yield (step, KVSnapshot after that step) for every step the events cover."""
+    state = _start(events, num_blocks, block_size, base)
+    for i, ev in enumerate(events):
+        state.apply(ev)
+        if i + 1 == len(events) or events[i + 1].step != ev.step:
+            yield ev.step, state.snapshot()
+
+
+def replay(events: list[EngineEvent], num_blocks: int, block_size: int, until_step: int | None = None,
+           base: KVSnapshot | None = None) -> KVSnapshot:
+    """The KV state (blocks, block tables, running, waiting, step) after `until_step` (default: the last event's
+    step), rebuilt from events alone: the plans the `scheduled` events carry (admissions, blocks, computed tokens),
+    the block events (keys) and the lifecycle events (arrived, preempted, finished): equal to what engine.snapshot() showed then. The events start at seq 1,
+    or, given `base` (a snapshot of the idle pool), right after base.last_event_seq: events(since=base.last_event_seq)."""
+    state = _start(events, num_blocks, block_size, base)
+    for ev in events:
+        if until_step is not None and ev.step > until_step:
+            break
+        state.apply(ev)
+    return state.snapshot()
+
+
+def describe_plan(ev: EngineEvent, step: bool = True) -> str:
+    """A `scheduled` event's plan in one line, per request: "step 7: req-3 prefill tokens 48–73 into blocks 0,1,2
+    (hits) + 15,14 (new); req-0 decode 1 token at slot 213" (step=False: without the "step 7: ")."""
+    line = _describe_plan(ev.step, ev.fields.get("plan", []))
+    return line if step else line.split(": ", 1)[1]
+
+
+def _blocks(ids: list[int]) -> str:
+    return f"block {ids[0]}" if len(ids) == 1 else f"blocks {', '.join(map(str, ids))}"
+
+
+def describe(ev: EngineEvent) -> str:
+    """One event as a plain-English sentence, e.g. "req-3 filled block 41 (16/16) → stored under key 9f3a1c2b…"."""
+    rid, f = ev.request_id, ev.fields
+    if ev.kind == "arrived":
+        return f"{rid} arrived: {f['num_prompt_tokens']} prompt tokens, {f['num_images']} image(s)"
+    if ev.kind == "scheduled":
+        head = f"{f['step_kind']} {len(f['request_ids'])} request(s), {f['num_tokens']} token(s)"
+        if f["step_kind"] != "mixed":
+            return head
+        chunks = [f"{r} {n}" for r, n in f["num_scheduled_tokens"].items() if n > 1]
+        return f"{head}: prefill chunk(s) {', '.join(chunks)}; the rest decode" if chunks else head
+    if ev.kind == "cache_lookup":
+        hits, false = f["hits"], [h.block_id for h in f["hits"] if h.false_hit]
+        if not hits:
+            return f"{rid} found no cached prefix"
+        return (f"{rid} reused {len(hits)} cached block(s) ({f['num_cached_tokens']} tokens)"
+                + (f", FALSE hits on {_blocks(false)}" if false else ""))
+    if ev.kind == "allocated":
+        return f"{rid} got {_blocks(f['block_ids'])}" if f["block_ids"] else f"{rid} needed no new block"
+    if ev.kind == "BlockStored":
+        n = len(f["token_ids"])
+        return f"{rid} filled block {f['block_ids'][0]} ({n}/{n}) → stored under key {f['block_hashes'][0][:8]}…"
+    if ev.kind == "freed":
+        return f"{rid} released {_blocks(f['block_ids'])} (content stays cached until reused)"
+    if ev.kind == "BlockRemoved":
+        return f"{_blocks(f['block_ids'])} evicted: key {f['block_hashes'][0][:8]}… forgotten"
+    if ev.kind == "AllBlocksCleared":
+        return "prefix cache reset: every free block's key forgotten"
+    if ev.kind == "preempted":
+        return f"{rid} preempted: {f['reason']}"
+    if ev.kind == "vision_encoded":
+        waited = (f"steps {f['arrived_step']}-{ev.step - 1} ran without it" if ev.step > f["arrived_step"]
+                  else "ready in the step it arrived")
+        return (f"{rid}'s {f['num_images']} image(s) encoded on the vision thread in {f['seconds']:.2f} s "
+                f"({waited}); its image tokens are computed now")
+    if f.get("finish_reason") == "error":
+        return f"{rid} failed during {f['stage']}: {f['error']}"
+    return f"{rid} finished ({f['finish_reason']})"
+
+
+def describe_step(events: list[EngineEvent]) -> str:
+    """The decisions of one step in a line: "step 14 · decode 8 request(s), 8 token(s) · req-3 filled block …"."""
+    if not events:
+        return ""
+    head = [describe(e) for e in events if e.kind == "scheduled"]
+    rest = [describe(e) for e in events if e.kind != "scheduled"]
+    return " · ".join([f"step {events[0].step}", *head, *(["; ".join(rest)] if rest else [])])
+
+
+def by_step(events: list[EngineEvent]) -> dict[int, list[EngineEvent]]:
+    """Events grouped by step, steps in order."""
+    steps: dict[int, list[EngineEvent]] = {}
+    for e in events:
+        steps.setdefault(e.step, []).append(e)
+    return steps

@@ -1,0 +1,113 @@
+"""Plain-data views of the engine (safe to hand to another thread): the KV block map and memory."""
+from dataclasses import dataclass, field
+
+
+def block_kind(token_types: list[int], video: bool = False) -> str:
+    """text | image | mixed by the token types a block holds (free when it holds none); video: it holds a video's
+    tokens (placeholders, or the timestamps between its frame pairs)."""
+    if not token_types:
+        return "free"
+    if video:
+        return "video"
+    return "image" if all(token_types) else "mixed" if any(token_types) else "text"
+
+
+def block_fill(computed: int, j: int, block_size: int, token_types: list[int], videos=()) -> tuple[int, str]:
+    """(tokens with K/V, kind) of the j-th block of a request with `computed` tokens computed: the one formula the
+    live snapshot and the replays share. An empty reserved block is named by its first planned token; videos: the
+    request's video spans (start, length), whose blocks are "video"."""
+    n = max(0, min(block_size, computed - j * block_size))
+    start, end = j * block_size, j * block_size + max(n, 1)
+    return n, block_kind(token_types[start:end], holds_video(videos, start, end))
+
+
+def video_spans(seq) -> list[tuple[int, int]]:
+    """(start, length) of each video of seq in its tokens (the arrived event carries them, so replays know)."""
+    return [(im.start, im.end - im.start) for im in seq.images if im.kind == "video"]
+
+
+def holds_video(videos, start: int, end: int) -> bool:
+    """Whether tokens [start, end) overlap one of the video spans (start, length)."""
+    return any(a < end and a + n > start for a, n in videos)
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One physical KV block. kind: text | image | mixed | video | free; cached = free but revivable through its
+    hash."""
+    block_id: int
+    ref_count: int
+    num_tokens: int
+    block_hash: str | None
+    owners: list[str]
+    kind: str
+    cached: bool
+
+
+@dataclass
+class KVSnapshot:
+    """The whole KV pool at one scheduler step."""
+    block_size: int
+    num_blocks: int
+    blocks: list[BlockInfo]
+    block_tables: dict[str, list[int]]
+    step: int = 0
+    running: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    num_preemptions: int = 0
+    cache_stats: dict[str, int] = field(default_factory=dict)
+    last_event_seq: int = 0           # the event log's last seq at this moment: events(since=it) follow it
+
+
+@dataclass
+class MemoryReport:
+    """What the engine really allocated (bytes)."""
+    weights_bytes: int
+    kv_cache_bytes: int
+    kv_bytes_per_token: int
+    num_blocks: int
+    block_size: int
+    peak_bytes: int | None
+    device: str
+    dtype: str
+    vision_weights_bytes: int = 0
+    kv_cache_tokens: int = 0
+    max_concurrency: float = 0.0
+    weight_copies_bytes: int = 0      # CPU fp32: dense copies of the decoder's packed weights, for gemv.c
+
+
+class SnapshotBuilder:
+    """Builds KVSnapshots with O(blocks held + blocks changed) Python work, not O(pool): unchanged blocks reuse their
+    (immutable) BlockInfo from the previous snapshot; the one O(pool) part is copying the list of references
+    (8 bytes a block), so snapshots every step stay cheap on a large pool."""
+
+    def __init__(self, bm):
+        self.bm = bm
+        self.infos = [BlockInfo(b.block_id, 0, 0, None, [], "free", False) for b in bm.blocks]
+
+    def build(self, running: list, waiting: list, step: int, num_preemptions: int, full: bool = False,
+              last_event_seq: int = 0) -> KVSnapshot:
+        """full=True rebuilds every block (the reference the incremental path is tested against)."""
+        bm, bs = self.bm, self.bm.block_size
+        owners: dict[int, list[str]] = {}
+        fill: dict[int, tuple[int, str]] = {}
+        tables = {}
+        changed = set(range(len(bm.blocks))) if full else set(bm.dirty)
+        bm.dirty.clear()
+        for seq in running + [s for s in waiting if s.block_table]:
+            tables[seq.request_id] = list(seq.block_table)
+            changed.add(seq.block_table[-1])  # the block being appended to changes every step
+            for j, b in enumerate(seq.block_table):
+                owners.setdefault(b, []).append(seq.request_id)
+                if b in changed:
+                    n, kind = block_fill(seq.num_computed, j, bs, seq.token_types, video_spans(seq))
+                    if n >= fill.get(b, (-1, ""))[0]:
+                        fill[b] = (n, kind)
+        for b in changed:
+            blk = bm.blocks[b]
+            cached = blk.ref_count == 0 and blk.key is not None
+            n, kind = fill.get(b, (bs if cached else 0, blk.kind if cached else "free"))
+            self.infos[b] = BlockInfo(b, blk.ref_count, n, blk.key[:16] if blk.key else None,
+                                      owners.get(b, []), kind, cached)
+        return KVSnapshot(bs, len(bm.blocks), list(self.infos), tables, step, [s.request_id for s in running],
+                          [s.request_id for s in waiting], num_preemptions, dict(bm.stats), last_event_seq)

@@ -1,0 +1,98 @@
+"""The decision log's sentences in the page's language, rendered from an event's fields (ids, numbers) through the
+catalogue; in English they are exactly minivlm.views.events.describe / describe_plan (tests/test_i18n.py)."""
+import re
+
+from panels.i18n import t, word as _word
+
+PREEMPTION = re.compile(r"^(?P<needer>\S+) needs a block for its next token; none is free; (?:preempting the newest "
+                        r"running request, (?P<victim>\S+)|no other request is running, so (?P<self>\S+) itself), "
+                        r"releasing its (?P<n>\d+) blocks \((?P<free>\d+) become free\); its (?P<tokens>\d+) tokens "
+                        r"will be recomputed$")
+
+
+def _blocks(lang: str, ids: list[int]) -> str:
+    return t(lang, "ev.block", ids=ids[0]) if len(ids) == 1 else t(lang, "ev.blocks", ids=", ".join(map(str, ids)))
+
+
+def preemption_reason(lang: str, reason: str) -> str:
+    """The scheduler's reason for a preemption (a sentence it writes) in `lang`; an unknown form stays as is."""
+    m = PREEMPTION.match(reason)
+    if m is None:
+        return reason
+    f = m.groupdict()
+    key = "ev.preempt_newest" if f["victim"] else "ev.preempt_itself"
+    return t(lang, key, needer=f["needer"], victim=f["victim"] or f["self"], n=f["n"], free=f["free"],
+             tokens=f["tokens"])
+
+
+def describe_in(ev, lang: str) -> str:
+    """One event as a sentence in `lang` (as minivlm.views.events.describe, which is its English)."""
+    rid, f = ev.request_id, ev.fields
+    if ev.kind == "arrived":
+        return t(lang, "ev.arrived", rid=rid, tokens=f["num_prompt_tokens"], images=f["num_images"])
+    if ev.kind == "scheduled":
+        head = t(lang, "ev.scheduled", kind=_word(lang, "step", f["step_kind"]), n=len(f["request_ids"]),
+                 tokens=f["num_tokens"])
+        chunks = [f"{r} {n}" for r, n in f["num_scheduled_tokens"].items() if n > 1]
+        if f["step_kind"] != "mixed" or not chunks:
+            return head
+        return t(lang, "ev.mixed_chunks", head=head, chunks=", ".join(chunks))
+    if ev.kind == "cache_lookup":
+        hits, false = f["hits"], [h.block_id for h in f["hits"] if h.false_hit]
+        if not hits:
+            return t(lang, "ev.no_prefix", rid=rid)
+        return t(lang, "ev.reused", rid=rid, n=len(hits), tokens=f["num_cached_tokens"],
+                 false=t(lang, "ev.false_hits", blocks=_blocks(lang, false)) if false else "")
+    if ev.kind == "allocated":
+        return t(lang, "ev.got", rid=rid, blocks=_blocks(lang, f["block_ids"])) if f["block_ids"] else \
+            t(lang, "ev.no_new_block", rid=rid)
+    if ev.kind == "BlockStored":
+        return t(lang, "ev.stored", rid=rid, block=f["block_ids"][0], n=len(f["token_ids"]),
+                 key=f["block_hashes"][0][:8])
+    if ev.kind == "freed":
+        return t(lang, "ev.freed", rid=rid, blocks=_blocks(lang, f["block_ids"]))
+    if ev.kind == "BlockRemoved":
+        return t(lang, "ev.evicted", blocks=_blocks(lang, f["block_ids"]), key=f["block_hashes"][0][:8])
+    if ev.kind == "AllBlocksCleared":
+        return t(lang, "ev.cleared")
+    if ev.kind == "preempted":
+        return t(lang, "ev.preempted", rid=rid, reason=preemption_reason(lang, f["reason"]))
+    if ev.kind == "vision_encoded":
+        waited = (t(lang, "ev.waited", first=f["arrived_step"], last=ev.step - 1) if ev.step > f["arrived_step"]
+                  else t(lang, "ev.ready"))
+        return t(lang, "ev.encoded", rid=rid, n=f["num_images"], secs=f"{f['seconds']:.2f}", waited=waited)
+    if f.get("finish_reason") == "error":
+        return t(lang, "ev.failed", rid=rid, stage=f["stage"], error=f["error"])
+    return t(lang, "ev.finished", rid=rid, reason=_word(lang, "reason", f["finish_reason"]))
+
+
+def stored_run(events, lang: str) -> str:
+    """A request's run of stored blocks in one sentence (the decision log's grouping)."""
+    ids = [b for e in events for b in e.block_ids]
+    return t(lang, "ev.stored_run", rid=events[0].request_id, blocks=", ".join(map(str, ids)),
+             keys=", ".join(e.block_hashes[0][:8] + "…" for e in events))
+
+
+def _ids(ids) -> str:
+    return ",".join(map(str, ids))
+
+
+def plan_request(r: dict, lang: str) -> str:
+    """One request of a step's plan (as minivlm.engine.plan.describe_request, which is its English)."""
+    rid = r["request_id"]
+    if r["kind"] == "decode":
+        where = t(lang, "plan.at_slot", slot=r["slots"][0]) if r["slots"] else ""
+        new = t(lang, "plan.new_block", ids=_ids(r["new_blocks"])) if r["new_blocks"] else ""
+        return t(lang, "plan.decode", rid=rid, where=where, new=new).rstrip()
+    parts = [t(lang, "plan.hits", ids=_ids(r["hits"]))] if r["hits"] else []
+    parts += [t(lang, "plan.new", ids=_ids(r["new_blocks"]))] if r["new_blocks"] else []
+    into = t(lang, "plan.into", parts=" + ".join(parts)) if parts else ""
+    tail = (t(lang, "plan.encodes") if r["encode"] else "") + (t(lang, "plan.samples") if r["sample"] else "")
+    return t(lang, "plan.chunk" if r["kind"] == "chunk" else "plan.prefill", rid=rid, first=r["start"],
+             last=r["end"] - 1, into=into, tail=tail)
+
+
+def plan_in(ev, lang: str) -> str:
+    """A `scheduled` event's plan in one line without its step (as describe_plan(ev, step=False))."""
+    plan = ev.fields.get("plan", [])
+    return t(lang, "plan.sep").join(plan_request(r, lang) for r in plan) if plan else t(lang, "plan.nothing")

@@ -1,0 +1,61 @@
+"""The engine's event sentences and step plans (minivlm.views.events.describe / describe_plan), message by message:
+the English is the engine's own wording (tests/test_i18n.py checks that rendering these from a run's event fields
+gives exactly its sentences), the Chinese is the same data said in Chinese. id -> (English, 简体中文)."""
+
+MESSAGES = {
+    "ev.arrived": ("{rid} arrived: {tokens} prompt tokens, {images} image(s)",
+                   "{rid} 到达：提示词 {tokens} 个 token，{images} 张图片"),
+    "ev.scheduled": ("{kind} {n} request(s), {tokens} token(s)", "{kind} {n} 个请求，{tokens} 个 token"),
+    "ev.mixed_chunks": ("{head}: prefill chunk(s) {chunks}; the rest decode", "{head}：预填充分块 {chunks}；其余在解码"),
+    "ev.no_prefix": ("{rid} found no cached prefix", "{rid} 没有找到已缓存的前缀"),
+    "ev.reused": ("{rid} reused {n} cached block(s) ({tokens} tokens){false}",
+                  "{rid} 复用了 {n} 个已缓存的块（{tokens} 个 token）{false}"),
+    "ev.false_hits": (", FALSE hits on {blocks}", "，其中{blocks}是误命中"),
+    "ev.got": ("{rid} got {blocks}", "{rid} 分到了{blocks}"),
+    "ev.no_new_block": ("{rid} needed no new block", "{rid} 不需要新块"),
+    "ev.stored": ("{rid} filled block {block} ({n}/{n}) → stored under key {key}…",
+                  "{rid} 填满了块 {block}（{n}/{n}）→ 以键 {key}… 存入缓存"),
+    "ev.stored_run": ("{rid} filled blocks {blocks} → each stored under its key ({keys})",
+                      "{rid} 填满了块 {blocks} → 各自以其键存入缓存（{keys}）"),
+    "ev.freed": ("{rid} released {blocks} (content stays cached until reused)",
+                 "{rid} 释放了{blocks}（内容保留在缓存中，直到被重新使用）"),
+    "ev.evicted": ("{blocks} evicted: key {key}… forgotten", "{blocks} 被驱逐：键 {key}… 被遗忘"),
+    "ev.cleared": ("prefix cache reset: every free block's key forgotten", "前缀缓存已重置：所有空闲块的键都被遗忘"),
+    "ev.preempted": ("{rid} preempted: {reason}", "{rid} 被抢占：{reason}"),
+    "ev.preempt_newest": ("{needer} needs a block for its next token; none is free; preempting the newest running "
+                          "request, {victim}, releasing its {n} blocks ({free} become free); its {tokens} tokens will "
+                          "be recomputed",
+                          "{needer} 的下一个 token 需要一个块；没有空闲块；抢占最新的运行中请求 {victim}，释放它的 {n} 个"
+                          "块（{free} 个变为空闲）；它的 {tokens} 个 token 之后会重新计算"),
+    "ev.preempt_itself": ("{needer} needs a block for its next token; none is free; no other request is running, so "
+                          "{victim} itself, releasing its {n} blocks ({free} become free); its {tokens} tokens will be "
+                          "recomputed",
+                          "{needer} 的下一个 token 需要一个块；没有空闲块；没有其他运行中的请求，所以抢占 {victim} 自己，"
+                          "释放它的 {n} 个块（{free} 个变为空闲）；它的 {tokens} 个 token 之后会重新计算"),
+    "ev.encoded": ("{rid}'s {n} image(s) encoded on the vision thread in {secs} s ({waited}); its image tokens are "
+                   "computed now",
+                   "{rid} 的 {n} 张图片在视觉线程上编码完成，用时 {secs} 秒（{waited}）；现在计算它的图像 token"),
+    "ev.waited": ("steps {first}-{last} ran without it", "第 {first}-{last} 步在没有它的情况下运行"),
+    "ev.ready": ("ready in the step it arrived", "在到达的那一步就已就绪"),
+    "ev.failed": ("{rid} failed during {stage}: {error}", "{rid} 在 {stage} 阶段失败：{error}"),
+    "ev.finished": ("{rid} finished ({reason})", "{rid} 完成（{reason}）"),
+    "ev.block": ("block {ids}", "块 {ids}"),
+    "ev.blocks": ("blocks {ids}", "块 {ids}"),
+    "step.prefill": ("prefill", "预填充"), "step.decode": ("decode", "解码"), "step.mixed": ("mixed", "混合"),
+    "reason.stop": ("stop", "停止符"), "reason.length": ("length", "达到长度上限"), "reason.abort": ("abort", "中止"),
+    "reason.error": ("error", "出错"),
+    # a step's plan (minivlm.engine.plan.describe_request)
+    "plan.decode": ("{rid} decode 1 token {where}{new}", "{rid} 解码 1 个 token {where}{new}"),
+    "plan.at_slot": ("at slot {slot}", "写入槽位 {slot}"),
+    "plan.new_block": (" (new block {ids})", "（新块 {ids}）"),
+    "plan.prefill": ("{rid} prefill tokens {first}–{last}{into}{tail}", "{rid} 预填充 token {first}–{last}{into}{tail}"),
+    "plan.chunk": ("{rid} prefill chunk tokens {first}–{last}{into}{tail}",
+                   "{rid} 分块预填充 token {first}–{last}{into}{tail}"),
+    "plan.into": (" into blocks {parts}", "，写入块 {parts}"),
+    "plan.hits": ("{ids} (hits)", "{ids}（命中）"),
+    "plan.new": ("{ids} (new)", "{ids}（新分配）"),
+    "plan.encodes": ("; encodes its images", "；编码它的图片"),
+    "plan.samples": ("; samples a token", "；采样一个 token"),
+    "plan.nothing": ("nothing ran", "什么也没运行"),
+    "plan.sep": ("; ", "；"),
+}

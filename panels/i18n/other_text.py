@@ -1,0 +1,125 @@
+"""Messages of the anatomy and cache-inspector tabs and the KV-event watcher (their controls and introductions).
+id -> (English, 简体中文)."""
+
+MESSAGES = {
+    "anat.intro": ("How a request becomes what the engine stores: the image cut into patches and merged into tokens, "
+                   "the prompt as tokens in KV blocks, each image token's M-RoPE position, and what goes into each "
+                   "block's prefix-cache key under A, B and C. Nothing runs the model.",
+                   "一个请求如何变成引擎存储的内容：图片被切成图块（patch）并合并成 token，提示词作为 token 放进 KV 块，"
+                   "每个图像 token 的 M-RoPE 位置，以及在 A、B、C 三种策略下每个块的前缀缓存键由什么组成。这里不运行模型。"),
+    "anat.image": ("Image", "图片"),
+    "anat.other": ("Second image, to compare keys (empty = the same image)", "第二张图片，用来比较键（留空 = 同一张图片）"),
+    "anat.prompt": ("Prompt (the same for both)", "提示词（两者相同）"),
+    "anat.show": ("Show anatomy", "显示剖析"),
+    "anat.from_chat": ("Use the chat's last request", "使用对话中的最后一个请求"),
+    "anat.examples": ("Examples", "示例"),
+    "anat.summary": ("Anatomy summary", "剖析摘要"),
+    "anat.grid": ("1 · the image as the vision tower sees it", "1 · 视觉塔眼中的图片"),
+    "anat.rope": ("2 · positions of the image tokens (M-RoPE t, h, w; or 1-D)", "2 · 图像 token 的位置（M-RoPE t、h、w；或一维）"),
+    "anat.strip": ("3 · the prompt as tokens, in KV blocks", "3 · 提示词的 token，放在 KV 块中"),
+    "anat.keys": ("4 · prefix-cache keys per block under A, B and C", "4 · A、B、C 策略下每个块的前缀缓存键"),
+    "anat.which_image": ("{knob} (image)", "{knob}（图片）"),
+    "anat.which_second": ("{knob} (second image)", "{knob}（第二张图片）"),
+    "anat.image_line": ("{kind} {n}: {w}×{h} px → {tokens} tokens", "{kind} {n}：{w}×{h} 像素 → {tokens} 个 token"),
+    "anat.no_image": ("no image", "没有图片"),
+    "anat.kind.image": ("image", "图片"), "anat.kind.video": ("video", "视频"),
+    "anat.describe": ("**{n} prompt tokens** = {text} text + {image} image ({images}) · **{blocks} KV blocks** of "
+                      "{bs} ({full} full and keyed; {unused} unused slots in the last) · drawn in {secs} s",
+                      "**提示词共 {n} 个 token** = {text} 个文本 + {image} 个图像（{images}）· **{blocks} 个 KV 块**，"
+                      "每块 {bs} 个（{full} 个已满并有键；最后一块有 {unused} 个空槽位）· 绘制用时 {secs} 秒"),
+    "anat.note": ("<br>note: {note}", "<br>注：{note}"),
+    "anat.chat_empty": ("The chat is empty: send a message in the Chat tab first.", "对话是空的：请先在“对话”页签发送一条消息。"),
+    # anatomy figures and key table
+    "anat.grid_note": ("image {k}: {ow}×{oh} → {rw}×{rh} · {gw}×{gh} patches of {patch} px · {m}×{m} merge → "
+                       "{cols}×{rows} = {n} tokens",
+                       "图片 {k}：{ow}×{oh} → {rw}×{rh} · {gw}×{gh} 个 {patch} 像素的图块 · {m}×{m} 合并 → "
+                       "{cols}×{rows} = {n} 个 token"),
+    "anat.grid_legend": ("<br><sup>white: patch edges · yellow: merge groups (one group = one token)</sup>",
+                         "<br><sup>白线：图块边界 · 黄线：合并组（一组 = 一个 token）</sup>"),
+    "anat.grid_hover": ("image {k} · token {i} · merged cell (row {row}, col {col})",
+                        "图片 {k} · token {i} · 合并单元（第 {row} 行，第 {col} 列）"),
+    "anat.block_label": ("block {i}", "块 {i}"),
+    "anat.partial": (" · {n}/{bs}, not keyed yet", " · {n}/{bs}，尚无键"),
+    "anat.strip_title": ("{n} tokens ({text} text, {image} image) in {blocks} KV blocks of {bs} · purple: special "
+                         "tokens · grey: empty slots of the last block",
+                         "{n} 个 token（{text} 个文本，{image} 个图像），放在 {blocks} 个每块 {bs} 个的 KV 块里 · 紫色：特殊 "
+                         "token · 灰色：最后一块的空槽位"),
+    "anat.rope_none": ("No image: every token's (t, h, w) is (i, i, i), plain 1-D RoPE",
+                       "没有图片：每个 token 的 (t, h, w) 都是 (i, i, i)，即普通的一维 RoPE"),
+    "anat.rope_axis": ("image {k}: {axis}", "图片 {k}：{axis}"),
+    "anat.rope_tail": ("; the text after it resumes at {n}", "；它之后的文本从 {n} 继续"),
+    "anat.rope_title": ("image 1 starts at {start}{tail}<br><sup>generated token i then gets position {offset} on all "
+                        "three axes (the rope delta)</sup>",
+                        "图片 1 从 {start} 开始{tail}<br><sup>之后生成的第 i 个 token 在三个轴上的位置都是 {offset}"
+                        "（rope delta）</sup>"),
+    "keys.what.A": ("token ids only", "只有 token id"), "keys.what.B": ("+ image content hash", "+ 图像内容哈希"),
+    "keys.what.C": ("+ grid or tiling, processor settings, offset, model", "+ 网格或切片、预处理设置、偏移、模型"),
+    "keys.block": ("block {i}<br><span style='{style}'>tokens {first}–{last}<br>{kind}</span>",
+                   "块 {i}<br><span style='{style}'>token {first}–{last}<br>{kind}</span>"),
+    "keys.add_second": ("Add a second image to compare two requests block by block.", "添加第二张图片，逐块比较两个请求。"),
+    "keys.request": ("request {n}", "请求 {n}"),
+    "keys.compare": ("Each key of <b>{a}</b> next to <b>{b}</b>'s: {same_open}green</span> = the same key, so {b} "
+                     "would be served {a}'s cached block; {diff_open}red</span> = a different key. {mark}Highlighted"
+                     "</mark>: the inputs that differ ({a} ≠ {b}).",
+                     "<b>{a}</b> 的每个键与 <b>{b}</b> 的对照：{same_open}绿色</span> = 键相同，所以 {b} 会拿到 {a} 缓存的块；"
+                     "{diff_open}红色</span> = 键不同。{mark}高亮</mark>：两者不同的输入（{a} ≠ {b}）。"),
+    "keys.intro": ("This engine keys its prefix cache with strategy <b>{strategy}</b>. A key = sha256(parent key, the "
+                   "block's token ids, extra). {note}",
+                   "本引擎的前缀缓存使用策略 <b>{strategy}</b> 计算键。键 = sha256(父块的键, 本块的 token id, 额外信息)。{note}"),
+    "insp.intro": ("Runs request 1 then request 2 on a fresh **isolated** KV pool per strategy (the loaded weights are "
+                   "shared, the app's own cache is never touched), and request 2 once more with no cache at all. "
+                   "A **false hit** reuses a block whose KV was computed from different content. A true hit's logprobs "
+                   "differ from the cold run's by float rounding at most: exactly 0, or about 1e-6 when the cached "
+                   "run's differently shaped matrix products (it computes just the uncached tail) round differently; "
+                   "a false hit's differ by whole units. The last column says which.",
+                   "每种策略各用一个全新的**隔离** KV 池，先运行请求 1 再运行请求 2（共享已加载的权重，从不触碰应用自己的"
+                   "缓存），再在完全没有缓存的情况下运行一次请求 2。**误命中**是指复用了一个由不同内容算出 KV 的块。真命中的"
+                   " logprob 与冷启动运行相比最多相差浮点舍入：正好为 0，或约 1e-6（缓存运行只计算未缓存的尾部，矩阵乘法形状"
+                   "不同，舍入也就不同）；误命中则相差整数量级。最后一列说明属于哪一种。"),
+    "insp.img1": ("Image 1", "图片 1"),
+    "insp.img2": ("Image 2", "图片 2"),
+    "insp.resize1": ("resize / tiling of image 1", "图片 1 的缩放 / 切片"),
+    "insp.resize2": ("resize / tiling of image 2", "图片 2 的缩放 / 切片"),
+    "insp.prompt": ("Prompt", "提示词"),
+    "insp.prompt2": ("Prompt for request 2 (empty = the same)", "请求 2 的提示词（留空 = 相同）"),
+    "insp.max_tokens": ("max tokens", "最大 token 数"),
+    "insp.run": ("Run A / B / C", "运行 A / B / C"),
+    "insp.results": ("Per strategy", "各策略结果"),
+    "insp.blocks": ("Which blocks were reused", "哪些块被复用了"),
+    "preset.Same text, different image": ("Same text, different image", "文字相同，图片不同"),
+    "preset.Identical": ("Identical", "完全相同"),
+    "preset.Same image, different text": ("Same image, different text", "图片相同，文字不同"),
+    "preset.Same image, different resize": ("Same image, different resize", "图片相同，缩放不同"),
+    "preset.Same image, different tiling": ("Same image, different tiling", "图片相同，切片不同"),
+    "preset.Same video, different fps": ("Same video, different fps", "视频相同，帧率不同"),
+    "insp.col.strategy": ("strategy", "策略"), "insp.col.hits": ("hits", "命中"), "insp.col.true": ("true hits", "真命中"),
+    "insp.col.false": ("false hits", "误命中"), "insp.col.cached": ("cached tokens", "缓存 token 数"),
+    "insp.col.answer1": ("answer · image 1", "回答 · 图片 1"), "insp.col.answer2": ("answer · image 2", "回答 · 图片 2"),
+    "insp.col.cold": ("cold answer · image 2", "冷启动回答 · 图片 2"),
+    "insp.col.drift": ("max |Δlogprob| vs cold", "与冷启动相比最大 |Δlogprob|"),
+    "insp.col.meaning": ("so the drift is", "所以这个偏差是"),
+    "insp.bit_identical": ("none: bit-identical", "没有：逐位相同"),
+    "insp.rounding": ("float rounding only", "只是浮点舍入"),
+    "insp.not_this": ("the reused KV was not this request's", "复用的 KV 不是这个请求的"),
+    "insp.miss": ("miss", "未命中"), "insp.true_hit": ("true hit", "真命中"), "insp.false_hit": ("false hit", "误命中"),
+    "insp.hover_state.0": ("miss", "未命中"), "insp.hover_state.1": ("true hit", "真命中"),
+    "insp.hover_state.2": ("FALSE hit", "误命中"),
+    "insp.hover": ("{name}: logical block L{i} · {state}", "{name}：逻辑块 L{i} · {state}"),
+    "insp.reused": (" · reused physical block {label}", " · 复用了物理块 {label}"),
+    "insp.title": ("Request 2's prompt blocks by logical index L; #id = the physical block it reused",
+                   "请求 2 的提示词块，按逻辑序号 L 排列；#id = 它复用的物理块"),
+    "insp.axis": ("logical block of request 2", "请求 2 的逻辑块"),
+    "insp.two_images": ("Give two images (upload them or pick a preset).", "请给出两张图片（上传或选一个预设）。"),
+    "insp.give_prompt": ("Give a prompt.", "请输入提示词。"),
+    "insp.text_only": ("{model} is a text-only model: the inspector compares requests with images.",
+                       "{model} 是纯文本模型：缓存检查比较的是带图片的请求。"),
+    "watch.accordion": ("Watch a KV-event stream (vLLM, SGLang, another minivlm)",
+                        "观察一个 KV 事件流（vLLM、SGLang 或另一个 minivlm）"),
+    "watch.target": ("publisher: tcp://host:port[#topic]", "发布端：tcp://host:port[#topic]"),
+    "watch.replay": ("replay endpoint (optional)", "回放端点（可选）"),
+    "watch.go": ("Watch", "观察"),
+    "watch.status": ("watched stream: counters", "所观察的事件流：计数"),
+    "watch.tree": ("Prefix tree drawn from the watched stream", "根据所观察的事件流画出的前缀树"),
+    "watch.idle": ("Not watching. Enter a publisher's address (e.g. `tcp://vllm-host:5557#kv-events`) and press Watch.",
+                   "尚未观察。输入发布端的地址（例如 `tcp://vllm-host:5557#kv-events`）再按“观察”。"),
+}

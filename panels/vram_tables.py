@@ -1,0 +1,76 @@
+"""The VRAM tab's words and tables: the verdict (fits, or every limit it hits), the estimate against this engine,
+the fewest GPUs per device, and the matrix of VLMs on common GPUs, in the page's language (pure functions)."""
+import pandas as pd
+
+from minivlm.budget.planner import MATRIX_GPUS
+
+from panels.i18n import EN, t
+from panels.i18n.budget import limit_sentences, limit_words
+
+GIB = 2 ** 30
+
+
+def matrix_cell(est, lang: str = EN) -> str:
+    """One model on one GPU, short enough for a phone: fits (requests at once) or the limits it hits."""
+    if est.fits:
+        return t(lang, "vram.cell_fits", n=f"{est.workload_concurrency:,}")
+    return t(lang, "vram.cell_no", limits=" + ".join(limit_words(est, lang)), n=f"{est.workload_concurrency:,}")
+
+
+def matrix_table(plans, lang: str = EN) -> pd.DataFrame:
+    """The matrix VLMs (rows) on one GPU of each size (columns), with each model's tokens per image."""
+    rows = [(model, f"{ests[0].vision_tokens_per_image:,}" + (t(lang, "vram.tiles_cell", n=ests[0].image_tiles)
+                                                               if ests[0].image_tiles > 1 else ""),
+             *(matrix_cell(e, lang) for e in ests)) for model, ests in plans.items()]
+    return pd.DataFrame(rows, columns=[t(lang, "col.model"), t(lang, "col.vision_tokens")]
+                        + [f"{size} ({gpu})" for size, gpu in MATRIX_GPUS])
+
+
+def comparison(est, rep, lang: str = EN) -> pd.DataFrame:
+    """The estimate and the running engine side by side."""
+    rows = [("weights", est.weights_bytes / 2**20, rep.weights_bytes / 2**20),
+            ("vision", est.vision_weights_bytes / 2**20, rep.vision_weights_bytes / 2**20),
+            ("kv_per_token", est.kv_bytes_per_token, rep.kv_bytes_per_token),
+            ("kv_blocks", est.num_blocks, rep.num_blocks),
+            ("kv_cache", est.kv_cache_bytes / 2**20, rep.kv_cache_bytes / 2**20),
+            ("kv_tokens", est.num_blocks * est.block_size, rep.kv_cache_tokens),
+            ("concurrency", est.max_concurrency, rep.max_concurrency),
+            ("peak", None, None if rep.peak_bytes is None else rep.peak_bytes / 2**20)]
+    return pd.DataFrame([(t(lang, f"row.{k}"), _fmt(a), _fmt(b)) for k, a, b in rows],
+                        columns=[t(lang, "col.quantity"), t(lang, "col.estimate"),
+                                 t(lang, "col.engine", device=rep.device, dtype=rep.dtype)])
+
+
+def gpu_table(plans, lang: str = EN) -> pd.DataFrame:
+    """The planner's answer per device: the fewest GPUs that fit, per-GPU weights, and the limit where none do."""
+    rows = []
+    for p in plans:
+        e = p.estimate
+        why = "; ".join(limit_sentences(e, lang)) if e is not None and lang != EN else p.reason
+        rows.append((p.device, f"{p.gpus} × {p.device}" if p.gpus else t(lang, "vram.none_up_to"),
+                     _fmt(e.weights_bytes / GIB) if e else "n/a", _fmt(e.workload_concurrency) if e else "n/a",
+                     "" if p.gpus else why))
+    return pd.DataFrame(rows, columns=[t(lang, f"col.{c}") for c in ("gpu", "fewest", "weights_gpu", "at_once",
+                                                                      "why_not")])
+
+
+def headline(est, device: str, n_seqs: int, lang: str = EN) -> str:
+    """The verdict in words: blocks and concurrency, and, when it does not fit, every limit it hits."""
+    gpus = t(lang, "vram.tp_note", n=est.tensor_parallel_size) if est.tensor_parallel_size > 1 else ""
+    tiles = t(lang, "vram.tiles", n=est.image_tiles) if est.image_tiles > 1 else ""
+    images = t(lang, "vram.text_only") if est.text_only else t(
+        lang, "vram.images_line", tokens=f"{est.vision_tokens_per_image:,}", w=est.resized_image[1],
+        h=est.resized_image[0], tiles=tiles)
+    pool = t(lang, "vram.pool", blocks=f"{est.num_blocks:,}", tokens=f"{est.kv_pool_tokens:,}",
+             concurrency=f"{est.max_concurrency:.2f}", max_len=f"{est.max_model_len:,}")
+    workload = t(lang, "vram.workload", tokens=f"{est.needed_tokens_per_request:,}", images=images)
+    if est.fits:
+        return t(lang, "vram.fits", pool=pool, workload=workload, n=f"{est.workload_concurrency:,}", asked=n_seqs,
+                 device=device, gpus=gpus)
+    # a verdict says one thing: what stops it, never a concurrency that the limits below contradict
+    return (t(lang, "vram.no_fit", device=device, gpus=gpus, pool=pool, workload=workload, asked=n_seqs)
+            + "".join(f"\n- **{limit}**" for limit in limit_sentences(est, lang)))
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{v:,.2f}" if isinstance(v, float) else f"{v:,}"

@@ -1,0 +1,175 @@
+"""decode_ops.c, the decoder layer's small ops fused for the CPU, and decode_layer.c, a decode step's layer as one
+call: each small op equal to the PyTorch arithmetic it replaces (HF's RMSNorm, rotate_half RoPE, the K/V scatter,
+SiLU-and-multiply) on random inputs; the engine's logprobs equal HF's on all three paths, in every family; and a
+decode step runs far fewer PyTorch ops."""
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minivlm import Engine, EngineConfig, Request, SamplingParams
+from minivlm.model import c_build, decode_layer, decode_ops
+from minivlm.model.attention import write_kv
+from minivlm.model.rope import apply_rope
+from tests.conftest import FAMILIES
+from tests.test_parity import check_against_hf, requests
+
+pytestmark = pytest.mark.skipif(decode_ops.KERNELS.get() is None or decode_layer.KERNELS.get() is None,
+                                reason=f"not built here: {decode_ops.KERNELS.error or decode_layer.KERNELS.error}")
+
+
+def hf_rms_norm(x, weight, eps):  # transformers' Qwen2RMSNorm.forward in fp32
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+@pytest.mark.parametrize("rows,n", [(1, 768), (3, 37), (40, 128)])  # 40 rows: the multi-threaded loop
+def test_rms_norm_with_and_without_the_residual_add(rows, n):
+    g = torch.Generator().manual_seed(rows * n)
+    x, delta, w = torch.randn(rows, n, generator=g), torch.randn(rows, n, generator=g), torch.randn(n, generator=g)
+    assert torch.allclose(decode_ops.rms_norm(x.clone(), w, 1e-6), hf_rms_norm(x, w, 1e-6), atol=1e-5)
+    residual = x.clone()
+    out = decode_ops.rms_norm(residual, w, 1e-6, delta=delta)
+    assert torch.equal(residual, x + delta)  # the residual stream is updated in place
+    assert torch.allclose(out, hf_rms_norm(x + delta, w, 1e-6), atol=1e-5)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("rows,heads,kv_heads,d", [(1, 12, 2, 64), (5, 4, 2, 16), (33, 6, 3, 32)])
+def test_rope_store_equals_rope_then_scatter(qk_norm, rows, heads, kv_heads, d):
+    g = torch.Generator().manual_seed(rows + heads + d)
+    qkv = torch.randn(rows, heads + 2 * kv_heads, d, generator=g)
+    angles = torch.rand(rows, d // 2, generator=g) * 50
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    q_w, k_w = (torch.randn(d, generator=g), torch.randn(d, generator=g)) if qk_norm else (None, None)
+    blocks, block_size = 16, 4
+    slots = torch.randperm(blocks * block_size, generator=g)[:rows]
+    k_cache, v_cache = (torch.zeros(blocks, block_size, kv_heads, d) for _ in range(2))
+
+    want = qkv.clone()
+    if qk_norm:
+        want[:, :heads] = hf_rms_norm(want[:, :heads], q_w, 1e-6)
+        want[:, heads:heads + kv_heads] = hf_rms_norm(want[:, heads:heads + kv_heads], k_w, 1e-6)
+    want[:, :heads + kv_heads] = apply_rope(want[:, :heads + kv_heads], cos[:, None], sin[:, None])
+    k_want, v_want = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    write_kv(k_want, v_want, want[:, heads:heads + kv_heads], want[:, heads + kv_heads:], slots)
+
+    decode_ops.rope_store(qkv, cos, sin, heads, k_cache, v_cache, slots, q_w, k_w, 1e-6)
+    assert torch.allclose(qkv, want, atol=2e-5)
+    assert torch.allclose(k_cache, k_want, atol=2e-5) and torch.equal(v_cache, v_want)
+    untouched = torch.ones(blocks * block_size, dtype=torch.bool)
+    untouched[slots] = False
+    assert not k_cache.view(-1, kv_heads, d)[untouched].any()  # nothing written outside the step's slots
+
+
+@pytest.mark.parametrize("rows,n", [(1, 2560), (20, 96)])
+def test_silu_mul(rows, n):
+    gate_up = torch.randn(rows, 2 * n, generator=torch.Generator().manual_seed(n)) * 6
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert torch.allclose(decode_ops.silu_mul(gate_up), F.silu(gate) * up, atol=1e-5)
+
+
+MODES = {"decode_layer": (True, True), "decode_ops": (True, False), "pytorch": (False, False)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_engine_equals_hf_on_every_path(family, checkpoints, engines, monkeypatch):
+    """The same batch (images, text-only, multi-turn; four sequences, so decode steps fit decode_layer.c) through
+    one C call a layer, the fused small ops and PyTorch's: each within HF's tolerance, all the same tokens."""
+    engine, reqs = engines[family], requests()[:4]
+    params = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=1)
+    tokens, layer_calls = {}, []
+    real_run = decode_layer.run
+    monkeypatch.setattr(decode_layer, "run", lambda *a: layer_calls.append(1) or real_run(*a))
+    for mode, (ops, layer) in MODES.items():
+        monkeypatch.setattr(decode_ops.KERNELS, "enabled", ops)
+        monkeypatch.setattr(decode_layer.KERNELS, "enabled", layer)
+        engine.reset_prefix_cache()
+        layer_calls.clear()
+        outs = engine.generate(reqs, params)
+        assert bool(layer_calls) == layer, mode  # decode steps went through decode_layer.c exactly when on
+        for request, out in zip(reqs, outs):
+            check_against_hf(checkpoints[family], family, request, out)
+        tokens[mode] = [o.token_ids for o in outs]
+    assert tokens["decode_layer"] == tokens["decode_ops"] == tokens["pytorch"]
+
+
+def test_a_decode_step_runs_far_fewer_ops(checkpoints, engines, monkeypatch):
+    """PyTorch ops of one single-sequence decode step (the profiler's top-level events) on the three paths."""
+    from torch.profiler import profile
+    engine = engines["qwen2_5_vl"]
+    layers = len(engine.model.decoder.layers)
+
+    def ops_per_step() -> int:  # step-through, so that the profiled step runs on this thread
+        engine.reset_prefix_cache()
+        engine.pause()
+        caller = threading.Thread(target=engine.generate, args=(Request(prompt="Count to ten."),
+                                                                SamplingParams(max_tokens=4, ignore_eos=True)))
+        caller.start()
+        while not engine.has_unfinished():
+            time.sleep(0.01)
+        engine.step(), engine.step()  # the prefill and a first decode step
+        with profile() as prof:
+            engine.step()
+        engine.resume()
+        caller.join(timeout=60)
+        return sum(1 for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::"))
+    whole = ops_per_step()
+    monkeypatch.setattr(decode_layer.KERNELS, "enabled", False)
+    fused = ops_per_step()
+    monkeypatch.setattr(decode_ops.KERNELS, "enabled", False)
+    eager = ops_per_step()
+    print(f"ops per decode step: {whole} (decode_layer), {fused} (decode_ops), {eager} (PyTorch)")
+    assert eager - fused >= 10 * layers, (eager, fused)  # RoPE, norms, adds, the K/V scatter, SiLU: ~15 a layer
+    assert fused - whole >= 4 * layers, (fused, whole)  # and the outputs, views and residual adds around them
+
+
+def test_the_status_line_says_which_path_runs(engines, monkeypatch):
+    engine = engines["qwen3_vl"]
+    assert engine.decode_backend.startswith("one C call a layer for 1-4 sequences (decode_layer.c)")
+    monkeypatch.setattr(decode_layer.KERNELS, "enabled", False)
+    assert engine.decode_backend == "fused small ops (decode_ops.c); decode_layer.c off: MINIVLM_DECODE_LAYER=0"
+    monkeypatch.setattr(decode_ops.KERNELS, "enabled", False)
+    assert engine.decode_backend == "PyTorch ops (decode_ops.c off: MINIVLM_DECODE_OPS=0)"
+
+
+def test_enforce_eager_runs_pytorch_ops_only(engines, monkeypatch):
+    """vLLM's switch, per engine: an isolated engine with enforce_eager=True beside the default one, the same
+    weights, the same tokens; only the default one calls the C layers."""
+    engine = engines["qwen2_vl"]
+    calls = []
+    for name in ("run", "prepare"):
+        real = getattr(decode_layer, name)
+        monkeypatch.setattr(decode_layer, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    params, req = SamplingParams(max_tokens=6, ignore_eos=True), Request(prompt="Count to ten.")
+    with engine.isolated(enforce_eager=True, num_blocks=64) as eager:
+        assert eager.decode_backend == "PyTorch ops (enforce_eager)"
+        want = eager.generate(req, params).token_ids
+        assert not calls
+    engine.reset_prefix_cache()
+    assert engine.generate(req, params).token_ids == want and "run" in calls
+    with pytest.raises(ValueError, match="enforce_eager must be True or False"):
+        EngineConfig(enforce_eager="yes")
+
+
+def test_a_request_never_waits_for_the_compiler(checkpoints, monkeypatch):
+    """A fresh machine: decode_layer.c is still compiling when the engine starts serving. The request is answered
+    at once on the layer-by-layer path and the status line says so; once the build is done, decode steps take one
+    call a layer, with the same tokens."""
+    gate, real_build = threading.Event(), c_build.build
+    monkeypatch.setattr(c_build, "build", lambda source: gate.wait(60) and real_build(source))
+    fresh = c_build.LazyKernels(decode_layer.KERNELS.source, decode_layer.KERNELS.env, decode_layer.KERNELS.signatures)
+    monkeypatch.setattr(decode_layer, "KERNELS", fresh)
+    calls, real_run = [], decode_layer.run
+    monkeypatch.setattr(decode_layer, "run", lambda *a: calls.append(1) or real_run(*a))
+    params, req = SamplingParams(max_tokens=6, ignore_eos=True), Request(prompt="Count to ten.")
+    with Engine(EngineConfig(model=checkpoints["qwen2_5_vl"], num_blocks=64, device="cpu", dtype="float32")) as engine:
+        assert engine.decode_backend == "fused small ops (decode_ops.c); decode_layer.c off: compiling"
+        first = engine.generate(req, params).token_ids  # the build is held: this must not wait for it
+        assert not calls and fresh.ready() is None
+        gate.set()
+        fresh._builder.join(timeout=60)
+        assert engine.decode_backend.startswith("one C call a layer")
+        engine.reset_prefix_cache()
+        assert engine.generate(req, params).token_ids == first and calls
