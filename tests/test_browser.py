@@ -68,6 +68,21 @@ def test_chat_streams_the_right_answer(page, shots):
     page.screenshot(path=os.path.join(shots, "chat.png"), full_page=True)
 
 
+def shared_frame(page) -> dict:
+    """The block map's data once the page draws a frame with blocks in use, some of them shared."""
+    page.locator("#kv-map .js-plotly-plot").wait_for()
+    return page.wait_for_function("""() => {
+        const el = document.querySelector('#kv-map .js-plotly-plot');
+        const z = el && el.data && el.data[0].z;
+        const labels = el && el.data &&
+            el.data.filter(t => t.name === 'ref count (shared)').map(t => [t.x, t.y, t.text])[0];
+        // wait for a frame with blocks in use, some of them shared already
+        if (!z || !z.flat().some(v => v >= 3) || !labels || !labels[0] || !labels[0].length) return null;
+        return {z: z, scale: el.data[0].colorscale, title: el.layout.title.text, cols: el.layout.meta.cols,
+                labels: labels};
+    }""").json_value()
+
+
 def test_block_map_matches_engine_snapshot(app, page, shots):
     holder, _ = app
     engine = holder.get()
@@ -82,28 +97,31 @@ def test_block_map_matches_engine_snapshot(app, page, shots):
             if ev.snapshot is not None:  # the final (abort) event carries none
                 recorded[ev.snapshot.step] = ev.snapshot
                 started.set()
-    # the two long ones share their prompt blocks until the pool runs out; the page polls once a second
+    # the two long ones share their prompt blocks
     threads = [threading.Thread(target=decode, args=a, daemon=True) for a in
                [("red_circle.png", "What color is the shape?", 1200)] * 2 +
                [("two_shapes.png", "How many shapes are there?", 64)]]
-    open_tab(page, "KV blocks (live)")  # polling before the requests start, so no shared frame is missed
+    open_tab(page, "KV blocks (live)")
     threads[0].start()
     started.wait(60)  # its prompt blocks are in the cache now: the same prompt next shares them (ref count 2)
     for t in threads[1:]:
         t.start()
-    page.locator("#kv-map .js-plotly-plot").wait_for()
-    plot = page.wait_for_function("""() => {
-        const el = document.querySelector('#kv-map .js-plotly-plot');
-        const z = el && el.data && el.data[0].z;
-        const labels = el && el.data &&
-            el.data.filter(t => t.name === 'ref count (shared)').map(t => [t.x, t.y, t.text])[0];
-        // wait for a frame with blocks in use, some of them shared already
-        if (!z || !z.flat().some(v => v >= 3) || !labels || !labels[0] || !labels[0].length) return null;
-        return {z: z, scale: el.data[0].colorscale, title: el.layout.title.text, cols: el.layout.meta.cols,
-                labels: labels};
-    }""").json_value()
-    for rid, _ in streams:
-        engine.abort(rid)
+    # the tiny model runs all three in ~2 s, about two of the page's polls: hold the engine while blocks are
+    # shared, so the page's next frame is a shared one however slow the machine
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        engine.pause()  # between two steps
+        if any(b.ref_count > 1 for b in engine.snapshot().blocks):
+            break
+        engine.resume()
+        time.sleep(0.005)
+    assert engine.is_paused(), "no step shared a block within 60 s"
+    try:
+        plot = shared_frame(page)
+    finally:
+        for rid, _ in streams:
+            engine.abort(rid)
+        engine.resume()
     step = int(plot["title"].split("step ")[1].split(":")[0])
     snap = recorded[step]
     cols = plot["cols"]
