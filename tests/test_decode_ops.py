@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
-from minivlm.model import c_build, decode_layer, decode_ops
+from minivlm.model import c_build, decode_layer, decode_ops, gemv
 from minivlm.model.attention import write_kv
 from minivlm.model.rope import apply_rope
 from tests.conftest import FAMILIES
@@ -95,6 +95,22 @@ def test_engine_equals_hf_on_every_path(family, checkpoints, engines, monkeypatc
     assert tokens["decode_layer"] == tokens["decode_ops"] == tokens["pytorch"]
 
 
+def test_a_large_decode_batch_in_one_c_call_equals_hf(checkpoints, engines, monkeypatch):
+    """Thirteen sequences decode together (gemv.c's tiles of four rows and a remainder of one, paged attention
+    over contexts of different lengths) in one C call a layer: every sequence within HF's tolerance."""
+    family = "qwen3_vl"
+    engine, reqs = engines[family], (requests() * 3)[:13]
+    assert len(reqs) <= gemv.MAX_ROWS
+    rows = []
+    real_run = decode_layer.run
+    monkeypatch.setattr(decode_layer, "run", lambda layer, x, *a: rows.append(x.shape[0]) or real_run(layer, x, *a))
+    engine.reset_prefix_cache()
+    outs = engine.generate(reqs, SamplingParams(max_tokens=6, ignore_eos=True, logprobs=1))
+    assert max(rows) == len(reqs)
+    for request, out in zip(reqs, outs):
+        check_against_hf(checkpoints[family], family, request, out)
+
+
 def test_a_decode_step_runs_far_fewer_ops(checkpoints, engines, monkeypatch):
     """PyTorch ops of one single-sequence decode step (the profiler's top-level events) on the three paths."""
     from torch.profiler import profile
@@ -127,7 +143,7 @@ def test_a_decode_step_runs_far_fewer_ops(checkpoints, engines, monkeypatch):
 
 def test_the_status_line_says_which_path_runs(engines, monkeypatch):
     engine = engines["qwen3_vl"]
-    assert engine.decode_backend.startswith("one C call a layer for 1-4 sequences (decode_layer.c)")
+    assert engine.decode_backend.startswith(f"one C call a layer for 1-{gemv.MAX_ROWS} sequences (decode_layer.c)")
     monkeypatch.setattr(decode_layer.KERNELS, "enabled", False)
     assert engine.decode_backend == "fused small ops (decode_ops.c); decode_layer.c off: MINIVLM_DECODE_LAYER=0"
     monkeypatch.setattr(decode_ops.KERNELS, "enabled", False)

@@ -1,5 +1,5 @@
-"""gemv.c, the CPU fp32 matrix-vector product of small decode batches: equal to PyTorch's F.linear on the same
-numbers (rows 1 to 4, odd widths, bias or none, strided inputs), and used by the decoder exactly where it should
+"""gemv.c, the CPU fp32 matrix product of decode batches: equal to PyTorch's F.linear on the same numbers (rows 1
+to MAX_ROWS, so every tile shape and remainder, odd widths, bias or none, strided inputs), and used by the decoder exactly where it should
 be (a few rows, the dense copies counted in memory_report)."""
 import pytest
 import torch
@@ -12,7 +12,7 @@ from minivlm.model.linear import ONEDNN, FastLinear
 pytestmark = pytest.mark.skipif(not (ONEDNN and gemv.available()), reason=f"gemv.c not built here: {gemv.error}")
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 13, gemv.MAX_ROWS])
 @pytest.mark.parametrize("out_features,in_features", [(1, 1), (37, 45), (896, 768), (64, 2560), (5, 33)])
 def test_equals_f_linear(rows, out_features, in_features):
     g = torch.Generator().manual_seed(rows * 1000 + in_features)

@@ -1,4 +1,4 @@
-"""The CPU fp32 matrix-vector product of small decode batches (gemv.c), called through ctypes. FastLinear sends
+"""The CPU fp32 matrix products of decode batches of up to MAX_ROWS sequences (gemv.c), called through ctypes. FastLinear sends
 inputs of at most MAX_ROWS rows here when the kernel is built; `available` says no (and `error` why) otherwise."""
 import ctypes
 import os
@@ -10,7 +10,7 @@ from minivlm.model.c_build import build
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemv.c")
 ENABLED = os.environ.get("MINIVLM_GEMV", "1") != "0"  # 0: oneDNN for every batch size (comparisons, debugging)
-MAX_ROWS = 4  # measured here: 1.5x oneDNN at 1-2 rows, even at 4, oneDNN's blocked GEMM ahead from 8
+MAX_ROWS = 16  # measured here (bench.decode_linears): ahead of oneDNN's prepacked GEMM up to 16 rows, behind at 32
 _lock = threading.Lock()
 _lib: list = []  # [] not tried yet, [None] unavailable, [fn] loaded
 error: str | None = None
