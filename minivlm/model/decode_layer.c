@@ -1,5 +1,5 @@
-/* One decoder layer of a decode step on the CPU (fp32), in one call: with one to four sequences a layer is four
-   matrix-vector products and a handful of small ops, and calling each from Python cost about as much as the small
+/* One decoder layer of a decode step on the CPU (fp32), in one call: with one to sixteen sequences a layer is four
+   small matrix products and a handful of small ops, and calling each from Python cost about as much as the small
    ops themselves. This runs the same kernels in the same order (so the same numbers) as the Python path of
    decoder.py with decode_ops: norm, qkv, RoPE + K/V write, paged attention in place, o, add + norm, gate_up,
    SiLU-and-multiply, down, add. Built by decode_layer.py. */
