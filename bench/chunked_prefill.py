@@ -37,8 +37,11 @@ def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_image
     new_images=False: every arrival shows one image whose vision embeddings are cached beforehand. A stream that
     reaches stream_tokens before the window ends just stops contributing gaps (a warning says so)."""
     engine.reset_prefix_cache()
-    if not new_images:
-        engine.generate(big_request(-1, -1, "warm"), SamplingParams(max_tokens=1))
+    if not new_images:  # the vision cache is per cache salt: each arrival's own (image, salt) is encoded beforehand
+        for k in range(arrivals):
+            engine.generate(big_request(k, -1, f"run-{round_no}-{k}"), SamplingParams(max_tokens=1))
+        with engine.loop.lock:  # and its KV blocks forgotten, so the whole prefill is left to do
+            engine.core.block_manager.reset()
     streams = [Request(prompt=PROMPTS[i % len(PROMPTS)], images=[scene(112, 112, i)], request_id=f"stream-{i}")
                for i in range(STREAMS)]
     stamps: dict[str, list[float]] = {r.request_id: [] for r in streams}

@@ -111,6 +111,28 @@ def test_a_large_decode_batch_in_one_c_call_equals_hf(checkpoints, engines, monk
         check_against_hf(checkpoints[family], family, request, out)
 
 
+def test_chunked_prefills_mixed_steps_in_one_c_call_equal_hf(checkpoints, monkeypatch):
+    """Chunked prefill with an 8-token budget: steps that mix decodes with a chunk of a prompt (image tokens
+    included) run as one C call a layer, each chunk token a query over its own sequence up to itself; every
+    sequence within HF's tolerance."""
+    family = "qwen2_5_vl"
+    kinds = []
+    real_prepare = decode_layer.prepare
+
+    def prepare(decoder, x, meta):
+        step = real_prepare(decoder, x, meta)
+        kinds.append((meta.is_prefill, step is not None))
+        return step
+    monkeypatch.setattr(decode_layer, "prepare", prepare)
+    with Engine(EngineConfig(model=checkpoints[family], device="cpu", dtype="float32", num_blocks=128,
+                             enable_chunked_prefill=True, max_num_batched_tokens=8)) as engine:
+        reqs = requests()
+        outs = engine.generate(reqs, SamplingParams(max_tokens=6, ignore_eos=True, logprobs=1))
+    assert (True, True) in kinds and (False, True) in kinds  # mixed (or chunk-only) steps and decodes in C
+    for request, out in zip(reqs, outs):
+        check_against_hf(checkpoints[family], family, request, out)
+
+
 def test_a_decode_step_runs_far_fewer_ops(checkpoints, engines, monkeypatch):
     """PyTorch ops of one single-sequence decode step (the profiler's top-level events) on the three paths."""
     from torch.profiler import profile

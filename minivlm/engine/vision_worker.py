@@ -14,15 +14,20 @@ NICE = 10  # the tower's thread yields the CPU to the decode steps: a stream's n
 
 
 def _start_thread(threads: int):
-    """Set the tower thread's share of CPU threads, and lower its priority (Linux: nice is per thread, and the
-    thread pool torch starts from this thread inherits it; elsewhere the priority is left as it is)."""
+    """Set the tower thread's share of CPU threads, and lower its priority (Linux: the policy and nice are per
+    thread, and the thread pool torch starts from this thread inherits them; elsewhere they are left as they are).
+    SCHED_IDLE: the tower runs on what the decode steps leave idle, and a step's waking thread takes its core back
+    at once (a niced thread still holds a core for its time slice, which a step's 60-odd barriers each wait out)."""
     torch.set_num_threads(threads)
     if sys.platform == "linux":
+        tid = threading.get_native_id()
         try:
-            tid = threading.get_native_id()  # nice is relative: a niced engine's tower goes lower still
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE))
-        except OSError:  # a sandbox may forbid it; the tower then just competes as before
-            pass
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError):  # a sandbox may forbid it: nice, relative to the engine's own
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE))
+            except OSError:  # the tower then just competes as before
+                pass
 
 
 class VisionWorker:

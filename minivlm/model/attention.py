@@ -123,12 +123,18 @@ def _chunk_in_place(q, k_cache, v_cache, table, ctx: int, scale: float) -> torch
 def _every_token_in_place(q, k_cache, v_cache, meta, scale) -> torch.Tensor:
     """A step of decodes and short chunks (chunked prefill's mixed steps) as one in-place call: every new token is a
     decode query over its own sequence's tokens up to itself, since the step's K/V are already written."""
+    return paged_cpu.paged_decode(q, k_cache, v_cache, *token_queries(meta), scale)
+
+
+def token_queries(meta) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block table, context length) of every new token of the step as its own query: a sequence's table repeated
+    for each of its new tokens, whose lengths count up to the sequence's (made once a step, by the first layer)."""
     if meta.token_queries is None:
-        q_lens = torch.tensor(meta.q_lens, device=q.device)
+        q_lens = torch.tensor(meta.q_lens, device=meta.block_tables.device)
         tables = meta.block_tables.repeat_interleave(q_lens, dim=0)
         lens = torch.cat([torch.arange(c - n + 1, c + 1) for n, c in zip(meta.q_lens, meta.ctx_lens)])
         meta.token_queries = (tables, lens)
-    return paged_cpu.paged_decode(q, k_cache, v_cache, *meta.token_queries, scale)
+    return meta.token_queries
 
 
 def _decode(q, k_cache, v_cache, meta, scale):

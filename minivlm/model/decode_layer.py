@@ -1,9 +1,10 @@
 """A decode step's decoder layers as one C call each (decode_layer.c), on the CPU in fp32 for one to gemv.MAX_ROWS
 sequences: the CPU's counterpart of a captured decode step. The layer's kernels and their order are those of the
 Python path (gemv.c, decode_ops.c, paged_decode.c), so the numbers are the same; what goes is the Python between
-them: about 2 ms of a 13 ms single-stream step on the bench model. `prepare` returns None (and the decoder runs
-layer by layer) for anything else: prefill and mixed steps, more sequences, other dtypes or devices, a kernel not
-built, or MINIVLM_DECODE_LAYER=0."""
+them: about 2 ms of a 13 ms single-stream step on the bench model. Chunked prefill's mixed steps (decodes and
+chunks of at most CHUNK_IN_PLACE tokens) run the same way. `prepare` returns None (and the decoder runs layer by
+layer) for anything else: longer prompts, more rows, other dtypes or devices, a kernel not built, or
+MINIVLM_DECODE_LAYER=0."""
 import ctypes
 import os
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from minivlm.model import decode_ops, gemv, paged_cpu
+from minivlm.model.attention import CHUNK_IN_PLACE, token_queries
 from minivlm.model.c_build import LazyKernels
 
 _p, _i = ctypes.c_void_p, ctypes.c_int64
@@ -66,17 +68,21 @@ def layer_struct(layer) -> Layer | None:
 
 
 def prepare(decoder, x: torch.Tensor, meta) -> DecodeStep | None:
-    """The step's shared arguments if every layer of this step can run as one C call, else None."""
-    if meta.is_prefill or x.shape[0] > gemv.MAX_ROWS or not (decode_ops.available(x) and paged_cpu.available(x)
-                                                              and gemv.available()):
+    """The step's shared arguments if every layer of this step can run as one C call, else None. A mixed step of
+    decodes and short prefill chunks (chunked prefill's) qualifies too: each chunk token is a decode query over its
+    sequence's tokens up to itself (the K/V of the whole step are written first), exactly as attention.py's
+    _every_token_in_place computes it layer by layer."""
+    if x.shape[0] > gemv.MAX_ROWS or not (decode_ops.available(x) and paged_cpu.available(x) and gemv.available()):
+        return None
+    if meta.is_prefill and max(meta.q_lens) > CHUNK_IN_PLACE:  # a long chunk: SDPA's GEMMs win (the Python path)
         return None
     if KERNELS.ready() is None or any(layer_struct(layer) is None for layer in decoder.layers):
         return None
     c = decoder.layers[0]._c_layer
     per_row = 2 * c.hidden + (c.heads + 2 * c.kv_heads) * c.head_dim + c.heads * c.head_dim + 3 * c.intermediate
-    return DecodeStep(x.shape[0], meta.slot_mapping.to(torch.int64).contiguous(),
-                      meta.block_tables.to(torch.int64).contiguous(), meta.ctx_lens_t.to(torch.int64).contiguous(),
-                      torch.empty(x.shape[0] * per_row), torch.get_num_threads())
+    tables, lens = token_queries(meta) if meta.is_prefill else (meta.block_tables, meta.ctx_lens_t)
+    return DecodeStep(x.shape[0], meta.slot_mapping.to(torch.int64).contiguous(), tables.to(torch.int64).contiguous(),
+                      lens.to(torch.int64).contiguous(), torch.empty(x.shape[0] * per_row), torch.get_num_threads())
 
 
 def run(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache, step: DecodeStep) -> torch.Tensor:
