@@ -128,7 +128,7 @@ def _every_token_in_place(q, k_cache, v_cache, meta, scale) -> torch.Tensor:
 
 def token_queries(meta) -> tuple[torch.Tensor, torch.Tensor]:
     """(block table, context length) of every new token of the step as its own query: a sequence's table repeated
-    for each of its new tokens, whose lengths count up to the sequence's (made once a step, by the first layer)."""
+    for each of its new tokens, whose lengths count up to the sequence's (made once a step, kept in meta)."""
     if meta.token_queries is None:
         q_lens = torch.tensor(meta.q_lens, device=meta.block_tables.device)
         tables = meta.block_tables.repeat_interleave(q_lens, dim=0)

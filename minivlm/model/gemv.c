@@ -3,8 +3,8 @@
    as reading. Each thread takes a range of weight rows three at a time and multiplies them by the x rows four at
    a time: twelve 8-wide sums that load each operand once per 8 k (so the multiply-adds, not the loads, set the
    pace), while the next three weight rows are prefetched (so the arithmetic and the memory overlap instead of
-   taking turns). Measured here against oneDNN's prepacked GEMM: 1.15x at 1 row, 1.4x at 4 to 8, 1.1x at 16;
-   oneDNN leads from 32. Built by gemv.py. */
+   taking turns). Measured here against oneDNN's prepacked GEMM (bench.decode_linears): 1.3x at 1 row, 1.4-1.6x
+   at 2 to 8, 1.1x at 16, even at 32. Built by gemv.py. */
 #include <stdint.h>
 
 typedef float v8 __attribute__((vector_size(32), aligned(4)));  /* 8 floats, any alignment: SIMD on x86 and ARM */
