@@ -13,7 +13,7 @@ def _target(engine, stage: str):
     core = engine.core
     one, many = (lambda a: [a]), (lambda a: list(a))
     return {"admit": (core.scheduler, "add", one), "schedule": (core.block_manager, "allocate", one),
-            "vision encode": (core.runner, "encode_images", one), "model run": (core.runner, "forward", many),
+            "vision encode": (core.runner, "encode_images", many), "model run": (core.runner, "forward", many),
             "sampling": (core.runner, "sample_tokens", many), "advance": (core.outputs, "advance", one),
             "snapshot": (core.snapshots, "build", many)}[stage]
 

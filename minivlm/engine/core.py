@@ -112,7 +112,7 @@ class EngineCore:
         those whose prefill completes. The runner gets the plan and the image embeddings, nothing else."""
         out = StepOutcome()
         jobs, embeds = self._isolate("vision encode", self._alive(plan.encodes),
-                                     lambda b: [self.runner.encode_images(j) for j in b], res)
+                                     self.runner.encode_images, res)
         out.encoded = {j.seq_id: e for j, e in zip(jobs, embeds)}
         reqs = self._alive(plan)
         if not reqs:
@@ -146,7 +146,7 @@ class EngineCore:
             if r.image_at and r.seq_id not in images:  # rewound into image tokens a hit had covered
                 seq = self.live[r.seq_id]
                 images[r.seq_id] = (seq.image_embeds, seq.deepstack) if seq.image_embeds is not None else \
-                    self.runner.encode_images(self.scheduler.encode_job(seq))
+                    self.runner.encode_images([self.scheduler.encode_job(seq)])[0]
         if len(reqs) == len(plan.requests) and all(a is b for a, b in zip(redo, plan.requests)):
             return plan
         return plan.only(redo)

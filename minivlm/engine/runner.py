@@ -7,6 +7,8 @@ from minivlm.engine.plan import EncodeJob, ScheduledRequest, StepPlan
 from minivlm.engine.sampler import sample, top_logprobs
 from minivlm.engine.vision_cache import VisionCache
 
+MAX_TOWER_ROWS = 16384  # pixel rows (Qwen's patches, or tiles) in one tower call: bounds its activations
+
 
 class ModelRunner:
     def __init__(self, model, kv_cache: torch.Tensor, block_size: int, vision_cache: VisionCache,
@@ -36,23 +38,55 @@ class ModelRunner:
         if todo:
             worker.start(seq, todo, *self._pixels(seq.images, seq.pixel_values, seq.pixel_mask, todo))
 
-    def encode_images(self, job: EncodeJob) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A request's vision embeddings and deepstack features: from the vision worker's finished job, from the
-        vision cache (images seen before), or from the tower right here."""
-        results = [self.vision_cache.get(k) for k in job.keys]  # None where the tower has to run
-        fresh = {}  # image index -> the tower's output, this request's new cache entries
-        if job.pending is not None:
-            done, future = job.pending
-            fresh.update(zip(done, future.result()[0]))  # re-raises the worker's error here, in this request's step
-        todo = [i for i, r in enumerate(results) if r is None and i not in fresh]
-        if todo:
-            fresh.update(zip(todo, self.vision.encode(*self._pixels(job.images, job.pixel_values, job.pixel_mask,
-                                                                    todo))))
-        for i, value in fresh.items():
-            results[i] = value
-            self.vision_cache.put(job.keys[i], value)
-        return torch.cat([r[0] for r in results]), [torch.cat([r[1][j] for r in results])
-                                                    for j in range(len(results[0][1]))]
+    def encode_images(self, jobs: list[EncodeJob]) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+        """Each job's vision embeddings and deepstack features: from the vision worker's finished job, from the
+        vision cache (images seen before), or from the tower right here, one call over every job's other images
+        (an image two jobs share runs once): the tower's matrix products then have every patch of the step as
+        rows, as HF's batched generate gives them, instead of one image's."""
+        results, wanted = [], {}  # per job, per image: its value or None; vision key -> [(job, image)] without one
+        for j, job in enumerate(jobs):
+            got = [self.vision_cache.get(k) for k in job.keys]
+            if job.pending is not None:
+                done, future = job.pending
+                for i, value in zip(done, future.result()[0]):  # re-raises the worker's error here, in its step
+                    got[i] = value
+                    self.vision_cache.put(job.keys[i], value)
+            for i, value in enumerate(got):
+                if value is None:
+                    wanted.setdefault(job.keys[i], []).append((j, i))
+            results.append(got)
+        for batch in self._tower_batches(jobs, [places[0] for places in wanted.values()]):
+            for (j, i), value in zip(batch, self.vision.encode(*self._batch_pixels(jobs, batch))):
+                self.vision_cache.put(jobs[j].keys[i], value)
+                for jj, ii in wanted[jobs[j].keys[i]]:
+                    results[jj][ii] = value
+        return [(torch.cat([r[0] for r in got]), [torch.cat([r[1][d] for r in got]) for d in range(len(got[0][1]))])
+                for got in results]
+
+    @staticmethod
+    def _tower_batches(jobs: list[EncodeJob], todo: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+        """The (job, image) pairs to encode, in tower calls of at most MAX_TOWER_ROWS pixel rows (an image larger
+        than that alone), each call of one layout (Qwen's grids, or tiles of one size with or without a mask)."""
+        groups: dict[tuple, list[list]] = {}
+        for j, i in todo:
+            job = jobs[j]
+            kind = (job.images[i].grid_thw is not None, job.pixel_mask is None, tuple(job.pixel_values.shape[1:]))
+            batches = groups.setdefault(kind, [[]])
+            rows = job.images[i].pixel_rows
+            if batches[-1] and sum(jobs[b].images[c].pixel_rows for b, c in batches[-1]) + rows > MAX_TOWER_ROWS:
+                batches.append([])
+            batches[-1].append((j, i))
+        return [b for batches in groups.values() for b in batches]
+
+    def _batch_pixels(self, jobs: list[EncodeJob], batch: list[tuple[int, int]]) -> tuple[torch.Tensor, object]:
+        """One tower call's pixel rows and layout, from images of several jobs."""
+        parts = [self._pixels(jobs[j].images, jobs[j].pixel_values, jobs[j].pixel_mask, [i]) for j, i in batch]
+        pixels = torch.cat([p for p, _ in parts])
+        if isinstance(parts[0][1], torch.Tensor):  # Qwen's grids
+            return pixels, torch.cat([layout for _, layout in parts])
+        masks = [layout[1] for _, layout in parts]
+        return pixels, ([n for _, (tiles, _) in parts for n in tiles],
+                        torch.cat(masks) if masks[0] is not None else None)
 
     @torch.inference_mode()
     def forward(self, plan: StepPlan, images: dict | None = None) -> torch.Tensor:
