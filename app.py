@@ -42,7 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "measured as it runs (default 1.5 when no token budget is pinned)")
     p.add_argument("--async-vision", action="store_true",
                    help="run the vision tower on its own thread so running streams never stall on a new image "
-                        "(serving; step numbers then depend on timing, so classroom step-through keeps it off)")
+                        "(with chunked prefill: in time slices lent between steps; serving; step numbers then depend "
+                        "on timing, so classroom step-through keeps it off)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="vLLM's switch: decode layer by layer in PyTorch ops, without the fused C paths (comparisons)")
     p.add_argument("--shared", action="store_true",

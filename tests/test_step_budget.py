@@ -23,17 +23,20 @@ def budget(decode_s: float, extras: dict[int, list[float]]) -> AdaptiveTokenBudg
         b.observe(4, n, 5.0)  # a size's first step pays one-time kernel setup: not measured
         for x in xs * AdaptiveTokenBudget.SAMPLES if len(xs) == 1 else xs:
             b.observe(4, n, decode_s + x)
+        b.observe(4, 0, decode_s)  # a decode-only step now and then keeps the decode time fresh
     return b
 
 
 def test_the_budget_follows_the_measured_costs():
     b = AdaptiveTokenBudget(slowdown=1.5, ceiling=512)
-    assert b.decide(4).prompt_tokens == AdaptiveTokenBudget.START  # nothing measured yet: one block's worth
+    assert b.decide(4).prompt_tokens == AdaptiveTokenBudget.START  # nothing measured yet: a few
     assert b.decide(0).prompt_tokens == 512                        # no stream to protect: the whole ceiling
     d = budget(0.020, {8: [0.010]}).decide(4)   # one size seen: all of its 10 ms is per token
     assert (d.decode_ms, d.fixed_ms, d.token_ms, d.prompt_tokens) == (20.0, 0.0, pytest.approx(1.25), 8)
     d = budget(0.020, {4: [0.006], 12: [0.010]}).decide(4)  # a line: 4 ms whatever the chunk, then 0.5 ms a token
     assert (d.fixed_ms, d.token_ms, d.prompt_tokens) == (pytest.approx(4.0), pytest.approx(0.5), 8)  # 12 fit: 8, a power of two
+    d = budget(0.020, {4: [0.006], 8: [0.012], 12: [0.010]}).decide(4)  # 8 itself measured over the 10 ms
+    assert (d.fixed_ms, d.token_ms, d.prompt_tokens) == (pytest.approx(16 / 3), pytest.approx(0.5), 4)  # line: 8; 4
     d = budget(0.020, {2: [0.012], 10: [0.016]}).decide(4)  # the fixed 11 ms alone is over the 10 ms allowed
     assert (d.fixed_ms, d.prompt_tokens) == (pytest.approx(11.0), 16)  # then chunks of fixed / per token (22 → 16)
     b = budget(0.020, {8: [0.010, 0.500, 0.010]})   # a step that met a busy core: the median ignores it
@@ -109,5 +112,27 @@ def test_mixed_steps_take_what_the_slowdown_allows_and_tokens_do_not_change(chec
     assert (f"budget: up to {last['prompt_tokens']} prompt tokens beside the decodes (a decode step "
             f"{last['decode_ms']:.1f} ms, a mixed step's extra {last['fixed_ms']:.1f} ms + {last['token_ms']:.2f} ms a "
             f"prompt token; mixed steps at most 1.5x a decode step)") in logs[EN]
-    assert "budget: up to 16 prompt tokens beside the decodes (nothing measured yet: one block's worth)" in logs[EN]
+    assert f"budget: up to {AdaptiveTokenBudget.START} prompt tokens beside the decodes (nothing measured yet: a few " \
+        "tokens to start)" in logs[EN]
     assert f"预算：除解码外最多 {last['prompt_tokens']} 个提示 token（解码步 {last['decode_ms']:.1f} ms" in logs[ZH]
+
+
+def test_chunks_stay_within_the_c_layers_rows_and_the_decode_time_is_measured_again():
+    b = budget(0.020, {4: [0.002], 12: [0.006]})  # 0.5 ms a token, nothing fixed: 20 tokens fit, 16 as a power of two
+    assert b.decide(4).prompt_tokens == 16
+    b.fast_rows = lambda: 16                       # the C layer takes 16 rows in one call: 4 decodes + 8 tokens
+    assert [b.decide(n).prompt_tokens for n in (4, 9, 14, 16)] == [8, 4, 2, 16]  # 16 decodes: off the C layer anyway
+    for _ in range(AdaptiveTokenBudget.REFRESH + 1):  # mixed steps in a row (the first of a shape is not measured)
+        b.observe(4, 8, 0.024)
+    d = b.decide(4)                                # then one decode-only step measures the decode time again
+    assert (d.prompt_tokens, d.remeasure, d.to_dict()["remeasure"]) == (0, True, True)
+    b.observe(4, 0, 0.030)
+    assert not b.decide(4).remeasure and b.decide(4).prompt_tokens == 8
+
+
+def test_what_a_step_leaves_the_sliced_tower():
+    b = budget(0.020, {8: [0.010]})
+    assert b.left_after(4, 0.022) == pytest.approx(0.008)  # 1.5 x 20 ms, less the step's own 22 ms
+    assert b.left_after(4, 0.0295) == 0.0                   # 0.5 ms: not worth waking the tower for
+    assert b.left_after(0, 5.0) == AdaptiveTokenBudget.IDLE_SLICE_S  # no stream decoding: a fixed slice
+    assert AdaptiveTokenBudget(1.5, 512).left_after(4, 0.01) == 0.0  # no decode step measured yet

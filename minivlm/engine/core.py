@@ -13,6 +13,7 @@ from minivlm.engine.event_log import EventLog
 from minivlm.image_layout import runs
 from minivlm.engine.kv_pool import KVPool
 from minivlm.loader import LoadedModel
+from minivlm.model.decode_layer import one_call_rows
 from minivlm.engine.output_processor import OutputProcessor
 from minivlm.engine.outputs import StreamEvent
 from minivlm.engine.plan import ScheduledRequest, StepOutcome, StepPlan
@@ -41,9 +42,12 @@ class EngineCore:
         self.snapshots = SnapshotBuilder(self.block_manager)
         self.vision_cache = VisionCache(config.vision_cache_bytes)
         self.runner = ModelRunner(model, self.pool.kv_cache, config.block_size, self.vision_cache, config.enforce_eager)
-        # half the CPU threads for the tower's thread, the rest stay with the steps it overlaps
-        self.vision_worker = VisionWorker(model.vision, max(1, torch.get_num_threads() // 2)) \
+        # with the adaptive budget the tower runs in the time each step leaves of its allowance; else beside the steps
+        self.vision_worker = VisionWorker(model.vision, sliced=config.max_step_slowdown is not None) \
             if config.async_vision and model.vision is not None else None
+        self._step_time: tuple[int, float] = (0, 0.0)  # the latest step: (decode tokens, seconds), for tower_slice
+        if self.scheduler.adaptive is not None and not config.enforce_eager:  # chunks keep mixed steps in the C layer
+            self.scheduler.adaptive.fast_rows = lambda: one_call_rows(model.decoder, model.device, model.dtype)
         self.outputs = OutputProcessor(model.tokenizer, model.eos_ids, config.max_model_len)
         self.step_count = 0
         self.live: dict[int, Sequence] = {}      # seq_id -> every admitted, unfinished request
@@ -64,8 +68,10 @@ class EngineCore:
         aborted = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.aborted]
         if not (new or aborted or self.scheduler.has_work()):
             return res
+        self._step_time = (0, 0.0)
         if not (new or aborted) and self._only_encoding():
-            VisionWorker.wait_any(self.scheduler.waiting, timeout=0.05)  # nothing to run until an image is encoded
+            if not self.vision_worker.sliced:  # sliced: the loop lends the tower its time right after this
+                VisionWorker.wait_any(self.scheduler.waiting, timeout=0.05)  # nothing to run until an image is encoded
             if self._only_encoding():
                 return res  # not a step: nothing was decided
         self.step_count += 1
@@ -103,6 +109,14 @@ class EngineCore:
         self._written = {}
         self._attach_snapshot([(s, ev) for s, ev in events if s.wants_snapshot], res)
         res.events += [(s, ev) for s, ev in events if ev.finished or s.finish_reason is None]
+        self._step_time = (sum(r.kind == "decode" for r in plan), self.clock() - start)
+
+    def tower_slice(self) -> float:
+        """Seconds the sliced vision tower may run after the latest step (0: none, or no job waiting for it)."""
+        worker = self.vision_worker
+        if worker is None or not worker.sliced or not worker.slices.pending():
+            return 0.0
+        return self.scheduler.adaptive.left_after(*self._step_time)
 
     def _alive(self, reqs) -> list:
         return [r for r in reqs if r.seq_id in self.live]
@@ -233,7 +247,8 @@ class EngineCore:
         job = next(j for j in plan.encodes if j.seq_id == seq.seq_id)
         if job.pending is not None:  # async_vision: its tower ran on the vision thread while earlier steps went on
             self.events.emit("vision_encoded", seq.request_id, num_images=len(job.pending[0]),
-                             seconds=round(job.pending[1].result()[1], 4), arrived_step=seq.arrived_step)
+                             seconds=round(job.pending[1].result()[1], 4), arrived_step=seq.arrived_step,
+                             slices=job.pending[1].result()[2])
         seq.vision_job = None
         seq.pixel_values = seq.pixel_mask = None  # the pixels are not needed any more
 

@@ -132,7 +132,10 @@ class EngineLoop:
                     self._live.pop(seq.seq_id, None)
             for seq, item in result.failed + result.events:  # an error or a StreamEvent
                 seq.sink.put((seq, item))
-            return [ev for _, ev in result.events]
+            lend = self.core.tower_slice()
+        if lend:  # outside the lock: views may look at the engine while the tower has its slice
+            self.core.vision_worker.lend(lend)
+        return [ev for _, ev in result.events]
 
     def _died(self, error: BaseException):
         """Every waiting caller gets an error at once; the next submission starts a fresh loop."""

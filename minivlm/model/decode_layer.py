@@ -111,3 +111,8 @@ def decode_backend(decoder, device, dtype) -> str:
     if why:
         return f"fused small ops (decode_ops.c); decode_layer.c off: {why}"
     return f"one C call a layer for 1-{gemv.MAX_ROWS} sequences (decode_layer.c), fused small ops (decode_ops.c) above"
+
+
+def one_call_rows(decoder, device, dtype) -> int | None:
+    """The most rows a step may have and still run each layer as one C call; None where that call is off."""
+    return gemv.MAX_ROWS if decode_backend(decoder, device, dtype).startswith("one C call") else None

@@ -8,6 +8,7 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransforme
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
 from minivlm.model.linear import FastLinear, use_fast_linears
+from minivlm.model.tower_boundaries import ATTN_IMPLEMENTATION, add_boundaries
 
 TOWERS = {"qwen2_vl": Qwen2VisionTransformerPretrainedModel, "qwen2_5_vl": Qwen2_5_VisionTransformerPretrainedModel,
           "qwen3_vl": Qwen3VLVisionModel}
@@ -47,10 +48,11 @@ class VisionTower:
     """Wraps the HF vision module: pixels of several images -> per-image embeddings (+ deepstack features)."""
 
     def __init__(self, model_type: str, vision_config, state_dict: dict, device, dtype):
-        vision_config._attn_implementation = "sdpa"
+        vision_config._attn_implementation = ATTN_IMPLEMENTATION  # SDPA, with boundaries
         self.module = load_module(TOWERS[model_type], vision_config, state_dict, device, dtype)
         self.module.patch_embed.proj = PatchProjection.from_conv(self.module.patch_embed.proj)
         use_fast_linears(self.module, device, dtype)
+        add_boundaries(self.module)  # where a sliced tower may stop (the engine's vision thread)
         self.merge = vision_config.spatial_merge_size
         self.device, self.dtype = device, dtype
 

@@ -161,7 +161,8 @@ def describe(ev: EngineEvent) -> str:
         return f"{rid} preempted: {f['reason']}"
     if ev.kind == "vision_encoded":
         waited = (f"steps {f['arrived_step']}-{ev.step - 1} ran without it" if ev.step > f["arrived_step"]
-                  else "ready in the step it arrived")
+                  else "ready in the step it arrived") + \
+            (f"; the tower ran in {f['slices']} slices lent between steps" if f.get("slices") else "")
         return (f"{rid}'s {f['num_images']} image(s) encoded on the vision thread in {f['seconds']:.2f} s "
                 f"({waited}); its image tokens are computed now")
     if f.get("finish_reason") == "error":

@@ -59,7 +59,7 @@ def describe_in(ev, lang: str) -> str:
         return t(lang, "ev.preempted", rid=rid, reason=preemption_reason(lang, f["reason"]))
     if ev.kind == "vision_encoded":
         waited = (t(lang, "ev.waited", first=f["arrived_step"], last=ev.step - 1) if ev.step > f["arrived_step"]
-                  else t(lang, "ev.ready"))
+                  else t(lang, "ev.ready")) + (t(lang, "ev.sliced", n=f["slices"]) if f.get("slices") else "")
         return t(lang, "ev.encoded", rid=rid, n=f["num_images"], secs=f"{f['seconds']:.2f}", waited=waited)
     if f.get("finish_reason") == "error":
         return t(lang, "ev.failed", rid=rid, stage=f["stage"], error=f["error"])

@@ -37,6 +37,7 @@ MESSAGES = {
                    "{rid} 的 {n} 张图片在视觉线程上编码完成，用时 {secs} 秒（{waited}）；现在计算它的图像 token"),
     "ev.waited": ("steps {first}-{last} ran without it", "第 {first}-{last} 步在没有它的情况下运行"),
     "ev.ready": ("ready in the step it arrived", "在到达的那一步就已就绪"),
+    "ev.sliced": ("; the tower ran in {n} slices lent between steps", "；视觉塔分 {n} 个时间片在步与步之间运行"),
     "ev.failed": ("{rid} failed during {stage}: {error}", "{rid} 在 {stage} 阶段失败：{error}"),
     "ev.finished": ("{rid} finished ({reason})", "{rid} 完成（{reason}）"),
     "ev.block": ("block {ids}", "块 {ids}"),

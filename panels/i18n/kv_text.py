@@ -78,7 +78,7 @@ MESSAGES = {
     "kv.plan_line": ("    - plan: {plan}", "    - 计划：{plan}"),
     "kv.budget_line": ("    - budget: up to {tokens} prompt tokens beside the decodes ({why})",
                        "    - 预算：除解码外最多 {tokens} 个提示 token（{why}）"),
-    "kv.budget_unmeasured": ("nothing measured yet: one block's worth", "尚未测量：先取一个块的量"),
+    "kv.budget_unmeasured": ("nothing measured yet: a few tokens to start", "尚未测量：先取少量 token"),
     "kv.budget_no_stream": ("no stream running: the whole ceiling", "没有正在解码的流：取整个上限"),
     "kv.budget_why": ("a decode step {decode} ms, a mixed step's extra {fixed} ms + {token} ms a prompt token; "
                       "mixed steps at most {slowdown}x a decode step",
