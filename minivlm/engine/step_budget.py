@@ -31,11 +31,12 @@ class AdaptiveTokenBudget:
     """A decode-only step's time (median of the recent ones) and a mixed step's extra time as a line in its prompt
     tokens, extra(n) = fixed + n x per_token, fitted through the median extra of each chunk size seen lately
     (medians: a step that met a busy core does not move the fit). The step may add the n that keeps decode + extra(n) <=
-    slowdown x decode, rounded down to a power of two (and halved while that size's own measured extra is over:
-the line cannot see a cliff, e.g. a step past a kernel's row limit): few distinct shapes, and the first step of each shape
+    slowdown x decode, rounded down to a power of two: few distinct shapes, and the first step of each shape
     (which pays the kernels' one-time setup) is not measured. If even one token cannot (the fixed part alone is
     over), every mixed step is over anyway: then n = fixed / per_token, so each such step is at most twice its
-    unavoidable part while the prompt still moves."""
+    unavoidable part while the prompt still moves. Guards the line cannot give: a size whose own measured extra is
+    over is halved; a step stays within the rows of the C layer's one call (fast_rows: past them it costs ~2x); and
+    after REFRESH mixed steps in a row one decode-only step measures the decode time again."""
 
     START = 4         # prompt tokens before a mixed step was measured: few (a step past the C layer's 16 rows costs 2x)
     PER_SIZE = 8      # recent measurements kept per chunk size

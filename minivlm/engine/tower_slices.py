@@ -80,8 +80,8 @@ class TowerSlices:
 
     def lend(self, seconds: float):
         """On the step thread: let the tower run for about `seconds` (if it has a job), returning when it stops at a
-        boundary or its jobs end. A tower that never reaches a boundary does not hold the steps up past 5x the slice:
-        it then runs beside them until its next boundary."""
+        boundary or its jobs end. A tower that never reaches a boundary does not hold the steps up past 5x the slice
+        (+0.2 s): it then runs beside them until its next boundary."""
         with self._cond:
             if self._closed or self._jobs == 0 or seconds <= 0:
                 return
@@ -91,7 +91,7 @@ class TowerSlices:
             self._cond.notify_all()
             started = self._cond.wait_for(lambda: self._resumes > resumes or self._jobs == 0, timeout=seconds)
             if started:  # (a tower thread that did not even wake within the slice is not waited for)
-                self._cond.wait_for(lambda: self._parked or self._jobs == 0, timeout=4 * seconds + 0.05)
+                self._cond.wait_for(lambda: self._parked or self._jobs == 0, timeout=4 * seconds + 0.2)
             self._deadline = 0.0  # an unfinished slice ends at the tower's next boundary, whatever the timeout
 
     def close(self):
