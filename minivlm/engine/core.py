@@ -21,7 +21,7 @@ from minivlm.engine.prefix_keys import extend_keys
 from minivlm.engine.runner import ModelRunner
 from minivlm.engine.scheduler import Scheduler
 from minivlm.engine.sequence import Sequence, writing
-from minivlm.engine.step_result import RequestFailed, StepResult
+from minivlm.engine.step_result import RequestFailed, StepResult, isolate
 from minivlm.views.snapshot import KVSnapshot, SnapshotBuilder, video_spans
 from minivlm.engine.vision_cache import VisionCache
 from minivlm.engine.vision_worker import VisionWorker
@@ -181,25 +181,8 @@ class EngineCore:
             ev.snapshot = snap
 
     def _isolate(self, stage: str, seqs: list, fn, res: StepResult) -> tuple[list, list]:
-        """fn(batch) -> one result per item (a Sequence, or a plan's ScheduledRequest / EncodeJob). If the batch
-        raises, each item runs alone, so only the requests that fault alone fail. Returns the items that went
-        through and their results."""
-        try:
-            return seqs, fn(seqs)
-        except Exception as e:
-            if len(seqs) == 1:
-                self.fail(self._seq(seqs[0]), stage, e, res)
-                return [], []
-        kept, results = [], []
-        for seq in seqs:
-            if self._seq(seq).finish_reason is not None:
-                continue  # failed meanwhile (a rewound retry's image encoding)
-            try:
-                results += fn([seq])
-                kept.append(seq)
-            except Exception as e:
-                self.fail(self._seq(seq), stage, e, res)
-        return kept, results
+        """fn over the batch; if it raises, item by item, so only the requests that fault alone fail."""
+        return isolate(seqs, fn, self._seq, lambda seq, e: self.fail(seq, stage, e, res))
 
     def _seq(self, item) -> Sequence:
         """The request a stage's item stands for (a Sequence, or a plan's ScheduledRequest / EncodeJob)."""

@@ -1,5 +1,5 @@
-"""What one engine step hands back to its callers: an event per advanced request, an error per failed one; and
-the error a failed request gets."""
+"""What one engine step hands back to its callers: an event per advanced request, an error per failed one; the
+error a failed request gets; and the guard every stage of a step runs under."""
 from dataclasses import dataclass, field
 
 from minivlm.engine.outputs import StreamEvent
@@ -20,3 +20,25 @@ class StepResult:
     """What one step produced for the callers: an event per advanced request, an error per failed one."""
     events: list[tuple[Sequence, StreamEvent]] = field(default_factory=list)
     failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
+
+
+def isolate(items: list, fn, seq_of, fail) -> tuple[list, list]:
+    """fn(batch) -> one result per item (a Sequence, or a plan's ScheduledRequest / EncodeJob; seq_of(item) is its
+    request). If the batch raises, each item runs alone, so only the requests that fault alone fail (fail(seq,
+    error)). Returns the items that went through and their results."""
+    try:
+        return items, fn(items)
+    except Exception as e:
+        if len(items) == 1:
+            fail(seq_of(items[0]), e)
+            return [], []
+    kept, results = [], []
+    for item in items:
+        if seq_of(item).finish_reason is not None:
+            continue  # failed meanwhile (a rewound retry's image encoding)
+        try:
+            results += fn([item])
+            kept.append(item)
+        except Exception as e:
+            fail(seq_of(item), e)
+    return kept, results
