@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from minivlm import SamplingParams
+from minivlm import Request, SamplingParams
+from minivlm.experiments.mm_cache import GREEN, shape_image
 from minivlm.engine.vision_worker import VisionWorker
 from minivlm.model import tower_boundaries
 from minivlm.views.events import describe
@@ -44,6 +45,24 @@ def test_sliced_attention_equals_one_sdpa_call():
     assert len(stops) == 3  # 700 query rows, QUERY_ROWS = 256 a call: a boundary before each of 3
     torch.testing.assert_close(sliced, whole, rtol=0, atol=1e-6)
     assert tower_boundaries.sliced_sdpa(module, q, k, v, None, scaling=0.25)[0].equal(whole)  # no pause: one call
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "smolvlm", "internvl"])
+def test_every_family_s_tower_passes_its_boundaries_and_gives_the_same_output(name, request, monkeypatch):
+    """Full attention (Qwen2-VL), windows (Qwen2.5-VL), SigLIP with its patch mask (SmolVLM), InternViT's crops."""
+    engine = request.getfixturevalue("matrix_engines" if name in ("smolvlm", "internvl") else "engines")[name]
+    seq = engine.make_sequence(Request(prompt="Describe it.", images=[shape_image(GREEN, size=(224, 160))]), PARAMS)
+    pixels, layout = engine.core.runner._pixels(seq.images, seq.pixel_values, seq.pixel_mask, [0])
+    vision = engine.core.runner.vision
+    [(whole, whole_deep)] = vision.encode(pixels, layout)
+    monkeypatch.setattr(tower_boundaries, "QUERY_ROWS", 16)  # every long attention call in many pieces
+    stops = []
+    with tower_boundaries.pausable(lambda: stops.append(1)):
+        [(sliced, sliced_deep)] = vision.encode(pixels, layout)
+    assert len(stops) > len(list(vision.module.modules()))  # every module, and attention's pieces on top
+    torch.testing.assert_close(sliced, whole, rtol=0, atol=1e-5)
+    for a, b in zip(sliced_deep, whole_deep, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
 def test_a_sliced_tower_equals_the_whole_one_and_runs_only_while_lent(path):
