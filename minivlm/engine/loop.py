@@ -12,11 +12,13 @@ from minivlm.engine.sequence import Sequence
 log = logging.getLogger("minivlm")
 POLL_S = 0.5  # how often a waiting caller checks that the loop it waits on is still alive
 
-# Locks: two, always taken in this order (never _inbox_lock, then lock).
+# Locks: lock and _inbox_lock are always taken in this order (never _inbox_lock, then lock).
 #   lock         the core (scheduler, block manager, KV pool, snapshots, event log). Held for a whole step by
 #                whoever steps (the loop thread, or step() while paused) and briefly by the engine's views.
 #   _inbox_lock  what callers touch: _inbox, _live, _busy, _paused, _closed, _thread. Held only briefly, so a
 #                submission never waits for a step; _wake, its condition, wakes the loop.
+#   _lending     the sliced vision tower's turn after a step (taken without the other two, or after lock);
+#                pausing waits for it, so a paused engine's tower is parked.
 # A submitted Sequence belongs to the core, except `aborted` (any thread may set it) and `sink` (a thread-safe
 # queue; only the stepping thread, holding lock, puts into it, so a caller's events arrive in step order).
 
@@ -31,6 +33,7 @@ class EngineLoop:
         self._live: dict[int, Sequence] = {}  # seq_id -> every submitted, unfinished sequence
         self._busy = self._paused = self._closed = False
         self._thread: threading.Thread | None = None
+        self._lending = threading.Lock()  # held while the sliced vision tower has the slice a step left it
 
     def submit(self, seqs: list[Sequence], snapshots: bool):
         """Queue seqs together and yield (seq, event) from one queue; closing the generator aborts the rest."""
@@ -134,7 +137,8 @@ class EngineLoop:
                 seq.sink.put((seq, item))
             lend = self.core.tower_slice()
         if lend:  # outside the lock: views may look at the engine while the tower has its slice
-            self.core.vision_worker.lend(lend)
+            with self._lending:
+                self.core.vision_worker.lend(lend)
         return [ev for _, ev in result.events]
 
     def _died(self, error: BaseException):
@@ -159,8 +163,8 @@ class EngineLoop:
         with self._inbox_lock:
             self._paused = paused
             self._wake.notify_all()
-        with self.lock:
-            pass  # pause() returns only once a step in flight has ended
+        with self.lock, self._lending:
+            pass  # pause() returns only once a step in flight, and the tower's slice after it, have ended
 
     def close(self):
         """Abort everything pending and stop the thread."""
