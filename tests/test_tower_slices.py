@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from minivlm import Request, SamplingParams
+from minivlm import Engine, EngineConfig, Request, SamplingParams
 from minivlm.experiments.mm_cache import GREEN, shape_image
 from minivlm.engine.vision_worker import VisionWorker
 from minivlm.model import tower_boundaries
@@ -150,3 +150,16 @@ def test_a_paused_engine_lends_nothing_and_closing_ends_a_parked_job(path):
     assert box["out"][-1].finished and box["out"][-1].output.finish_reason == "abort"
     with pytest.raises(Exception, match="closed while this image waited"):
         future.result(timeout=10)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to this torch build")
+def test_on_cuda_the_sliced_engine_gives_the_tower_in_the_step_s_tokens(path):
+    """On a GPU each boundary synchronizes the device, so slices time the tower's work; the tokens stay the same."""
+    cfg = dict(model=path, block_size=8, dtype="float32", device="cuda", max_model_len=1024, num_blocks=160)
+    with Engine(EngineConfig(**cfg)) as eng:
+        expected = eng.generate(requests(), PARAMS)
+    with Engine(EngineConfig(**cfg, **SLICED)) as eng:
+        assert eng.core.vision_worker.slices._sync is torch.cuda.synchronize
+        outs = eng.generate(requests(), PARAMS)
+    assert_same(expected, outs)

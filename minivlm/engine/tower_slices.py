@@ -23,7 +23,8 @@ class TowerSlices:
     thread is parked at a boundary (or before its job's first module); a lend lets it run until a boundary where
     the next unit would likely end past the deadline, or until the job ends."""
 
-    def __init__(self):
+    def __init__(self, sync=None):
+        self._sync = sync        # a GPU's synchronize: a slice then times the device's work, not only its launches
         self._cond = threading.Condition()
         self._deadline = 0.0     # perf_counter time until which the tower may run
         self._parked = True      # the tower thread is not running (waiting for a slice, or between jobs)
@@ -58,6 +59,8 @@ class TowerSlices:
                 self._cond.notify_all()
 
     def _boundary(self):
+        if self._sync is not None:
+            self._sync()
         now = time.perf_counter()
         unit, self._mark = now - self._mark, now
         self._expect = max(unit, DECAY * self._expect)

@@ -41,7 +41,8 @@ class VisionWorker:
 
     def __init__(self, vision, sliced: bool = False):
         self.vision = vision
-        self.slices = TowerSlices() if sliced else None
+        cuda = torch.device(vision.device).type == "cuda"
+        self.slices = TowerSlices(torch.cuda.synchronize if cuda else None) if sliced else None
         threads = torch.get_num_threads() if sliced else max(1, torch.get_num_threads() // 2)
         self.pool = concurrent.futures.ThreadPoolExecutor(1, "minivlm-vision",
                                                           initializer=_start_thread, initargs=(threads, not sliced))
