@@ -45,6 +45,10 @@ def test_sliced_attention_equals_one_sdpa_call():
     assert len(stops) == 3  # 700 query rows, QUERY_ROWS = 256 a call: a boundary before each of 3
     torch.testing.assert_close(sliced, whole, rtol=0, atol=1e-6)
     assert tower_boundaries.sliced_sdpa(module, q, k, v, None, scaling=0.25)[0].equal(whole)  # no pause: one call
+    causal = SimpleNamespace(is_causal=True)  # a causal attention is never split by query rows (its mask is implied)
+    with tower_boundaries.pausable(lambda: stops.append(1)):
+        got = tower_boundaries.sliced_sdpa(causal, q, k, v, None, scaling=0.25, is_causal=None)[0]
+    assert len(stops) == 4 and got.equal(sdpa_attention_forward(causal, q, k, v, None, scaling=0.25)[0])
 
 
 @pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "smolvlm", "internvl"])

@@ -42,7 +42,8 @@ def add_boundaries(module: nn.Module):
 def sliced_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
     """transformers' SDPA attention ([batch, heads, rows, dim] in, [batch, rows, heads, dim] out); on a pausable
     thread a long non-causal one runs QUERY_ROWS query rows at a time, a boundary before each."""
-    causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
+    causal = args[2] if len(args) > 2 else kwargs.get("is_causal")  # (dropout, scaling, is_causal, ...)
+    causal = getattr(module, "is_causal", True) if causal is None else causal  # as transformers resolves it
     rows = query.shape[2]
     if getattr(_thread, "pause", None) is None or causal or rows <= QUERY_ROWS:
         boundary()
