@@ -133,6 +133,7 @@ def show_every_tab(pg, shots: str, name: str):
     return problems
 
 
+@pytest.mark.slow  # every tab in two themes: most of a minute; CI runs it with -m slow
 def test_every_tab_is_readable_in_the_dark_theme_and_the_light_one(app, page, shots):
     """#24 item 11: the figures' paper is see-through (the page's colour shows), their words and the anatomy key
     table's text read at >= 4.5:1 on what is behind them, in both themes."""

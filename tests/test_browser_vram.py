@@ -136,6 +136,7 @@ def choose(page, elem_id, name):
     page.get_by_role("option", name=name).first.click()
 
 
+@pytest.mark.slow  # every preset of the matrix through the page: about a minute; CI runs it with -m slow
 def test_vram_matrix_table_and_new_presets(page):  # noqa: F811 (fixture)
     open_tab(page, "VRAM budget")
     for elem_id, value in (("vram-images", 1), ("vram-context", 8192), ("vram-seqs", 16)):
