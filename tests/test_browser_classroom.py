@@ -52,9 +52,10 @@ def test_a_pause_is_said_in_another_page_which_can_resume_it(app, page, student)
 
 def test_a_second_enter_while_streaming_is_refused_out_loud(app, page):
     holder, _ = app
-    # each step takes >= 20 ms (the core's debug hook): the answer is still streaming when the second Enter comes,
-    # however fast the tiny model decodes and however slowly a loaded machine's browser types
-    holder.get().core.after_step = lambda core: time.sleep(0.02)
+    # each step takes >= 100 ms (the core's debug hook): the 1,400-token answer streams for over 140 s, so it is
+    # still streaming when the second Enter and Stop come, however slowly a loaded machine's browser renders and types
+    # (at 20 ms a step a CI run's page fell 35 s behind and the answer ended by length before Stop)
+    holder.get().core.after_step = lambda core: time.sleep(0.1)
     open_tab(page, "Chat")
     page.get_by_text("Sampling").click()
     page.locator("#chat-max-tokens input[type=number]").fill("1400")
@@ -67,5 +68,6 @@ def test_a_second_enter_while_streaming_is_refused_out_loud(app, page):
     page.locator("#chat-input textarea").press("Enter")
     page.get_by_text("One answer at a time per session").first.wait_for()  # a toast the student sees
     assert page.locator("#chat-input textarea").input_value() == "How many shapes are there?"  # not lost
+    assert "finish:" not in page.locator("#chat-stats").inner_text()  # still streaming: Stop has something to stop
     page.locator("#chat-stop").click()
     page.wait_for_function("document.querySelector('#chat-stats')?.innerText.includes('finish: abort')")
