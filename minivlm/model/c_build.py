@@ -39,21 +39,22 @@ def source_bytes(source: str) -> bytes:
                            for name in re.findall(rb'#include "([^"]+)"', text))
 
 
-def build(source: str) -> tuple[ctypes.CDLL | None, str | None]:
+def build(source: str, defines: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
     """(the loaded library, None), or (None, why not): no compiler, a failed compile or load. Callers fall back
-    instead of failing a request."""
+    instead of failing a request. defines: extra -D flags (a test builds the kernel's other variant)."""
     name = os.path.splitext(os.path.basename(source))[0]
+    flags = FLAGS + [f"-D{d}" for d in defines]
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None, "no C compiler found"
     try:
-        key = hashlib.sha256(source_bytes(source) + " ".join(FLAGS).encode() + cpu_signature()).hexdigest()[:16]
+        key = hashlib.sha256(source_bytes(source) + " ".join(flags).encode() + cpu_signature()).hexdigest()[:16]
         path = os.path.join(cache_dir(), f"{name}_{key}.so")
         if not os.path.exists(path):
             os.makedirs(cache_dir(), exist_ok=True)
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir())
             os.close(fd)
-            done = subprocess.run([compiler, *FLAGS, source, "-o", tmp, "-lm"], capture_output=True, text=True,
+            done = subprocess.run([compiler, *flags, source, "-o", tmp, "-lm"], capture_output=True, text=True,
                                   timeout=120)
             if done.returncode:
                 os.unlink(tmp)
