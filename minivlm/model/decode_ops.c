@@ -17,9 +17,11 @@ static inline void norm_row(float *y, const float *x, const float *w, int64_t n,
     for (int64_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
 }
 
-void rms_norm_f32(float *x, const float *delta, const float *w, float *out, int64_t rows, int64_t n, float eps,
-                  int threads) {
-#pragma omp parallel for if(rows >= PARALLEL_ROWS) num_threads(threads)
+/* Each op's `_team` form is a thread's share inside a team already running (decode_layer.c runs a layer in one
+   team; no barrier at the end: the caller waits); its `_f32` form starts a team of its own where the rows are worth one. */
+static void rms_norm_team(float *x, const float *delta, const float *w, float *out, int64_t rows, int64_t n,
+                          float eps) {
+#pragma omp for nowait
     for (int64_t t = 0; t < rows; t++) {
         float *xt = x + t * n;
         if (delta)
@@ -30,11 +32,11 @@ void rms_norm_f32(float *x, const float *delta, const float *w, float *out, int6
 
 /* qkv [rows, heads + 2 * kv_heads, d] (q heads, then k, then v); cos/sin [rows, d] in rotate_half's layout;
    q_norm/k_norm [d] or NULL; caches [blocks * block_size, kv_heads, d]; slots [rows]: where each row's K/V go. */
-void rope_store_f32(float *qkv, const float *cos, const float *sin, const float *q_norm, const float *k_norm,
-                    float eps, float *k_cache, float *v_cache, const int64_t *slots, int64_t rows, int64_t heads,
-                    int64_t kv_heads, int64_t d, int threads) {
+static void rope_store_team(float *qkv, const float *cos, const float *sin, const float *q_norm, const float *k_norm,
+                            float eps, float *k_cache, float *v_cache, const int64_t *slots, int64_t rows,
+                            int64_t heads, int64_t kv_heads, int64_t d) {
     const int64_t half = d / 2, row = (heads + 2 * kv_heads) * d;
-#pragma omp parallel for if(rows >= PARALLEL_ROWS) num_threads(threads)
+#pragma omp for nowait
     for (int64_t t = 0; t < rows; t++) {
         float *r = qkv + t * row, x[d];
         const float *c = cos + t * d, *s = sin + t * d;
@@ -54,10 +56,28 @@ void rope_store_f32(float *qkv, const float *cos, const float *sin, const float 
     }
 }
 
-void silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n, int threads) {
-#pragma omp parallel for if(rows >= PARALLEL_ROWS) num_threads(threads)
+static void silu_mul_team(const float *gate_up, float *out, int64_t rows, int64_t n) {
+#pragma omp for nowait
     for (int64_t t = 0; t < rows; t++) {
         const float *g = gate_up + t * 2 * n, *u = g + n;
         for (int64_t i = 0; i < n; i++) out[t * n + i] = g[i] / (1.f + expf(-g[i])) * u[i];
     }
+}
+
+void rms_norm_f32(float *x, const float *delta, const float *w, float *out, int64_t rows, int64_t n, float eps,
+                  int threads) {
+#pragma omp parallel if(rows >= PARALLEL_ROWS) num_threads(threads)
+    rms_norm_team(x, delta, w, out, rows, n, eps);
+}
+
+void rope_store_f32(float *qkv, const float *cos, const float *sin, const float *q_norm, const float *k_norm,
+                    float eps, float *k_cache, float *v_cache, const int64_t *slots, int64_t rows, int64_t heads,
+                    int64_t kv_heads, int64_t d, int threads) {
+#pragma omp parallel if(rows >= PARALLEL_ROWS) num_threads(threads)
+    rope_store_team(qkv, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slots, rows, heads, kv_heads, d);
+}
+
+void silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n, int threads) {
+#pragma omp parallel if(rows >= PARALLEL_ROWS) num_threads(threads)
+    silu_mul_team(gate_up, out, rows, n);
 }

@@ -56,10 +56,12 @@ TILE(4, NR) TILE(3, NR) TILE(2, NR) TILE(1, NR) TILE(4, 1) TILE(1, 1)
 #define TILE_NAME(MR, N) tile_##MR##x##N
 #define TILE_OF(MR, N) TILE_NAME(MR, N)
 
-void gemv_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out, int64_t in,
-              int threads) {
+/* A thread's share, inside a team already running (decode_layer.c runs a layer in one team); no barrier at the
+   end: the caller says when the team waits. */
+static void gemv_team(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out,
+                      int64_t in) {
     const int64_t blocks = (out + NR - 1) / NR;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp for schedule(static) nowait
     for (int64_t ob = 0; ob < blocks; ob++) {
         const int64_t o = NR * ob;
         const float *wo = w + o * in, *bo = bias ? bias + o : 0;
@@ -79,4 +81,10 @@ void gemv_f32(const float *x, const float *w, const float *bias, float *y, int64
             }
         }
     }
+}
+
+void gemv_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out, int64_t in,
+              int threads) {
+#pragma omp parallel num_threads(threads)
+    gemv_team(x, w, bias, y, rows, out, in);
 }
