@@ -1,7 +1,7 @@
 """decode_ops.c, the decoder layer's small ops fused for the CPU, and decode_layer.c, a decode step's layer as one
 call: each small op equal to the PyTorch arithmetic it replaces (HF's RMSNorm, rotate_half RoPE, the K/V scatter,
-SiLU-and-multiply) on random inputs; the engine's logprobs equal HF's on all three paths, in every family; and a
-decode step runs far fewer PyTorch ops."""
+SiLU-and-multiply) on random inputs; the engine's logprobs equal HF's on all three paths, in every family; a layer
+in a thread team of two equals it in a team of one, bit for bit; and a decode step runs far fewer PyTorch ops."""
 import threading
 import time
 
@@ -109,6 +109,44 @@ def test_a_large_decode_batch_in_one_c_call_equals_hf(checkpoints, engines, monk
     assert max(rows) == len(reqs)
     for request, out in zip(reqs, outs):
         check_against_hf(checkpoints[family], family, request, out)
+
+
+def test_a_layer_in_a_team_of_two_equals_it_in_one_bit_for_bit():
+    """decode_layer.c runs a layer's ops in one thread team, a spin barrier between two ops; each output element is
+    computed by one thread in a fixed order, so a team of two must give exactly a team of one's numbers. At the
+    bench model's size (an op takes long enough for the threads to drift apart), an op that started before the
+    one it reads had finished on the other thread (a barrier missing) would not."""
+    g = torch.Generator().manual_seed(0)
+    hidden, heads, kv_heads, d, inter, rows, block_size, ctx = 768, 12, 2, 64, 2560, 16, 16, 40
+    t = {name: torch.randn(*shape, generator=g) * 0.05 for name, shape in [
+        ("input_norm", (hidden,)), ("post_norm", (hidden,)), ("q_norm", (d,)), ("k_norm", (d,)),
+        ("qkv", ((heads + 2 * kv_heads) * d, hidden)), ("qkv_bias", ((heads + 2 * kv_heads) * d,)),
+        ("o", (hidden, heads * d)), ("gate_up", (2 * inter, hidden)), ("down", (hidden, inter))]}
+    layer = decode_layer.Layer(*[t[k].data_ptr() if k in t else None for k in (
+        "input_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down")],
+        hidden, heads, kv_heads, d, inter, 1e-6, 1e-6, d ** -0.5)
+    tables = torch.arange(rows * 3, dtype=torch.int64).view(rows, 3).flip(0).contiguous()  # blocks out of order
+    lens = torch.full((rows,), ctx, dtype=torch.int64)
+    slots = tables[:, (ctx - 1) // block_size] * block_size + (ctx - 1) % block_size
+    k, v = (torch.randn(rows * 3, block_size, kv_heads, d, generator=g) for _ in range(2))
+    angles = torch.rand(rows, d // 2, generator=g) * 40
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    x = torch.randn(rows, hidden, generator=g)
+    per_row = 2 * hidden + (heads + 2 * kv_heads) * d + heads * d + 3 * inter
+    outs = []
+    for threads in (1, 2, 2, 2, 2, 2, 2):
+        step = decode_layer.DecodeStep(rows, slots, tables, lens, torch.empty(rows * per_row), threads)
+        kk, vv = k.clone(), v.clone()
+        outs.append((decode_layer.run(layer_of(layer), x.clone(), cos, sin, (kk, vv), step), kk, vv))
+    assert not torch.equal(outs[0][0], x)
+    for got in outs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(got, outs[0]))
+
+
+def layer_of(struct):  # decode_layer.run takes a decoder layer: one that carries the struct is enough
+    class Holder:
+        _c_layer = struct
+    return Holder()
 
 
 def test_chunked_prefills_mixed_steps_in_one_c_call_equal_hf(checkpoints, monkeypatch):
