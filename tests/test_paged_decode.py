@@ -56,6 +56,16 @@ def test_kernel_equals_plain_attention_over_each_context(block_size, heads, kv_h
     torch.testing.assert_close(got, attention.gathered_decode(q, k_cache, v_cache, meta, scale), atol=1e-5, rtol=1e-5)
 
 
+def test_peaked_attention_equals_plain_attention():
+    """Scores spread over hundreds (large queries): most weights are far below e^-40 of the max, where the kernel's
+    vectorised exp gives 0, and the rest must still give plain attention's result."""
+    lens = [40, 700]
+    k_cache, v_cache, tables, contexts = pool_with_contexts(lens, 16, 2, 64, seed=3)
+    q = torch.randn(len(lens), 12, 64, generator=torch.Generator().manual_seed(4)) * 40
+    got = paged_cpu.paged_decode(q, k_cache, v_cache, tables, torch.tensor(lens), 64 ** -0.5)
+    torch.testing.assert_close(got, plain_attention(q, contexts, 64 ** -0.5), atol=1e-5, rtol=1e-5)
+
+
 def decode_step_allocations(lens, block_size=16, kv_heads=2, heads=12, d=64):
     """Bytes allocated and ops run by one layer's decode attention (write the new K/V, attend) at these lengths."""
     k_cache, v_cache, tables, _ = pool_with_contexts(lens, block_size, kv_heads, d, spare_blocks=400)
