@@ -5,14 +5,12 @@ interleaved so machine noise lands on each alike: gemv.c (model/gemv.c, dense we
 weights (what FastLinear ran before), oneDNN on dense weights, and MKL (F.linear). Prints the fastest of the
 repeats in ms and the weight bytes read per second, beside a plain read of the same bytes (torch.sum)."""
 import argparse
-import ctypes
 import time
 
 import torch
 import torch.nn.functional as F
 
 from minivlm.model import gemv
-from minivlm.model.c_build import build
 
 
 def has_avx512() -> bool:
@@ -22,20 +20,6 @@ def has_avx512() -> bool:
     except OSError:  # not Linux: the default build's tile is the only one
         return False
 
-
-def eight_wide():
-    """gemv.c's AVX2 tile built on its own: beside the default build it shows what the AVX-512 tile gains."""
-    lib, why = build(gemv.SOURCE, defines=("GEMV_NO_512",))
-    if lib is None:
-        raise SystemExit(why)
-    fn = lib.gemv_f32
-    fn.argtypes, fn.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int], None
-
-    def linear(x, w):
-        y = torch.empty(x.shape[0], w.shape[0])
-        fn(x.data_ptr(), w.data_ptr(), None, y.data_ptr(), x.shape[0], w.shape[0], w.shape[1], torch.get_num_threads())
-        return y
-    return linear
 
 SHAPES = [(1024, 768), (768, 768), (5120, 768), (768, 2560)] * 8
 
@@ -52,13 +36,14 @@ def main():
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(o, i, generator=g) for o, i in SHAPES]
     packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in weights]
-    narrow = eight_wide() if has_avx512() else None
+    narrow = gemv.kernel_variant("GEMV_NO_512") if has_avx512() else None
     nbytes = sum(w.numel() * 4 for w in weights)
     print(f"{len(weights)} matrices, {nbytes / 1e6:.0f} MB fp32, {args.threads} threads; fastest of {args.repeats}")
     for rows in args.rows:
         x = {i: torch.randn(rows, i, generator=g) for i in (768, 2560)}
         ways = {"gemv.c": lambda: [gemv.linear(x[w.shape[1]], w, None) for w in weights],
-                **({"gemv.c 8-wide": lambda: [narrow(x[w.shape[1]], w) for w in weights]} if narrow else {}),
+                **({"gemv.c 8-wide": lambda: [gemv.linear(x[w.shape[1]], w, None, narrow) for w in weights]}
+                   if narrow else {}),
                 "oneDNN packed": lambda: [torch.ops.mkldnn._linear_pointwise(x[w.shape[1]], p, None, "none", [], "")
                                           for w, p in zip(weights, packed)],
                 "oneDNN dense": lambda: [torch.ops.mkldnn._linear_pointwise(x[w.shape[1]], w, None, "none", [], "")
@@ -67,7 +52,8 @@ def main():
                 "read (sum)": lambda: [w.sum() for w in weights]}
         got = gemv.linear(x[768], weights[2], None)
         assert torch.allclose(got, F.linear(x[768], weights[2]), rtol=1e-4, atol=1e-3)
-        assert narrow is None or torch.allclose(narrow(x[768], weights[2]), got, rtol=1e-4, atol=1e-3)
+        assert narrow is None or torch.allclose(gemv.linear(x[768], weights[2], None, narrow), got, rtol=1e-4,
+                                                atol=1e-3)
         best = {k: float("inf") for k in ways}
         for fn in ways.values():
             fn()  # warm: first-call setup is not what a decode step pays

@@ -30,19 +30,12 @@ def test_equals_f_linear(rows, out_features, in_features):
 def test_the_8_wide_tile_equals_f_linear_on_any_cpu():
     """The kernel picks its tile from the CPU it is compiled for (4x6 of 16 floats with AVX-512, 4x3 of 8 without):
     the 8-wide one, built on its own, is checked here too, so an AVX-512 machine's run covers both."""
-    import ctypes
-
-    from minivlm.model.c_build import build
-    lib, why = build(gemv.SOURCE, defines=("GEMV_NO_512",))
-    assert lib is not None, why
-    fn = lib.gemv_f32
-    fn.argtypes, fn.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int], None
+    fn = gemv.kernel_variant("GEMV_NO_512")
     g = torch.Generator().manual_seed(7)
     for rows, out_features, in_features in [(1, 37, 45), (5, 896, 768), (16, 64, 2560), (3, 5, 33), (13, 7, 17)]:
         w, b = torch.randn(out_features, in_features, generator=g), torch.randn(out_features, generator=g)
-        x, y = torch.randn(rows, in_features, generator=g), torch.empty(rows, out_features)
-        fn(x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), rows, out_features, in_features, 2)
-        assert torch.allclose(y, F.linear(x, w, b), rtol=1e-5, atol=1e-5 * in_features ** 0.5)
+        x = torch.randn(rows, in_features, generator=g)
+        assert torch.allclose(gemv.linear(x, w, b, fn), F.linear(x, w, b), rtol=1e-5, atol=1e-5 * in_features ** 0.5)
 
 
 def test_the_decoder_uses_it_for_a_few_rows_only(checkpoints, monkeypatch):
