@@ -18,7 +18,8 @@ static inline void norm_row(float *y, const float *x, const float *w, int64_t n,
 }
 
 /* Each op's `_team` form is a thread's share inside a team already running (decode_layer.c runs a layer in one
-   team; no barrier at the end: the caller waits); its `_f32` form starts a team of its own where the rows are worth one. */
+   team; no barrier at the end: the caller waits); its `_f32` form starts a team of its own where the rows are
+   worth one. */
 static void rms_norm_team(float *x, const float *delta, const float *w, float *out, int64_t rows, int64_t n,
                           float eps) {
 #pragma omp for nowait
