@@ -53,6 +53,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fn=
     out_features, in_features = weight.shape
     flat = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, in_features).contiguous()  # decode: as is
     y = torch.empty(flat.shape[0], out_features, dtype=x.dtype)
-    (fn or kernel())(flat.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
-             flat.shape[0], out_features, in_features, torch.get_num_threads())
+    (fn or kernel())(flat.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None,
+                     y.data_ptr(), flat.shape[0], out_features, in_features, torch.get_num_threads())
     return y if flat is x else y.reshape(*x.shape[:-1], out_features)
