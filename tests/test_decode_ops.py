@@ -1,7 +1,8 @@
-"""decode_ops.c, the decoder layer's small ops fused for the CPU, and decode_layer.c, a decode step's layer as one
+"""decode_ops.c, the decoder layer's small ops fused for the CPU, and decode_layer.c, a decode step's layers as one
 call: each small op equal to the PyTorch arithmetic it replaces (HF's RMSNorm, rotate_half RoPE, the K/V scatter,
-SiLU-and-multiply) on random inputs; the engine's logprobs equal HF's on all three paths, in every family; a layer
-in a thread team of two equals it in a team of one, bit for bit; and a decode step runs far fewer PyTorch ops."""
+SiLU-and-multiply) on random inputs; the engine's logprobs equal HF's on all three paths, in every family; the
+layers in a thread team of two equal them in a team of one, bit for bit; and a decode step runs far fewer PyTorch
+ops."""
 import threading
 import time
 
@@ -76,7 +77,7 @@ MODES = {"decode_layer": (True, True), "decode_ops": (True, False), "pytorch": (
 @pytest.mark.parametrize("family", FAMILIES)
 def test_engine_equals_hf_on_every_path(family, checkpoints, engines, monkeypatch):
     """The same batch (images, text-only, multi-turn; four sequences, so decode steps fit decode_layer.c) through
-    one C call a layer, the fused small ops and PyTorch's: each within HF's tolerance, all the same tokens."""
+    one C call a step, the fused small ops and PyTorch's: each within HF's tolerance, all the same tokens."""
     engine, reqs = engines[family], requests()[:4]
     params = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=1)
     tokens, layer_calls = {}, []
@@ -97,13 +98,13 @@ def test_engine_equals_hf_on_every_path(family, checkpoints, engines, monkeypatc
 
 def test_a_large_decode_batch_in_one_c_call_equals_hf(checkpoints, engines, monkeypatch):
     """Thirteen sequences decode together (gemv.c's tiles of four rows and a remainder of one, paged attention
-    over contexts of different lengths) in one C call a layer: every sequence within HF's tolerance."""
+    over contexts of different lengths) in one C call a step: every sequence within HF's tolerance."""
     family = "qwen3_vl"
     engine, reqs = engines[family], (requests() * 3)[:13]
     assert len(reqs) <= gemv.MAX_ROWS
     rows = []
     real_run = decode_layer.run
-    monkeypatch.setattr(decode_layer, "run", lambda layer, x, *a: rows.append(x.shape[0]) or real_run(layer, x, *a))
+    monkeypatch.setattr(decode_layer, "run", lambda layers, norm, x, *a: rows.append(x.shape[0]) or real_run(layers, norm, x, *a))
     engine.reset_prefix_cache()
     outs = engine.generate(reqs, SamplingParams(max_tokens=6, ignore_eos=True, logprobs=1))
     assert max(rows) == len(reqs)
@@ -111,39 +112,48 @@ def test_a_large_decode_batch_in_one_c_call_equals_hf(checkpoints, engines, monk
         check_against_hf(checkpoints[family], family, request, out)
 
 
-def test_a_layer_in_a_team_of_two_equals_it_in_one_bit_for_bit():
-    """decode_layer.c runs a layer's ops in one thread team, a spin barrier between two ops; each output element is
-    computed by one thread in a fixed order, so a team of two must give exactly a team of one's numbers. At the
-    bench model's size (an op takes long enough for the threads to drift apart), an op that started before the
-    one it reads had finished on the other thread (a barrier missing) would not."""
+@pytest.mark.parametrize("mixed", [False, True])
+def test_the_layers_in_a_team_of_two_equal_them_in_one_bit_for_bit(mixed):
+    """decode_layer.c runs a step's layers in one thread team, waiting only after each matrix product; each output
+    element is computed by one thread in a fixed order, so a team of two must give exactly a team of one's numbers.
+    At the bench model's size (an op takes long enough for the threads to drift apart), an op that started before
+    the one it reads had finished on the other thread (a barrier missing) would not. A mixed step: the first four
+    rows are one sequence's chunk, each token attending to the ones before it."""
     g = torch.Generator().manual_seed(0)
     hidden, heads, kv_heads, d, inter, rows, block_size, ctx = 768, 12, 2, 64, 2560, 16, 16, 40
-    t = {name: torch.randn(*shape, generator=g) * 0.05 for name, shape in [
-        ("input_norm", (hidden,)), ("post_norm", (hidden,)), ("q_norm", (d,)), ("k_norm", (d,)),
-        ("qkv", ((heads + 2 * kv_heads) * d, hidden)), ("qkv_bias", ((heads + 2 * kv_heads) * d,)),
-        ("o", (hidden, heads * d)), ("gate_up", (2 * inter, hidden)), ("down", (hidden, inter))]}
-    layer = decode_layer.Layer(*[t[k].data_ptr() if k in t else None for k in (
-        "input_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down")],
-        hidden, heads, kv_heads, d, inter, 1e-6, 1e-6, d ** -0.5)
+    layers = []
+    for _ in range(2):
+        t = {name: torch.randn(*shape, generator=g) * 0.05 for name, shape in [
+            ("input_norm", (hidden,)), ("post_norm", (hidden,)), ("q_norm", (d,)), ("k_norm", (d,)),
+            ("qkv", ((heads + 2 * kv_heads) * d, hidden)), ("qkv_bias", ((heads + 2 * kv_heads) * d,)),
+            ("o", (hidden, heads * d)), ("gate_up", (2 * inter, hidden)), ("down", (hidden, inter))]}
+        layers.append((t, decode_layer.Layer(*[t[k].data_ptr() if k in t else None for k in (
+            "input_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down")],
+            hidden, heads, kv_heads, d, inter, 1e-6, 1e-6, d ** -0.5)))
+    final_norm = torch.nn.RMSNorm(hidden, eps=1e-5)
+    final_norm.weight.data = torch.randn(hidden, generator=g)
     tables = torch.arange(rows * 3, dtype=torch.int64).view(rows, 3).flip(0).contiguous()  # blocks out of order
     lens = torch.full((rows,), ctx, dtype=torch.int64)
-    slots = tables[:, (ctx - 1) // block_size] * block_size + (ctx - 1) % block_size
-    k, v = (torch.randn(rows * 3, block_size, kv_heads, d, generator=g) for _ in range(2))
+    seq_ends = torch.arange(1, rows + 1)
+    if mixed:
+        tables[:4], lens[:4], seq_ends = tables[0], torch.arange(ctx - 3, ctx + 1), torch.arange(4, rows + 1)
+    slots = tables.gather(1, ((lens - 1) // block_size)[:, None])[:, 0] * block_size + (lens - 1) % block_size
+    caches = [tuple(torch.randn(rows * 3, block_size, kv_heads, d, generator=g) for _ in range(2)) for _ in layers]
     angles = torch.rand(rows, d // 2, generator=g) * 40
     cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
     x = torch.randn(rows, hidden, generator=g)
-    per_row = 2 * hidden + (heads + 2 * kv_heads) * d + heads * d + 3 * inter
     outs = []
     for threads in (1, 2, 2, 2, 2, 2, 2):
-        step = decode_layer.DecodeStep(rows, slots, tables, lens, torch.empty(rows * per_row), threads)
-        kk, vv = k.clone(), v.clone()
-        outs.append((decode_layer.run(layer_of(layer), x.clone(), cos, sin, (kk, vv), step), kk, vv))
+        step = decode_layer.DecodeStep(rows, slots, tables, lens, seq_ends, threads)
+        kv = [(k.clone(), v.clone()) for k, v in caches]
+        out = decode_layer.run([layer_of(c) for _, c in layers], final_norm, x.clone(), cos, sin, kv, step)
+        outs.append([out] + [c for pair in kv for c in pair])
     assert not torch.equal(outs[0][0], x)
     for got in outs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(got, outs[0]))
 
 
-def layer_of(struct):  # decode_layer.run takes a decoder layer: one that carries the struct is enough
+def layer_of(struct):  # decode_layer.run takes decoder layers: ones that carry the struct are enough
     class Holder:
         _c_layer = struct
     return Holder()
@@ -151,7 +161,7 @@ def layer_of(struct):  # decode_layer.run takes a decoder layer: one that carrie
 
 def test_chunked_prefills_mixed_steps_in_one_c_call_equal_hf(checkpoints, monkeypatch):
     """Chunked prefill with an 8-token budget: steps that mix decodes with a chunk of a prompt (image tokens
-    included) run as one C call a layer, each chunk token a query over its own sequence up to itself; every
+    included) run as one C call a step, each chunk token a query over its own sequence up to itself; every
     sequence within HF's tolerance."""
     family = "qwen2_5_vl"
     kinds = []
@@ -203,7 +213,7 @@ def test_a_decode_step_runs_far_fewer_ops(checkpoints, engines, monkeypatch):
 
 def test_the_status_line_says_which_path_runs(engines, monkeypatch):
     engine = engines["qwen3_vl"]
-    assert engine.decode_backend.startswith(f"one C call a layer for 1-{gemv.MAX_ROWS} sequences (decode_layer.c)")
+    assert engine.decode_backend.startswith(f"one C call a step for 1-{gemv.MAX_ROWS} sequences (decode_layer.c)")
     monkeypatch.setattr(decode_layer.KERNELS, "enabled", False)
     assert engine.decode_backend == "fused small ops (decode_ops.c); decode_layer.c off: MINIVLM_DECODE_LAYER=0"
     monkeypatch.setattr(decode_ops.KERNELS, "enabled", False)
@@ -232,7 +242,7 @@ def test_enforce_eager_runs_pytorch_ops_only(engines, monkeypatch):
 def test_a_request_never_waits_for_the_compiler(checkpoints, monkeypatch):
     """A fresh machine: decode_layer.c is still compiling when the engine starts serving. The request is answered
     at once on the layer-by-layer path and the status line says so; once the build is done, decode steps take one
-    call a layer, with the same tokens."""
+    call a step, with the same tokens."""
     gate, real_build = threading.Event(), c_build.build
     monkeypatch.setattr(c_build, "build", lambda source: gate.wait(60) and real_build(source))
     fresh = c_build.LazyKernels(decode_layer.KERNELS.source, decode_layer.KERNELS.env, decode_layer.KERNELS.signatures)
@@ -246,6 +256,6 @@ def test_a_request_never_waits_for_the_compiler(checkpoints, monkeypatch):
         assert not calls and fresh.ready() is None
         gate.set()
         fresh._builder.join(timeout=60)
-        assert engine.decode_backend.startswith("one C call a layer")
+        assert engine.decode_backend.startswith("one C call a step")
         engine.reset_prefix_cache()
         assert engine.generate(req, params).token_ids == first and calls

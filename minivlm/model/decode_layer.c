@@ -1,8 +1,14 @@
-/* One decoder layer of a decode step on the CPU (fp32), in one call: with one to sixteen sequences a layer is four
-   small matrix products and a handful of small ops, and calling each from Python cost about as much as the small
-   ops themselves. This runs the same kernels in the same order (so the same numbers) as the Python path of
-   decoder.py with decode_ops: norm, qkv, RoPE + K/V write, paged attention in place, o, add + norm, gate_up,
-   SiLU-and-multiply, down, add, in one thread team. Built by decode_layer.py. */
+/* A decode step's decoder layers and the final norm on the CPU (fp32), in one call and one thread team: with one to
+   sixteen sequences a layer is four small matrix products and a handful of small ops, and calling each from Python
+   cost about as much as the small ops themselves. This runs the same kernels (so the same numbers) as the Python
+   path of decoder.py with decode_ops: norm, qkv, RoPE + K/V write, paged attention in place, o, add + norm,
+   gate_up, SiLU-and-multiply, down, add. Built by decode_layer.py.
+
+   The team waits only where a matrix product's output, split between the threads, is read whole: five barriers a
+   layer. Every thread keeps its own copy of the residual stream and its norm (rows x hidden floats: each thread
+   does the same arithmetic, so the copies stay equal bit for bit), which saves the barriers around the adds and
+   norms; a thread ropes, stores and attends for its (sequence, KV head) pairs without waiting in between. */
+#include <omp.h>
 #include "gemv.c"
 #include "paged_decode.c"
 #include "decode_ops.c"
@@ -14,38 +20,94 @@ typedef struct {  /* a layer's weights (dense [out, in]) and shape; set once per
     float eps, qk_eps, scale;
 } Layer;
 
-/* x [rows, hidden] is the residual stream, updated in place; scratch holds rows * Layer_scratch floats. */
-void decode_layer_f32(const Layer *L, float *x, int64_t rows, const float *cos, const float *sin, float *k_cache,
-                      float *v_cache, int64_t block_size, const int64_t *slots, const int64_t *tables,
-                      int64_t table_width, const int64_t *lens, float *scratch, int threads) {
-    const int64_t n = L->hidden, d = L->head_dim, width = (L->heads + 2 * L->kv_heads) * d;
-    float *h = scratch, *qkv = h + rows * n, *attn = qkv + rows * width, *gu = attn + rows * L->heads * d;
-    float *act = gu + rows * 2 * L->intermediate, *out = act + rows * L->intermediate;
+/* x += delta (rows x n), then out = its norm: every thread on its own copy, so nobody waits. */
+static inline void add_norm_rows(float *x, const float *delta, const float *w, float *out, int64_t rows, int64_t n,
+                                 float eps) {
+    for (int64_t t = 0; t < rows; t++) {
+        if (delta)
+            for (int64_t i = 0; i < n; i++) x[t * n + i] += delta[t * n + i];
+        norm_row(out + t * n, x + t * n, w, n, eps);
+    }
+}
+
+/* RoPE, the K/V write and attention for every (sequence, KV head), a sequence's new tokens in order (seq_ends:
+   where each sequence's rows end). A token attends only to its own sequence's K/V up to itself, which this thread
+   wrote just before (or an earlier step did): no wait between the write and the attention. */
+static void attention_team(const Layer *L, float *qkv, int64_t width, const float *cos, const float *sin,
+                           float *k_cache, float *v_cache, const int64_t *slots, const int64_t *tables,
+                           int64_t table_width, const int64_t *lens, float *attn, const int64_t *seq_ends,
+                           int64_t seqs, int64_t block_size) {
+    const int64_t d = L->head_dim, kvh = L->kv_heads, group = L->heads / kvh;
+#pragma omp for collapse(2) schedule(dynamic) nowait
+    for (int64_t s = 0; s < seqs; s++)
+        for (int64_t kh = 0; kh < kvh; kh++)
+            for (int64_t t = s ? seq_ends[s - 1] : 0; t < seq_ends[s]; t++) {
+                rope_store_group(qkv + t * width, cos + t * d, sin + t * d, L->q_norm, L->k_norm, L->qk_eps, k_cache,
+                                 v_cache, slots[t], L->heads, kvh, d, kh);
+                attend_group(qkv + t * width + kh * group * d, k_cache, v_cache, tables + t * table_width, lens[t],
+                             attn + (t * L->heads + kh * group) * d, group, kh, kvh, d, block_size, L->scale);
+            }
+}
+
+/* gate_up's rows j and intermediate + j computed by the same thread, so SiLU(gate) * up follows at once. */
+static void gate_up_silu_team(const float *h, const float *w, float *gu, float *act, int64_t rows, int64_t inter,
+                              int64_t n) {
+    const int64_t blocks = (inter + NR - 1) / NR;
+#pragma omp for schedule(static) nowait
+    for (int64_t ob = 0; ob < blocks; ob++) {
+        const int64_t o = NR * ob, cnt = inter - o < NR ? inter - o : NR;
+        gemv_block(h, w, 0, gu, rows, 2 * inter, n, o, cnt);
+        gemv_block(h, w, 0, gu, rows, 2 * inter, n, inter + o, cnt);
+        for (int64_t t = 0; t < rows; t++) {
+            const float *g = gu + t * 2 * inter + o, *u = g + inter;
+            for (int64_t i = 0; i < cnt; i++) act[t * inter + o + i] = g[i] / (1.f + expf(-g[i])) * u[i];
+        }
+    }
+}
+
+/* The floats of scratch decode_layers_f32 needs (decode_layer.py allocates them once per step shape). */
+int64_t decode_layers_scratch(const Layer *L, int64_t rows, int threads) {
+    const int64_t width = (L->heads + 2 * L->kv_heads) * L->head_dim;
+    return rows * (width + L->heads * L->head_dim + 3 * L->intermediate + 2 * L->hidden) +
+           (int64_t)threads * 2 * rows * L->hidden;
+}
+
+/* x [rows, hidden]: the step's embeddings in, the final norm of the last layer's output out (in place).
+   k_caches / v_caches: each layer's pool; tables / lens: each row's (a chunk's tokens each have their own). */
+void decode_layers_f32(const Layer *layers, int64_t n_layers, float *x, int64_t rows, const float *cos,
+                       const float *sin, float *const *k_caches, float *const *v_caches, int64_t block_size,
+                       const int64_t *slots, const int64_t *tables, int64_t table_width, const int64_t *lens,
+                       const int64_t *seq_ends, int64_t seqs, const float *final_norm, float final_eps,
+                       float *scratch, int threads) {
+    const Layer *L0 = layers;  /* every layer has the same shape */
+    const int64_t n = L0->hidden, width = (L0->heads + 2 * L0->kv_heads) * L0->head_dim, inter = L0->intermediate;
+    float *qkv = scratch, *attn = qkv + rows * width, *gu = attn + rows * L0->heads * L0->head_dim;
+    float *act = gu + rows * 2 * inter, *o_out = act + rows * inter, *down_out = o_out + rows * n;
+    float *mine = down_out + rows * n;  /* per thread: the residual stream, then its norm */
 #pragma omp parallel num_threads(threads)
-    {  /* one team for the whole layer, each op's output complete (a barrier) before the next op reads it; OpenMP's
-          barrier, which sleeps: a spinning one was faster on idle cores and up to 5x slower when other processes
-          wanted them (bench/RESULTS.md, round 7) */
-        rms_norm_team(x, 0, L->input_norm, h, rows, n, L->eps);
+    {  /* OpenMP's barrier, which sleeps: a spinning one was faster on idle cores and up to 5x slower when other
+          processes wanted them (bench/RESULTS.md, round 7) */
+        float *xs = mine + omp_get_thread_num() * 2 * rows * n, *h = xs + rows * n;
+        memcpy(xs, x, rows * n * sizeof(float));
+        add_norm_rows(xs, 0, L0->input_norm, h, rows, n, L0->eps);
+        for (int64_t l = 0; l < n_layers; l++) {
+            const Layer *L = layers + l;
+            gemv_team(h, L->qkv, L->qkv_bias, qkv, rows, width, n);
 #pragma omp barrier
-        gemv_team(h, L->qkv, L->qkv_bias, qkv, rows, width, n);
+            attention_team(L, qkv, width, cos, sin, k_caches[l], v_caches[l], slots, tables, table_width, lens, attn,
+                           seq_ends, seqs, block_size);
 #pragma omp barrier
-        rope_store_team(qkv, cos, sin, L->q_norm, L->k_norm, L->qk_eps, k_cache, v_cache, slots, rows, L->heads,
-                        L->kv_heads, d);
+            gemv_team(attn, L->o, L->o_bias, o_out, rows, n, L->heads * L->head_dim);
 #pragma omp barrier
-        paged_decode_team(qkv, width, k_cache, v_cache, tables, table_width, lens, attn, rows, L->heads, L->kv_heads,
-                          d, block_size, L->scale);
+            add_norm_rows(xs, o_out, L->post_norm, h, rows, n, L->eps);  /* x += attention, then its norm */
+            gate_up_silu_team(h, L->gate_up, gu, act, rows, inter, n);
 #pragma omp barrier
-        gemv_team(attn, L->o, L->o_bias, out, rows, n, L->heads * d);
+            gemv_team(act, L->down, 0, down_out, rows, n, inter);
 #pragma omp barrier
-        rms_norm_team(x, out, L->post_norm, h, rows, n, L->eps);  /* x += attention, then its norm */
-#pragma omp barrier
-        gemv_team(h, L->gate_up, 0, gu, rows, 2 * L->intermediate, n);
-#pragma omp barrier
-        silu_mul_team(gu, act, rows, L->intermediate);
-#pragma omp barrier
-        gemv_team(act, L->down, 0, out, rows, n, L->intermediate);
-#pragma omp barrier
-#pragma omp for
-        for (int64_t i = 0; i < rows * n; i++) x[i] += out[i];
+            const int last = l + 1 == n_layers;  /* x += mlp, then the next layer's input norm or the final one */
+            add_norm_rows(xs, down_out, last ? final_norm : layers[l + 1].input_norm, h, rows, n,
+                          last ? final_eps : layers[l + 1].eps);
+        }
+        if (omp_get_thread_num() == 0) memcpy(x, h, rows * n * sizeof(float));
     }
 }

@@ -1,8 +1,8 @@
-"""A decode step's decoder layers as one C call each (decode_layer.c), on the CPU in fp32 for one to gemv.MAX_ROWS
-sequences: the CPU's counterpart of a captured decode step. The layer's kernels and their order are those of the
-Python path (gemv.c, decode_ops.c, paged_decode.c), so the numbers are the same; what goes is the Python between
-them: about 2 ms of a 13 ms single-stream step on the bench model. Chunked prefill's mixed steps (decodes and
-chunks of at most CHUNK_IN_PLACE tokens) run the same way. `prepare` returns None (and the decoder runs layer by
+"""A decode step's decoder layers and final norm as one C call (decode_layer.c), on the CPU in fp32 for one to
+gemv.MAX_ROWS sequences: the CPU's counterpart of a captured decode step. The layers' kernels and their order are
+those of the Python path (gemv.c, decode_ops.c, paged_decode.c), so the numbers are the same; what goes is the
+Python between them (about 2 ms of a 13 ms single-stream step on the bench model) and most of the waits between
+the threads. Chunked prefill's mixed steps (decodes and chunks of at most CHUNK_IN_PLACE tokens) run the same way. `prepare` returns None (and the decoder runs layer by
 layer) for anything else: longer prompts, more rows, other dtypes or devices, a kernel not built, or
 MINIVLM_DECODE_LAYER=0."""
 import ctypes
@@ -18,7 +18,8 @@ from minivlm.model.c_build import LazyKernels
 _p, _i = ctypes.c_void_p, ctypes.c_int64
 KERNELS = LazyKernels(os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_layer.c"),
                       "MINIVLM_DECODE_LAYER",
-                      {"decode_layer_f32": [_p, _p, _i, _p, _p, _p, _p, _i, _p, _p, _i, _p, _p, ctypes.c_int]})
+                      {"decode_layers_f32": [_p, _i, _p, _i, _p, _p, _p, _p, _i, _p, _p, _i, _p, _p, _i, _p,
+                                             ctypes.c_float, _p, ctypes.c_int]})
 
 
 class Layer(ctypes.Structure):  # decode_layer.c's Layer, field for field
@@ -30,13 +31,19 @@ class Layer(ctypes.Structure):  # decode_layer.c's Layer, field for field
 
 @dataclass
 class DecodeStep:
-    """What every layer's call of one step shares (made once per step)."""
+    """The step's arguments besides the layers (made once per step). tables / lens: each row's (a chunk's tokens
+    each have their own); seq_ends: where each sequence's rows end."""
     rows: int
     slots: torch.Tensor
     tables: torch.Tensor
     lens: torch.Tensor
-    scratch: torch.Tensor
+    seq_ends: torch.Tensor
     threads: int
+
+    def scratch_floats(self, c: Layer) -> int:  # decode_layer.c's shared buffers, then each thread's two
+        width = (c.heads + 2 * c.kv_heads) * c.head_dim
+        return self.rows * (width + c.heads * c.head_dim + 3 * c.intermediate + 2 * c.hidden) + \
+            self.threads * 2 * self.rows * c.hidden
 
 
 def _dense(linear) -> torch.Tensor | None:
@@ -70,28 +77,33 @@ def layer_struct(layer) -> Layer | None:
 def prepare(decoder, x: torch.Tensor, meta) -> DecodeStep | None:
     """The step's shared arguments if every layer of this step can run as one C call, else None. A mixed step of
     decodes and short prefill chunks (chunked prefill's) qualifies too: each chunk token is a decode query over its
-    sequence's tokens up to itself (the K/V of the whole step are written first), exactly as attention.py's
-    _every_token_in_place computes it layer by layer."""
+    sequence's tokens up to itself (a sequence's tokens in order, each one's K/V written before it attends), as
+    attention.py's _every_token_in_place computes it layer by layer."""
     if x.shape[0] > gemv.MAX_ROWS or not (decode_ops.available(x) and paged_cpu.available(x) and gemv.available()):
         return None
     if meta.is_prefill and max(meta.q_lens) > CHUNK_IN_PLACE:  # a long chunk: SDPA's GEMMs win (the Python path)
         return None
     if KERNELS.ready() is None or any(layer_struct(layer) is None for layer in decoder.layers):
         return None
-    c = decoder.layers[0]._c_layer
-    per_row = 2 * c.hidden + (c.heads + 2 * c.kv_heads) * c.head_dim + c.heads * c.head_dim + 3 * c.intermediate
     tables, lens = token_queries(meta) if meta.is_prefill else (meta.block_tables, meta.ctx_lens_t)
+    seq_ends = torch.tensor(meta.q_lens, dtype=torch.int64).cumsum(0) if meta.is_prefill else \
+        torch.arange(1, x.shape[0] + 1)
     return DecodeStep(x.shape[0], meta.slot_mapping.to(torch.int64).contiguous(), tables.to(torch.int64).contiguous(),
-                      lens.to(torch.int64).contiguous(), torch.empty(x.shape[0] * per_row), torch.get_num_threads())
+                      lens.to(torch.int64).contiguous(), seq_ends, torch.get_num_threads())
 
 
-def run(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache, step: DecodeStep) -> torch.Tensor:
-    """The layer on x [rows, hidden], in place (x is the step's own residual stream); K/V go into kv_cache."""
-    k_cache, v_cache = kv_cache
-    KERNELS.get().decode_layer_f32(ctypes.byref(layer._c_layer), x.data_ptr(), step.rows, cos.data_ptr(),
-                                   sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[1],
-                                   step.slots.data_ptr(), step.tables.data_ptr(), step.tables.shape[1],
-                                   step.lens.data_ptr(), step.scratch.data_ptr(), step.threads)
+def run(layers: list, final_norm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches,
+        step: DecodeStep) -> torch.Tensor:
+    """Every layer on x [rows, hidden] (the step's own embeddings), then final_norm (an RMSNorm), in place; each
+    layer's K/V go into its kv_caches entry. Returns x."""
+    structs = (Layer * len(layers))(*(layer._c_layer for layer in layers))
+    ks, vs = ((_p * len(layers))(*(kv[j].data_ptr() for kv in kv_caches)) for j in (0, 1))
+    scratch = torch.empty(step.scratch_floats(structs[0]))
+    KERNELS.get().decode_layers_f32(structs, len(layers), x.data_ptr(), step.rows, cos.data_ptr(), sin.data_ptr(),
+                                    ks, vs, kv_caches[0][0].shape[1], step.slots.data_ptr(), step.tables.data_ptr(),
+                                    step.tables.shape[1], step.lens.data_ptr(), step.seq_ends.data_ptr(),
+                                    len(step.seq_ends), final_norm.weight.data_ptr(), final_norm.eps,
+                                    scratch.data_ptr(), step.threads)
     return x
 
 
@@ -110,7 +122,7 @@ def decode_backend(decoder, device, dtype) -> str:
         why = "no dense fp32 weights"
     if why:
         return f"fused small ops (decode_ops.c); decode_layer.c off: {why}"
-    return f"one C call a layer for 1-{gemv.MAX_ROWS} sequences (decode_layer.c), fused small ops (decode_ops.c) above"
+    return f"one C call a step for 1-{gemv.MAX_ROWS} sequences (decode_layer.c), fused small ops (decode_ops.c) above"
 
 
 def one_call_rows(decoder, device, dtype) -> int | None:

@@ -31,30 +31,41 @@ static void rms_norm_team(float *x, const float *delta, const float *w, float *o
     }
 }
 
-/* qkv [rows, heads + 2 * kv_heads, d] (q heads, then k, then v); cos/sin [rows, d] in rotate_half's layout;
-   q_norm/k_norm [d] or NULL; caches [blocks * block_size, kv_heads, d]; slots [rows]: where each row's K/V go. */
+/* One head v [d] in place: its RMSNorm (Qwen3's q_norm / k_norm; none where nw is NULL), then RoPE with one
+   token's cos/sin [d] in rotate_half's layout. */
+static inline void rope_head(float *v, const float *c, const float *s, const float *nw, float eps, int64_t d) {
+    const int64_t half = d / 2;
+    float x[d];
+    if (nw) norm_row(x, v, nw, d, eps);
+    else memcpy(x, v, d * sizeof(float));
+    for (int64_t i = 0; i < half; i++) {  /* x * cos + rotate_half(x) * sin */
+        v[i] = x[i] * c[i] - x[i + half] * s[i];
+        v[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+    }
+}
+
+/* One token's row r [heads + 2 * kv_heads, d] (q heads, then k, then v), KV head kh: the group's query heads and
+   its K head roped in place, its K and V into the pool at the token's slot. */
+static inline void rope_store_group(float *r, const float *c, const float *s, const float *q_norm,
+                                    const float *k_norm, float eps, float *k_cache, float *v_cache, int64_t slot,
+                                    int64_t heads, int64_t kv_heads, int64_t d, int64_t kh) {
+    const int64_t group = heads / kv_heads, at = (slot * kv_heads + kh) * d;
+    for (int64_t g = kh * group; g < (kh + 1) * group; g++) rope_head(r + g * d, c, s, q_norm, eps, d);
+    rope_head(r + (heads + kh) * d, c, s, k_norm, eps, d);
+    memcpy(k_cache + at, r + (heads + kh) * d, d * sizeof(float));
+    memcpy(v_cache + at, r + (heads + kv_heads + kh) * d, d * sizeof(float));
+}
+
+/* qkv [rows, heads + 2 * kv_heads, d]; cos/sin [rows, d]; q_norm/k_norm [d] or NULL; caches [blocks * block_size,
+   kv_heads, d]; slots [rows]: where each row's K/V go. */
 static void rope_store_team(float *qkv, const float *cos, const float *sin, const float *q_norm, const float *k_norm,
                             float eps, float *k_cache, float *v_cache, const int64_t *slots, int64_t rows,
                             int64_t heads, int64_t kv_heads, int64_t d) {
-    const int64_t half = d / 2, row = (heads + 2 * kv_heads) * d;
 #pragma omp for nowait
-    for (int64_t t = 0; t < rows; t++) {
-        float *r = qkv + t * row, x[d];
-        const float *c = cos + t * d, *s = sin + t * d;
-        for (int64_t h = 0; h < heads + kv_heads; h++) {
-            float *v = r + h * d;
-            const float *nw = h < heads ? q_norm : k_norm;
-            if (nw) norm_row(x, v, nw, d, eps);
-            else memcpy(x, v, d * sizeof(float));
-            for (int64_t i = 0; i < half; i++) {  /* x * cos + rotate_half(x) * sin */
-                v[i] = x[i] * c[i] - x[i + half] * s[i];
-                v[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
-            }
-        }
-        const int64_t at = slots[t] * kv_heads * d;
-        memcpy(k_cache + at, r + heads * d, kv_heads * d * sizeof(float));
-        memcpy(v_cache + at, r + (heads + kv_heads) * d, kv_heads * d * sizeof(float));
-    }
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t kh = 0; kh < kv_heads; kh++)
+            rope_store_group(qkv + t * (heads + 2 * kv_heads) * d, cos + t * d, sin + t * d, q_norm, k_norm, eps,
+                             k_cache, v_cache, slots[t], heads, kv_heads, d, kh);
 }
 
 static void silu_mul_team(const float *gate_up, float *out, int64_t rows, int64_t n) {

@@ -151,10 +151,9 @@ class Decoder(nn.Module):
         fused = not eager and decode_ops.available(embeds)
         x = embeds.clone() if fused else embeds  # the fused layers add into x in place: never into the caller's
         whole = decode_layer.prepare(self, x, meta) if fused and deepstack is None else None
+        if whole is not None:  # a decode step of a few sequences: every layer and the final norm in one C call
+            return decode_layer.run(self.layers, self.norm, x, cos, sin, kv_caches, whole)
         for i, layer in enumerate(self.layers):
-            if whole is not None:  # a decode step of a few sequences: each layer is one C call
-                x = decode_layer.run(layer, x, cos, sin, kv_caches[i], whole)
-                continue
             x = layer(x, cos, sin, kv_caches[i], meta, fused)
             if deepstack is not None and i < len(deepstack[1]):
                 x = x.index_add(0, deepstack[0], deepstack[1][i].to(x.dtype))  # ViT layer features at image tokens

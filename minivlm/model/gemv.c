@@ -56,31 +56,36 @@ TILE(4, NR) TILE(3, NR) TILE(2, NR) TILE(1, NR) TILE(4, 1) TILE(1, 1)
 #define TILE_NAME(MR, N) tile_##MR##x##N
 #define TILE_OF(MR, N) TILE_NAME(MR, N)
 
+/* Weight rows [o, o + n) (n <= NR) against all x rows: y[:, o:o + n]. While the tiles of the x rows run, these
+   weight rows stay in the cache. */
+static inline void gemv_block(const float *x, const float *w, const float *bias, float *y, int64_t rows,
+                              int64_t out, int64_t in, int64_t o, int64_t n) {
+    const float *wo = w + o * in, *bo = bias ? bias + o : 0;
+    int64_t m = 0;
+    if (n == NR) {
+        for (; m + 4 <= rows; m += 4) TILE_OF(4, NR)(x + m * in, wo, bo, y + m * out + o, out, in);
+        switch (rows - m) {
+        case 3: TILE_OF(3, NR)(x + m * in, wo, bo, y + m * out + o, out, in); break;
+        case 2: TILE_OF(2, NR)(x + m * in, wo, bo, y + m * out + o, out, in); break;
+        case 1: TILE_OF(1, NR)(x + m * in, wo, bo, y + m * out + o, out, in); break;
+        }
+    } else {  /* the last weight rows, fewer than NR */
+        for (int64_t b = o; b < o + n; b++) {
+            const float *wb = w + b * in, *bb = bias ? bias + b : 0;
+            for (m = 0; m + 4 <= rows; m += 4) tile_4x1(x + m * in, wb, bb, y + m * out + b, out, in);
+            for (; m < rows; m++) tile_1x1(x + m * in, wb, bb, y + m * out + b, out, in);
+        }
+    }
+}
+
 /* A thread's share, inside a team already running (decode_layer.c runs a layer in one team); no barrier at the
    end: the caller says when the team waits. */
 static void gemv_team(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out,
                       int64_t in) {
     const int64_t blocks = (out + NR - 1) / NR;
 #pragma omp for schedule(static) nowait
-    for (int64_t ob = 0; ob < blocks; ob++) {
-        const int64_t o = NR * ob;
-        const float *wo = w + o * in, *bo = bias ? bias + o : 0;
-        int64_t m = 0;
-        if (o + NR <= out) {  /* all x rows against these NR weight rows, which stay in the cache meanwhile */
-            for (; m + 4 <= rows; m += 4) TILE_OF(4, NR)(x + m * in, wo, bo, y + m * out + o, out, in);
-            switch (rows - m) {
-            case 3: TILE_OF(3, NR)(x + m * in, wo, bo, y + m * out + o, out, in); break;
-            case 2: TILE_OF(2, NR)(x + m * in, wo, bo, y + m * out + o, out, in); break;
-            case 1: TILE_OF(1, NR)(x + m * in, wo, bo, y + m * out + o, out, in); break;
-            }
-        } else {  /* the last weight rows, fewer than NR */
-            for (int64_t b = o; b < out; b++) {
-                const float *wb = w + b * in, *bb = bias ? bias + b : 0;
-                for (m = 0; m + 4 <= rows; m += 4) tile_4x1(x + m * in, wb, bb, y + m * out + b, out, in);
-                for (; m < rows; m++) tile_1x1(x + m * in, wb, bb, y + m * out + b, out, in);
-            }
-        }
-    }
+    for (int64_t ob = 0; ob < blocks; ob++)
+        gemv_block(x, w, bias, y, rows, out, in, NR * ob, out - NR * ob < NR ? out - NR * ob : NR);
 }
 
 void gemv_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out, int64_t in,

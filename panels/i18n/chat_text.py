@@ -100,8 +100,8 @@ MESSAGES = {
                            "1–{rows} 行的解码批次用 gemv.c，更多行用 oneDNN（预打包）"),
     "engine.linear_onednn": ("oneDNN (prepacked); gemv.c off: {why}", "oneDNN（预打包）；gemv.c 未启用：{why}"),
     "engine.linear_default": ("PyTorch's default (nn.Linear)", "PyTorch 默认实现（nn.Linear）"),
-    "engine.decode_layer": ("one C call a layer for 1-{rows} sequences (decode_layer.c), fused small ops (decode_ops.c) "
-                            "above", "1–{rows} 个序列时每层一次 C 调用（decode_layer.c），更多序列时融合小算子（decode_ops.c）"),
+    "engine.decode_layer": ("one C call a step for 1-{rows} sequences (decode_layer.c), fused small ops (decode_ops.c) "
+                            "above", "1–{rows} 个序列时每步一次 C 调用（decode_layer.c），更多序列时融合小算子（decode_ops.c）"),
     "engine.decode_ops": ("fused small ops (decode_ops.c); decode_layer.c off: {why}",
                           "融合小算子（decode_ops.c）；decode_layer.c 未启用：{why}"),
     "engine.decode_torch": ("PyTorch ops ({why})", "PyTorch 算子（{why}）"),
