@@ -112,13 +112,20 @@ def test_a_large_decode_batch_in_one_c_call_equals_hf(checkpoints, engines, monk
         check_against_hf(checkpoints[family], family, request, out)
 
 
+BARRIERS = {"spin, then sleep": (), "always sleeps": ("SPIN_NS=1",), "OpenMP's": ("SPIN_NS=0",)}
+
+
+@pytest.mark.parametrize("barrier", BARRIERS)
 @pytest.mark.parametrize("mixed", [False, True])
-def test_the_layers_in_a_team_of_two_equal_them_in_one_bit_for_bit(mixed):
+def test_the_layers_in_a_team_of_two_equal_them_in_one_bit_for_bit(mixed, barrier):
     """decode_layer.c runs a step's layers in one thread team, waiting only after each matrix product; each output
     element is computed by one thread in a fixed order, so a team of two must give exactly a team of one's numbers.
     At the bench model's size (an op takes long enough for the threads to drift apart), an op that started before
-    the one it reads had finished on the other thread (a barrier missing) would not. A mixed step: the first four
-    rows are one sequence's chunk, each token attending to the ones before it."""
+    the one it reads had finished on the other thread (a barrier missing, or one that lets a thread through early)
+    would not. Each barrier: team_barrier.c's as built, the same forced to sleep at once (its futex path), and
+    OpenMP's (where there is no futex). A mixed step: the first four rows are one sequence's chunk, each token
+    attending to the ones before it."""
+    fn = decode_layer.kernel_variant(*BARRIERS[barrier])
     g = torch.Generator().manual_seed(0)
     hidden, heads, kv_heads, d, inter, rows, block_size, ctx = 768, 12, 2, 64, 2560, 16, 16, 40
     layers = []
@@ -146,7 +153,7 @@ def test_the_layers_in_a_team_of_two_equal_them_in_one_bit_for_bit(mixed):
     for threads in (1, 2, 2, 2, 2, 2, 2):
         step = decode_layer.DecodeStep(rows, slots, tables, lens, seq_ends, threads)
         kv = [(k.clone(), v.clone()) for k, v in caches]
-        out = decode_layer.run([layer_of(c) for _, c in layers], final_norm, x.clone(), cos, sin, kv, step)
+        out = decode_layer.run([layer_of(c) for _, c in layers], final_norm, x.clone(), cos, sin, kv, step, fn)
         outs.append([out] + [c for pair in kv for c in pair])
     assert not torch.equal(outs[0][0], x)
     for got in outs[1:]:

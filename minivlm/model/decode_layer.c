@@ -9,6 +9,7 @@
    does the same arithmetic, so the copies stay equal bit for bit), which saves the barriers around the adds and
    norms; a thread ropes, stores and attends for its (sequence, KV head) pairs without waiting in between. */
 #include <omp.h>
+#include "team_barrier.c"
 #include "gemv.c"
 #include "paged_decode.c"
 #include "decode_ops.c"
@@ -84,26 +85,29 @@ void decode_layers_f32(const Layer *layers, int64_t n_layers, float *x, int64_t 
     float *qkv = scratch, *attn = qkv + rows * width, *gu = attn + rows * L0->heads * L0->head_dim;
     float *act = gu + rows * 2 * inter, *o_out = act + rows * inter, *down_out = o_out + rows * n;
     float *mine = down_out + rows * n;  /* per thread: the residual stream, then its norm */
+    TeamBarrier barrier = {0, 0, 0};
 #pragma omp parallel num_threads(threads)
-    {  /* OpenMP's barrier, which sleeps: a spinning one was faster on idle cores and up to 5x slower when other
-          processes wanted them (bench/RESULTS.md, round 7) */
+    {
+        const int team = omp_get_num_threads();
+        int sense = 0;
+#define WAIT() team_wait(&barrier, &sense, team)
         float *xs = mine + omp_get_thread_num() * 2 * rows * n, *h = xs + rows * n;
         memcpy(xs, x, rows * n * sizeof(float));
         add_norm_rows(xs, 0, L0->input_norm, h, rows, n, L0->eps);
         for (int64_t l = 0; l < n_layers; l++) {
             const Layer *L = layers + l;
             gemv_team(h, L->qkv, L->qkv_bias, qkv, rows, width, n);
-#pragma omp barrier
+            WAIT();
             attention_team(L, qkv, width, cos, sin, k_caches[l], v_caches[l], slots, tables, table_width, lens, attn,
                            seq_ends, seqs, block_size);
-#pragma omp barrier
+            WAIT();
             gemv_team(attn, L->o, L->o_bias, o_out, rows, n, L->heads * L->head_dim);
-#pragma omp barrier
+            WAIT();
             add_norm_rows(xs, o_out, L->post_norm, h, rows, n, L->eps);  /* x += attention, then its norm */
             gate_up_silu_team(h, L->gate_up, gu, act, rows, inter, n);
-#pragma omp barrier
+            WAIT();
             gemv_team(act, L->down, 0, down_out, rows, n, inter);
-#pragma omp barrier
+            WAIT();
             const int last = l + 1 == n_layers;  /* x += mlp, then the next layer's input norm or the final one */
             add_norm_rows(xs, down_out, last ? final_norm : layers[l + 1].input_norm, h, rows, n,
                           last ? final_eps : layers[l + 1].eps);

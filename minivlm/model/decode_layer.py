@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minivlm.model import decode_ops, gemv, paged_cpu
+from minivlm.model import c_build, decode_ops, gemv, paged_cpu
 from minivlm.model.attention import CHUNK_IN_PLACE, token_queries
 from minivlm.model.c_build import LazyKernels
 
@@ -92,18 +92,28 @@ def prepare(decoder, x: torch.Tensor, meta) -> DecodeStep | None:
                       lens.to(torch.int64).contiguous(), seq_ends, torch.get_num_threads())
 
 
+def kernel_variant(*defines: str):
+    """decode_layers_f32 built with extra -D flags (SPIN_NS=0: OpenMP's barrier), or None: tests and benches."""
+    lib, _ = c_build.build(KERNELS.source, defines)
+    if lib is None:
+        return None
+    fn = lib.decode_layers_f32
+    fn.argtypes, fn.restype = KERNELS.signatures["decode_layers_f32"], None
+    return fn
+
+
 def run(layers: list, final_norm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches,
-        step: DecodeStep) -> torch.Tensor:
+        step: DecodeStep, fn=None) -> torch.Tensor:
     """Every layer on x [rows, hidden] (the step's own embeddings), then final_norm (an RMSNorm), in place; each
-    layer's K/V go into its kv_caches entry. Returns x."""
+    layer's K/V go into its kv_caches entry. Returns x. fn: another build of decode_layers_f32 (kernel_variant)."""
     structs = (Layer * len(layers))(*(layer._c_layer for layer in layers))
     ks, vs = ((_p * len(layers))(*(kv[j].data_ptr() for kv in kv_caches)) for j in (0, 1))
     scratch = torch.empty(step.scratch_floats(structs[0]))
-    KERNELS.get().decode_layers_f32(structs, len(layers), x.data_ptr(), step.rows, cos.data_ptr(), sin.data_ptr(),
-                                    ks, vs, kv_caches[0][0].shape[1], step.slots.data_ptr(), step.tables.data_ptr(),
-                                    step.tables.shape[1], step.lens.data_ptr(), step.seq_ends.data_ptr(),
-                                    len(step.seq_ends), final_norm.weight.data_ptr(), final_norm.eps,
-                                    scratch.data_ptr(), step.threads)
+    (fn or KERNELS.get().decode_layers_f32)(structs, len(layers), x.data_ptr(), step.rows, cos.data_ptr(),
+                                            sin.data_ptr(), ks, vs, kv_caches[0][0].shape[1], step.slots.data_ptr(),
+                                            step.tables.data_ptr(), step.tables.shape[1], step.lens.data_ptr(),
+                                            step.seq_ends.data_ptr(), len(step.seq_ends), final_norm.weight.data_ptr(),
+                                            final_norm.eps, scratch.data_ptr(), step.threads)
     return x
 
 
