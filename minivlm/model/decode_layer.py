@@ -136,5 +136,5 @@ def decode_backend(decoder, device, dtype) -> str:
 
 
 def one_call_rows(decoder, device, dtype) -> int | None:
-    """The most rows a step may have and still run each layer as one C call; None where that call is off."""
+    """The most rows a step may have and still run its layers as one C call; None where that call is off."""
     return gemv.MAX_ROWS if decode_backend(decoder, device, dtype).startswith("one C call") else None
