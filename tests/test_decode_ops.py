@@ -139,6 +139,8 @@ def test_the_layers_in_a_team_of_two_equal_them_in_one_bit_for_bit(mixed, barrie
             hidden, heads, kv_heads, d, inter, 1e-6, 1e-6, d ** -0.5)))
     final_norm = torch.nn.RMSNorm(hidden, eps=1e-5)
     final_norm.weight.data = torch.randn(hidden, generator=g)
+    lm_head = torch.nn.Linear(hidden, 300)  # with a bias; a vocabulary that is no multiple of the tile
+    last = torch.tensor([3, 4, 9, 15]) if mixed else torch.arange(rows)
     tables = torch.arange(rows * 3, dtype=torch.int64).view(rows, 3).flip(0).contiguous()  # blocks out of order
     lens = torch.full((rows,), ctx, dtype=torch.int64)
     seq_ends = torch.arange(1, rows + 1)
@@ -153,9 +155,12 @@ def test_the_layers_in_a_team_of_two_equal_them_in_one_bit_for_bit(mixed, barrie
     for threads in (1, 2, 2, 2, 2, 2, 2):
         step = decode_layer.DecodeStep(rows, slots, tables, lens, seq_ends, threads)
         kv = [(k.clone(), v.clone()) for k, v in caches]
-        out = decode_layer.run([layer_of(c) for _, c in layers], final_norm, x.clone(), cos, sin, kv, step, fn)
-        outs.append([out] + [c for pair in kv for c in pair])
+        out = decode_layer.run([layer_of(c) for _, c in layers], final_norm, x.clone(), cos, sin, kv, step, fn=fn)
+        logits = decode_layer.run([layer_of(c) for _, c in layers], final_norm, x.clone(), cos, sin, kv, step,
+                                  lm_head, last, fn=fn)
+        outs.append([out, logits] + [c for pair in kv for c in pair])
     assert not torch.equal(outs[0][0], x)
+    assert torch.allclose(outs[0][1], lm_head(outs[0][0][last]), atol=1e-5)  # the logits of the rows asked for
     for got in outs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(got, outs[0]))
 

@@ -105,8 +105,8 @@ class ModelRunner:
                                   for j in range(len(owners[0][0][1]))])
         meta = AttentionMetadata.build(x.slot_mapping.to(dev), x.q_lens, x.ctx_lens, x.block_tables.to(dev),
                                        self.block_size, dev)
-        hidden = self.decoder(embeds, x.positions.to(dev), self.kv_caches, meta, deepstack, eager=self.eager)
-        return self.decoder.compute_logits(hidden[x.last.to(dev)])
+        return self.decoder(embeds, x.positions.to(dev), self.kv_caches, meta, deepstack, eager=self.eager,
+                            last=x.last.to(dev))
 
     @staticmethod
     @torch.inference_mode()

@@ -74,12 +74,15 @@ int64_t decode_layers_scratch(const Layer *L, int64_t rows, int threads) {
 }
 
 /* x [rows, hidden]: the step's embeddings in, the final norm of the last layer's output out (in place).
-   k_caches / v_caches: each layer's pool; tables / lens: each row's (a chunk's tokens each have their own). */
+   k_caches / v_caches: each layer's pool; tables / lens: each row's (a chunk's tokens each have their own).
+   lm_head [vocab, hidden] (+ bias, or NULL): logits [n_last, vocab] of the rows `last` (each sequence's last token)
+   in the same team, which saves waking it once more for them; NULL: no logits. */
 void decode_layers_f32(const Layer *layers, int64_t n_layers, float *x, int64_t rows, const float *cos,
                        const float *sin, float *const *k_caches, float *const *v_caches, int64_t block_size,
                        const int64_t *slots, const int64_t *tables, int64_t table_width, const int64_t *lens,
                        const int64_t *seq_ends, int64_t seqs, const float *final_norm, float final_eps,
-                       float *scratch, int threads) {
+                       const float *lm_head, const float *lm_bias, int64_t vocab, const int64_t *last,
+                       int64_t n_last, float *logits, float *scratch, int threads) {
     const Layer *L0 = layers;  /* every layer has the same shape */
     const int64_t n = L0->hidden, width = (L0->heads + 2 * L0->kv_heads) * L0->head_dim, inter = L0->intermediate;
     float *qkv = scratch, *attn = qkv + rows * width, *gu = attn + rows * L0->heads * L0->head_dim;
@@ -111,6 +114,10 @@ void decode_layers_f32(const Layer *layers, int64_t n_layers, float *x, int64_t 
             const int last = l + 1 == n_layers;  /* x += mlp, then the next layer's input norm or the final one */
             add_norm_rows(xs, down_out, last ? final_norm : layers[l + 1].input_norm, h, rows, n,
                           last ? final_eps : layers[l + 1].eps);
+        }
+        if (lm_head) {  /* each thread gathers the last rows into its own buffer (the residual's, free now) */
+            for (int64_t i = 0; i < n_last; i++) memcpy(xs + i * n, h + last[i] * n, n * sizeof(float));
+            gemv_team(xs, lm_head, lm_bias, logits, n_last, vocab, n);
         }
         if (omp_get_thread_num() == 0) memcpy(x, h, rows * n * sizeof(float));
     }

@@ -19,7 +19,7 @@ _p, _i = ctypes.c_void_p, ctypes.c_int64
 KERNELS = LazyKernels(os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_layer.c"),
                       "MINIVLM_DECODE_LAYER",
                       {"decode_layers_f32": [_p, _i, _p, _i, _p, _p, _p, _p, _i, _p, _p, _i, _p, _p, _i, _p,
-                                             ctypes.c_float, _p, ctypes.c_int]})
+                                             ctypes.c_float, _p, _p, _i, _p, _i, _p, _p, ctypes.c_int]})
 
 
 class Layer(ctypes.Structure):  # decode_layer.c's Layer, field for field
@@ -27,6 +27,9 @@ class Layer(ctypes.Structure):  # decode_layer.c's Layer, field for field
                                         "o_bias", "gate_up", "down")] + \
                [(name, _i) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")] + \
                [(name, ctypes.c_float) for name in ("eps", "qk_eps", "scale")]
+
+
+_ONE_EACH = [torch.arange(1, rows + 1) for rows in range(gemv.MAX_ROWS + 1)]  # a decode step's seq_ends, made once
 
 
 @dataclass
@@ -86,8 +89,7 @@ def prepare(decoder, x: torch.Tensor, meta) -> DecodeStep | None:
     if KERNELS.ready() is None or any(layer_struct(layer) is None for layer in decoder.layers):
         return None
     tables, lens = token_queries(meta) if meta.is_prefill else (meta.block_tables, meta.ctx_lens_t)
-    seq_ends = torch.tensor(meta.q_lens, dtype=torch.int64).cumsum(0) if meta.is_prefill else \
-        torch.arange(1, x.shape[0] + 1)
+    seq_ends = torch.tensor(meta.q_lens, dtype=torch.int64).cumsum(0) if meta.is_prefill else _ONE_EACH[x.shape[0]]
     return DecodeStep(x.shape[0], meta.slot_mapping.to(torch.int64).contiguous(), tables.to(torch.int64).contiguous(),
                       lens.to(torch.int64).contiguous(), seq_ends, torch.get_num_threads())
 
@@ -103,18 +105,26 @@ def kernel_variant(*defines: str):
 
 
 def run(layers: list, final_norm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches,
-        step: DecodeStep, fn=None) -> torch.Tensor:
+        step: DecodeStep, lm_head=None, last: torch.Tensor | None = None, fn=None) -> torch.Tensor:
     """Every layer on x [rows, hidden] (the step's own embeddings), then final_norm (an RMSNorm), in place; each
-    layer's K/V go into its kv_caches entry. Returns x. fn: another build of decode_layers_f32 (kernel_variant)."""
+    layer's K/V go into its kv_caches entry. Returns x, or with lm_head (a linear layer with a dense fp32 weight)
+    the logits of the rows `last` [n] (in the same call). fn: another build of decode_layers_f32 (kernel_variant)."""
     structs = (Layer * len(layers))(*(layer._c_layer for layer in layers))
     ks, vs = ((_p * len(layers))(*(kv[j].data_ptr() for kv in kv_caches)) for j in (0, 1))
     scratch = torch.empty(step.scratch_floats(structs[0]))
+    w = _dense(lm_head) if lm_head is not None else None
+    last = last.to(torch.int64).contiguous() if w is not None else None
+    logits = torch.empty(len(last), w.shape[0]) if w is not None else None
     (fn or KERNELS.get().decode_layers_f32)(structs, len(layers), x.data_ptr(), step.rows, cos.data_ptr(),
                                             sin.data_ptr(), ks, vs, kv_caches[0][0].shape[1], step.slots.data_ptr(),
                                             step.tables.data_ptr(), step.tables.shape[1], step.lens.data_ptr(),
                                             step.seq_ends.data_ptr(), len(step.seq_ends), final_norm.weight.data_ptr(),
-                                            final_norm.eps, scratch.data_ptr(), step.threads)
-    return x
+                                            final_norm.eps, _ptr(w), _ptr(getattr(lm_head, "bias", None)),
+                                            0 if w is None else w.shape[0], _ptr(last), 0 if w is None else len(last),
+                                            _ptr(logits), scratch.data_ptr(), step.threads)
+    if lm_head is not None and w is None:  # no dense weight: the logits in PyTorch
+        return lm_head(x[last])
+    return x if w is None else logits
 
 
 def decode_backend(decoder, device, dtype) -> str:

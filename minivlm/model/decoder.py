@@ -143,21 +143,24 @@ class Decoder(nn.Module):
             decode_ops.KERNELS.start(), decode_layer.KERNELS.start()
 
     def forward(self, embeds, positions, kv_caches, meta: AttentionMetadata, deepstack=None,
-                eager: bool = False) -> torch.Tensor:
+                eager: bool = False, last: torch.Tensor | None = None) -> torch.Tensor:
         """embeds [T, hidden], positions [3, T]; deepstack = (rows [N], [features [N, hidden] per layer]) or None;
-        eager: PyTorch ops only (no decode_ops.c / decode_layer.c)."""
+        eager: PyTorch ops only (no decode_ops.c / decode_layer.c). Returns the final hidden states [T, hidden], or
+        with `last` (row indices [B]) the logits of those rows [B, vocab]."""
         cos, sin = self.rotary(positions, embeds.dtype)
         cos, sin = cos[:, None], sin[:, None]  # [T, 1, head_dim]: broadcast over heads, made once per step
         fused = not eager and decode_ops.available(embeds)
         x = embeds.clone() if fused else embeds  # the fused layers add into x in place: never into the caller's
         whole = decode_layer.prepare(self, x, meta) if fused and deepstack is None else None
-        if whole is not None:  # a decode step of a few sequences: every layer and the final norm in one C call
-            return decode_layer.run(self.layers, self.norm, x, cos, sin, kv_caches, whole)
+        if whole is not None:  # a decode step of a few sequences: every layer, the final norm, the logits in one C call
+            return decode_layer.run(self.layers, self.norm, x, cos, sin, kv_caches, whole,
+                                    *((self.lm_head, last) if last is not None else ()))
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_caches[i], meta, fused)
             if deepstack is not None and i < len(deepstack[1]):
                 x = x.index_add(0, deepstack[0], deepstack[1][i].to(x.dtype))  # ViT layer features at image tokens
-        return self.norm(x)
+        x = self.norm(x)
+        return x if last is None else self.compute_logits(x[last])
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
