@@ -224,12 +224,20 @@ def test_a_decode_step_runs_far_fewer_ops(checkpoints, engines, monkeypatch):
 
 
 def test_the_status_line_says_which_path_runs(engines, monkeypatch):
+    """The status line, and the rows the chunked budget may give a step (one_call_rows), agree in every state."""
     engine = engines["qwen3_vl"]
+    model = engine.model
+
+    def rows():
+        return decode_layer.one_call_rows(model.decoder, model.device, model.dtype)
     assert engine.decode_backend.startswith(f"one C call a step for 1-{gemv.MAX_ROWS} sequences (decode_layer.c)")
+    assert rows() == gemv.MAX_ROWS and decode_layer.one_call_rows(model.decoder, "cpu", torch.bfloat16) is None
     monkeypatch.setattr(decode_layer.KERNELS, "enabled", False)
     assert engine.decode_backend == "fused small ops (decode_ops.c); decode_layer.c off: MINIVLM_DECODE_LAYER=0"
+    assert rows() is None
     monkeypatch.setattr(decode_ops.KERNELS, "enabled", False)
     assert engine.decode_backend == "PyTorch ops (decode_ops.c off: MINIVLM_DECODE_OPS=0)"
+    assert rows() is None
 
 
 def test_enforce_eager_runs_pytorch_ops_only(engines, monkeypatch):
@@ -264,6 +272,7 @@ def test_a_request_never_waits_for_the_compiler(checkpoints, monkeypatch):
     params, req = SamplingParams(max_tokens=6, ignore_eos=True), Request(prompt="Count to ten.")
     with Engine(EngineConfig(model=checkpoints["qwen2_5_vl"], num_blocks=64, device="cpu", dtype="float32")) as engine:
         assert engine.decode_backend == "fused small ops (decode_ops.c); decode_layer.c off: compiling"
+        assert decode_layer.one_call_rows(engine.model.decoder, "cpu", torch.float32) is None
         first = engine.generate(req, params).token_ids  # the build is held: this must not wait for it
         assert not calls and fresh.ready() is None
         gate.set()

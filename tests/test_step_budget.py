@@ -2,6 +2,8 @@
 and a prompt token cost and sizes each mixed step's chunk so the step stays within `max_step_slowdown` x a decode
 step. The truth: a forward whose cost we set (a known time per step and per prompt token) gives a known budget;
 the tokens stay those of the unchunked engine."""
+import math
+
 import pytest
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
@@ -74,8 +76,8 @@ def costed(eng: Engine):
 
 def test_mixed_steps_take_what_the_slowdown_allows_and_tokens_do_not_change(checkpoints):
     """Two streams decode while a 448x448-image prompt (271 tokens) arrives: once the costs are measured, every
-    mixed step's chunk is (1.5 - 1) x 40 ms / 4 ms = 5 tokens, 4 as a power of two, the budget is in
-    the step's `scheduled` event, and the tokens equal the unchunked engine's."""
+    mixed step's chunk is (slowdown - 1) x 40 ms / 4 ms tokens as a power of two (the default 1.3: 3 tokens, so 2),
+    the budget is in the step's `scheduled` event, and the tokens equal the unchunked engine's."""
     long = Request(prompt="Describe.", images=[shape_image(BLUE, size=(448, 448))], request_id="long")
     streams = [Request(prompt=f"Count from one to {n}.", request_id=f"s{n}") for n in (9, 20)]
     params = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -104,14 +106,15 @@ def test_mixed_steps_take_what_the_slowdown_allows_and_tokens_do_not_change(chec
     # are not measured, then SAMPLES steps are
     assert chunks[:first] == [AdaptiveTokenBudget.START] * first, chunks
     settled = chunks[first:-1]             # then adapted, before the prompt's last piece
-    assert settled and set(settled) == {4}, chunks
+    fits = (DEFAULT_STEP_SLOWDOWN - 1) * STEP_S / TOKEN_S
+    assert settled and set(settled) == {2 ** int(math.log2(fits))} != {AdaptiveTokenBudget.START}, chunks
     assert all(b["slowdown"] == DEFAULT_STEP_SLOWDOWN and b["decode_ms"] >= 1e3 * STEP_S for b in budgets[1:])
     assert (budgets[-1]["fixed_ms"], budgets[-1]["token_ms"]) == (0, pytest.approx(1e3 * TOKEN_S))  # found
     assert got["long"] == expected["long"]
     last = budgets[-1]  # the KV tab's decision log says each mixed step's budget and why, in either language
     assert (f"budget: up to {last['prompt_tokens']} prompt tokens beside the decodes (a decode step "
             f"{last['decode_ms']:.1f} ms, a mixed step's extra {last['fixed_ms']:.1f} ms + {last['token_ms']:.2f} ms a "
-            f"prompt token; mixed steps at most 1.5x a decode step)") in logs[EN]
+            f"prompt token; mixed steps at most {DEFAULT_STEP_SLOWDOWN}x a decode step)") in logs[EN]
     assert f"budget: up to {AdaptiveTokenBudget.START} prompt tokens beside the decodes (nothing measured yet: a few " \
         "tokens to start)" in logs[EN]
     assert f"预算：除解码外最多 {last['prompt_tokens']} 个提示 token（解码步 {last['decode_ms']:.1f} ms" in logs[ZH]

@@ -146,5 +146,12 @@ def decode_backend(decoder, device, dtype) -> str:
 
 
 def one_call_rows(decoder, device, dtype) -> int | None:
-    """The most rows a step may have and still run its layers as one C call; None where that call is off."""
-    return gemv.MAX_ROWS if decode_backend(decoder, device, dtype).startswith("one C call") else None
+    """The most rows a step may have and still run its layers as one C call; None where that call is off or still
+    compiling (decode_backend's conditions, asked every chunked step: no strings, never waits for a build)."""
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        return None
+    if KERNELS.ready() is None or decode_ops.KERNELS.ready() is None or not gemv.available():
+        return None
+    if not (paged_cpu.ENABLED and paged_cpu.kernel() is not None):
+        return None
+    return gemv.MAX_ROWS if all(layer_struct(layer) is not None for layer in decoder.layers) else None
