@@ -104,7 +104,8 @@ def test_a_large_decode_batch_in_one_c_call_equals_hf(checkpoints, engines, monk
     assert len(reqs) <= gemv.MAX_ROWS
     rows = []
     real_run = decode_layer.run
-    monkeypatch.setattr(decode_layer, "run", lambda layers, norm, x, *a: rows.append(x.shape[0]) or real_run(layers, norm, x, *a))
+    monkeypatch.setattr(decode_layer, "run",
+                        lambda layers, norm, x, *a: rows.append(x.shape[0]) or real_run(layers, norm, x, *a))
     engine.reset_prefix_cache()
     outs = engine.generate(reqs, SamplingParams(max_tokens=6, ignore_eos=True, logprobs=1))
     assert max(rows) == len(reqs)

@@ -187,19 +187,30 @@ def test_the_attention_backend_is_said_as_it_is(checkpoints):
         assert attention.attention_backend("cuda", torch.bfloat16, 256).endswith("(flash-attn not installed)")
 
 
-def test_a_serving_engine_is_out_of_the_cycle_collectors_sight(checkpoints):
+SERVING = {"plain": {}, "async vision": {"async_vision": True, "enable_chunked_prefill": True},  # a vision thread
+           "KV events": {"kv_events": {"enable_kv_cache_events": True, "endpoint": "inproc://kv-frozen"}}}  # a sender
+
+
+@pytest.mark.parametrize("serving", SERVING)
+def test_a_serving_engine_is_out_of_the_cycle_collectors_sight(checkpoints, serving):
     """What exists when an engine starts lives as long as it does: frozen out of the cyclic collector, whose full
-    collections would otherwise walk every module, tensor and tokenizer object (a stall of every stream). Closing
-    it hands everything back, so a closed engine's reference cycles can be collected."""
+    collections would otherwise walk every module, tensor and tokenizer object (a stall of every stream). Frozen
+    objects are never collected as cycles, so a closed engine must be freed by reference counting alone: with the
+    collector off, nothing of it is left once the caller drops it."""
     import gc
-    engine = Engine(EngineConfig(model=checkpoints["qwen2_5_vl"], num_blocks=32))
+    import weakref
+    engine = Engine(EngineConfig(model=checkpoints["qwen2_5_vl"], num_blocks=32, **SERVING[serving]))
+    tracked = {id(o) for o in gc.get_objects()}
+    assert gc.get_freeze_count() > 0
+    assert id(engine.model.decoder) not in tracked and id(engine.model.decoder.layers[0]) not in tracked
+    out = engine.generate(Request(prompt="What is this?", images=[image(64, 48, (200, 30, 30))]),
+                          SamplingParams(max_tokens=4, ignore_eos=True))
+    assert any(o is out for o in gc.get_objects())  # what serving makes stays collectable
+    gone = [weakref.ref(x) for x in (engine, engine.core, engine.loop, engine.model.decoder, engine.core.pool)]
+    gc.disable()
     try:
-        tracked = {id(o) for o in gc.get_objects()}
-        assert gc.get_freeze_count() > 0
-        assert id(engine.model.decoder) not in tracked and id(engine.model.decoder.layers[0]) not in tracked
-        out = engine.generate(Request(prompt="Hello"), SamplingParams(max_tokens=4, ignore_eos=True))
-        assert any(o is out for o in gc.get_objects())  # what serving makes stays collectable
-    finally:
         engine.close()
-    assert gc.get_freeze_count() == 0
-    assert any(o is engine.model.decoder for o in gc.get_objects())
+        del engine
+        assert [ref() for ref in gone] == [None] * len(gone)
+    finally:
+        gc.enable()

@@ -14,8 +14,9 @@ def chunked_rows(engine, check) -> list:
     streams = [Request(prompt=f"Count from one to {n}.", request_id=f"s{n}") for n in (9, 20)]
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     want = engine.generate(long, params).token_ids
-    with engine.isolated(enable_chunked_prefill=True, max_num_batched_tokens=512, max_step_slowdown=DEFAULT_STEP_SLOWDOWN,
-                         event_log_size=50_000, num_blocks=512, block_size=16) as eng, eng.loop.lock:
+    with engine.isolated(enable_chunked_prefill=True, max_num_batched_tokens=512,
+                         max_step_slowdown=DEFAULT_STEP_SLOWDOWN, event_log_size=50_000, num_blocks=512,
+                         block_size=16) as eng, eng.loop.lock:
         core = eng.core
         core.step([eng.make_sequence(r, SamplingParams(max_tokens=400, ignore_eos=True)) for r in streams])
         for _ in range(8):  # decode-only steps: the budget measures them

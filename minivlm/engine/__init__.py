@@ -37,8 +37,10 @@ class Engine:
         self.intake = Intake(self.config, self.model, self.core.num_blocks)
         self.loop = EngineLoop(self.core)
         # what exists now lives as long as the engine: out of the cyclic collector's sight, or every full collection
-        # walks it (transformers' and torch's objects, ~360k on the tiny model: a 230 ms stall of every stream)
-        gc.collect()
+        # walks it (transformers' and torch's objects, ~360k on the tiny model: a 230 ms stall of every stream).
+        # The process's first engine collects everything first; a later one only the young generations (a full
+        # walk would stall the engines already serving).
+        gc.collect(1 if gc.get_freeze_count() else 2)
         gc.freeze()
 
     num_blocks = property(lambda self: self.core.num_blocks)
@@ -67,7 +69,7 @@ class Engine:
         with self.loop.lock:
             self.loop.close()
             self.core.release()
-        gc.unfreeze()  # this engine's reference cycles, if any, become collectable (the next engine freezes again)
+        self.loop.join()  # objects frozen at the start are freed by reference counting only: none may linger
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -166,6 +166,13 @@ class EngineLoop:
         with self.lock, self._lending:
             pass  # pause() returns only once a step in flight, and the tower's slice after it, have ended
 
+    def join(self, timeout: float = 5.0):
+        """After close(): wait for the thread to end, so that nothing of the engine stays referenced by it (its
+        frame holds the loop until it returns). Not from the loop thread itself."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
     def close(self):
         """Abort everything pending and stop the thread."""
         with self.lock:

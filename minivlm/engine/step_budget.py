@@ -4,6 +4,7 @@ engine runs. A fixed budget is right on one machine and wrong on the next (16 to
 2 CPU cores, nothing on a GPU); measuring what a prompt token costs here finds the budget the streams can afford.
 The trade-off it sets is the one of every chunk budget: the smaller the chunks, the longer a new request waits."""
 from collections import defaultdict, deque
+from functools import partial
 from dataclasses import dataclass
 from statistics import median
 
@@ -49,7 +50,8 @@ class AdaptiveTokenBudget:
     def __init__(self, slowdown: float, ceiling: int, floor: int = 1):
         self.slowdown, self.ceiling, self.floor = slowdown, ceiling, floor
         self.decode_s: float | None = None
-        self.extra: dict[int, deque] = defaultdict(lambda: deque(maxlen=self.PER_SIZE))  # chunk size -> extra s
+        # chunk size -> extra s; no lambda over self (a cycle, and an engine's frozen cycles are never collected)
+        self.extra: dict[int, deque] = defaultdict(partial(deque, maxlen=self.PER_SIZE))
         self.decodes: deque = deque(maxlen=self.DECODES)  # recent decode-only step times
         self.seen: set[tuple] = set()  # (decodes, prompt tokens) shapes whose first (setup-paying) step has passed
         self.since_decode = 0  # measured mixed steps since the last measured decode-only step

@@ -1,10 +1,10 @@
-"""A decode step's decoder layers and final norm as one C call (decode_layer.c), on the CPU in fp32 for one to
-gemv.MAX_ROWS sequences: the CPU's counterpart of a captured decode step. The layers' kernels and their order are
-those of the Python path (gemv.c, decode_ops.c, paged_decode.c), so the numbers are the same; what goes is the
-Python between them (about 2 ms of a 13 ms single-stream step on the bench model) and most of the waits between
-the threads. Chunked prefill's mixed steps (decodes and chunks of at most CHUNK_IN_PLACE tokens) run the same way. `prepare` returns None (and the decoder runs layer by
-layer) for anything else: longer prompts, more rows, other dtypes or devices, a kernel not built, or
-MINIVLM_DECODE_LAYER=0."""
+"""A decode step's decoder layers, final norm and logits as one C call (decode_layer.c), on the CPU in fp32 for one
+to gemv.MAX_ROWS sequences: the CPU's counterpart of a captured decode step. The layers' kernels are those of the
+Python path (gemv.c, decode_ops.c, paged_decode.c), so the numbers are the same; what goes is the Python between
+them (about 2 ms of a 13 ms single-stream step on the bench model) and most of the waits between the threads.
+Chunked prefill's mixed steps (decodes and chunks of at most CHUNK_IN_PLACE tokens) run the same way. `prepare`
+returns None (and the decoder runs layer by layer) for anything else: longer prompts, more rows, other dtypes or
+devices, a kernel not built, or MINIVLM_DECODE_LAYER=0."""
 import ctypes
 import os
 from dataclasses import dataclass
