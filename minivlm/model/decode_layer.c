@@ -1,5 +1,5 @@
-/* A decode step's decoder layers and the final norm on the CPU (fp32), in one call and one thread team: with one to
-   sixteen sequences a layer is four small matrix products and a handful of small ops, and calling each from Python
+/* A decode step's decoder layers, final norm and logits on the CPU (fp32), in one call and one thread team: with one
+   to sixteen sequences a layer is four small matrix products and a handful of small ops, and calling each from Python
    cost about as much as the small ops themselves. This runs the same kernels (so the same numbers) as the Python
    path of decoder.py with decode_ops: norm, qkv, RoPE + K/V write, paged attention in place, o, add + norm,
    gate_up, SiLU-and-multiply, down, add. Built by decode_layer.py.
@@ -66,13 +66,6 @@ static void gate_up_silu_team(const float *h, const float *w, float *gu, float *
     }
 }
 
-/* The floats of scratch decode_layers_f32 needs (decode_layer.py allocates them once per step shape). */
-int64_t decode_layers_scratch(const Layer *L, int64_t rows, int threads) {
-    const int64_t width = (L->heads + 2 * L->kv_heads) * L->head_dim;
-    return rows * (width + L->heads * L->head_dim + 3 * L->intermediate + 2 * L->hidden) +
-           (int64_t)threads * 2 * rows * L->hidden;
-}
-
 /* x [rows, hidden]: the step's embeddings in, the final norm of the last layer's output out (in place).
    k_caches / v_caches: each layer's pool; tables / lens: each row's (a chunk's tokens each have their own).
    lm_head [vocab, hidden] (+ bias, or NULL): logits [n_last, vocab] of the rows `last` (each sequence's last token)
@@ -87,7 +80,7 @@ void decode_layers_f32(const Layer *layers, int64_t n_layers, float *x, int64_t 
     const int64_t n = L0->hidden, width = (L0->heads + 2 * L0->kv_heads) * L0->head_dim, inter = L0->intermediate;
     float *qkv = scratch, *attn = qkv + rows * width, *gu = attn + rows * L0->heads * L0->head_dim;
     float *act = gu + rows * 2 * inter, *o_out = act + rows * inter, *down_out = o_out + rows * n;
-    float *mine = down_out + rows * n;  /* per thread: the residual stream, then its norm */
+    float *mine = down_out + rows * n;  /* per thread: the residual stream, then its norm (DecodeStep.scratch_floats) */
     TeamBarrier barrier = {0, 0, 0};
 #pragma omp parallel num_threads(threads)
     {
