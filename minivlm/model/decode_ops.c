@@ -17,20 +17,6 @@ static inline void norm_row(float *y, const float *x, const float *w, int64_t n,
     for (int64_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
 }
 
-/* Each op's `_team` form is a thread's share inside a team already running (decode_layer.c runs a layer in one
-   team; no barrier at the end: the caller waits); its `_f32` form starts a team of its own where the rows are
-   worth one. */
-static void rms_norm_team(float *x, const float *delta, const float *w, float *out, int64_t rows, int64_t n,
-                          float eps) {
-#pragma omp for nowait
-    for (int64_t t = 0; t < rows; t++) {
-        float *xt = x + t * n;
-        if (delta)
-            for (int64_t i = 0; i < n; i++) xt[i] += delta[t * n + i];
-        norm_row(out + t * n, xt, w, n, eps);
-    }
-}
-
 /* One head v [d] in place: its RMSNorm (Qwen3's q_norm / k_norm; none where nw is NULL), then RoPE with one
    token's cos/sin [d] in rotate_half's layout. */
 static inline void rope_head(float *v, const float *c, const float *s, const float *nw, float eps, int64_t d) {
@@ -56,40 +42,34 @@ static inline void rope_store_group(float *r, const float *c, const float *s, co
     memcpy(v_cache + at, r + (heads + kv_heads + kh) * d, d * sizeof(float));
 }
 
+/* x += delta (optional, in place), then out = its norm; rows split over threads where there are enough. */
+void rms_norm_f32(float *x, const float *delta, const float *w, float *out, int64_t rows, int64_t n, float eps,
+                  int threads) {
+#pragma omp parallel for if(rows >= PARALLEL_ROWS) num_threads(threads)
+    for (int64_t t = 0; t < rows; t++) {
+        float *xt = x + t * n;
+        if (delta)
+            for (int64_t i = 0; i < n; i++) xt[i] += delta[t * n + i];
+        norm_row(out + t * n, xt, w, n, eps);
+    }
+}
+
 /* qkv [rows, heads + 2 * kv_heads, d]; cos/sin [rows, d]; q_norm/k_norm [d] or NULL; caches [blocks * block_size,
    kv_heads, d]; slots [rows]: where each row's K/V go. */
-static void rope_store_team(float *qkv, const float *cos, const float *sin, const float *q_norm, const float *k_norm,
-                            float eps, float *k_cache, float *v_cache, const int64_t *slots, int64_t rows,
-                            int64_t heads, int64_t kv_heads, int64_t d) {
-#pragma omp for nowait
+void rope_store_f32(float *qkv, const float *cos, const float *sin, const float *q_norm, const float *k_norm,
+                    float eps, float *k_cache, float *v_cache, const int64_t *slots, int64_t rows, int64_t heads,
+                    int64_t kv_heads, int64_t d, int threads) {
+#pragma omp parallel for if(rows >= PARALLEL_ROWS) num_threads(threads)
     for (int64_t t = 0; t < rows; t++)
         for (int64_t kh = 0; kh < kv_heads; kh++)
             rope_store_group(qkv + t * (heads + 2 * kv_heads) * d, cos + t * d, sin + t * d, q_norm, k_norm, eps,
                              k_cache, v_cache, slots[t], heads, kv_heads, d, kh);
 }
 
-static void silu_mul_team(const float *gate_up, float *out, int64_t rows, int64_t n) {
-#pragma omp for nowait
+void silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n, int threads) {
+#pragma omp parallel for if(rows >= PARALLEL_ROWS) num_threads(threads)
     for (int64_t t = 0; t < rows; t++) {
         const float *g = gate_up + t * 2 * n, *u = g + n;
         for (int64_t i = 0; i < n; i++) out[t * n + i] = g[i] / (1.f + expf(-g[i])) * u[i];
     }
-}
-
-void rms_norm_f32(float *x, const float *delta, const float *w, float *out, int64_t rows, int64_t n, float eps,
-                  int threads) {
-#pragma omp parallel if(rows >= PARALLEL_ROWS) num_threads(threads)
-    rms_norm_team(x, delta, w, out, rows, n, eps);
-}
-
-void rope_store_f32(float *qkv, const float *cos, const float *sin, const float *q_norm, const float *k_norm,
-                    float eps, float *k_cache, float *v_cache, const int64_t *slots, int64_t rows, int64_t heads,
-                    int64_t kv_heads, int64_t d, int threads) {
-#pragma omp parallel if(rows >= PARALLEL_ROWS) num_threads(threads)
-    rope_store_team(qkv, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slots, rows, heads, kv_heads, d);
-}
-
-void silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n, int threads) {
-#pragma omp parallel if(rows >= PARALLEL_ROWS) num_threads(threads)
-    silu_mul_team(gate_up, out, rows, n);
 }

@@ -78,7 +78,7 @@ static inline void gemv_block(const float *x, const float *w, const float *bias,
     }
 }
 
-/* A thread's share, inside a team already running (decode_layer.c runs a layer in one team); no barrier at the
+/* A thread's share, inside a team already running (decode_layer.c runs a whole step in one team); no barrier at the
    end: the caller says when the team waits. */
 static void gemv_team(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out,
                       int64_t in) {

@@ -43,25 +43,15 @@ static inline void attend_group(const float *q, const float *k_cache, const floa
     for (int64_t i = 0; i < group * head_dim; i++) out[i] = acc[i] / l[i / head_dim];
 }
 
-/* A thread's share, inside a team already running (decode_layer.c's); no barrier at the end: the caller waits. */
-static void paged_decode_team(const float *q, int64_t q_row_stride, const float *k_cache, const float *v_cache,
-                              const int64_t *tables, int64_t table_width, const int64_t *lens, float *out,
-                              int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
-                              float scale) {
+void paged_decode_f32(const float *q, int64_t q_row_stride, const float *k_cache, const float *v_cache,
+                      const int64_t *tables, int64_t table_width, const int64_t *lens, float *out,
+                      int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
+                      float scale, int threads) {
     const int64_t group = heads / kv_heads;
-#pragma omp for collapse(2) schedule(dynamic) nowait
+#pragma omp parallel for collapse(2) schedule(dynamic) num_threads(threads)
     for (int64_t b = 0; b < batch; b++)
         for (int64_t kh = 0; kh < kv_heads; kh++)
             attend_group(q + b * q_row_stride + kh * group * head_dim, k_cache, v_cache, tables + b * table_width,
                          lens[b], out + (b * heads + kh * group) * head_dim, group, kh, kv_heads, head_dim,
                          block_size, scale);
-}
-
-void paged_decode_f32(const float *q, int64_t q_row_stride, const float *k_cache, const float *v_cache,
-                      const int64_t *tables, int64_t table_width, const int64_t *lens, float *out,
-                      int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
-                      float scale, int threads) {
-#pragma omp parallel num_threads(threads)
-    paged_decode_team(q, q_row_stride, k_cache, v_cache, tables, table_width, lens, out, batch, heads, kv_heads,
-                      head_dim, block_size, scale);
 }
