@@ -33,7 +33,7 @@ class EngineConfig:
     async_vision: bool = False      # run the vision tower on its own thread, overlapping the running requests' steps
     max_images_per_request: int = 8
     cpu_memory_budget_bytes: int = 2 * 2**30
-    event_log_size: int = 20_000    # events kept in the ring log, about 400 bytes each (0 = no event log)
+    event_log_size: int = 20_000    # events kept in the ring log, packed: ~800 bytes each (0 = no event log)
     kv_events: KVEventsConfig | dict | str | None = None  # vLLM's --kv-events-config (docs/KV_EVENTS.md)
     enforce_eager: bool = False     # vLLM's name: no fused C decode paths, every layer in PyTorch ops (comparisons)
 

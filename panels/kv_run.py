@@ -55,6 +55,7 @@ class Run:
         self.start_seq = snap.last_event_seq
         self.start_step = snap.step  # the frame before the run's first arrival
         self.threads: list[threading.Thread] = []
+        self.fetched, self.fetch_lock = [], threading.Lock()  # the events read so far (all_events)
         self.errors: list[str] = []
         self.aborted = False  # a launched request was cut off
         self.touched = time.monotonic()
@@ -86,8 +87,16 @@ class Run:
         return self.busy() or time.monotonic() - self.settled_at < grace
 
     def all_events(self):
-        """The events replay needs: after the base, or the whole log when the run began on a busy engine."""
-        return self.engine.events(self.base.last_event_seq if self.base else 0)
+        """The events replay needs: after the base, or the whole log when the run began on a busy engine. Kept
+        as fetched, so a poll rebuilds only the events logged since the last one (the log packs its events)."""
+        with self.fetch_lock:
+            after = self.fetched[-1].seq if self.fetched else self.base.last_event_seq if self.base else 0
+            new = self.engine.events(after)
+            if new and new[0].seq != after + 1:  # the ring dropped some since the last poll: what it still holds
+                self.fetched = self.engine.events(self.base.last_event_seq if self.base else 0)
+            else:
+                self.fetched = (self.fetched + new)[-self.engine.config.event_log_size:]  # no more than the ring
+            return list(self.fetched)
 
     def frame(self, events, step: int):
         """The KV state after `step`, replayed from events alone."""

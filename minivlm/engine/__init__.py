@@ -8,7 +8,7 @@ import torch
 from minivlm.views.anatomy import build_anatomy
 from minivlm.config import EngineConfig
 from minivlm.engine.core import EngineCore
-from minivlm.engine.event_log import EngineEvent, to_jsonl
+from minivlm.engine.event_log import EngineEvent, to_jsonl, unpack
 from minivlm.engine.intake import Intake
 from minivlm.loader import LoadedModel
 from minivlm.engine.loop import EngineLoop
@@ -139,8 +139,9 @@ class Engine:
     # ---- the event log ----------------------------------------------------------------------------------
     def events(self, since: int = 0) -> list[EngineEvent]:
         """The decisions logged after event `since` (EngineEvent.seq > since), in order; see minivlm.engine.event_log and minivlm.views.events."""
-        with self.loop.lock:
-            return self.core.events.since(since)
+        with self.loop.lock:  # copy the packed records only: the steps wait for the copy, not for the rebuild
+            records = self.core.events.records_since(since)
+        return unpack(records)
 
     def events_jsonl(self, since: int = 0) -> str:
         """The same events, one JSON object per line."""

@@ -54,9 +54,9 @@ class KVEventPublisher:
         events = core.events
         if events.last_seq == self.seen:
             return
-        new = events.newer_than(self.seen)
-        if events.last_seq - self.seen > len(new):
+        if events.last_seq - self.seen > len(events.ring):
             self.stats["log_overflow"] += 1  # one step logged more than the ring holds: the batch is incomplete
+        new = events.newer_than(self.seen, kinds=("BlockStored", "BlockRemoved", "AllBlocksCleared"))
         self.seen = events.last_seq
         records = []
         for ev in new:
