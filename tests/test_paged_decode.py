@@ -66,9 +66,9 @@ def test_peaked_attention_equals_plain_attention():
     torch.testing.assert_close(got, plain_attention(q, contexts, 64 ** -0.5), atol=1e-5, rtol=1e-5)
 
 
-def decode_step_allocations(lens, block_size=16, kv_heads=2, heads=12, d=64):
+def decode_step_allocations(lens, block_size=16, kv_heads=2, heads=12, d=64, spare_blocks=400):
     """Bytes allocated and ops run by one layer's decode attention (write the new K/V, attend) at these lengths."""
-    k_cache, v_cache, tables, _ = pool_with_contexts(lens, block_size, kv_heads, d, spare_blocks=400)
+    k_cache, v_cache, tables, _ = pool_with_contexts(lens, block_size, kv_heads, d, spare_blocks=spare_blocks)
     b = len(lens)
     q, k, v = torch.randn(b, heads, d), torch.randn(b, kv_heads, d), torch.randn(b, kv_heads, d)
     slots = torch.tensor([tables[i, (n - 1) // block_size] * block_size + (n - 1) % block_size for i, n in enumerate(lens)])

@@ -48,7 +48,8 @@ class Engine:
     device = property(lambda self: self.model.device)
     model_type = property(lambda self: self.model.model_type)
     family = property(lambda self: self.model.family)  # minivlm.families.Family: how this model takes images
-    attention_backend = property(lambda self: attention_backend(self.device, self.model.dtype, self.config.block_size))
+    attention_backend = property(lambda self: attention_backend(self.device, self.model.dtype, self.config.block_size,
+                                                                self.core.runner.flex_status()))
     linear_backend = property(lambda self: linear_backend(self.model.decoder))  # the decoder's matrix products
     decode_backend = property(lambda self: "PyTorch ops (enforce_eager)" if self.config.enforce_eager else
                               decode_backend(self.model.decoder, self.device, self.model.dtype))

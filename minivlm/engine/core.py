@@ -13,7 +13,9 @@ from minivlm.engine.event_log import EventLog
 from minivlm.image_layout import runs
 from minivlm.engine.kv_pool import KVPool
 from minivlm.loader import LoadedModel
+from minivlm.model.attention import CHUNK_IN_PLACE
 from minivlm.model.decode_layer import one_call_rows
+from minivlm.model.paged_flex import most_queries
 from minivlm.engine.output_processor import OutputProcessor
 from minivlm.engine.outputs import StreamEvent
 from minivlm.engine.plan import ScheduledRequest, StepOutcome, StepPlan
@@ -41,7 +43,9 @@ class EngineCore:
         self.scheduler = Scheduler(self.block_manager, config, self.events)
         self.snapshots = SnapshotBuilder(self.block_manager)
         self.vision_cache = VisionCache(config.vision_cache_bytes)
-        self.runner = ModelRunner(model, self.pool.kv_cache, config.block_size, self.vision_cache, config.enforce_eager)
+        self.runner = ModelRunner(model, self.pool.kv_cache, config.block_size, self.vision_cache, config.enforce_eager,
+                                  max_queries=most_queries(config.max_num_seqs, config.enable_chunked_prefill,
+                                                           config.max_num_batched_tokens, CHUNK_IN_PLACE))
         # with the adaptive budget the tower runs in the time each step leaves of its allowance; else beside the steps
         self.vision_worker = VisionWorker(model.vision, sliced=config.max_step_slowdown is not None) \
             if config.async_vision and model.vision is not None else None

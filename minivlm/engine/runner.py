@@ -2,6 +2,7 @@
 flat inputs, then one token per sampling request. It reads no request state: all it needs is in the plan."""
 import torch
 
+from minivlm.model import attention, paged_flex
 from minivlm.model.attention import AttentionMetadata
 from minivlm.engine.plan import EncodeJob, ScheduledRequest, StepPlan
 from minivlm.engine.sampler import sample, top_logprobs
@@ -12,12 +13,24 @@ MAX_TOWER_ROWS = 16384  # pixel rows (Qwen's patches, or tiles) in one tower cal
 
 class ModelRunner:
     def __init__(self, model, kv_cache: torch.Tensor, block_size: int, vision_cache: VisionCache,
-                 eager: bool = False):
+                 eager: bool = False, max_queries: int = 16):
         self.decoder, self.vision, self.device = model.decoder, model.vision, model.device
         self.eager = eager  # EngineConfig.enforce_eager: the decoder's PyTorch-ops path only
         self.kv_caches = [(kv_cache[0, i], kv_cache[1, i]) for i in range(kv_cache.shape[1])]
         self.block_size = block_size
         self.vision_cache = vision_cache
+        self.flex_warmup = None  # the thread compiling FlexAttention for this pool (paged_flex), where it applies
+        if not eager and attention.flex_wanted(self.device, model.dtype, block_size):
+            cfg, (k, v) = model.text_config, self.kv_caches[0]
+            self.flex_warmup = paged_flex.warm_async(k, v, cfg.num_attention_heads, cfg.head_dim ** -0.5,
+                                                     max_queries, block_size)
+
+    def flex_status(self) -> str | None:
+        """FlexAttention's state for this pool ("compiling 2/6", "ready", "failed: ..."), or None where it does not
+        apply (the CPU's C kernel, flash-attn, enforce_eager)."""
+        if self.flex_warmup is None:
+            return None
+        return paged_flex.describe(self.kv_caches[0][0], self.decoder.layers[0].self_attn.heads)
 
     @staticmethod
     def _pixels(images, pixel_values, pixel_mask, todo: list[int]) -> tuple[torch.Tensor, object]:

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from minivlm.model import paged_cpu
+from minivlm.model import paged_cpu, paged_flex
 
 try:  # optional on CUDA: flash-attn's paged kernels (flash-attn 2 needs pages of a multiple of 256 tokens)
     from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
@@ -30,6 +30,7 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # built by the first layer of a decode step, reused by the others
     parts: list | None = None  # mixed steps: [(token rows, metadata of those sequences)] for decodes, then prefills
     token_queries: tuple | None = None  # short chunks: (block table, length) of every token, built by the 1st layer
+    flex_mask: object = None  # FlexAttention's block mask of this step's queries, built by the first layer
 
     @classmethod
     def build(cls, slots, q_lens: list[int], ctx_lens: list[int], tables: torch.Tensor, block_size: int, device):
@@ -75,7 +76,7 @@ def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: f
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     if use_flash_attn(q, meta):
         return _flash(q, k_cache, v_cache, meta, scale)
-    if meta.is_prefill and max(meta.q_lens) <= CHUNK_IN_PLACE and paged_cpu.available(q):
+    if meta.is_prefill and max(meta.q_lens) <= CHUNK_IN_PLACE and in_place_available(q, k_cache):
         return _every_token_in_place(q, k_cache, v_cache, meta, scale)
     if meta.parts:  # mixed: decodes batched, prefill chunks each on their own
         out = torch.empty_like(q)
@@ -91,7 +92,8 @@ def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: f
 def _prefill(q, k, v, k_cache, v_cache, meta, scale):
     outs, start = [], 0
     for i, (q_len, ctx) in enumerate(zip(meta.q_lens, meta.ctx_lens)):
-        if ctx > q_len and q_len <= CHUNK_IN_PLACE and paged_cpu.available(q):  # a short chunk after cached tokens
+        short = q_len <= CHUNK_IN_PLACE and in_place_available(q[:q_len], k_cache)
+        if ctx > q_len and short:  # a short chunk after cached tokens
             outs.append(_chunk_in_place(q[start:start + q_len], k_cache, v_cache, meta.block_tables[i], ctx, scale))
             start += q_len
             continue
@@ -116,14 +118,14 @@ def _chunk_in_place(q, k_cache, v_cache, table, ctx: int, scale: float) -> torch
     """A prefill chunk's attention read in place: its K/V are already in the pool, so each of its q_len tokens is
     a decode query over the first (its position + 1) tokens of the same block table (causal, no context copy)."""
     q_len = q.shape[0]
-    lens = torch.arange(ctx - q_len + 1, ctx + 1)
-    return paged_cpu.paged_decode(q, k_cache, v_cache, table[None].expand(q_len, -1), lens, scale)
+    lens = torch.arange(ctx - q_len + 1, ctx + 1, device=q.device)
+    return in_place(q, k_cache, v_cache, table[None].expand(q_len, -1), lens, scale)
 
 
 def _every_token_in_place(q, k_cache, v_cache, meta, scale) -> torch.Tensor:
     """A step of decodes and short chunks (chunked prefill's mixed steps) as one in-place call: every new token is a
     decode query over its own sequence's tokens up to itself, since the step's K/V are already written."""
-    return paged_cpu.paged_decode(q, k_cache, v_cache, *token_queries(meta), scale)
+    return in_place(q, k_cache, v_cache, *token_queries(meta), scale, meta)
 
 
 def token_queries(meta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,15 +134,29 @@ def token_queries(meta) -> tuple[torch.Tensor, torch.Tensor]:
     if meta.token_queries is None:
         q_lens = torch.tensor(meta.q_lens, device=meta.block_tables.device)
         tables = meta.block_tables.repeat_interleave(q_lens, dim=0)
-        lens = torch.cat([torch.arange(c - n + 1, c + 1) for n, c in zip(meta.q_lens, meta.ctx_lens)])
+        lens = torch.cat([torch.arange(c - n + 1, c + 1) for n, c in zip(meta.q_lens, meta.ctx_lens)]).to(
+            meta.block_tables.device)
         meta.token_queries = (tables, lens)
     return meta.token_queries
 
 
 def _decode(q, k_cache, v_cache, meta, scale):
-    if paged_cpu.available(q):  # in place: no copy of any context (paged_decode.c)
-        return paged_cpu.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.ctx_lens_t, scale)
+    if in_place_available(q, k_cache):  # no copy of any context
+        return in_place(q, k_cache, v_cache, meta.block_tables, meta.ctx_lens_t, scale, meta)
     return gathered_decode(q, k_cache, v_cache, meta, scale)
+
+
+def in_place_available(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether len(q) one-token queries can read the pool in place now: the C kernel (CPU, fp32), or FlexAttention
+    compiled for this pool and query count (paged_flex: CUDA, or wherever MINIVLM_FLEX names)."""
+    return paged_cpu.available(q) or paged_flex.ready(q, k_cache)
+
+
+def in_place(q, k_cache, v_cache, tables, lens, scale: float, meta=None) -> torch.Tensor:
+    """Every query [n, heads, d] over the first lens[i] tokens of tables[i], read where they lie in the pool."""
+    if paged_cpu.available(q):
+        return paged_cpu.paged_decode(q, k_cache, v_cache, tables, lens, scale)
+    return paged_flex.paged_attention(q, k_cache, v_cache, tables, lens, scale, meta)
 
 
 def gathered_decode(q, k_cache, v_cache, meta, scale):
@@ -163,26 +179,43 @@ def gathered_decode(q, k_cache, v_cache, meta, scale):
     return o.reshape(bsz, heads, d)
 
 
-def attention_backend(device, dtype, block_size: int) -> str:
-    """Which decode attention an engine on this device, dtype and block size runs, in words (the status line)."""
-    if torch.device(device).type == "cpu" and dtype == torch.float32 and paged_cpu.ENABLED and paged_cpu.kernel():
+def attention_backend(device, dtype, block_size: int, flex: str | None = None) -> str:
+    """Which decode attention an engine on this device, dtype and block size runs, in words (the status line).
+    flex: its pool's FlexAttention status (paged_flex.describe), where that path was started."""
+    kind = torch.device(device).type
+    if kind == "cpu" and dtype == torch.float32 and paged_cpu.ENABLED and paged_cpu.kernel():
         return "in-place paged decode (C kernel over the block tables); prefill: SDPA"
-    if flash_attn_with_kvcache is None or torch.device(device).type != "cuda":
-        why = ""
-        if torch.device(device).type == "cuda":
-            why = " (flash-attn not installed)"
-        elif torch.device(device).type == "cpu":
-            why = " (in-place kernel: " + ("fp32 only" if dtype != torch.float32 else "off, MINIVLM_PAGED_CPU=0"
-                                           if not paged_cpu.ENABLED else paged_cpu.error) + ")"
-        return "SDPA over gathered blocks" + why
-    if dtype not in (torch.float16, torch.bfloat16) or block_size % 256:
-        return "SDPA over gathered blocks (flash-attn's paged kernel needs fp16/bf16 and a block size that is a multiple of 256)"
-    return "flash-attn paged kernels"
+    if flash_applies(device, dtype, block_size):
+        return "flash-attn paged kernels"
+    if flex == "ready":
+        return "in-place paged decode (FlexAttention over the block tables, compiled); prefill: SDPA"
+    if flex is not None:
+        return f"SDPA over gathered blocks (FlexAttention in place: {flex})"
+    why = ""
+    if kind == "cuda":
+        why = (" (flash-attn not installed)" if flash_attn_with_kvcache is None else
+               " (flash-attn's paged kernel needs fp16/bf16 and a block size that is a multiple of 256)")
+    elif kind == "cpu":
+        why = " (in-place kernel: " + ("fp32 only" if dtype != torch.float32 else "off, MINIVLM_PAGED_CPU=0"
+                                       if not paged_cpu.ENABLED else paged_cpu.error) + ")"
+    return "SDPA over gathered blocks" + why
+
+
+def flex_wanted(device, dtype, block_size: int) -> bool:
+    """FlexAttention is this engine's in-place path: enabled for the device (paged_flex.DEVICES), and neither the
+    C kernel nor flash-attn serves it."""
+    return (paged_flex.enabled(device) and not flash_applies(device, dtype, block_size)
+            and not paged_cpu.available(torch.empty(0, dtype=dtype, device=device)))
+
+
+def flash_applies(device, dtype, block_size: int) -> bool:
+    """flash-attn's paged kernels serve this engine: CUDA, fp16/bf16, pages of a multiple of 256 tokens."""
+    return (FLASH_ATTN_ENABLED and flash_attn_with_kvcache is not None and torch.device(device).type == "cuda"
+            and dtype in (torch.float16, torch.bfloat16) and block_size % 256 == 0)
 
 
 def use_flash_attn(q: torch.Tensor, meta: AttentionMetadata) -> bool:
-    return (FLASH_ATTN_ENABLED and flash_attn_with_kvcache is not None and q.is_cuda
-            and q.dtype in (torch.float16, torch.bfloat16) and meta.block_size % 256 == 0)
+    return flash_applies(q.device, q.dtype, meta.block_size)
 
 
 def _flash(q, k_cache, v_cache, meta, scale):
