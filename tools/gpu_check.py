@@ -7,8 +7,8 @@ Checks: (1) engine vs HF parity for all three families in fp32 and bf16, and the
 fresh scenes vs HF generate; (2) random checkpoints with Qwen2.5-VL-3B's and -7B's exact dimensions (built
 here, on the device): memory_report() vs the CUDA allocator, KV pool sized from free memory staying under
 gpu_memory_utilization at a full prefill peak, memory returned on close() (3B, then 7B); (3) flash-attn's
-paged path at block_size 256 vs SDPA over gathered blocks, tokens/s of both, and chunked prefill under the
-adaptive token budget (tokens equal unchunked, the chunk sizes it chose); (4) last, with the time left,
+paged path at block_size 256 vs SDPA over gathered blocks, FlexAttention in place at block_size 16 (its background
+compile time) vs SDPA over gathered blocks, tokens/s of each, and chunked prefill under the adaptive token budget (tokens equal unchunked, the chunk sizes it chose); (4) last, with the time left,
 `python -m bench --device cuda --dtype bfloat16` on the 3B-dimension checkpoint. A part that cannot run says why
 in the table.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
-from minivlm.model import attention
+from minivlm.model import attention, paged_flex
 from minivlm.processor import load_processor
 from tools.gpu_chunked import chunked_rows
 from tools.gpu_memory import PRESETS, build_real_checkpoint, free_device, memory_checks
@@ -166,16 +166,19 @@ def decode_tokens_per_s(engine, request: Request, tokens: int = 64) -> float:
     return decode_rate([time.perf_counter() for _ in engine.stream(request, params, snapshots=False)])
 
 
-def attention_run(engine, flash: bool):
-    """Outputs of 4 image requests, and single-stream decode tokens/s, with or without flash-attn's kernels."""
+def attention_run(engine, flash: bool, flex: bool = False):
+    """Outputs of 4 image requests, and single-stream decode tokens/s, with or without flash-attn's kernels and
+    FlexAttention's in-place path (paged_flex; once compiled, it serves the engine's device unless switched off)."""
+    devices = set(paged_flex.DEVICES)
     attention.FLASH_ATTN_ENABLED = flash
+    paged_flex.DEVICES = devices | {engine.device.type} if flex else devices - {engine.device.type}
     try:
         requests = parity_requests()[:2] * 2
         engine.reset_prefix_cache()
         outs = engine.generate(requests, SamplingParams(max_tokens=24, ignore_eos=True, logprobs=1))
         return outs, decode_tokens_per_s(engine, requests[0])
     finally:
-        attention.FLASH_ATTN_ENABLED = True
+        attention.FLASH_ATTN_ENABLED, paged_flex.DEVICES = True, devices
 
 
 def compare_outputs(a, b) -> tuple[int, int, float]:
@@ -204,11 +207,12 @@ def check_attention(device: str, work: str) -> list[Check]:
 
 def attention_rows(engine, small_blocks, dtype: str) -> list[Check]:
     tol = 1e-4 if dtype == "float32" else 2e-2
-    small, _ = attention_run(small_blocks, flash=False)
+    small, small_rate = attention_run(small_blocks, flash=False)
     sdpa, sdpa_rate = attention_run(engine, flash=False)
     same, n, worst = compare_outputs(small, sdpa)
     rows = [Check("attention", "SDPA over gathered blocks: block_size 256 vs 16", "pass" if worst <= tol else "FAIL",
                   f"tokens equal {same}/{n}; max |dlogprob| {worst:.2e} (limit {tol:g})")]
+    rows += flex_rows(small_blocks, small, small_rate, tol)
     if attention.flash_attn_with_kvcache is None:
         why = ("flash-attn is not installed: PyPI has no binary wheel (source only, a long nvcc build), so carry a "
                "wheel built for this torch/CUDA" if engine.device.type == "cuda" else "flash-attn runs on CUDA only")
@@ -222,6 +226,28 @@ def attention_rows(engine, small_blocks, dtype: str) -> list[Check]:
     rows.append(Check("attention", "single-stream decode: flash-attn vs SDPA", "info",
                       f"{flash_rate:.1f} vs {sdpa_rate:.1f} tok/s ({flash_rate / sdpa_rate:.2f}x)"))
     return rows
+
+
+def flex_rows(engine, gathered, gathered_rate: float, tol: float) -> list[Check]:
+    """FlexAttention in place at block_size 16 (the default) against SDPA over gathered blocks on the same engine:
+    its compile (on the engine's background thread), outputs and single-stream decode rate."""
+    warmup = engine.core.runner.flex_warmup
+    if warmup is None:
+        return [Check("attention", "FlexAttention in place (block 16)", "skip", engine.attention_backend)]
+    warmup.join(timeout=240)
+    state = engine.core.runner.flex_status()
+    if state != "ready":
+        return [Check("attention", "FlexAttention in place (block 16)", "FAIL", f"not ready after 240 s: {state}")]
+    pool = paged_flex._pool_key(engine.core.runner.kv_caches[0][0], engine.model.text_config.num_attention_heads)
+    flex, rate = attention_run(engine, flash=False, flex=True)
+    same, n, worst = compare_outputs(gathered, flex)
+    state = engine.core.runner.flex_status()  # a bucket that failed its first-use check says so here
+    return [Check("attention", "FlexAttention in place vs SDPA gathered (block 16)",
+                  "pass" if worst <= tol and state == "ready" else "FAIL",
+                  f"tokens equal {same}/{n}; max |dlogprob| {worst:.2e} (limit {tol:g}); status {state}"),
+            Check("attention", "FlexAttention: compile, single-stream decode", "info",
+                  f"compiled in {paged_flex.compile_s.get(pool, float('nan')):.1f} s on a background thread; "
+                  f"{rate:.1f} vs {gathered_rate:.1f} tok/s gathered ({rate / gathered_rate:.2f}x)")]
 
 
 # ---- (4) the bench -------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ shape, so the queries of a call are padded to a few bucket sizes, compiled on a 
 starts (until its bucket is ready a step gathers blocks as before) and checked against gathering on first use."""
 import os
 import threading
+import time
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -22,6 +23,7 @@ _compiled: list = []  # [torch.compile(flex_attention)], made on first use
 _ready: set[tuple] = set()  # shape keys (see _key) compiled
 _checked: set[tuple] = set()  # and checked against gathering on a real step
 status: dict[tuple, str] = {}  # pool key -> "compiling 2/6" | "ready" | "failed: ..." (the status line)
+compile_s: dict[tuple, float] = {}  # pool key -> seconds its buckets took to compile
 
 
 def enabled(device) -> bool:
@@ -50,7 +52,7 @@ def _key(k_cache: torch.Tensor, heads: int, n: int) -> tuple:
 
 def ready(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether n = len(q) queries over this pool run compiled now (never compiles here: a step must not wait)."""
-    return bool(_ready) and _key(k_cache, q.shape[1], q.shape[0]) in _ready
+    return bool(_ready) and q.device.type in DEVICES and _key(k_cache, q.shape[1], q.shape[0]) in _ready
 
 
 def block_mask(tables: torch.Tensor, lens: torch.Tensor, num_blocks: int, block_size: int, rows: int) -> BlockMask:
@@ -152,7 +154,7 @@ def warm(k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, scale: float,
     `ready` as it is done. Returns the status."""
     pool = _pool_key(k_cache, heads)
     sizes = [b for b in BUCKETS if b < 2 * max(most, 1)][:len(BUCKETS)] or [BUCKETS[0]]
-    dev = k_cache.device
+    dev, start = k_cache.device, time.perf_counter()
     try:
         for i, size in enumerate(sizes):
             status[pool] = f"compiling {i + 1}/{len(sizes)}"
@@ -161,7 +163,7 @@ def warm(k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, scale: float,
             q = torch.randn(size, heads, k_cache.shape[-1], device=dev, dtype=k_cache.dtype)
             attend(q, k_cache, v_cache, block_mask(tables, lens, k_cache.shape[0], block_size, size), scale)
             _ready.add(pool + (size,))
-        status[pool] = "ready"
+        status[pool], compile_s[pool] = "ready", time.perf_counter() - start
     except Exception as e:  # no compiler for this device: the engine keeps gathering, and says why
         status[pool] = f"failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
     return status[pool]
