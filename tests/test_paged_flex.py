@@ -13,6 +13,11 @@ from tests.test_paged_decode import decode_step_allocations, plain_attention, po
 from tests.test_parity import check_against_hf, requests
 
 
+@pytest.fixture(autouse=True)
+def flex_serves_the_cpu(monkeypatch):
+    monkeypatch.setattr(paged_flex, "DEVICES", {"cpu"})
+
+
 @pytest.mark.parametrize("block_size,heads,kv_heads,d,lens", [
     (16, 12, 2, 64, [1, 15, 16, 17, 300, 1584]),  # the bench model's heads; partial and exact last blocks
     (8, 4, 4, 32, [9, 64, 1]),                     # no grouping (MHA), another block size
@@ -54,7 +59,6 @@ def test_a_compiled_kernel_that_disagrees_on_first_use_is_dropped(monkeypatch):
 def flex_on_cpu(monkeypatch):
     """The engine as on CUDA: no C kernels, FlexAttention for the in-place reads."""
     monkeypatch.setattr(paged_cpu, "ENABLED", False)
-    monkeypatch.setattr(paged_flex, "DEVICES", {"cpu"})
 
 
 def test_an_engine_on_flex_attention_serves_while_compiling_then_matches_hf(checkpoints, flex_on_cpu, monkeypatch):

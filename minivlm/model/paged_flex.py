@@ -66,11 +66,10 @@ def block_mask(tables: torch.Tensor, lens: torch.Tensor, num_blocks: int, block_
     tables_p = torch.zeros(rows, width, dtype=torch.int64, device=dev)
     tables_p[:n] = tables
     blocks = (lens_p + block_size - 1) // block_size
-    cols = torch.arange(width, device=dev).expand(rows, width)
-    valid = cols < blocks[:, None]
-    logical = torch.full((rows, num_blocks), -1, dtype=torch.int32, device=dev)
-    logical[torch.arange(rows, device=dev)[:, None].expand(rows, width)[valid], tables_p[valid]] = \
-        cols[valid].to(torch.int32)
+    cols = torch.arange(width, device=dev, dtype=torch.int32).expand(rows, width)
+    unused = torch.full_like(tables_p, num_blocks)  # a table's padding goes to a spare column, dropped after
+    logical = torch.full((rows, num_blocks + 1), -1, dtype=torch.int32, device=dev)
+    logical = logical.scatter_(1, torch.where(cols < blocks[:, None], tables_p, unused), cols)[:, :num_blocks]
     full = torch.zeros(rows, 1, 1, num_blocks, dtype=torch.int32, device=dev)
     full[:, 0, 0, :width] = tables_p
     last = torch.zeros(rows, 1, 1, num_blocks, dtype=torch.int32, device=dev)
