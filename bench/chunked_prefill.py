@@ -144,7 +144,7 @@ def measure(ctx, budget: int | None = None, slowdown: float = DEFAULT_STEP_SLOWD
     gaps = {name: [] for name in runs}
     waits = {name: [] for name in runs}  # each arrival's time from submission to its answer
     refs = {name: [] for name in runs}   # per round: the steady ITL at the positions the run covered
-    floors = {name: [] for name in runs}  # and the steady streams' own p99 / p50 there: the machine's noise floor
+    floors = {name: [] for name in runs}  # and the steady streams' own p99 / p50 there: the row without arrivals
     steady_gaps = []
     same = True
     try:
@@ -191,7 +191,8 @@ def measure(ctx, budget: int | None = None, slowdown: float = DEFAULT_STEP_SLOWD
         steady = ref_ms[on]
         return Row(metric, a, b, "ms", b / a, "chunked p99 <= 2x steady ITL", a <= 2 * steady,
                    f"chunked p99 / steady ITL at the same positions ({steady:.1f} ms) = {a / steady:.1f}; the steady "
-                   f"streams' own p99 there is {floor[on]:.2f}x their p50 (no arrivals: the machine's noise floor)")
+                   f"streams' own p99 there is {floor[on]:.2f}x their p50 (what the row reads with no arrival: the "
+                   f"context's growth and the machine's noise)")
     return [row("ITL p50, 8 streams + 448² arrivals: chunked + async vision vs whole prefill", 0,
                 "chunked, async vision", "whole", goal=False),
             row("ITL p99, 8 streams + 448² arrivals: chunked + async vision vs whole prefill", 1,
