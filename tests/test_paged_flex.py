@@ -3,6 +3,7 @@ checked here on the CPU, where inductor compiles the same code: the same numbers
 (partial and exact last blocks, shared blocks, grouped heads, padded queries); an engine on it equals HF and copies
 no context; it serves by gathering while it compiles; a compiled kernel that disagrees on first use is dropped."""
 import threading
+import weakref
 
 import pytest
 import torch
@@ -52,7 +53,7 @@ def test_a_compiled_kernel_that_disagrees_on_first_use_is_dropped(monkeypatch):
     got = paged_flex.paged_attention(q, k_cache, v_cache, tables, torch.tensor(lens), 0.25)
     torch.testing.assert_close(got, plain_attention(q, contexts, 0.25), atol=1e-5, rtol=1e-5)
     assert not paged_flex.ready(q, k_cache)
-    assert paged_flex.describe(k_cache, 4).startswith("failed: 16 queries differ by 5.00e-01")
+    assert paged_flex.status[paged_flex.pool_key(k_cache, 4)].startswith("failed: 16 queries differ by 5.00e-01")
 
 
 @pytest.fixture
@@ -100,3 +101,16 @@ def test_flex_decode_attention_copies_no_context(flex_on_cpu):
     gathered, ops = decode_step_allocations(lens)
     assert gathered >= context_bytes and "aten::index_select" in ops
     assert not attention.in_place_available(torch.zeros(8, 12, 64), k_cache)
+
+
+def test_closing_an_engine_stops_its_compile_and_frees_the_pool(checkpoints, flex_on_cpu):
+    """The compile thread holds the pool while it runs: close() stops it after its current bucket and waits, so
+    the pool's memory goes back at close (on a GPU, what gpu_check's memory part measures)."""
+    engine = Engine(EngineConfig(model=checkpoints["qwen2_5_vl"], device="cpu", num_blocks=64, max_num_seqs=4,
+                                 enable_chunked_prefill=True))  # up to 64 queries a call: three buckets to compile
+    pool, key = weakref.ref(engine.core.pool.kv_cache), engine.core.runner.flex_key
+    engine.close()
+    assert not engine.core.runner.flex_warmup.is_alive()
+    assert paged_flex.status[key].startswith("stopped after ") and paged_flex.status[key].endswith("of 3: the engine closed")
+    assert engine.attention_backend.startswith("SDPA over gathered blocks (FlexAttention in place: stopped after")
+    assert pool() is None

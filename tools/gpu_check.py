@@ -238,7 +238,7 @@ def flex_rows(engine, gathered, gathered_rate: float, tol: float) -> list[Check]
     state = engine.core.runner.flex_status()
     if state != "ready":
         return [Check("attention", "FlexAttention in place (block 16)", "FAIL", f"not ready after 240 s: {state}")]
-    pool = paged_flex._pool_key(engine.core.runner.kv_caches[0][0], engine.model.text_config.num_attention_heads)
+    pool = engine.core.runner.flex_key
     flex, rate = attention_run(engine, flash=False, flex=True)
     same, n, worst = compare_outputs(gathered, flex)
     state = engine.core.runner.flex_status()  # a bucket that failed its first-use check says so here

@@ -292,7 +292,7 @@ class EngineCore:
     def release(self):
         """Drop the KV pool now, not whenever the engine is collected."""
         self.pool.release()
-        self.runner.kv_caches = None
+        self.runner.release()
         if self.kv_publisher is not None:
             self.kv_publisher.close()  # frees its endpoint for the engine that replaces this one
         if self.vision_worker is not None:

@@ -1,5 +1,7 @@
 """Executes a step plan: the vision tower for the plan's images, the decoder over the paged KV cache on the plan's
 flat inputs, then one token per sampling request. It reads no request state: all it needs is in the plan."""
+import threading
+
 import torch
 
 from minivlm.model import attention, paged_flex
@@ -19,18 +21,25 @@ class ModelRunner:
         self.kv_caches = [(kv_cache[0, i], kv_cache[1, i]) for i in range(kv_cache.shape[1])]
         self.block_size = block_size
         self.vision_cache = vision_cache
-        self.flex_warmup = None  # the thread compiling FlexAttention for this pool (paged_flex), where it applies
+        self.flex_warmup = self.flex_key = None  # FlexAttention compiling for this pool (paged_flex), where it applies
+        self.flex_stop = threading.Event()
         if not eager and attention.flex_wanted(self.device, model.dtype, block_size):
             cfg, (k, v) = model.text_config, self.kv_caches[0]
+            self.flex_key = paged_flex.pool_key(k, cfg.num_attention_heads)
             self.flex_warmup = paged_flex.warm_async(k, v, cfg.num_attention_heads, cfg.head_dim ** -0.5,
-                                                     max_queries, block_size)
+                                                     max_queries, block_size, self.flex_stop)
 
     def flex_status(self) -> str | None:
         """FlexAttention's state for this pool ("compiling 2/6", "ready", "failed: ..."), or None where it does not
         apply (the CPU's C kernel, flash-attn, enforce_eager)."""
-        if self.flex_warmup is None:
-            return None
-        return paged_flex.describe(self.kv_caches[0][0], self.decoder.layers[0].self_attn.heads)
+        return None if self.flex_key is None else paged_flex.status.get(self.flex_key)
+
+    def release(self):
+        """Let go of the pool: a compile in progress stops after its bucket (it holds the pool while it runs)."""
+        self.kv_caches = None
+        if self.flex_warmup is not None:
+            self.flex_stop.set()
+            self.flex_warmup.join()
 
     @staticmethod
     def _pixels(images, pixel_values, pixel_mask, todo: list[int]) -> tuple[torch.Tensor, object]:

@@ -42,12 +42,12 @@ def most_queries(max_num_seqs: int, chunked: bool, max_num_batched_tokens: int, 
     return max(most, min(max_num_batched_tokens, chunk_in_place * max_num_seqs)) if chunked else most
 
 
-def _pool_key(k_cache: torch.Tensor, heads: int) -> tuple:
+def pool_key(k_cache: torch.Tensor, heads: int) -> tuple:
     return (k_cache.device.type, k_cache.dtype, tuple(k_cache.shape), heads)
 
 
 def _key(k_cache: torch.Tensor, heads: int, n: int) -> tuple:
-    return _pool_key(k_cache, heads) + (bucket(n),)
+    return pool_key(k_cache, heads) + (bucket(n),)
 
 
 def ready(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -119,7 +119,7 @@ def paged_attention(q, k_cache, v_cache, tables, lens, scale: float, meta=None) 
         _checked.add(key)
         if not err <= (1e-4 if q.dtype == torch.float32 else 2e-2):
             _ready.discard(key)
-            status[_pool_key(k_cache, q.shape[1])] = f"failed: {bucket(q.shape[0])} queries differ by {err:.2e}"
+            status[pool_key(k_cache, q.shape[1])] = f"failed: {bucket(q.shape[0])} queries differ by {err:.2e}"
             return want
     return out
 
@@ -148,14 +148,18 @@ def _compiled_fn():
 
 
 def warm(k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, scale: float, most: int,
-         block_size: int) -> str:
+         block_size: int, stop: threading.Event | None = None) -> str:
     """Compile every bucket up to `most` queries for this pool (one call each on random queries); each joins
-    `ready` as it is done. Returns the status."""
-    pool = _pool_key(k_cache, heads)
+    `ready` as it is done. `stop` set: no further bucket (the engine is closing, and its pool must go). Returns
+    the status."""
+    pool = pool_key(k_cache, heads)
     sizes = [b for b in BUCKETS if b < 2 * max(most, 1)][:len(BUCKETS)] or [BUCKETS[0]]
     dev, start = k_cache.device, time.perf_counter()
     try:
         for i, size in enumerate(sizes):
+            if stop is not None and stop.is_set():
+                status[pool] = f"stopped after {i} of {len(sizes)}: the engine closed"
+                return status[pool]
             status[pool] = f"compiling {i + 1}/{len(sizes)}"
             lens = torch.randint(1, 3 * block_size, (size,), device=dev)
             tables = torch.randint(0, k_cache.shape[0], (size, 3), device=dev)
@@ -168,15 +172,11 @@ def warm(k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, scale: float,
     return status[pool]
 
 
-def warm_async(k_cache, v_cache, heads: int, scale: float, most: int, block_size: int) -> threading.Thread:
+def warm_async(k_cache, v_cache, heads: int, scale: float, most: int, block_size: int,
+               stop: threading.Event) -> threading.Thread:
     """warm() on a daemon thread: the engine serves (gathering) while it compiles."""
-    status[_pool_key(k_cache, heads)] = "compiling"
-    t = threading.Thread(target=warm, args=(k_cache, v_cache, heads, scale, most, block_size),
+    status[pool_key(k_cache, heads)] = "compiling"
+    t = threading.Thread(target=warm, args=(k_cache, v_cache, heads, scale, most, block_size, stop),
                          name="minivlm-flex-compile", daemon=True)
     t.start()
     return t
-
-
-def describe(k_cache: torch.Tensor, heads: int) -> str | None:
-    """The status of this pool's compiled path, or None if it was never started."""
-    return status.get(_pool_key(k_cache, heads))
