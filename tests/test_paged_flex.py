@@ -44,16 +44,16 @@ def test_compiled_flex_equals_plain_attention_and_the_c_kernel(block_size, heads
 def test_a_compiled_kernel_that_disagrees_on_first_use_is_dropped(monkeypatch):
     """The first real call of each bucket is also computed by gathering: a wrong result is never returned, and the
     bucket goes back to gathering for good (the status line says why)."""
-    lens = [20, 33]
+    lens = [20, 33] + list(range(1, 19))  # 20 queries: past the 16 the first call compares, in bucket 32
     k_cache, v_cache, tables, contexts = pool_with_contexts(lens, 16, 2, 16, spare_blocks=7)
-    q = torch.randn(2, 4, 16)
-    assert paged_flex.warm(k_cache, v_cache, 4, 0.25, 2, 16) == "ready"
+    q = torch.randn(len(lens), 4, 16)
+    assert paged_flex.warm(k_cache, v_cache, 4, 0.25, len(lens), 16) == "ready"
     real = paged_flex.attend
     monkeypatch.setattr(paged_flex, "attend", lambda *a, **k: real(*a, **k) + 0.5)  # a miscompiled kernel
     got = paged_flex.paged_attention(q, k_cache, v_cache, tables, torch.tensor(lens), 0.25)
     torch.testing.assert_close(got, plain_attention(q, contexts, 0.25), atol=1e-5, rtol=1e-5)
     assert not paged_flex.ready(q, k_cache)
-    assert paged_flex.status[paged_flex.pool_key(k_cache, 4)].startswith("failed: 16 queries differ by 5.00e-01")
+    assert paged_flex.status[paged_flex.pool_key(k_cache, 4)].startswith("failed: 32 queries differ by 5.00e-01")
 
 
 @pytest.fixture
