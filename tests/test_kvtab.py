@@ -127,6 +127,26 @@ def test_run_view_replays_the_steps_the_engine_showed(engine):
     assert sum(line.startswith("- **step") for line in log.splitlines()) == min(snaps) - run.start_step
 
 
+def test_a_run_fetches_its_events_incrementally_and_equal_to_the_log(engine):
+    """The log packs its events, so a run keeps what it fetched and reads only what is new at each poll: the result
+    equals one read of the whole log, and after the ring dropped events it is what the ring still holds."""
+    run = Run(engine, owned=False)
+    sizes = []
+    for _ in engine.stream_many(demo_requests(4, None), SamplingParams(max_tokens=12, ignore_eos=True)):
+        sizes.append(len(run.all_events()))  # a poll while the run goes on
+    fetched = run.all_events()
+    assert sizes == sorted(sizes) and 0 < sizes[0] < len(fetched)
+    assert [e.to_dict() for e in fetched] == [e.to_dict() for e in engine.events(run.base.last_event_seq)]
+    with engine.isolated(event_log_size=40) as small:
+        run = Run(small, owned=False)
+        small.generate(demo_requests(1, None), SamplingParams(max_tokens=2))
+        assert run.all_events()[0].seq == run.base.last_event_seq + 1
+        small.generate(demo_requests(3, None), SamplingParams(max_tokens=20, ignore_eos=True))  # > 40 events
+        assert [e.seq for e in run.all_events()] == [e.seq for e in small.events()] and small.events_dropped
+        with pytest.raises(ValueError, match="events were dropped"):
+            run.frame(run.all_events(), small.snapshot().step)
+
+
 def test_shared_step_through_pauses_only_an_isolated_engine(checkpoints, monkeypatch):
     """On a shared deployment a session's Pause/Step/launch act on its own engine; requests launched while paused
     all finish; a paused engine nobody looks at resumes by itself."""
