@@ -215,6 +215,24 @@ def test_metrics_export_the_publishers_counters(run):
     assert 'minivlm:kv_events_dropped_total{model_name="tiny",reason="hwm"} 0.0' in text
 
 
+def test_a_step_that_logs_more_than_the_ring_holds_is_counted_and_what_it_holds_goes_out():
+    """A step whose events outgrew the packed ring is counted as an incomplete batch (log_overflow), and the block
+    events the ring still holds are published."""
+    log = EventLog(4)
+    pub = KVEventPublisher(KVEventsConfig(enable_kv_cache_events=True, endpoint="inproc://kv-overflow"), 4)
+    core = SimpleNamespace(events=log, block_manager=BlockManager(8, 4, True, log))
+    stored = {"parent_block_hash": None, "token_ids": [1, 2, 3, 4], "extra_keys": (), "block_kind": "text"}
+    log.emit("scheduled", step_kind="decode", plan=[])
+    log.emit("BlockStored", "r", block_ids=[7], block_hashes=["a" * 64], **stored)
+    pub.after_step(core)
+    assert pub.stats["log_overflow"] == 0 and set(pub.index) == {"a" * 64}
+    for i in range(6):  # one step, six events: two fell out of the ring before the publisher looked
+        log.emit("BlockStored", "r", block_ids=[i], block_hashes=[f"{i:064x}"], **stored)
+    pub.after_step(core)
+    assert pub.stats["log_overflow"] == 1 and set(pub.index) == {"a" * 64} | {f"{i:064x}" for i in range(2, 6)}
+    pub.close()
+
+
 def test_a_subscriber_at_the_high_water_mark_costs_drops_not_a_blocked_step():
     """hwm=1 and a subscriber that never reads: sends are refused and counted, after_step never waits."""
     bm, log = BlockManager(8, 4, True, EventLog(1000)), None
