@@ -92,12 +92,12 @@ def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: f
 def _prefill(q, k, v, k_cache, v_cache, meta, scale):
     outs, start = [], 0
     for i, (q_len, ctx) in enumerate(zip(meta.q_lens, meta.ctx_lens)):
-        short = q_len <= CHUNK_IN_PLACE and in_place_available(q[:q_len], k_cache)
-        if ctx > q_len and short:  # a short chunk after cached tokens
-            outs.append(_chunk_in_place(q[start:start + q_len], k_cache, v_cache, meta.block_tables[i], ctx, scale))
+        chunk = q[start:start + q_len]
+        if ctx > q_len and q_len <= CHUNK_IN_PLACE and in_place_available(chunk, k_cache):  # short, after a prefix
+            outs.append(_chunk_in_place(chunk, k_cache, v_cache, meta.block_tables[i], ctx, scale))
             start += q_len
             continue
-        qi = q[start:start + q_len].transpose(0, 1)
+        qi = chunk.transpose(0, 1)
         if ctx == q_len:  # nothing cached: the new K/V are the whole context
             ki, vi = k[start:start + q_len], v[start:start + q_len]
             mask, causal = None, True
@@ -181,7 +181,7 @@ def gathered_decode(q, k_cache, v_cache, meta, scale):
 
 def attention_backend(device, dtype, block_size: int, flex: str | None = None) -> str:
     """Which decode attention an engine on this device, dtype and block size runs, in words (the status line).
-    flex: its pool's FlexAttention status (paged_flex.describe), where that path was started."""
+    flex: its pool's FlexAttention status (ModelRunner.flex_status), where that path was started."""
     kind = torch.device(device).type
     if kind == "cpu" and dtype == torch.float32 and paged_cpu.ENABLED and paged_cpu.kernel():
         return "in-place paged decode (C kernel over the block tables); prefill: SDPA"
