@@ -14,6 +14,7 @@ import time
 from minivlm import Request, SamplingParams
 from minivlm.config import DEFAULT_STEP_SLOWDOWN
 
+from bench.steal import cpu_jiffies, steal_share
 from bench.timing import Row
 from bench.workload import PROMPTS, scene
 
@@ -36,7 +37,8 @@ def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_image
     and keep going for `duration` seconds and until the last arrival is answered. Returns every stream's
     token-to-token gaps that overlap that window (a stall across its edge counts) as (position, seconds), position k
     being the gap before a stream's token k, each stream's tokens, and
-    each arrival's latency (submitted to answered) under "arrivals".
+    each arrival's latency (submitted to answered) under "arrivals" and the VM's steal share in the window under
+    "steal".
     new_images=False: every arrival shows one image whose vision embeddings are cached beforehand. A stream that
     reaches stream_tokens before the window ends just stops contributing gaps (a warning says so)."""
     engine.reset_prefix_cache()
@@ -48,7 +50,7 @@ def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_image
     streams = [Request(prompt=PROMPTS[i % len(PROMPTS)], images=[scene(112, 112, i)], request_id=f"stream-{i}")
                for i in range(STREAMS)]
     stamps: dict[str, list[float]] = {r.request_id: [] for r in streams}
-    tokens, window, latency = {}, [], []
+    tokens, window, latency, ticks = {}, [], [], []
 
     def answer(big):
         t = time.perf_counter()
@@ -67,6 +69,7 @@ def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_image
         for c in callers:
             c.join()
         window.append(time.perf_counter())
+        ticks.append(cpu_jiffies())
         seen = {rid: len(ts) for rid, ts in stamps.items()}
         while any(len(stamps[rid]) == n and rid not in tokens for rid, n in seen.items()):
             time.sleep(0.005)  # every running stream's next token: the gap spanning the window's end counts too
@@ -79,6 +82,7 @@ def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_image
         stamps[ev.request_id].append(time.perf_counter())
         if not window and not feeder.is_alive() and all(stamps.values()):
             window.append(time.perf_counter())
+            ticks.append(cpu_jiffies())
             feeder.start()
         if ev.finished:
             tokens[ev.request_id] = ev.output.token_ids
@@ -88,7 +92,7 @@ def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_image
         print(f"warning: a stream reached {params.max_tokens} tokens before the arrivals were answered; its gaps stop "
               "there (a smaller token budget needs longer streams)", file=sys.stderr)
     gaps = [(k + 1, b - a) for ts in stamps.values() for k, (a, b) in enumerate(zip(ts, ts[1:])) if b > start and a < end]
-    return gaps, {**tokens, "arrivals": latency}
+    return gaps, {**tokens, "arrivals": latency, "steal": steal_share(*ticks)}
 
 
 def steady_by_position(engine, tokens: int) -> dict[int, list[float]]:
@@ -145,6 +149,7 @@ def measure(ctx, budget: int | None = None, slowdown: float = DEFAULT_STEP_SLOWD
     waits = {name: [] for name in runs}  # each arrival's time from submission to its answer
     refs = {name: [] for name in runs}   # per round: the steady ITL at the positions the run covered
     floors = {name: [] for name in runs}  # and the steady streams' own p99 / p50 there: the row without arrivals
+    stolen = {name: [] for name in runs}  # the VM's steal share during each run's window (None: not reported)
     steady_gaps = []
     same = True
     try:
@@ -155,13 +160,14 @@ def measure(ctx, budget: int | None = None, slowdown: float = DEFAULT_STEP_SLOWD
                 got_round[name] = got
                 gaps[name] += got
                 waits[name] += toks["arrivals"]
+                stolen[name].append(toks["steal"])
                 tokens.append(toks)
             steady = steady_by_position(chunked, max(k for got in got_round.values() for k, _ in got) + 1)
             steady_gaps += [g for gs in steady.values() for g in gs]
             for name, got in got_round.items():
                 refs[name].append(steady_reference(steady, got))
                 floors[name].append(steady_reference(steady, got, 0.99) / refs[name][-1])
-            streams = [{k: v for k, v in toks.items() if k != "arrivals"} for toks in tokens]
+            streams = [{k: v for k, v in toks.items() if k not in ("arrivals", "steal")} for toks in tokens]
             n = min(len(t) for toks in streams for t in toks.values())
             same &= all(toks[k][:n] == streams[0][k][:n] for toks in streams for k in toks)
         load = offered_load(whole)
@@ -177,7 +183,8 @@ def measure(ctx, budget: int | None = None, slowdown: float = DEFAULT_STEP_SLOWD
     ctx.details["chunked_prefill"] = {"gaps_s": gaps, "budget_tokens": budget, "arrivals_per_run": arrivals,
                                       "stream_tokens_equal": same, "p50_p99_ms": ms, "steady_at_positions_ms": ref_ms,
                                       "steady_p99_over_p50": floor,
-                                      "arrival_latency_s": waits, "offered_load": load}
+                                      "arrival_latency_s": waits, "offered_load": load,
+                                      "steal_share": stolen}
     note = (f"{STREAMS} streams, a 448x448 image request every {PERIOD}s ({arrivals} a run), {said}; "
             f"steady ITL (p50, no arrivals, at the positions each run covered) " +
             ", ".join(f"{k} {v:.1f} ms" for k, v in ref_ms.items()) + "; stream tokens equal in every run: "
@@ -189,10 +196,12 @@ def measure(ctx, budget: int | None = None, slowdown: float = DEFAULT_STEP_SLOWD
         if not goal:
             return Row(metric, a, b, "ms", b / a, "context", None, note)
         steady = ref_ms[on]
+        shares = [x for x in stolen[on] if x is not None]
+        host = f"; the VM's steal in its windows {', '.join(f'{100 * x:.1f}' for x in shares)} %" if shares else ""
         return Row(metric, a, b, "ms", b / a, "chunked p99 <= 2x steady ITL", a <= 2 * steady,
                    f"chunked p99 / steady ITL at the same positions ({steady:.1f} ms) = {a / steady:.1f}; the steady "
                    f"streams' own p99 there is {floor[on]:.2f}x their p50 (what the row reads with no arrival: the "
-                   f"context's growth and the machine's noise)")
+                   f"context's growth and the machine's noise){host}")
     return [row("ITL p50, 8 streams + 448² arrivals: chunked + async vision vs whole prefill", 0,
                 "chunked, async vision", "whole", goal=False),
             row("ITL p99, 8 streams + 448² arrivals: chunked + async vision vs whole prefill", 1,
@@ -223,11 +232,11 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(2)
     engine = make_engine(build_checkpoint(tempfile.gettempdir() + "/minivlm-bench-qwen2_5_vl-70m", BENCH_MODEL))
-    print(machine())
     for budget in args.budgets:
         rows = measure(Context(engine, None, None, args.repeats), None if budget == "auto" else int(budget),
                        args.slowdown)
         print(f"\ntoken budget {budget}: {rows[0].note}\n{text_table(rows)}")
+    print(machine())
 
 
 if __name__ == "__main__":

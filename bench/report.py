@@ -4,6 +4,8 @@ import platform
 
 import torch
 
+from bench import steal
+
 HEADER = ("metric", "engine", "baseline", "ratio", "goal", "", "tokens = HF", "spread of repeats")
 
 
@@ -35,7 +37,8 @@ def markdown_table(rows) -> str:
 
 
 def machine() -> str:
-    """CPU model, cores, load average, torch threads and versions: what a reader needs to compare numbers."""
+    """CPU model, cores, load average, the VM's steal since the bench started, torch threads and versions: what a
+    reader needs to compare numbers."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -45,4 +48,4 @@ def machine() -> str:
     load = "/".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     return (f"{cpu}, {os.cpu_count()} cores, {gpu}; torch {torch.__version__} with {torch.get_num_threads()} threads; "
-            f"load average (1/5/15 min) {load}")
+            f"load average (1/5/15 min) {load}; VM steal since the bench started {steal.since_start()}")

@@ -17,12 +17,37 @@
 #endif
 typedef float vec __attribute__((vector_size(VW * 4), aligned(4)));  /* any alignment: SIMD on x86 and ARM */
 
+/* Keeps a loaded weight vector in a register: GCC otherwise folds the load into each of the MR multiply-adds that
+   use it (MR x NR loads a k step instead of MR + NR; 0.76-0.94x the time at 8-16 rows). x86 with AVX only. */
+#if defined(__AVX__)
+#define IN_REGISTER(v) __asm__("" : "+v"(v))
+#else
+#define IN_REGISTER(v) (void)0
+#endif
+
 #define PREFETCH_AHEAD 64  /* floats past the same k in the next NR weight rows: a cache line or more ahead */
 
-static inline float hsum(vec s) {  /* pairwise, the same tree for any width */
-    for (int w = VW / 2; w > 0; w /= 2)
-        for (int i = 0; i < w; i++) s[i] = s[i] + s[i + w];
-    return s[0];
+typedef float half8 __attribute__((vector_size(32), aligned(4)));
+typedef float half4 __attribute__((vector_size(16), aligned(4)));
+
+/* The sum of a vector's lanes, pairwise: lanes i and i + w for w = VW/2 .. 1, the same tree for any width. Written
+   as halves added (the compiler's lane extracts), not a loop over lanes, which compiles to stores and reloads
+   through the stack: that had cost more than a tile's multiply-adds at in = 768 (RESULTS.md, round 10). */
+static inline float hsum(vec s) {
+    half8 h8;
+#if VW == 16
+    half8 lo8, hi8;
+    __builtin_memcpy(&lo8, &s, 32);
+    __builtin_memcpy(&hi8, (char *)&s + 32, 32);
+    h8 = lo8 + hi8;
+#else
+    h8 = s;
+#endif
+    half4 lo4, hi4;
+    __builtin_memcpy(&lo4, &h8, 16);
+    __builtin_memcpy(&hi4, (char *)&h8 + 16, 16);
+    half4 h4 = lo4 + hi4;
+    return (h4[0] + h4[2]) + (h4[1] + h4[3]);
 }
 
 /* y[a, b] = x[a, :] . w[b, :] (+ bias[b]) for MR rows of x and N rows of w (row strides `in` and `out`). */
@@ -37,6 +62,7 @@ static inline float hsum(vec s) {  /* pairwise, the same tree for any width */
             vec wv[N];                                                                                            \
             for (int b = 0; b < N; b++) {                                                                         \
                 wv[b] = *(const vec *)(w + b * in + k);                                                           \
+                if (MR > 2) IN_REGISTER(wv[b]);  /* fewer rows: the folded loads measured no slower */          \
                 __builtin_prefetch(w + (N + b) * in + k + PREFETCH_AHEAD, 0, 0);                                  \
             }                                                                                                     \
             for (int a = 0; a < MR; a++) {                                                                        \
