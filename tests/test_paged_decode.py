@@ -42,6 +42,8 @@ def plain_attention(q, contexts, scale):
     (16, 12, 2, 64, [1, 15, 16, 17, 300, 1584]),   # the bench model's heads; partial and exact last blocks
     (5, 14, 2, 16, [3, 5, 49]),                      # odd block size, group of 7
     (8, 4, 4, 32, [9, 64]),                          # no grouping (MHA)
+    (32, 16, 2, 128, [1, 31, 32, 33, 700]),          # the other head size with its own unrolled build, group of 8
+    (256, 6, 3, 72, [1, 255, 256, 257, 600]),        # a head not of whole vectors; scores past a vector's width
 ])
 def test_kernel_equals_plain_attention_over_each_context(block_size, heads, kv_heads, d, lens):
     k_cache, v_cache, tables, contexts = pool_with_contexts(lens, block_size, kv_heads, d)

@@ -1,16 +1,68 @@
 /* Decode attention straight from the paged KV pool (fp32, CPU): each (sequence, KV head) walks its block table
    and keeps an online softmax (running max, sum, weighted V) per query head of its group, so every K/V byte of the
-   context is read once, in place, and no copy of the context is ever made. Built by paged_cpu.py. */
+   context is read once, in place, and no copy of the context is ever made. A block at a time: each K row is
+   loaded once for the group's scores, the exponentials run a vector of scores at a time (vexp below, not one
+   libm call a score), and each V row once for the group's sums. Built by paged_cpu.py. */
 #include <math.h>
 #include <stdint.h>
 
+#if defined(__AVX512F__)
+#define AW 16  /* floats a vector */
+#else
+#define AW 8
+#endif
+typedef float avec __attribute__((vector_size(AW * 4), aligned(4)));  /* any alignment: rows are not aligned */
+typedef int32_t aivec __attribute__((vector_size(AW * 4), aligned(4)));
+typedef float ahalf4 __attribute__((vector_size(16), aligned(4)));
+
+static inline float avec_sum(avec s) {  /* lane sum as halves added (a loop over lanes goes through the stack) */
+    ahalf4 h[AW / 4];
+    __builtin_memcpy(h, &s, sizeof s);
+    for (int w = AW / 8; w > 0; w /= 2)
+        for (int i = 0; i < w; i++) h[i] += h[i + w];
+    return (h[0][0] + h[0][2]) + (h[0][1] + h[0][3]);
+}
+
+/* The build reassociates float math (for the dot products' vectors); this keeps a value as computed, so the two
+   parts of ln 2 below are not folded back into one (2e-6 instead of 3e-7 relative error at e^-65). x86 with AVX. */
+#if defined(__AVX__)
+#define KEEP_APART(v) __asm__("" : "+x"(v))
+#else
+#define KEEP_APART(v) (void)0
+#endif
+
+/* e^x for a vector: x = n ln2 + r with |r| <= ln2/2, e^r by Cephes' degree-6 polynomial (about 1 ulp), 2^n put in
+   the exponent bits. Lanes below -87.3 give 0 (what a masked score's weight must be), above 88.3 +inf. */
+static inline avec vexp(avec x) {
+    const avec zero = {0};
+    const aivec under = x < -87.3f, over = x > 88.3f;  /* lane-wise compares: all ones or 0 */
+    x = (avec)(((aivec)x & ~(under | over)) | ((aivec)(zero - 87.3f) & under) | ((aivec)(zero + 88.3f) & over));
+    const avec t = x * 1.44269504088896341f + 12582912.0f;  /* 1.5 x 2^23: the sum's low bits hold round(x log2 e) */
+    const aivec ni = (aivec)t - 0x4B400000;  /* that integer (t - 1.5 x 2^23 in floats: reassociated away) */
+    const avec n = __builtin_convertvector(ni, avec);
+    avec r = x - n * 0.693359375f;  /* ln 2 in two parts, so r keeps its low bits */
+    KEEP_APART(r);
+    r = r - n * -2.12194440e-4f;
+    avec p = zero + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const aivec pow2n = (ni + 127) << 23;  /* 2^n: n, biased, in the exponent field */
+    const aivec y = (aivec)(p * (avec)pow2n);
+    return (avec)((y & ~(under | over)) | ((aivec)(zero + INFINITY) & over));
+}
+
 /* One sequence's query heads of one KV head group (q [group, head_dim] -> out [group, head_dim]) over its `len`
    tokens, read through its block table. */
-static inline void attend_group(const float *q, const float *k_cache, const float *v_cache, const int64_t *table,
+static inline __attribute__((always_inline)) void attend_group_any(const float *q, const float *k_cache, const float *v_cache, const int64_t *table,
                                 int64_t len, float *out, int64_t group, int64_t kh, int64_t kv_heads,
                                 int64_t head_dim, int64_t block_size, float scale) {
-    const int64_t token_stride = kv_heads * head_dim;
-    float m[group], l[group], acc[group * head_dim], s[block_size];
+    const int64_t token_stride = kv_heads * head_dim, dv = head_dim - head_dim % AW;  /* [0, dv): whole vectors */
+    const int64_t sw = (block_size + AW - 1) / AW * AW;  /* a score row, padded to whole vectors */
+    float m[group], l[group], acc[group * head_dim], s[group * sw];
     for (int64_t g = 0; g < group; g++) {
         m[g] = -INFINITY;
         l[g] = 0.f;
@@ -20,27 +72,58 @@ static inline void attend_group(const float *q, const float *k_cache, const floa
         const int64_t n = len - j * block_size < block_size ? len - j * block_size : block_size;
         const int64_t base = table[j] * block_size * token_stride + kh * head_dim;
         const float *kb = k_cache + base, *vb = v_cache + base;
-        for (int64_t g = 0; g < group; g++) {
-            const float *qg = q + g * head_dim;
-            float *ag = acc + g * head_dim, mx = m[g];
-            for (int64_t t = 0; t < n; t++) {
-                float dot = 0.f;
-                for (int64_t d = 0; d < head_dim; d++) dot += qg[d] * kb[t * token_stride + d];
-                s[t] = dot * scale;
-                mx = s[t] > mx ? s[t] : mx;
+        for (int64_t t = 0; t < n; t++) {  /* scores: each K row read once, for every query head of the group */
+            const float *kt = kb + t * token_stride;
+            for (int64_t g = 0; g < group; g++) {
+                const float *qg = q + g * head_dim;
+                avec sum = {0};
+                for (int64_t d = 0; d < dv; d += AW)
+                    sum += *(const avec *)(qg + d) * *(const avec *)(kt + d);
+                float dot = avec_sum(sum);
+                for (int64_t d = dv; d < head_dim; d++) dot += qg[d] * kt[d];
+                s[g * sw + t] = dot * scale;
             }
-            const float corr = expf(m[g] - mx);  /* rescale what was summed under the old max */
-            l[g] *= corr;
-            for (int64_t d = 0; d < head_dim; d++) ag[d] *= corr;
-            for (int64_t t = 0; t < n; t++) {
-                const float p = expf(s[t] - mx);
-                l[g] += p;
-                for (int64_t d = 0; d < head_dim; d++) ag[d] += p * vb[t * token_stride + d];
+        }
+        for (int64_t g = 0; g < group; g++) {  /* online softmax: the new max, the old sums rescaled, weights */
+            float *sg = s + g * sw, mx = m[g];
+            for (int64_t t = 0; t < n; t++) mx = sg[t] > mx ? sg[t] : mx;
+            for (int64_t t = n; t < sw; t++) sg[t] = -INFINITY;  /* padding lanes weigh 0 */
+            const float corr = expf(m[g] - mx);
+            float sum = 0.f;
+            for (int64_t t = 0; t < sw; t += AW) {
+                const avec p = vexp(*(avec *)(sg + t) - mx);
+                *(avec *)(sg + t) = p;
+                sum += avec_sum(p);
             }
+            l[g] = l[g] * corr + sum;
+            for (int64_t d = 0; d < head_dim; d++) acc[g * head_dim + d] *= corr;
             m[g] = mx;
+        }
+        for (int64_t t = 0; t < n; t++) {  /* weighted V: each V row read once, for every query head */
+            const float *vt = vb + t * token_stride;
+            for (int64_t g = 0; g < group; g++) {
+                const float p = s[g * sw + t];
+                float *ag = acc + g * head_dim;
+                for (int64_t d = 0; d < dv; d += AW)
+                    *(avec *)(ag + d) += p * *(const avec *)(vt + d);
+                for (int64_t d = dv; d < head_dim; d++) ag[d] += p * vt[d];
+            }
         }
     }
     for (int64_t i = 0; i < group * head_dim; i++) out[i] = acc[i] / l[i / head_dim];
+}
+
+/* attend_group_any with the usual head sizes as constants: the compiler unrolls the head's vectors and keeps them in
+   registers (about half the time of a runtime size; RESULTS.md, round 10). */
+static inline void attend_group(const float *q, const float *k_cache, const float *v_cache, const int64_t *table,
+                                int64_t len, float *out, int64_t group, int64_t kh, int64_t kv_heads,
+                                int64_t head_dim, int64_t block_size, float scale) {
+    if (head_dim == 64)
+        attend_group_any(q, k_cache, v_cache, table, len, out, group, kh, kv_heads, 64, block_size, scale);
+    else if (head_dim == 128)
+        attend_group_any(q, k_cache, v_cache, table, len, out, group, kh, kv_heads, 128, block_size, scale);
+    else
+        attend_group_any(q, k_cache, v_cache, table, len, out, group, kh, kv_heads, head_dim, block_size, scale);
 }
 
 void paged_decode_f32(const float *q, int64_t q_row_stride, const float *k_cache, const float *v_cache,
