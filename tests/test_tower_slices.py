@@ -5,6 +5,7 @@ returned, never while the engine is paused), it moves forward one slice at a tim
 job, and the engine's tokens equal those of the engine with the tower in the step."""
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -40,15 +41,15 @@ def test_sliced_attention_equals_one_sdpa_call():
     module = SimpleNamespace(is_causal=False)
     whole = sdpa_attention_forward(module, q, k, v, None, scaling=0.25)[0]
     stops = []
-    with tower_boundaries.pausable(lambda: stops.append(1)):
+    with tower_boundaries.pausable(lambda unit: stops.append(unit)):
         sliced = tower_boundaries.sliced_sdpa(module, q, k, v, None, scaling=0.25)[0]
-    assert len(stops) == 3  # 700 query rows, QUERY_ROWS = 256 a call: a boundary before each of 3
+    assert len(stops) == -(-700 // tower_boundaries.QUERY_ROWS)  # 700 query rows: a boundary before each slice
     torch.testing.assert_close(sliced, whole, rtol=0, atol=1e-6)
     assert tower_boundaries.sliced_sdpa(module, q, k, v, None, scaling=0.25)[0].equal(whole)  # no pause: one call
     causal = SimpleNamespace(is_causal=True)  # a causal attention is never split by query rows (its mask is implied)
-    with tower_boundaries.pausable(lambda: stops.append(1)):
+    with tower_boundaries.pausable(lambda unit: stops.append(unit)):
         got = tower_boundaries.sliced_sdpa(causal, q, k, v, None, scaling=0.25, is_causal=None)[0]
-    assert len(stops) == 4 and got.equal(sdpa_attention_forward(causal, q, k, v, None, scaling=0.25)[0])
+    assert len(stops) == -(-700 // tower_boundaries.QUERY_ROWS) + 1 and got.equal(sdpa_attention_forward(causal, q, k, v, None, scaling=0.25)[0])
 
 
 @pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "smolvlm", "internvl"])
@@ -61,7 +62,7 @@ def test_every_family_s_tower_passes_its_boundaries_and_gives_the_same_output(na
     [(whole, whole_deep)] = vision.encode(pixels, layout)
     monkeypatch.setattr(tower_boundaries, "QUERY_ROWS", 16)  # every long attention call in many pieces
     stops = []
-    with tower_boundaries.pausable(lambda: stops.append(1)):
+    with tower_boundaries.pausable(lambda unit: stops.append(unit)):
         [(sliced, sliced_deep)] = vision.encode(pixels, layout)
     assert len(stops) > len(list(vision.module.modules()))  # every module, and attention's pieces on top
     torch.testing.assert_close(sliced, whole, rtol=0, atol=1e-5)
@@ -130,6 +131,29 @@ def test_the_engine_lends_the_tower_only_time_between_steps(path, unchunked):
     ev = encoded[0]  # the decision log says it, in both languages
     assert f"the tower ran in {ev.slices} slices lent between steps" in describe(ev)
     assert f"视觉塔分 {ev.slices} 个时间片在步与步之间运行" in describe_in(ev, ZH)
+
+
+def test_a_unit_known_to_overrun_the_slice_waits_for_the_next_one():
+    """A unit's expected time is what the same unit took the last time, not the decaying longest recent one: after
+    many short units a known long one does not start late in a slice (and so overrun it); the next slice runs it."""
+    from minivlm.engine.tower_slices import TowerSlices
+    slices, ran = TowerSlices(), []
+
+    def job():
+        for i in range(20):
+            tower_boundaries.boundary(("short", i % 2))  # short units: the decaying estimate falls to ~0
+        tower_boundaries.boundary(("long",))
+        ran.append("long")
+        return "done"
+    slices.took[("long",)] = 10.0  # what it took the last time: far more than any slice below
+    slices.submitted()
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(slices.run, job)
+        slices.lend(0.5)  # the short units fit; the long one does not: it parks before it, and the lend returns
+        assert not ran and not future.done()
+        slices.lend(0.001)  # a new slice always runs its first unit, whatever it is expected to take
+        assert future.result(timeout=10) == "done" and ran == ["long"]
+    assert slices.took[("short", 0)] < 0.5  # and what each unit took is kept for next time
 
 
 def test_a_paused_engine_lends_nothing_and_closing_ends_a_parked_job(path):

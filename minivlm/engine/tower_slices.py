@@ -1,6 +1,8 @@
 """Time slices for the vision thread (async_vision with the adaptive chunk budget): the tower runs only while the
 step thread lends it time between two steps, and stops at the boundary where its next unit of work would likely
-overrun that time (each slice still runs one unit, so the tower always moves). On a
+overrun that time (each slice still runs one unit, so the tower always moves). A unit's likely time is what the
+same unit (the same module on the same shapes: every block repeats them) took the last time; one never seen is
+expected to take the longest recent unit, decaying. On a
 machine whose cores a step already uses (a 2-core CPU) a tower running beside the steps slows every one of them,
 however low its priority; lent time is time no step runs, so a stream's token-to-token gap is its step plus what
 the step left of its allowance (`max_step_slowdown` x a decode step), give or take one unit's misprediction.
@@ -11,7 +13,8 @@ import time
 
 from minivlm.model.tower_boundaries import pausable
 
-DECAY = 0.7  # per boundary: a long unit (a block's qkv product) is expected again for the next few small ones
+DECAY = 0.7  # per boundary: a unit never seen is expected to take the longest recent one, decaying per boundary
+KNOWN_UNITS = 512  # unit names whose last time is kept (a tower has a few dozen per image size)
 
 
 class TowerClosed(RuntimeError):
@@ -35,7 +38,9 @@ class TowerSlices:
         self._closed = False
         self.job_waited, self.job_slices = 0.0, 0  # the current job: seconds parked, slices it ran in
         self._mark = 0.0         # when the tower thread last passed a boundary (or resumed)
-        self._expect = 0.0       # the next unit's expected seconds: the longest recent one, decaying
+        self._expect = 0.0       # an unknown unit's expected seconds: the longest recent one, decaying
+        self._unit = None        # the name of the unit running since _mark
+        self.took: dict = {}     # unit name -> seconds it took the last time: a known unit's expected time
 
     def submitted(self):
         with self._cond:
@@ -47,7 +52,7 @@ class TowerSlices:
 
     def run(self, fn, *args):
         """On the vision thread: wait for lent time, run fn, and hand the rest of the slice back when it ends."""
-        self.job_waited, self.job_slices = 0.0, 0
+        self.job_waited, self.job_slices, self._unit = 0.0, 0, None
         try:
             self._wait_for_slice()
             with pausable(self._boundary):  # only this thread's towers stop (the step thread may run one too)
@@ -58,13 +63,20 @@ class TowerSlices:
                 self._parked = True
                 self._cond.notify_all()
 
-    def _boundary(self):
+    def _boundary(self, unit=None):
         if self._sync is not None:
             self._sync()
         now = time.perf_counter()
-        unit, self._mark = now - self._mark, now
-        self._expect = max(unit, DECAY * self._expect)
-        if now + self._expect > self._deadline:  # the next unit would likely overrun the slice: stop before it
+        took, self._mark = now - self._mark, now
+        if self._unit is not None:
+            self.took.pop(self._unit, None)  # re-inserted: the dict keeps the most recently run units last
+            self.took[self._unit] = took
+            if len(self.took) > KNOWN_UNITS:
+                del self.took[next(iter(self.took))]
+        self._expect = max(took, DECAY * self._expect)
+        self._unit = unit
+        expect = self.took.get(unit, self._expect) if unit is not None else self._expect
+        if now + expect > self._deadline:  # the next unit would likely overrun the slice: stop before it
             self._wait_for_slice()
 
     def _wait_for_slice(self):
