@@ -1,7 +1,7 @@
 """Points inside a vision tower's forward where a thread may pause it (the engine's sliced tower: tower_slices.py).
 Every module's forward starts at one (a pre-hook), and so does every attention call and every QUERY_ROWS query
 rows of a long one (attention is the one piece of a ViT block without a module of its own, and a 448x448 image's
-full-attention layer alone is a quarter of the tower), and every QUERY_ROWS input rows of a linear layer (a 448x448
+full-attention layer alone is a quarter of the tower), and on the CPU every QUERY_ROWS input rows of a linear layer (a 448x448
 image's qkv product took 4.4 ms whole on 2 cores, more than a step usually leaves the tower). On a thread that set no pause function they do nothing,
 and attention runs as transformers' SDPA in one call. Each boundary names the work that follows it (the module's
 kind and weight shapes, its input's shape): every block of a tower repeats the same units, so what a unit took
@@ -51,8 +51,8 @@ def _linear_in_rows(kind: tuple, ref: weakref.ref, x: torch.Tensor) -> torch.Ten
     held itself would be a cycle, and an engine's frozen cycles are never collected)."""
     module = ref()
     forward = type(module).forward  # the class's, looked up now (use_fast_linears may change the class later)
-    if getattr(_thread, "pause", None) is None or x.dim() < 2:
-        return forward(module, x)
+    if getattr(_thread, "pause", None) is None or x.dim() < 2 or x.device.type != "cpu":  # a GPU's units are short,
+        return forward(module, x)                                                        # and each stop syncs it
     rows_of_features = x.shape[-1] == module.in_features  # else a layer that reshapes its own input (the patch
     flat = x.reshape(-1, x.shape[-1]) if rows_of_features else x  # projection): the items of its first dim
     if flat.shape[0] <= QUERY_ROWS:
