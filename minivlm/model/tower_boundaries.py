@@ -1,11 +1,11 @@
 """Points inside a vision tower's forward where a thread may pause it (the engine's sliced tower: tower_slices.py).
 Every module's forward starts at one (a pre-hook), and so does every attention call and every QUERY_ROWS query
 rows of a long one (attention is the one piece of a ViT block without a module of its own, and a 448x448 image's
-full-attention layer alone is a quarter of the tower), and on the CPU every QUERY_ROWS input rows of a linear layer (a 448x448
-image's qkv product took 4.4 ms whole on 2 cores, more than a step usually leaves the tower). On a thread that set no pause function they do nothing,
-and attention runs as transformers' SDPA in one call. Each boundary names the work that follows it (the module's
-kind and weight shapes, its input's shape): every block of a tower repeats the same units, so what a unit took
-the last time is what it will take now."""
+full-attention layer alone is a quarter of the tower), and on the CPU every QUERY_ROWS input rows of a linear
+layer (a 448x448 image's qkv product took 4.4 ms whole on 2 cores, more than a step usually leaves the tower).
+On a thread that set no pause function they do nothing, and attention runs as transformers' SDPA in one call.
+Each boundary names the work that follows it (the module's kind and weight shapes, its input's shape): every
+block of a tower repeats the same units, so what a unit took the last time is what it will take now."""
 import threading
 import weakref
 from contextlib import contextmanager
