@@ -57,9 +57,9 @@ static inline avec vexp(avec x) {
 
 /* One sequence's query heads of one KV head group (q [group, head_dim] -> out [group, head_dim]) over its `len`
    tokens, read through its block table. */
-static inline __attribute__((always_inline)) void attend_group_any(const float *q, const float *k_cache, const float *v_cache, const int64_t *table,
-                                int64_t len, float *out, int64_t group, int64_t kh, int64_t kv_heads,
-                                int64_t head_dim, int64_t block_size, float scale) {
+static inline __attribute__((always_inline)) void attend_group_any(
+        const float *q, const float *k_cache, const float *v_cache, const int64_t *table, int64_t len, float *out,
+        int64_t group, int64_t kh, int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale) {
     const int64_t token_stride = kv_heads * head_dim, dv = head_dim - head_dim % AW;  /* [0, dv): whole vectors */
     const int64_t sw = (block_size + AW - 1) / AW * AW;  /* a score row, padded to whole vectors */
     float m[group], l[group], acc[group * head_dim], s[group * sw];
