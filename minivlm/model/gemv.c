@@ -6,49 +6,15 @@
    taking turns). The tile fills the vector registers: 4x3 of 8 floats on AVX2 (16 registers), 4x6 of 16 floats
    where the compiler targets AVX-512 (32 registers; half the k steps, twice the sums a step). Measured against
    oneDNN's prepacked GEMM in bench.decode_linears (RESULTS.md, rounds 5 and 7). Built by gemv.py. */
-#include <stdint.h>
+#include "simd.h"
 
-#if defined(__AVX512F__) && !defined(GEMV_NO_512)
-#define VW 16  /* floats a vector */
+#if VW == 16
 #define NR 6   /* weight rows a tile: 4 x 6 = 24 sums of the 32 registers (4x5 and 4x4 measured no faster) */
 #else
-#define VW 8
 #define NR 3   /* 4 x 3 sums + 3 weight vectors + 1 x vector: all 16 registers */
-#endif
-typedef float vec __attribute__((vector_size(VW * 4), aligned(4)));  /* any alignment: SIMD on x86 and ARM */
-
-/* Keeps a loaded weight vector in a register: GCC otherwise folds the load into each of the MR multiply-adds that
-   use it (MR x NR loads a k step instead of MR + NR; 0.76-0.94x the time at 8-16 rows). x86 with AVX only. */
-#if defined(__AVX__)
-#define IN_REGISTER(v) __asm__("" : "+v"(v))
-#else
-#define IN_REGISTER(v) (void)0
 #endif
 
 #define PREFETCH_AHEAD 64  /* floats past the same k in the next NR weight rows: a cache line or more ahead */
-
-typedef float half8 __attribute__((vector_size(32), aligned(4)));
-typedef float half4 __attribute__((vector_size(16), aligned(4)));
-
-/* The sum of a vector's lanes, pairwise: lanes i and i + w for w = VW/2 .. 1, the same tree for any width. Written
-   as halves added (the compiler's lane extracts), not a loop over lanes, which compiles to stores and reloads
-   through the stack: that had cost more than a tile's multiply-adds at in = 768 (RESULTS.md, round 10). */
-static inline float hsum(vec s) {
-    half8 h8;
-#if VW == 16
-    half8 lo8, hi8;
-    __builtin_memcpy(&lo8, &s, 32);
-    __builtin_memcpy(&hi8, (char *)&s + 32, 32);
-    h8 = lo8 + hi8;
-#else
-    h8 = s;
-#endif
-    half4 lo4, hi4;
-    __builtin_memcpy(&lo4, &h8, 16);
-    __builtin_memcpy(&hi4, (char *)&h8 + 16, 16);
-    half4 h4 = lo4 + hi4;
-    return (h4[0] + h4[2]) + (h4[1] + h4[3]);
-}
 
 /* y[a, b] = x[a, :] . w[b, :] (+ bias[b]) for MR rows of x and N rows of w (row strides `in` and `out`). */
 #define TILE_(MR, N)                                                                                              \
@@ -62,7 +28,7 @@ static inline float hsum(vec s) {
             vec wv[N];                                                                                            \
             for (int b = 0; b < N; b++) {                                                                         \
                 wv[b] = *(const vec *)(w + b * in + k);                                                           \
-                if (MR > 2) IN_REGISTER(wv[b]);  /* fewer rows: the folded loads measured no slower */          \
+                if (MR > 2) IN_REGISTER(wv[b]);  /* one load, not MR (fewer rows: folded loads measured no slower) */\
                 __builtin_prefetch(w + (N + b) * in + k + PREFETCH_AHEAD, 0, 0);                                  \
             }                                                                                                     \
             for (int a = 0; a < MR; a++) {                                                                        \

@@ -4,55 +4,30 @@
    loaded once for the group's scores, the exponentials run a vector of scores at a time (vexp below, not one
    libm call a score), and each V row once for the group's sums. Built by paged_cpu.py. */
 #include <math.h>
-#include <stdint.h>
-
-#if defined(__AVX512F__)
-#define AW 16  /* floats a vector */
-#else
-#define AW 8
-#endif
-typedef float avec __attribute__((vector_size(AW * 4), aligned(4)));  /* any alignment: rows are not aligned */
-typedef int32_t aivec __attribute__((vector_size(AW * 4), aligned(4)));
-typedef float ahalf4 __attribute__((vector_size(16), aligned(4)));
-
-static inline float avec_sum(avec s) {  /* lane sum as halves added (a loop over lanes goes through the stack) */
-    ahalf4 h[AW / 4];
-    __builtin_memcpy(h, &s, sizeof s);
-    for (int w = AW / 8; w > 0; w /= 2)
-        for (int i = 0; i < w; i++) h[i] += h[i + w];
-    return (h[0][0] + h[0][2]) + (h[0][1] + h[0][3]);
-}
-
-/* The build reassociates float math (for the dot products' vectors); this keeps a value as computed, so the two
-   parts of ln 2 below are not folded back into one (2e-6 instead of 3e-7 relative error at e^-65). x86 with AVX. */
-#if defined(__AVX__)
-#define KEEP_APART(v) __asm__("" : "+x"(v))
-#else
-#define KEEP_APART(v) (void)0
-#endif
+#include "simd.h"
 
 /* e^x for a vector: x = n ln2 + r with |r| <= ln2/2, e^r by Cephes' degree-6 polynomial (about 1 ulp), 2^n put in
    the exponent bits. Lanes below -87.3 give 0 (what a masked score's weight must be), above 88.3 +inf. */
-static inline avec vexp(avec x) {
-    const avec zero = {0};
-    const aivec under = x < -87.3f, over = x > 88.3f;  /* lane-wise compares: all ones or 0 */
-    x = (avec)(((aivec)x & ~(under | over)) | ((aivec)(zero - 87.3f) & under) | ((aivec)(zero + 88.3f) & over));
-    const avec t = x * 1.44269504088896341f + 12582912.0f;  /* 1.5 x 2^23: the sum's low bits hold round(x log2 e) */
-    const aivec ni = (aivec)t - 0x4B400000;  /* that integer (t - 1.5 x 2^23 in floats: reassociated away) */
-    const avec n = __builtin_convertvector(ni, avec);
-    avec r = x - n * 0.693359375f;  /* ln 2 in two parts, so r keeps its low bits */
-    KEEP_APART(r);
+static inline vec vexp(vec x) {
+    const vec zero = {0};
+    const ivec under = x < -87.3f, over = x > 88.3f;  /* lane-wise compares: all ones or 0 */
+    x = (vec)(((ivec)x & ~(under | over)) | ((ivec)(zero - 87.3f) & under) | ((ivec)(zero + 88.3f) & over));
+    const vec t = x * 1.44269504088896341f + 12582912.0f;  /* 1.5 x 2^23: the sum's low bits hold round(x log2 e) */
+    const ivec ni = (ivec)t - 0x4B400000;  /* that integer (t - 1.5 x 2^23 in floats: reassociated away) */
+    const vec n = __builtin_convertvector(ni, vec);
+    vec r = x - n * 0.693359375f;  /* ln 2 in two parts, so r keeps its low bits */
+    IN_REGISTER(r);  /* not merged back with the next step */
     r = r - n * -2.12194440e-4f;
-    avec p = zero + 1.9875691500e-4f;
+    vec p = zero + 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    const aivec pow2n = (ni + 127) << 23;  /* 2^n: n, biased, in the exponent field */
-    const aivec y = (aivec)(p * (avec)pow2n);
-    return (avec)((y & ~(under | over)) | ((aivec)(zero + INFINITY) & over));
+    const ivec pow2n = (ni + 127) << 23;  /* 2^n: n, biased, in the exponent field */
+    const ivec y = (ivec)(p * (vec)pow2n);
+    return (vec)((y & ~(under | over)) | ((ivec)(zero + INFINITY) & over));
 }
 
 /* One sequence's query heads of one KV head group (q [group, head_dim] -> out [group, head_dim]) over its `len`
@@ -60,8 +35,8 @@ static inline avec vexp(avec x) {
 static inline __attribute__((always_inline)) void attend_group_any(
         const float *q, const float *k_cache, const float *v_cache, const int64_t *table, int64_t len, float *out,
         int64_t group, int64_t kh, int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale) {
-    const int64_t token_stride = kv_heads * head_dim, dv = head_dim - head_dim % AW;  /* [0, dv): whole vectors */
-    const int64_t sw = (block_size + AW - 1) / AW * AW;  /* a score row, padded to whole vectors */
+    const int64_t token_stride = kv_heads * head_dim, dv = head_dim - head_dim % VW;  /* [0, dv): whole vectors */
+    const int64_t sw = (block_size + VW - 1) / VW * VW;  /* a score row, padded to whole vectors */
     float m[group], l[group], acc[group * head_dim], s[group * sw];
     for (int64_t g = 0; g < group; g++) {
         m[g] = -INFINITY;
@@ -76,10 +51,10 @@ static inline __attribute__((always_inline)) void attend_group_any(
             const float *kt = kb + t * token_stride;
             for (int64_t g = 0; g < group; g++) {
                 const float *qg = q + g * head_dim;
-                avec sum = {0};
-                for (int64_t d = 0; d < dv; d += AW)
-                    sum += *(const avec *)(qg + d) * *(const avec *)(kt + d);
-                float dot = avec_sum(sum);
+                vec sum = {0};
+                for (int64_t d = 0; d < dv; d += VW)
+                    sum += *(const vec *)(qg + d) * *(const vec *)(kt + d);
+                float dot = hsum(sum);
                 for (int64_t d = dv; d < head_dim; d++) dot += qg[d] * kt[d];
                 s[g * sw + t] = dot * scale;
             }
@@ -90,10 +65,10 @@ static inline __attribute__((always_inline)) void attend_group_any(
             for (int64_t t = n; t < sw; t++) sg[t] = -INFINITY;  /* padding lanes weigh 0 */
             const float corr = expf(m[g] - mx);
             float sum = 0.f;
-            for (int64_t t = 0; t < sw; t += AW) {
-                const avec p = vexp(*(avec *)(sg + t) - mx);
-                *(avec *)(sg + t) = p;
-                sum += avec_sum(p);
+            for (int64_t t = 0; t < sw; t += VW) {
+                const vec p = vexp(*(vec *)(sg + t) - mx);
+                *(vec *)(sg + t) = p;
+                sum += hsum(p);
             }
             l[g] = l[g] * corr + sum;
             for (int64_t d = 0; d < head_dim; d++) acc[g * head_dim + d] *= corr;
@@ -104,8 +79,8 @@ static inline __attribute__((always_inline)) void attend_group_any(
             for (int64_t g = 0; g < group; g++) {
                 const float p = s[g * sw + t];
                 float *ag = acc + g * head_dim;
-                for (int64_t d = 0; d < dv; d += AW)
-                    *(avec *)(ag + d) += p * *(const avec *)(vt + d);
+                for (int64_t d = 0; d < dv; d += VW)
+                    *(vec *)(ag + d) += p * *(const vec *)(vt + d);
                 for (int64_t d = dv; d < head_dim; d++) ag[d] += p * vt[d];
             }
         }
