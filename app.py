@@ -10,7 +10,7 @@ from panels import anatomy, cache_inspector, chat, header, kv_blocks, kv_watch, 
 from panels.i18n import EN, I18N, LANGUAGES, L, SWITCH_CHOICES, english_api, lang_of, static_texts, static_updates
 from minivlm import EngineConfig
 from minivlm.api import ApiSettings, create_router
-from minivlm.image_limits import MAX_IMAGE_BYTES
+from minivlm.inputs.image_limits import MAX_IMAGE_BYTES
 from minivlm.config import DEVICES, DTYPES, STRATEGIES
 
 QUEUE_MAX_SIZE = 64  # beyond this many waiting events the page says the app is busy

@@ -72,7 +72,7 @@ def load_hf(model_dir: str, onednn: bool = False, device: str = "cpu", dtype: st
     """HF transformers' own model and processor for the same checkpoint (left padding for batched generate).
     onednn=True gives HF's linear layers the engine's CPU GEMM too, to separate the kernel from the design."""
     from transformers import AutoModelForImageTextToText
-    from minivlm.processor import load_processor
+    from minivlm.inputs.processor import load_processor
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
     if onednn:  # every nn.Linear, HF's vision tower's included (its Conv3d patch embedding stays)
         use_fast_linears(model, "cpu", torch.float32)

@@ -15,7 +15,7 @@ from transformers.processing_utils import ProcessorMixin
 
 
 class VideoExpanded:
-    """minivlm expands a video's tokens itself (minivlm.video_prompt), so they reach the processor already in
+    """minivlm expands a video's tokens itself (minivlm.inputs.video_prompt), so they reach the processor already in
     place, with no video for it to process: its count check must not see them."""
 
     def validate_inputs(self, images=None, text=None, videos=None, audio=None, **kwargs):

@@ -13,7 +13,7 @@ from minivlm.families import get_family
 from minivlm.model.decoder import Decoder
 from minivlm.model.vision import VisionTower
 from minivlm.model.vision_tiled import TiledVisionTower
-from minivlm.processor import load_processor
+from minivlm.inputs.processor import load_processor
 FETCH_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer*"]
 
 

@@ -7,7 +7,7 @@ import time
 import gradio as gr
 
 from minivlm import Request
-from minivlm.image_limits import processor_pixels
+from minivlm.inputs.image_limits import processor_pixels
 from minivlm import load_image, split_images
 
 from panels.anatomy_figures import grid_figure, rope_figure, token_strip_figure

@@ -5,7 +5,7 @@ import html
 import itertools
 import os
 
-from minivlm.views.anatomy import KEY_STRATEGIES
+from minivlm.engine.anatomy import KEY_STRATEGIES
 
 from panels.i18n import EN, t
 

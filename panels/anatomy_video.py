@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from PIL import Image
 
-from minivlm.video import decode_frames, open_video
+from minivlm.inputs.video import decode_frames, open_video
 from panels.anatomy_figures import AXES, TITLE, TOP_MARGIN, raster_figure
 
 FRAME_PX, PAIR_GAP, LABEL_H = 96, 14, 0

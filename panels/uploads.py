@@ -1,11 +1,11 @@
 """Image inputs that hand the server a file path and decode nothing: gradio's own gr.Image opens (and for a mode
 other than its image_mode, converts: decodes) every upload before the app sees it, so a pixel bomb would cost its
-full size first. Here the engine's one header check (minivlm.image_limits) is the first thing that reads it."""
+full size first. Here the engine's one header check (minivlm.inputs.image_limits) is the first thing that reads it."""
 import os
 
 import gradio as gr
 
-from minivlm import image_limits
+from minivlm.inputs import image_limits
 
 from panels.access import refusal
 from panels.i18n import EN

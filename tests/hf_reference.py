@@ -6,7 +6,7 @@ import functools
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from minivlm.processor import PROCESSORS  # also registers the image-only processors (no torchvision needed)
+from minivlm.inputs.processor import PROCESSORS  # also registers the image-only processors (no torchvision needed)
 
 
 TEXT_ONLY = ("qwen2", "qwen3")

@@ -9,7 +9,7 @@ from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from minivlm import Request, SamplingParams
-from minivlm.processor import load_processor
+from minivlm.inputs.processor import load_processor
 from tests.conftest import FAMILIES
 from tests.hf_reference import hf_model
 

@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from minivlm import Request, SamplingParams
-from minivlm.multimodal import load_image
+from minivlm.inputs.images import load_image
 
 from panels.anatomy import BLUE, RED, pixels_kwargs, render
 from panels.anatomy_figures import cell_tiles, token_strip_figure

@@ -47,7 +47,7 @@ def test_server_command_batches_on_the_same_threads():
 
 
 def test_llama_prompt_is_the_engines_chat_prompt_with_a_media_marker(smoke_dir):
-    from minivlm.processor import load_processor
+    from minivlm.inputs.processor import load_processor
     processor = load_processor(smoke_dir, "qwen2_5_vl")
     request = Request(prompt="What color is the shape?", images=[scene(224, 224, 1)])
     prompt = llamacpp_server.llama_prompt(processor, request)

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from minivlm.engine.block_manager import BlockManager
 from minivlm.model.rope import mrope_positions
-from minivlm.multimodal import Prompt
+from minivlm.inputs.prompt import Prompt
 from minivlm.engine.prefix_keys import extend_keys
 from minivlm.engine.request import Request, SamplingParams
 from minivlm.engine.sequence import Sequence

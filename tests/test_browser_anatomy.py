@@ -6,7 +6,7 @@ import os
 import pytest
 
 from minivlm import Request, SamplingParams
-from minivlm.multimodal import load_image
+from minivlm.inputs.images import load_image
 
 from panels.anatomy import BLUE, EXAMPLES, RED, pixel_range, pixels_kwargs
 from panels.anatomy_keys import DIFFERENT, SAME

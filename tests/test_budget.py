@@ -16,7 +16,7 @@ from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 from minivlm import Engine
 from minivlm.budget import (FAMILY_PROCESSOR, PRESET_DIR, estimate, hf_config, load_device_preset, model_shape,
                             parameter_count, prefill_peak, smart_resize, vision_params, vision_peak, vision_tokens)
-from minivlm.processor import load_processor
+from minivlm.inputs.processor import load_processor
 from tools.make_checkpoint import FAMILIES, make_random_checkpoint
 
 PRESETS = ["Qwen2.5-VL-3B-Instruct", "Qwen2.5-VL-7B-Instruct", "Qwen3-VL-2B-Instruct", "Qwen3-VL-4B-Instruct",

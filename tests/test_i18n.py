@@ -137,7 +137,7 @@ def test_the_budget_limits_in_both_languages(case):
 
 def test_the_refusals_a_person_meets_are_said_in_chinese(tmp_path):
     from PIL import Image
-    from minivlm import image_limits
+    from minivlm.inputs import image_limits
     bad = tmp_path / "notes.png"
     bad.write_bytes(b"not a picture at all")
     big = tmp_path / "huge.png"

@@ -17,7 +17,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from minivlm.image_limits import MAX_IMAGE_BYTES
+from minivlm.inputs.image_limits import MAX_IMAGE_BYTES
 from tests.app_server import running_app
 from tests.test_app_client import answer, ask
 

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
-from minivlm.multimodal import load_image
+from minivlm.inputs.images import load_image
 
 
 def png_bytes(img: Image.Image, fmt="PNG", **kw) -> bytes:

@@ -54,7 +54,7 @@ def test_checkpoint_files_are_standard_and_small():
 
 
 def test_loads_with_auto_classes_and_answer_words_are_single_tokens():
-    import minivlm.processor  # noqa: F401  registers the image-only processors with AutoProcessor
+    import minivlm.inputs.processor  # noqa: F401  registers the image-only processors with AutoProcessor
     from transformers import AutoModelForImageTextToText, AutoProcessor
     processor = AutoProcessor.from_pretrained(MODEL_DIR)
     model = AutoModelForImageTextToText.from_pretrained(MODEL_DIR)

@@ -4,7 +4,7 @@ import random
 
 import torch
 
-from minivlm.processor import load_processor
+from minivlm.inputs.processor import load_processor
 from tools.scenes import COLORS, random_scene, render
 from tools.train_signals import attention_loss, token_labels, where_queries
 from tools.train_tiny import FAMILY, PATCH

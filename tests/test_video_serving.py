@@ -10,7 +10,7 @@ import pytest
 
 from minivlm import Request, SamplingParams
 from minivlm.engine.prefix_keys import block_key
-from minivlm.video import MAX_SOURCE_FRAMES, MAX_VIDEO_BYTES
+from minivlm.inputs.video import MAX_SOURCE_FRAMES, MAX_VIDEO_BYTES
 from tests.conftest import FAMILIES
 from tests.test_video import request_of
 from tools.video_clips import gif_bytes, moving_square
@@ -109,7 +109,7 @@ def test_mp4_decoded_with_pyav(engines):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
-    from minivlm.video import decode_frames, open_video
+    from minivlm.inputs.video import decode_frames, open_video
     source = open_video(buf.getvalue(), None, "clip")
     assert (source.total_frames, source.fps, source.width, source.height) == (12, 6.0, 64, 48)
     got = decode_frames(source, [0, 5, 11])

@@ -84,7 +84,7 @@ class HFBackend:
     def __init__(self, model_dir: str, batch_size: int = 32):
         from transformers import AutoConfig, AutoModelForImageTextToText
 
-        from minivlm.processor import load_processor
+        from minivlm.inputs.processor import load_processor
         config = AutoConfig.from_pretrained(model_dir)
         self.processor = load_processor(model_dir, config.model_type)
         self.processor.tokenizer.padding_side = "left"

@@ -25,7 +25,7 @@ import torch
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
 from minivlm.model import attention, paged_flex
-from minivlm.processor import load_processor
+from minivlm.inputs.processor import load_processor
 from tools.gpu_chunked import chunked_rows
 from tools.gpu_memory import PRESETS, build_real_checkpoint, free_device, memory_checks
 

@@ -7,7 +7,7 @@ from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, 
                           Qwen2VLForConditionalGeneration, Qwen3VLConfig, Qwen3VLForConditionalGeneration)
 from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
-from minivlm.processor import PROCESSORS
+from minivlm.inputs.processor import PROCESSORS
 from tools.tiny_tokenizer import build_tokenizer
 
 FAMILIES = {

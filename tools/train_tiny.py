@@ -19,7 +19,7 @@ import time
 import torch
 from transformers import Qwen3VLForConditionalGeneration
 
-from minivlm.processor import load_processor
+from minivlm.inputs.processor import load_processor
 from tools.make_checkpoint import save_processor, tiny_config
 from tools.scenes import (COLORS, QUESTION_TYPES, SHAPES, ask, possible_types, question, random_scene, render,
                           sample)

@@ -8,8 +8,8 @@ from urllib.parse import urlparse
 
 from minivlm.api.errors import ApiError
 from minivlm.api.protocol import ChatCompletionRequest, ImagePart, VideoPart
-from minivlm.image_limits import MAX_IMAGE_BYTES  # per image, encoded: the same limit as the UI's uploads
-from minivlm.video import MAX_VIDEO_BYTES
+from minivlm.inputs.image_limits import MAX_IMAGE_BYTES  # per image, encoded: the same limit as the UI's uploads
+from minivlm.inputs.video import MAX_VIDEO_BYTES
 
 FETCH_TIMEOUT_S = 10
 

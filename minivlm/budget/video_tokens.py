@@ -1,10 +1,10 @@
-"""How many LLM tokens a video becomes ("video: N s at F fps"), by the engine's own rule (minivlm.video_patches:
+"""How many LLM tokens a video becomes ("video: N s at F fps"), by the engine's own rule (minivlm.inputs.video_patches:
 the checkpoint's sampler, smart_resize per frame or per video, temporal pairs, 2x2 merge; Qwen3-VL's timestamps)."""
 import os
 from dataclasses import dataclass
 
 from minivlm.budget.shapes import QWEN_VL, hf_config
-from minivlm.video_patches import DEFAULTS, VideoSettings, sample_indices, smart_resize, video_settings
+from minivlm.inputs.video_patches import DEFAULTS, VideoSettings, sample_indices, smart_resize, video_settings
 
 TIMESTAMP_TOKENS = 6       # "<1.5 seconds>" in a Qwen tokenizer: about 6 tokens (an estimate), + start / end
 

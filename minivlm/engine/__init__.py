@@ -5,7 +5,7 @@ import gc
 
 import torch
 
-from minivlm.views.anatomy import build_anatomy
+from minivlm.engine.anatomy import build_anatomy
 from minivlm.config import EngineConfig
 from minivlm.engine.core import EngineCore
 from minivlm.engine.event_log import EngineEvent, to_jsonl, unpack
@@ -16,10 +16,10 @@ from minivlm.model.attention import attention_backend
 from minivlm.model.decode_layer import decode_backend
 from minivlm.model.linear import linear_backend
 from minivlm.engine.outputs import StreamEvent
-from minivlm.views.prefix_tree import prefix_forest
+from minivlm.engine.prefix_tree import prefix_forest
 from minivlm.engine.request import Request, SamplingParams
 from minivlm.engine.sequence import Sequence
-from minivlm.views.snapshot import KVSnapshot, MemoryReport
+from minivlm.engine.outputs import KVSnapshot, MemoryReport
 
 
 class Engine:
@@ -175,10 +175,10 @@ class Engine:
             self.core.reset_prefix_cache()
 
     def anatomy(self, request: Request):
-        """How `request` becomes tokens, M-RoPE positions, blocks and A/B/C keys (no model run; minivlm.views.anatomy)."""
+        """How `request` becomes tokens, M-RoPE positions, blocks and A/B/C keys (no model run; minivlm.engine.anatomy)."""
         return build_anatomy(self, request)
 
     def prefix_tree(self):
-        """The prefix cache now as a forest of chained keys (list[TreeNode], minivlm.views.prefix_tree)."""
+        """The prefix cache now as a forest of chained keys (list[TreeNode], minivlm.engine.prefix_tree)."""
         with self.loop.lock:
             return prefix_forest(self.core.block_manager)

@@ -3,7 +3,7 @@ from collections import deque
 
 from minivlm.engine.event_log import EventLog
 from minivlm.engine.outputs import CacheHit
-from minivlm.views.snapshot import block_kind, holds_video, video_spans
+from minivlm.engine.snapshot import block_kind, holds_video, video_spans
 
 
 class Block:

@@ -10,7 +10,7 @@ import torch
 from minivlm.engine.block_manager import BlockManager
 from minivlm.config import EngineConfig
 from minivlm.engine.event_log import EventLog
-from minivlm.image_layout import runs
+from minivlm.inputs.image_layout import runs
 from minivlm.engine.kv_pool import KVPool
 from minivlm.loader import LoadedModel
 from minivlm.model.attention import CHUNK_IN_PLACE
@@ -24,7 +24,8 @@ from minivlm.engine.runner import ModelRunner
 from minivlm.engine.scheduler import Scheduler
 from minivlm.engine.sequence import Sequence, writing
 from minivlm.engine.step_result import RequestFailed, StepResult, isolate
-from minivlm.views.snapshot import KVSnapshot, SnapshotBuilder, video_spans
+from minivlm.engine.outputs import KVSnapshot
+from minivlm.engine.snapshot import SnapshotBuilder, video_spans
 from minivlm.engine.vision_cache import VisionCache
 from minivlm.engine.vision_worker import VisionWorker
 

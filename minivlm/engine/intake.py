@@ -8,11 +8,11 @@ import torch
 from minivlm.config import EngineConfig
 from minivlm.loader import LoadedModel
 from minivlm.model.rope import mrope_positions
-from minivlm.multimodal import build_prompt
+from minivlm.inputs.prompt import build_prompt
 from minivlm.engine.prefix_keys import extend_keys
 from minivlm.engine.request import Request, SamplingParams
 from minivlm.engine.sequence import Sequence
-from minivlm.video_prompt import vision_runs
+from minivlm.inputs.video_prompt import vision_runs
 
 
 class Intake:

@@ -6,7 +6,7 @@ import torch
 from minivlm.config import EngineConfig
 from minivlm.device import free_memory_bytes, peak_bytes
 from minivlm.loader import LoadedModel
-from minivlm.views.snapshot import MemoryReport
+from minivlm.engine.outputs import MemoryReport
 
 log = logging.getLogger("minivlm")
 

@@ -1,7 +1,8 @@
-"""What a caller receives: the Output of a request, the StreamEvent of each step, the CacheHits it was served from."""
-from dataclasses import dataclass, field
+"""What a caller receives: the Output of a request, the StreamEvent of each step, the CacheHits it was served from,
+and the plain-data views of the pool (KVSnapshot, BlockInfo, MemoryReport), safe to hand to another thread."""
+from __future__ import annotations
 
-from minivlm.views.snapshot import KVSnapshot
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -38,3 +39,48 @@ class StreamEvent:
     output: Output | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One physical KV block. kind: text | image | mixed | video | free; cached = free but revivable through its
+    hash."""
+    block_id: int
+    ref_count: int
+    num_tokens: int
+    block_hash: str | None
+    owners: list[str]
+    kind: str
+    cached: bool
+
+
+@dataclass
+class KVSnapshot:
+    """The whole KV pool at one scheduler step."""
+    block_size: int
+    num_blocks: int
+    blocks: list[BlockInfo]
+    block_tables: dict[str, list[int]]
+    step: int = 0
+    running: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    num_preemptions: int = 0
+    cache_stats: dict[str, int] = field(default_factory=dict)
+    last_event_seq: int = 0           # the event log's last seq at this moment: events(since=it) follow it
+
+
+@dataclass
+class MemoryReport:
+    """What the engine really allocated (bytes)."""
+    weights_bytes: int
+    kv_cache_bytes: int
+    kv_bytes_per_token: int
+    num_blocks: int
+    block_size: int
+    peak_bytes: int | None
+    device: str
+    dtype: str
+    vision_weights_bytes: int = 0
+    kv_cache_tokens: int = 0
+    max_concurrency: float = 0.0
+    weight_copies_bytes: int = 0      # CPU fp32: dense copies of the decoder's packed weights, for gemv.c

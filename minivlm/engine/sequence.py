@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from minivlm.multimodal import Prompt
+from minivlm.inputs.prompt import Prompt
 from minivlm.engine.outputs import CacheHit
 from minivlm.engine.request import Request, SamplingParams
 

@@ -7,7 +7,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from minivlm.kv_events.decode import Batch, DecodeError, decode_batch, decode_frames
-from minivlm.views.prefix_tree import TreeNode
+from minivlm.kv_events.tree import TreeNode
 
 HEXID = re.compile(r"^[0-9a-f]{32,}$")
 
@@ -159,7 +159,7 @@ class TreeView:
 
     # ---- reading ----------------------------------------------------------------------------------------
     def tree(self) -> list[TreeNode]:
-        """The nodes as minivlm.views.prefix_tree.TreeNode (block_id: arrival order; ref count and eviction rank are
+        """The nodes as minivlm.kv_events.tree.TreeNode (block_id: arrival order; ref count and eviction rank are
         not on the wire), so panels/prefix_tree.py draws them."""
         with self.lock:
             nodes = list(self.nodes.values())

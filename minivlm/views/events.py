@@ -2,7 +2,8 @@
 events), plain-English sentences and the step plan in a line, events by step."""
 from minivlm.engine.event_log import EngineEvent
 from minivlm.engine.plan import describe_plan as _describe_plan
-from minivlm.views.snapshot import BlockInfo, KVSnapshot, block_fill
+from minivlm.engine.outputs import BlockInfo, KVSnapshot
+from minivlm.engine.snapshot import block_fill
 
 
 class _Replay:

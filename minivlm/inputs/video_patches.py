@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from minivlm.video import Source, decode_frames
+from minivlm.inputs.video import Source, decode_frames
 
 
 @dataclass(frozen=True)

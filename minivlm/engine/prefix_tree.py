@@ -1,26 +1,6 @@
 """The prefix cache as a forest: every cached block is a node, its parent the block whose key its own key chains
 on. A prefix hit is a walk from a root down one path; requests sharing a prefix share the path up to a branch."""
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class TreeNode:
-    """One block in the prefix cache. parent_block is None for a root (first block of a prompt) and for an orphan
-    whose parent was evicted (no lookup can reach it any more). eviction_rank: 0 = the next cached block the free
-    queue overwrites; evicted_after: how many more block allocations until then; both None while in use."""
-    block_id: int
-    key: str
-    parent_key: str | None
-    parent_block: int | None
-    ref_count: int
-    kind: str
-    num_tokens: int
-    eviction_rank: int | None
-    evicted_after: int | None
-
-    @property
-    def orphan(self) -> bool:
-        return self.parent_key is not None and self.parent_block is None
+from minivlm.kv_events.tree import TreeNode  # what a KV-event subscriber rebuilds is the same forest
 
 
 def eviction_order(bm) -> list[int]:

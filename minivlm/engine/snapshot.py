@@ -1,5 +1,6 @@
-"""Plain-data views of the engine (safe to hand to another thread): the KV block map and memory."""
-from dataclasses import dataclass, field
+"""The KV block map as plain data, built each step from the block manager (KVSnapshot, in outputs.py), and the
+one block-fill formula the live snapshot and the replays share."""
+from minivlm.engine.outputs import BlockInfo, KVSnapshot
 
 
 def block_kind(token_types: list[int], video: bool = False) -> str:
@@ -29,51 +30,6 @@ def video_spans(seq) -> list[tuple[int, int]]:
 def holds_video(videos, start: int, end: int) -> bool:
     """Whether tokens [start, end) overlap one of the video spans (start, length)."""
     return any(a < end and a + n > start for a, n in videos)
-
-
-@dataclass(frozen=True)
-class BlockInfo:
-    """One physical KV block. kind: text | image | mixed | video | free; cached = free but revivable through its
-    hash."""
-    block_id: int
-    ref_count: int
-    num_tokens: int
-    block_hash: str | None
-    owners: list[str]
-    kind: str
-    cached: bool
-
-
-@dataclass
-class KVSnapshot:
-    """The whole KV pool at one scheduler step."""
-    block_size: int
-    num_blocks: int
-    blocks: list[BlockInfo]
-    block_tables: dict[str, list[int]]
-    step: int = 0
-    running: list[str] = field(default_factory=list)
-    waiting: list[str] = field(default_factory=list)
-    num_preemptions: int = 0
-    cache_stats: dict[str, int] = field(default_factory=dict)
-    last_event_seq: int = 0           # the event log's last seq at this moment: events(since=it) follow it
-
-
-@dataclass
-class MemoryReport:
-    """What the engine really allocated (bytes)."""
-    weights_bytes: int
-    kv_cache_bytes: int
-    kv_bytes_per_token: int
-    num_blocks: int
-    block_size: int
-    peak_bytes: int | None
-    device: str
-    dtype: str
-    vision_weights_bytes: int = 0
-    kv_cache_tokens: int = 0
-    max_concurrency: float = 0.0
-    weight_copies_bytes: int = 0      # CPU fp32: dense copies of the decoder's packed weights, for gemv.c
 
 
 class SnapshotBuilder:

@@ -3,9 +3,10 @@ Everything comes from the engine's own code path (make_sequence: processor, posi
 prefix_keys.block_key per strategy), so what is shown is what the engine computes, not a re-derivation."""
 from dataclasses import dataclass, field
 
-from minivlm.engine.block_manager import block_kind
-from minivlm.views.snapshot import holds_video, video_spans
-from minivlm.multimodal import load_image, split_images
+from minivlm.engine.snapshot import block_kind
+from minivlm.engine.snapshot import holds_video, video_spans
+from minivlm.inputs.images import load_image
+from minivlm.inputs.prompt import split_images
 from minivlm.engine.prefix_keys import block_key
 from minivlm.engine.request import Request, SamplingParams
 
@@ -48,7 +49,7 @@ class ImageAnatomy:
     tokens_per_tile: int = 0
     end: int = 0                      # one past its last placeholder token (markers between tiles included)
     kind: str = "image"               # "image" or "video"
-    video: object = None              # a video's VideoFacts (minivlm.video_patches): sampled frames, fps, timestamps
+    video: object = None              # a video's VideoFacts (minivlm.inputs.video_patches): sampled frames, fps, timestamps
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from dataclasses import dataclass
 
 import torch
 
-from minivlm.image_layout import runs
-from minivlm.video import MAX_KEPT_PIXELS, Source, open_video, video_name
-from minivlm.video_patches import VideoFacts, VideoSettings, placeholder_text, process_video, sample_indices
-from minivlm.image_limits import mp
+from minivlm.inputs.image_layout import runs
+from minivlm.inputs.video import MAX_KEPT_PIXELS, Source, open_video, video_name
+from minivlm.inputs.video_patches import VideoFacts, VideoSettings, placeholder_text, process_video, sample_indices
+from minivlm.inputs.image_limits import mp
 
 VIDEO_OPTIONS = ("fps", "num_frames")
 

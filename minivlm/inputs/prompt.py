@@ -1,15 +1,14 @@
-"""Images in, prompt tokens out: load and validate images, run the processor, hash image content."""
+"""Chat messages in, prompt tokens out: images and videos pulled out of the messages, the chat template and the
+family's processor run, and every image's placeholder span and the settings that shaped it recorded."""
 import hashlib
 from dataclasses import dataclass, field
 
 import torch
-from PIL import Image, ImageOps
 
-from minivlm import image_limits
-from minivlm.image_layout import image_settings, locate_images, placeholder_types
-from minivlm.video_prompt import expand_videos, prepare_videos, video_item, video_spans
-
-MAX_INPUT_PIXELS = image_limits.MAX_IMAGE_PIXELS  # refuse to decode images larger than this (bombs)
+from minivlm.inputs import image_limits
+from minivlm.inputs.images import content_hash, load_images
+from minivlm.inputs.image_layout import image_settings, locate_images, placeholder_types
+from minivlm.inputs.video_prompt import expand_videos, prepare_videos, video_item, video_spans
 
 
 @dataclass
@@ -26,7 +25,7 @@ class ImageInfo:
     tiles: tuple[int, int] | None = None   # tiled families: (rows, cols) of crops; None when not split
     thumbnail: bool = False           # a global view / thumbnail follows its crops
     kind: str = "image"               # "image" or "video" (a video's grid has t > 1 frame pairs)
-    video: object = None              # a video's VideoFacts: fps, sampled frames, timestamps (minivlm.video_patches)
+    video: object = None              # a video's VideoFacts: fps, sampled frames, timestamps (minivlm.inputs.video_patches)
 
     def __post_init__(self):
         self.end = self.end or self.start + self.num_tokens
@@ -45,59 +44,6 @@ class Prompt:
     pixel_values: torch.Tensor | None  # Qwen: [patches, dim]; tiled families: [tiles, 3, H, W]
     images: list[ImageInfo]
     pixel_mask: torch.Tensor | None = None  # SmolVLM: [tiles, H, W], which pixels of a padded tile are real
-
-
-def load_image(obj, max_pixels: int | None = None) -> tuple[Image.Image, list[str]]:
-    """PIL image, encoded bytes or a file path -> RGB image (EXIF-rotated, first frame), plus notes for the user;
-    checked from its header first (minivlm.image_limits) and decoded no larger than `max_pixels` needs."""
-    return load_images([obj], max_pixels)[0]
-
-
-def load_images(raw: list, max_pixels: int | None = None) -> list[tuple[Image.Image, list[str]]]:
-    """A request's images: every header checked (each image, then all together) before any pixel is decoded;
-    each then decoded within the server's budget and no larger than a processor using `max_pixels` needs."""
-    keep = image_limits.keep_pixels(max_pixels)
-    out = []
-    for i, (opened, pixels) in enumerate(image_limits.open_all(raw, keep)):
-        if opened is None:
-            img, notes, upright = raw[i], [], False
-        else:
-            img, notes, upright = image_limits.decode(opened, pixels, keep, image_limits.image_name(raw[i], i))
-        if getattr(img, "n_frames", 1) > 1:
-            notes.append(f"animated image: used the first of {img.n_frames} frames")
-            img.seek(0)
-            img = img.copy()
-        if not upright:
-            img = ImageOps.exif_transpose(img)
-        if img.mode != "RGB":
-            notes.append(f"converted {img.mode} image to RGB")
-            img = to_rgb(img)
-        out.append((img, notes))
-    return out
-
-
-check_pixels = image_limits.check_size
-
-
-def to_rgb(img: Image.Image) -> Image.Image:
-    """Any PIL mode -> RGB; transparency composited on white, 16-bit scaled down to 8-bit."""
-    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
-        img = img.point(lambda v: v / 256).convert("L")
-    if img.mode == "P":
-        img = img.convert("RGBA")
-    if img.mode in ("RGBA", "LA", "PA"):
-        background = Image.new("RGB", img.size, (255, 255, 255))
-        background.paste(img.convert("RGBA"), mask=img.convert("RGBA").getchannel("A"))
-        return background
-    return img.convert("RGB")
-
-
-def content_hash(img: Image.Image) -> str:
-    """Hash of decoded pixels + size + mode: the same picture hashes the same whatever its file format."""
-    h = hashlib.sha256()
-    h.update(repr((img.mode, img.size)).encode())
-    h.update(img.tobytes())
-    return h.hexdigest()
 
 
 def split_images(messages: list[dict]) -> tuple[list[dict], list]:

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageSequence
 
-from minivlm import image_limits
-from minivlm.image_limits import encoded_size, mp
+from minivlm.inputs import image_limits
+from minivlm.inputs.images import to_rgb  # frames as images are: transparency on white, 16-bit scaled
+from minivlm.inputs.image_limits import encoded_size, mp
 
 MAX_VIDEO_BYTES = 64 * 2**20          # one encoded video (an upload, a data: URL)
 MAX_VIDEO_SECONDS = 600.0             # the duration a header may announce
@@ -61,7 +62,6 @@ def _check_header(name: str, width: int, height: int, frames: int, fps: float):
 
 
 def _rgb(frame: Image.Image) -> np.ndarray:
-    from minivlm.multimodal import to_rgb  # transparency on white, 16-bit scaled: as for images
     return np.asarray(frame if frame.mode == "RGB" else to_rgb(frame))
 
 

@@ -8,7 +8,7 @@ from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
 from minivlm.families import FAMILIES, get_family
-from minivlm.video_patches import video_settings
+from minivlm.inputs.video_patches import video_settings
 
 PROCESSORS = {name: (f.config_class, f.processor_class) for name, f in FAMILIES.items() if f.processor_class}
 
