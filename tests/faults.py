@@ -12,7 +12,7 @@ def _target(engine, stage: str):
     """(object, method name, how to find the requests in its first argument) for a stage."""
     core = engine.core
     one, many = (lambda a: [a]), (lambda a: list(a))
-    return {"admit": (core.scheduler, "add", one), "schedule": (core.block_manager, "allocate", one),
+    return {"admit": (core.requests, "add", one), "schedule": (core.block_manager, "allocate", one),
             "vision encode": (core.runner, "encode_images", many), "model run": (core.runner, "forward", many),
             "sampling": (core.runner, "sample_tokens", many), "advance": (core.outputs, "advance", one),
             "snapshot": (core.snapshots, "build", many)}[stage]

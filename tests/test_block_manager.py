@@ -32,7 +32,7 @@ def admit(bm: BlockManager, seq: Sequence):
 def check_invariants(bm: BlockManager, live: list[Sequence]):
     owners = {}
     for s in live:
-        for b in s.block_table:
+        for b in bm.table(s):
             owners[b] = owners.get(b, 0) + 1
     used = [b for b in bm.blocks if b.ref_count > 0]
     assert len(bm.free) + len(used) == len(bm.blocks)                      # free + used = total
@@ -101,8 +101,8 @@ def test_shared_prefix_is_shared_and_revivable():
     a, b = make_seq(list(range(10))), make_seq(list(range(10)))
     admit(bm, a)
     admit(bm, b)
-    assert a.block_table[:2] == b.block_table[:2] and b.num_cached_tokens == 8
-    assert bm.blocks[a.block_table[0]].ref_count == 2
+    assert bm.table(a)[:2] == bm.table(b)[:2] and b.num_cached_tokens == 8
+    assert bm.blocks[bm.table(a)[0]].ref_count == 2
     bm.deallocate(a), bm.deallocate(b)
     c = make_seq(list(range(10)))
     admit(bm, c)  # freed blocks keep their keys: revived, not recomputed
@@ -113,16 +113,16 @@ def test_eviction_order_is_exact_tail_blocks_first_never_used_blocks_before_cach
     bm = BlockManager(6, BS, caching=True)
     a = make_seq(list(range(10)))                      # 2 full blocks + 1 partial
     admit(bm, a)
-    assert a.block_table == [0, 1, 2] and list(bm.free) == [3, 4, 5]
+    assert bm.table(a) == [0, 1, 2] and list(bm.free) == [3, 4, 5]
     assert set(bm.key_to_block.values()) == {0, 1}       # only full blocks are published
     bm.deallocate(a)
     assert list(bm.free) == [3, 4, 5, 2, 1, 0]           # a prefix's tail goes first, its head (most shared) last
     b = make_seq([100 + t for t in range(12)])
     admit(bm, b)
-    assert b.block_table == [3, 4, 5] and set(bm.key_to_block.values()) == {0, 1, 3, 4, 5}
+    assert bm.table(b) == [3, 4, 5] and set(bm.key_to_block.values()) == {0, 1, 3, 4, 5}
     c = make_seq([200 + t for t in range(8)])
     admit(bm, c)                                        # takes block 2 (never published), then evicts block 1
-    assert c.block_table == [2, 1] and bm.blocks[0].key is not None and bm.key_to_block[bm.blocks[1].key] == 1
+    assert bm.table(c) == [2, 1] and bm.blocks[0].key is not None and bm.key_to_block[bm.blocks[1].key] == 1
     d = make_seq(list(range(10)))
     assert bm.match_prefix(d) == [0]                      # a's head block survived, its second block did not
 
@@ -132,7 +132,7 @@ def test_a_block_published_in_the_same_step_is_a_hit():
     a, b = make_seq(list(range(9))), make_seq(list(range(9)))
     admit(bm, a)                                        # one scheduling pass: a, then b, before any forward
     admit(bm, b)
-    assert b.block_table[:2] == a.block_table[:2] and b.num_computed == 8
+    assert bm.table(b)[:2] == bm.table(a)[:2] and b.num_computed == 8
     assert [(h.block_id, h.logical_index, h.false_hit) for h in b.cache_hits] == [(0, 0, False), (1, 1, False)]
     assert [bm.blocks[i].ref_count for i in range(4)] == [2, 2, 1, 1] and list(bm.free) == [4, 5, 6, 7]
 

@@ -32,14 +32,14 @@ def watch(eng: Engine, log: list):
     part-way through its prefill shows exactly the tokens computed so far (full, partial, then empty)."""
     def check(core):
         s = core.scheduler
-        live = list(s.running) + [q for q in s.waiting if q.block_table]
+        live = list(s.running) + [q for q in s.waiting if core.block_manager.table(q)]
         check_invariants(core.block_manager, live)
         snap = core.snapshot()
         rebuilt = replay(core.events.since(0), core.num_blocks, BS)
         assert (rebuilt.blocks, rebuilt.block_tables, rebuilt.running) == (snap.blocks, snap.block_tables, snap.running)
         for seq in s.running:
-            fills = [snap.blocks[b].num_tokens for b in seq.block_table]
-            expected = [max(0, min(BS, seq.num_computed - j * BS)) for j in range(len(seq.block_table))]
+            fills = [snap.blocks[b].num_tokens for b in core.block_manager.table(seq)]
+            expected = [max(0, min(BS, seq.num_computed - j * BS)) for j in range(len(core.block_manager.table(seq)))]
             assert fills == expected, (seq.request_id, fills, expected)
             if seq.num_computed < seq.num_prompt_tokens:
                 log.append((core.step_count, seq.request_id, seq.num_computed))

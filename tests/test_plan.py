@@ -38,7 +38,7 @@ def test_request_progress_is_written_only_inside_update(checkpoints, monkeypatch
 
     def recording(self, name, value):
         real(self, name, value)  # raises for a write the guard refuses
-        if name in GUARDED and self.__dict__.get("sealed"):
+        if name in GUARDED and self.sealed:
             writes.append((name, any(sys._getframe(k).f_code.co_name == "update" for k in range(1, 4))))
     monkeypatch.setattr(Sequence, "__setattr__", recording)
     caught = []

@@ -17,7 +17,7 @@ N, THREADS = 2000, 16
 def invariant_hook(violations: list):
     """After every step: the block manager's books agree with the sequences that hold blocks."""
     def check(core):
-        live = [s for s in (*core.scheduler.running, *core.scheduler.waiting) if s.block_table]
+        live = [s for s in (*core.scheduler.running, *core.scheduler.waiting) if core.block_manager.table(s)]
         try:
             check_invariants(core.block_manager, live)
         except AssertionError as e:

@@ -30,6 +30,11 @@ class BlockManager:
         self.key_to_block: dict[str, int] = {}
         self.stats = {"hits": 0, "true_hits": 0, "false_hits": 0, "lookups": 0}
         self.dirty: set[int] = set()  # blocks whose state changed since the last snapshot
+        self.tables: dict[int, list[int]] = {}  # seq_id -> its block table (vLLM's req_to_blocks); only here written
+
+    def table(self, seq) -> list[int]:
+        """seq's physical block ids in logical order (empty when it holds none); read it, never write it."""
+        return self.tables.get(seq.seq_id, [])
 
     @property
     def num_free(self) -> int:
@@ -59,9 +64,9 @@ class BlockManager:
         """Give seq a block table for all its tokens: cache hits first (shared), fresh blocks for the rest; returns
         the hits (its first len(hits) * block_size tokens need no computing). The scheduler publishes the fresh
         blocks as the steps that fill them are scheduled (publish)."""
-        assert not seq.block_table
+        assert seq.seq_id not in self.tables
         hits = self.match_prefix(seq)
-        cache_hits = []
+        cache_hits, table = [], self.tables.setdefault(seq.seq_id, [])
         for i, b in enumerate(hits):
             block = self.blocks[b]
             if block.ref_count == 0:
@@ -70,7 +75,7 @@ class BlockManager:
             self.dirty.add(b)
             false_hit = block.truth != seq.truth_keys[i]
             cache_hits.append(CacheHit(b, i, false_hit))
-            seq.block_table.append(b)
+            table.append(b)
         cached = len(hits) * self.block_size
         self.events.emit("cache_lookup", seq.request_id, hits=cache_hits, num_cached_tokens=cached)
         if seq.num_output_tokens == 0 and self.caching:  # a re-admission after preemption is not a new prompt lookup
@@ -79,7 +84,7 @@ class BlockManager:
             self.stats["false_hits"] += sum(h.false_hit for h in cache_hits)
             self.stats["true_hits"] += sum(not h.false_hit for h in cache_hits)
         fresh = [self._take_free() for _ in range(len(hits), self.blocks_needed(len(seq)))]
-        seq.block_table += fresh
+        table += fresh
         self.events.emit("allocated", seq.request_id, block_ids=fresh)
         return cache_hits
 
@@ -93,7 +98,7 @@ class BlockManager:
         """Publish full block i of seq under its key (its K/V are written in the current step)."""
         if not self.caching or i >= len(seq.block_keys):
             return []
-        block = self.blocks[seq.block_table[i]]
+        block = self.blocks[self.tables[seq.seq_id][i]]
         if block.key == seq.block_keys[i]:
             return []  # already published (a cache hit, or a recomputed block that kept its key)
         block.key, block.truth = seq.block_keys[i], seq.truth_keys[i]
@@ -122,7 +127,7 @@ class BlockManager:
     def deallocate(self, seq):
         """Drop seq's references; blocks reaching zero go to the free queue, tail blocks first to be evicted."""
         freed = []
-        for b in reversed(seq.block_table):
+        for b in reversed(self.tables.pop(seq.seq_id, [])):
             block = self.blocks[b]
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {b} freed twice"
@@ -130,7 +135,6 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free.append(b)
                 freed.append(b)
-        seq.block_table = []
         if freed:
             self.events.emit("freed", seq.request_id, block_ids=freed)
 
@@ -138,7 +142,7 @@ class BlockManager:
         """Unpublish blocks whose K/V were never written (a failed step: tokens from `written`, by default its
         num_computed, on), then free them."""
         written = seq.num_computed if written is None else written
-        for b in seq.block_table[written // self.block_size:]:
+        for b in self.table(seq)[written // self.block_size:]:
             if self.blocks[b].key is not None:
                 self._unpublish(self.blocks[b])
         self.deallocate(seq)
@@ -151,12 +155,13 @@ class BlockManager:
 
     def can_append(self, seq) -> bool:
         """Room for the K/V of seq's newest token."""
-        return self.blocks_needed(len(seq)) <= len(seq.block_table) or self.num_free > 0
+        return self.blocks_needed(len(seq)) <= len(self.table(seq)) or self.num_free > 0
 
     def append_slot(self, seq):
-        if self.blocks_needed(len(seq)) > len(seq.block_table):
-            seq.block_table.append(self._take_free())
-            self.events.emit("allocated", seq.request_id, block_ids=seq.block_table[-1:])
+        table = self.tables[seq.seq_id]
+        if self.blocks_needed(len(seq)) > len(table):
+            table.append(self._take_free())
+            self.events.emit("allocated", seq.request_id, block_ids=table[-1:])
 
     def reset(self):
         """Forget every cached-but-free block (used blocks keep their content)."""

@@ -12,6 +12,7 @@ from minivlm.config import EngineConfig
 from minivlm.engine.event_log import EventLog
 from minivlm.inputs.image_layout import runs
 from minivlm.engine.kv_pool import KVPool
+from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.loader import LoadedModel
 from minivlm.model.attention import CHUNK_IN_PLACE
 from minivlm.model.decode_layer import one_call_rows
@@ -41,7 +42,8 @@ class EngineCore:
         self.num_blocks = self.pool.num_blocks
         self.events = EventLog(config.event_log_size)
         self.block_manager = BlockManager(self.num_blocks, config.block_size, config.cache_strategy != "none", self.events)
-        self.scheduler = Scheduler(self.block_manager, config, self.events)
+        self.requests = RequestRegistry()  # every admitted, unfinished request; its status moves only there
+        self.scheduler = Scheduler(self.block_manager, config, self.events, self.requests)
         self.snapshots = SnapshotBuilder(self.block_manager)
         self.vision_cache = VisionCache(config.vision_cache_bytes)
         self.runner = ModelRunner(model, self.pool.kv_cache, config.block_size, self.vision_cache, config.enforce_eager,
@@ -55,7 +57,6 @@ class EngineCore:
             self.scheduler.adaptive.fast_rows = lambda: one_call_rows(model.decoder, model.device, model.dtype)
         self.outputs = OutputProcessor(model.tokenizer, model.eos_ids, config.max_model_len)
         self.step_count = 0
-        self.live: dict[int, Sequence] = {}      # seq_id -> every admitted, unfinished request
         self.last_plan: StepPlan | None = None   # the plan of the latest step that ran something
         self._written: dict[int, int] = {}       # this step, before its update: seq_id -> tokens whose K/V exist
         self._step_seqs: dict[int, Sequence] = {}  # this step: every request it may touch, failed ones included
@@ -65,6 +66,8 @@ class EngineCore:
             self.kv_publisher = KVEventPublisher(config.kv_events, config.block_size)
         self.after_step = None  # debug hook: called with the core after every step (tests check invariants)
         self.clock = time.perf_counter  # what step times are measured with (a test may give a clock of its own)
+
+    live = property(lambda self: self.requests.requests)  # seq_id -> every admitted, unfinished request
 
     def step(self, new: list[Sequence]) -> StepResult:
         """One scheduler step: prefill a batch of waiting requests, or decode one token for every running one
@@ -202,9 +205,7 @@ class EngineCore:
         self.outputs.start(seq)
         if self.vision_worker is not None:
             self.runner.start_encoding(seq, self.vision_worker)
-        seq.sealed = True  # from here on only update writes its progress
-        self.live[seq.seq_id] = seq
-        self.scheduler.add(seq)
+        self.requests.add(seq)  # WAITING: from here on only update writes its progress
 
     def update(self, plan: StepPlan, out: StepOutcome, res: StepResult) -> list[tuple[Sequence, StreamEvent]]:
         """The only writer of request progress. Preempted requests restart from token 0; every request whose forward
@@ -259,9 +260,8 @@ class EngineCore:
 
     def _finish(self, seq: Sequence, reason: str) -> StreamEvent:
         self.events.emit("finished", seq.request_id, finish_reason=reason)
-        self.scheduler.finish(seq)
-        self.live.pop(seq.seq_id, None)
-        seq.finish_reason = reason
+        self.scheduler.release(seq)
+        self.requests.finish(seq, reason)
         out = self.outputs.output(seq, reason)
         return StreamEvent(seq.request_id, "", out.text, True, None, out)
 
@@ -270,11 +270,10 @@ class EngineCore:
         caller's error goes into res (the loop, when it fails a request itself, tells the caller directly)."""
         res = res if res is not None else StepResult()
         log.exception("request %s failed during %s", seq.request_id, stage, exc_info=error)
-        seq.finish_reason = "error"
         self.events.emit("finished", seq.request_id, finish_reason="error", stage=stage, error=str(error))
-        self.live.pop(seq.seq_id, None)
+        self.requests.finish(seq, "error")
         try:  # in a step before its update, only the tokens before its planned start have K/V
-            self.scheduler.finish(seq, computed=False, written=self._written.pop(seq.seq_id, None))
+            self.scheduler.release(seq, computed=False, written=self._written.pop(seq.seq_id, None))
         finally:
             res.failed.append((seq, RequestFailed(seq.request_id, stage, error)))
 

@@ -1,10 +1,38 @@
-"""What a caller sends: a Request (prompt + images, or chat messages) and its SamplingParams."""
+"""What a caller sends: a Request (prompt + images, or chat messages) and its SamplingParams; and where a request
+stands inside the engine (RequestStatus)."""
+import enum
 import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 _ids = itertools.count()
+
+
+class RequestStatus(enum.Enum):
+    """A request's place in the engine (vLLM's names). Only engine/lifecycle.py moves a request between them:
+    WAITING -> RUNNING (admitted: blocks allocated) -> PREEMPTED (blocks released, first in line) -> RUNNING ...
+    -> one FINISHED_* (from any of them)."""
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"          # an EOS token or a stop string
+    FINISHED_LENGTH_CAPPED = "length"  # max_tokens or max_model_len reached
+    FINISHED_ABORTED = "abort"         # the caller cancelled it (or went away)
+    FINISHED_ERROR = "error"           # a fault in one of its steps (RequestFailed)
+
+    @property
+    def finished(self) -> bool:
+        return self.name.startswith("FINISHED")
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The Output's finish_reason ("stop" | "length" | "abort" | "error"), None while unfinished."""
+        return self.value if self.finished else None
+
+    @classmethod
+    def finished_by(cls, reason: str) -> "RequestStatus":
+        return next(s for s in cls if s.finished and s.value == reason)
 
 
 @dataclass

@@ -7,14 +7,17 @@ from dataclasses import replace
 from minivlm.engine.block_manager import BlockManager
 from minivlm.config import EngineConfig
 from minivlm.engine.event_log import EventLog
+from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.engine.plan import EncodeJob, Preemption, ScheduledRequest, StepPlan
 from minivlm.engine.sequence import Sequence
 from minivlm.engine.step_budget import AdaptiveTokenBudget
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, config: EngineConfig, events: EventLog | None = None):
+    def __init__(self, block_manager: BlockManager, config: EngineConfig, events: EventLog | None = None,
+                 requests: RequestRegistry | None = None):
         self.bm = block_manager
+        self.requests = requests or RequestRegistry()  # the queues it serves; their moves are lifecycle.py's
         self.events = events or EventLog(0)
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
@@ -22,18 +25,16 @@ class Scheduler:
         self.adaptive = AdaptiveTokenBudget(config.max_step_slowdown, config.max_num_batched_tokens) \
             if self.chunked and config.max_step_slowdown is not None else None
         self._budget = None                  # this step: the adaptive budget's decision (plain data), if any
-        self.waiting: deque[Sequence] = deque()
-        self.running: deque[Sequence] = deque()
-        self.num_preemptions = 0
         self._start: dict[int, int] = {}     # this step: seq_id -> first token it computes
         self._planned: dict[int, dict] = {}  # this step: seq_id -> what was decided for it
         self._preempted: list[Preemption] = []
 
-    def add(self, seq: Sequence):
-        self.waiting.append(seq)
+    waiting = property(lambda self: self.requests.waiting)
+    running = property(lambda self: self.requests.running)
+    num_preemptions = property(lambda self: self.requests.num_preemptions)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return self.requests.has_work()
 
     def schedule(self, step: int = 0) -> tuple[StepPlan, list[tuple[Sequence, Exception]]]:
         """Pick this step's work (below) and return it as a StepPlan, with the requests whose scheduling raised;
@@ -59,14 +60,14 @@ class Scheduler:
         kind = "decode" if seq.num_output_tokens > 0 and start == len(seq) - 1 else \
             "prefill" if end == len(seq) else "chunk"
         sample = end == len(seq)
-        return ScheduledRequest(seq.seq_id, seq.request_id, start, end, sample, kind, tuple(seq.block_table),
+        return ScheduledRequest(seq.seq_id, seq.request_id, start, end, sample, kind, tuple(self.bm.table(seq)),
                                 tuple(p.get("hits", ())), tuple(p.get("new", ())), tuple(p["publishes"]),
                                 p.get("admitted", False), params=seq.params if sample else None,
                                 generator=seq.generator if sample else None, **self._inputs(seq, start, end))
 
     def _inputs(self, seq: Sequence, start: int, end: int) -> dict:
         """What the runner needs of seq's tokens [start, end): ids, positions, slots, where its image tokens are."""
-        bs, table = self.bm.block_size, seq.block_table
+        bs, table = self.bm.block_size, self.bm.table(seq)
         image_at = tuple(i for i, t in enumerate(seq.token_types[start:end]) if t)
         return {"token_ids": tuple(seq.token_ids[start:end]), "positions": seq.positions(start, end),
                 "slots": tuple(table[t // bs] * bs + t % bs for t in range(start, end)), "image_at": image_at,
@@ -130,9 +131,10 @@ class Scheduler:
     def _admit_waiting(self, budget: int, failed: list, whole: bool = False) -> list[Sequence]:
         """Admit waiting requests in order while sequence slots, budget and blocks last; whole=True admits
         only prompts that fit the budget whole (always the first one, which the config guarantees fits)."""
-        batch = []
+        batch, dropped = [], set()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = next((s for s in self.waiting if s.vision_ready), None)  # async_vision: skip images in the tower
+            # async_vision: a request whose images are still in the tower waits; the next one goes first
+            seq = next((s for s in self.waiting if s.vision_ready and s.seq_id not in dropped), None)
             if seq is None:
                 break
             if whole and batch and len(seq) > budget:
@@ -144,47 +146,43 @@ class Scheduler:
                 start = len(hits) * self.bm.block_size
                 self._start[seq.seq_id] = start
                 self._plan(seq, start, len(seq) - start if whole else budget,
-                           hits=hits, new=seq.block_table[len(hits):], admitted=True)
+                           hits=hits, new=self.bm.table(seq)[len(hits):], admitted=True)
             except Exception as e:
-                self.waiting.remove(seq)
                 failed.append((seq, self._drop(seq, e)))
+                dropped.add(seq.seq_id)  # the core finishes it after this plan; the next in line goes on
                 continue
             budget -= self._count(seq)
-            self.waiting.remove(seq)
-            self.running.append(seq)
+            self.requests.run(seq)
             batch.append(seq)
         return batch
 
     def _continue_running(self, budget: int | None) -> tuple[list[Sequence], list]:
         """Every running request, oldest first, gets its next token or prefill chunk while the budget (None: no
         limit) lasts; a request that needs a block when none is free preempts the newest running one."""
-        survivors, batch, failed = deque(), [], []
-        while self.running:
-            seq = self.running.popleft()
+        pending, batch, failed = deque(self.running), [], []
+        while pending:
+            seq = pending.popleft()
             if budget is not None and budget <= 0:
-                survivors.append(seq)  # stays running; its turn comes next step
-                continue
+                continue  # stays running; its turn comes next step
             try:
                 while not self.bm.can_append(seq):
                     need = f"{seq.request_id} needs a block for its next token; none is free; "
-                    if not self.running:
+                    if not pending:
                         self.preempt(seq, need + f"no other request is running, so {seq.request_id} itself")
                         break
-                    victim = self.running.pop()  # newest first: it has the least work to redo
+                    victim = pending.pop()  # newest first: it has the least work to redo
                     self.preempt(victim, need + f"preempting the newest running request, {victim.request_id}")
                 else:
-                    had = len(seq.block_table)
+                    had = len(self.bm.table(seq))
                     self.bm.append_slot(seq)
                     start = seq.num_computed
                     self._plan(seq, start, budget if budget is not None else len(seq) - start,
-                               new=seq.block_table[had:])
-                    survivors.append(seq)
+                               new=self.bm.table(seq)[had:])
                     batch.append(seq)
                     if budget is not None:
                         budget -= self._count(seq)
             except Exception as e:
                 failed.append((seq, self._drop(seq, e)))
-        self.running = survivors
         return batch, failed
 
     def _plan(self, seq: Sequence, start: int, max_tokens: int, **decided):
@@ -193,7 +191,7 @@ class Scheduler:
         attention reads the cache, so a request that hits them in this same step reads written K/V."""
         bs = self.bm.block_size
         end = min(len(seq), start + max_tokens)
-        self.bm.dirty.update(seq.block_table[start // bs:-(-end // bs)])  # their fill levels change
+        self.bm.dirty.update(self.bm.table(seq)[start // bs:-(-end // bs)])  # their fill levels change
         self._planned[seq.seq_id] = {"start": start, "end": end, "publishes": [], **decided}
         self._planned[seq.seq_id]["publishes"] = self.bm.publish(seq, end, start)
 
@@ -205,34 +203,28 @@ class Scheduler:
 
     def preempt(self, seq: Sequence, why: str = "preempted"):
         """Free seq's blocks and queue it first in line; its tokens so far are recomputed on re-admission."""
-        blocks = list(seq.block_table)
+        blocks = list(self.bm.table(seq))
         freeing = sum(self.bm.blocks[b].ref_count == 1 for b in blocks)
         self.events.emit("preempted", seq.request_id, block_ids=blocks,
                          reason=f"{why}, releasing its {len(blocks)} blocks ({freeing} become free); "
                                 f"its {len(seq)} tokens will be recomputed")
         self.bm.deallocate(seq)
         self._preempted.append(Preemption(seq.seq_id, seq.request_id, tuple(blocks), why))
-        self.waiting.appendleft(seq)
-        self.num_preemptions += 1
+        self.requests.preempt(seq)
 
     def unwritten_start(self, seq: Sequence, start: int) -> int:
         """Where seq must start computing if a block it hit before `start` was unpublished in this step (a request
         that published it failed before writing its K/V): the first such block, which it then computes itself."""
         bs = self.bm.block_size
-        for i, b in enumerate(seq.block_table[:start // bs]):
+        for i, b in enumerate(self.bm.table(seq)[:start // bs]):
             if self.bm.caching and i < len(seq.block_keys) and self.bm.blocks[b].key != seq.block_keys[i]:
                 return i * bs
         return start
 
-    def finish(self, seq: Sequence, computed: bool = True, written: int | None = None):
-        """Remove a finished, aborted or failed request and release its blocks (computed=False: its blocks from
-        token `written` on never got their K/V, so they are unpublished too)."""
-        if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-        if seq.block_table:
-            if computed:
-                self.bm.deallocate(seq)
-            else:
-                self.bm.forget(seq, written)
+    def release(self, seq: Sequence, computed: bool = True, written: int | None = None):
+        """Release a finished, aborted or failed request's blocks (computed=False: its blocks from token `written`
+        on never got their K/V, so they are unpublished too)."""
+        if computed:
+            self.bm.deallocate(seq)
+        else:
+            self.bm.forget(seq, written)

@@ -9,7 +9,7 @@ import torch
 
 from minivlm.inputs.prompt import Prompt
 from minivlm.engine.outputs import CacheHit
-from minivlm.engine.request import Request, SamplingParams
+from minivlm.engine.request import Request, RequestStatus, SamplingParams
 
 
 _seq_ids = itertools.count()
@@ -35,7 +35,7 @@ def writing():
 
 class Sequence:
     """One submission of a request inside the engine. Tokens [0, num_computed) have their K/V in the blocks of
-    block_table. seq_id is internal and unique per submission; request_id is the caller's label."""
+    its block table (BlockManager.table). seq_id is internal and unique per submission; request_id is the caller's label."""
 
     def __init__(self, request: Request, prompt: Prompt, params: SamplingParams, positions: torch.Tensor,
                  rope_delta: int, generator: torch.Generator | None):
@@ -58,7 +58,6 @@ class Sequence:
         self.arrived_step = 0                      # the engine step that admitted it
         self.image_rank = torch.tensor(prompt.token_types).cumsum(0) - 1  # row of each image token in image_embeds
         self.generator = generator
-        self.block_table: list[int] = []
         self.block_keys: list[str] = []    # key of each full block under the engine's strategy
         self.truth_keys: list[str] = []    # strategy-C key of each full block (ground truth for false hits)
         self.block_extras: list[tuple] = []  # the extra key material of each block_keys entry
@@ -67,14 +66,29 @@ class Sequence:
         self.cache_hits: list[CacheHit] = []
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.detokenizer = None                     # the output path's per-request text state
-        self.finish_reason: str | None = None
+        self._status: RequestStatus | None = None  # None until the engine admits it (lifecycle.py writes it)
         self.aborted = False                        # set by any thread (Engine.abort), read by the loop
         self.sink = None                            # the submitting caller's queue (thread-safe)
         self.wants_snapshot = False                 # attach a KVSnapshot to this request's events
-        self.sealed = False                         # admitted: from now on only EngineCore.update writes progress
+
+    @property
+    def status(self) -> RequestStatus | None:
+        return self._status
+
+    def set_status(self, status: RequestStatus):  # engine/lifecycle.py's transitions only
+        object.__setattr__(self, "_status", status)
+
+    @property
+    def sealed(self) -> bool:
+        """Admitted: from now on only EngineCore.update writes its progress."""
+        return self.__dict__.get("_status") is not None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None if self._status is None else self._status.finish_reason
 
     def __setattr__(self, name, value):
-        if name in GUARDED and self.__dict__.get("sealed") and not getattr(_writer, "open", False):
+        if name in GUARDED and self.sealed and not getattr(_writer, "open", False):
             raise StateWriteError(f"{name} of request {self.request_id} is written only by EngineCore.update")
         object.__setattr__(self, name, value)
 

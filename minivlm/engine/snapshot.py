@@ -50,10 +50,11 @@ class SnapshotBuilder:
         tables = {}
         changed = set(range(len(bm.blocks))) if full else set(bm.dirty)
         bm.dirty.clear()
-        for seq in running + [s for s in waiting if s.block_table]:
-            tables[seq.request_id] = list(seq.block_table)
-            changed.add(seq.block_table[-1])  # the block being appended to changes every step
-            for j, b in enumerate(seq.block_table):
+        for seq in running + [s for s in waiting if bm.table(s)]:
+            table = bm.table(seq)
+            tables[seq.request_id] = list(table)
+            changed.add(table[-1])  # the block being appended to changes every step
+            for j, b in enumerate(table):
                 owners.setdefault(b, []).append(seq.request_id)
                 if b in changed:
                     n, kind = block_fill(seq.num_computed, j, bs, seq.token_types, video_spans(seq))
