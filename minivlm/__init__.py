@@ -1,4 +1,7 @@
-"""minivlm: a small, readable vLLM-style engine for Qwen-VL models (paged KV, continuous batching, prefix cache)."""
+"""minivlm: a small, readable vLLM-style inference engine for vision-language models in Hugging Face format
+(Qwen2/2.5/3-VL, SmolVLM2 / Idefics3, InternVL3 / 3.5, text-only Qwen2 / Qwen3): a paged KV cache, continuous
+batching with preemption, chunked prefill, streaming and a multimodal-safe prefix cache. docs/ENGINE.md is the map;
+the names below are the public API (docs/API.md)."""
 import os
 
 os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")  # must be set before torch is imported

@@ -93,11 +93,11 @@ def test_a_dead_loop_errors_every_waiting_caller_at_once_and_the_next_submission
     started = threading.Barrier(9)
     real_step, die, died = engine.core.step, threading.Event(), []
 
-    def dies_once(new):
+    def dies_once(new, aborts=frozenset()):
         if die.is_set() and not died:
             died.append(time.monotonic())
             raise SystemError("the loop itself broke")  # outside every stage guard
-        return real_step(new)
+        return real_step(new, aborts)
     monkeypatch.setattr(engine.core, "step", dies_once)
     results, threads = stream_all(engine, others(), started)
     started.wait(timeout=30)  # all eight are decoding
@@ -114,7 +114,7 @@ def test_a_dead_loop_errors_every_waiting_caller_at_once_and_the_next_submission
 def test_a_caller_never_hangs_on_a_loop_that_died_silently(engine, monkeypatch):
     """Even if the loop dies without telling anyone, a waiting caller finds out (it polls the loop's life)."""
     monkeypatch.setattr(engine.loop, "_died", lambda error: None)
-    monkeypatch.setattr(engine.core, "step", lambda new: (_ for _ in ()).throw(SystemError("silent death")))
+    monkeypatch.setattr(engine.core, "step", lambda new, aborts: (_ for _ in ()).throw(SystemError("silent death")))
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="loop is not running"):
         engine.generate(follow_up(), PARAMS)

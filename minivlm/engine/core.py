@@ -69,11 +69,12 @@ class EngineCore:
 
     live = property(lambda self: self.requests.requests)  # seq_id -> every admitted, unfinished request
 
-    def step(self, new: list[Sequence]) -> StepResult:
+    def step(self, new: list[Sequence], aborts: set[int] = frozenset()) -> StepResult:
         """One scheduler step: prefill a batch of waiting requests, or decode one token for every running one
-        (chunked prefill: decodes and prefill chunks together, within the step's token budget)."""
+        (chunked prefill: decodes and prefill chunks together, within the step's token budget). aborts: seq_ids the
+        callers cancelled since the last step (new ones among them are admitted, then aborted)."""
         res = StepResult()
-        aborted = [s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.aborted]
+        aborted = [self.live[i] for i in aborts if i in self.live]
         if not (new or aborted or self.scheduler.has_work()):
             return res
         self._step_time = (0, 0.0)
@@ -86,7 +87,7 @@ class EngineCore:
         self.events.step = self.step_count
         for seq in new:
             self._isolate("admit", [seq], lambda b: [self._admit(b[0])], res)
-        for seq in aborted + [s for s in new if s.aborted and s.finish_reason is None]:
+        for seq in aborted + [s for s in new if s.seq_id in aborts and s.finish_reason is None]:
             res.events.append((seq, self.abort(seq)))
         if self.scheduler.has_work():
             self._run_step(res)

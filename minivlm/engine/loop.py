@@ -1,26 +1,26 @@
-"""EngineLoop: the one thread that steps the core, the inbox callers submit into, each caller's queue, and
+"""EngineLoop: the one thread that steps the core, the inbox callers submit into, each caller's handle, and
 what happens when something breaks: a caller always gets its events or an error, never a hang."""
 import logging
-import queue
 import threading
 import time
 
 from minivlm.engine.core import EngineCore
+from minivlm.engine.handle import RequestHandle
 from minivlm.engine.outputs import StreamEvent
 from minivlm.engine.sequence import Sequence
+from minivlm.refusals import EngineClosed
 
 log = logging.getLogger("minivlm")
-POLL_S = 0.5  # how often a waiting caller checks that the loop it waits on is still alive
 
 # Locks: lock and _inbox_lock are always taken in this order (never _inbox_lock, then lock).
 #   lock         the core (scheduler, block manager, KV pool, snapshots, event log). Held for a whole step by
 #                whoever steps (the loop thread, or step() while paused) and briefly by the engine's views.
-#   _inbox_lock  what callers touch: _inbox, _live, _busy, _paused, _closed, _thread. Held only briefly, so a
+#   _inbox_lock  what callers touch: _inbox, _aborts, _live, _busy, _paused, _closed, _thread. Held only briefly, so a
 #                submission never waits for a step; _wake, its condition, wakes the loop.
 #   _lending     the sliced vision tower's turn after a step (taken without the other two, or after lock);
 #                pausing waits for it, so a paused engine's tower is parked.
-# A submitted Sequence belongs to the core, except `aborted` (any thread may set it) and `sink` (a thread-safe
-# queue; only the stepping thread, holding lock, puts into it, so a caller's events arrive in step order).
+# A submitted Sequence belongs to the core, except `sink` (the caller's
+# RequestHandle, thread-safe; only the stepping thread, holding lock, puts into it, so a caller's events arrive in step order).
 
 
 class EngineLoop:
@@ -30,65 +30,54 @@ class EngineLoop:
         self._inbox_lock = threading.Lock()
         self._wake = threading.Condition(self._inbox_lock)
         self._inbox: list[Sequence] = []
+        self._aborts: set[int] = set()  # seq_ids a caller cancelled: the next step finishes them
         self._live: dict[int, Sequence] = {}  # seq_id -> every submitted, unfinished sequence
         self._busy = self._paused = self._closed = False
         self._thread: threading.Thread | None = None
         self._lending = threading.Lock()  # held while the sliced vision tower has the slice a step left it
 
-    def submit(self, seqs: list[Sequence], snapshots: bool):
-        """Queue seqs together and yield (seq, event) from one queue; closing the generator aborts the rest."""
-        sink, pending = queue.Queue(), {s.seq_id for s in seqs}
+    def submit(self, handle: RequestHandle) -> RequestHandle:
+        """Queue the handle's sequences together; the stepping thread delivers their events into the handle."""
         with self._inbox_lock:
             if self._closed:
-                raise RuntimeError("this engine is closed")
+                raise EngineClosed()
             labels = {s.request_id for s in self._live.values()}
-            for seq in seqs:
+            for seq in handle.seqs:
                 base, k = seq.request_id, 1
                 while seq.request_id in labels:  # the same Request submitted twice at once: tell them apart
                     seq.request_id, k = f"{base}#{k}", k + 1
                 labels.add(seq.request_id)
-                seq.sink, seq.wants_snapshot = sink, snapshots
+                seq.sink, seq.wants_snapshot = handle, handle.snapshots
                 self._live[seq.seq_id] = seq
                 self._inbox.append(seq)  # the core admits it at its next step
             self._start_thread()
             self._wake.notify_all()
-        try:
-            while pending:
-                seq, ev = self._wait(sink, pending)
-                if isinstance(ev, BaseException):
-                    pending.discard(seq.seq_id)
-                    raise ev
-                if ev.finished:
-                    pending.discard(seq.seq_id)
-                yield seq, ev
-        finally:
-            with self._inbox_lock:
-                self._abort([self._live[i] for i in pending if i in self._live])
+        return handle
 
-    def _wait(self, sink: queue.Queue, pending: set[int]):
-        """The next item for this caller; an error, never a hang, if the loop died before delivering it (the
-        caller's requests are then dropped here; a later loop ends any the core still holds)."""
-        while True:
-            try:
-                return sink.get(timeout=POLL_S)
-            except queue.Empty:
-                with self._inbox_lock:
-                    if self._closed or self._paused or (self._thread is not None and self._thread.is_alive()):
-                        continue
-                    for seq in [self._live.pop(i) for i in pending if i in self._live]:
-                        seq.aborted = True
-                        if seq in self._inbox:
-                            self._inbox.remove(seq)
-                    self._busy = True
-                raise RuntimeError("the engine loop is not running; the request was not finished")
+    def check_alive(self, pending: set[int]):
+        """For a caller that heard nothing for a while: an error, never a hang, if the loop died before delivering
+        (the caller's requests are then dropped here; a later loop ends any the core still holds)."""
+        with self._inbox_lock:
+            if self._closed or self._paused or (self._thread is not None and self._thread.is_alive()):
+                return
+            for seq in [self._live.pop(i) for i in pending if i in self._live]:
+                self._aborts.add(seq.seq_id)
+                if seq in self._inbox:
+                    self._inbox.remove(seq)
+            self._busy = True
+        raise RuntimeError("the engine loop is not running; the request was not finished")
+
+    def abort_seqs(self, seq_ids):
+        """A handle closed before its end: abort its unfinished sequences."""
+        with self._inbox_lock:
+            self._abort([self._live[i] for i in seq_ids if i in self._live])
 
     def abort(self, request_id: str):
         with self._inbox_lock:
             self._abort([s for s in self._live.values() if s.request_id == request_id])
 
     def _abort(self, seqs: list[Sequence]):  # holding _inbox_lock
-        for seq in seqs:
-            seq.aborted = True
+        self._aborts.update(seq.seq_id for seq in seqs)
         if seqs:
             self._busy = True  # the next step ends them
             self._wake.notify_all()
@@ -126,8 +115,8 @@ class EngineLoop:
             with self._inbox_lock:
                 if by_loop and self._paused:
                     return []  # paused between the loop's check and this step
-                new, self._inbox = self._inbox, []
-            result = self.core.step(new)
+                new, aborts, self._inbox, self._aborts = self._inbox, self._aborts, [], set()
+            result = self.core.step(new, aborts)
             done = [seq for seq, _ in result.failed] + [seq for seq, ev in result.events if ev.finished]
             with self._inbox_lock:
                 self._busy = self.core.scheduler.has_work()

@@ -67,7 +67,6 @@ class Sequence:
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.detokenizer = None                     # the output path's per-request text state
         self._status: RequestStatus | None = None  # None until the engine admits it (lifecycle.py writes it)
-        self.aborted = False                        # set by any thread (Engine.abort), read by the loop
         self.sink = None                            # the submitting caller's queue (thread-safe)
         self.wants_snapshot = False                 # attach a KVSnapshot to this request's events
 
