@@ -11,6 +11,7 @@ from minivlm.engine.core import EngineCore
 from minivlm.engine.event_log import EngineEvent, to_jsonl, unpack
 from minivlm.engine.intake import Intake
 from minivlm.loader import LoadedModel
+from minivlm.engine.handle import RequestHandle
 from minivlm.engine.loop import EngineLoop
 from minivlm.model.attention import attention_backend
 from minivlm.model.decode_layer import decode_backend
@@ -91,24 +92,34 @@ class Engine:
             raise ValueError(f"{len(requests)} requests but {len(plist)} SamplingParams")
         return [self.make_sequence(r, p) for r, p in zip(requests, plist)]  # all validated before any is queued
 
+    def submit(self, request: Request, params: SamplingParams | None = None, snapshots: bool = False) -> RequestHandle:
+        """Validate and queue one request; returns its RequestHandle (`for ev in handle` or `async for ev in
+        handle`: a StreamEvent per step that advanced it; its error raised where it is read). A refusal raises here,
+        before anything is queued. Closing the handle (or leaving `with handle:`) aborts the request."""
+        return self._submit([self.make_sequence(request, params or SamplingParams())], snapshots)
+
+    def _submit(self, seqs: list[Sequence], snapshots: bool) -> RequestHandle:
+        return self.loop.submit(RequestHandle(self.loop, seqs, snapshots))
+
     def generate(self, requests, params: SamplingParams | list[SamplingParams] | None = None):
         """Run requests to completion, batched together; returns one Output per request (or one for one)."""
         single = isinstance(requests, Request)
         seqs = self._make_sequences([requests] if single else list(requests), params)
-        outputs = {seq.seq_id: ev.output for seq, ev in self.loop.submit(seqs, snapshots=False) if ev.finished}
+        with self._submit(seqs, snapshots=False) as handle:
+            outputs = {seq.seq_id: ev.output for seq, ev in handle.pairs() if ev.finished}
         return outputs[seqs[0].seq_id] if single else [outputs[s.seq_id] for s in seqs]
 
     def stream(self, request: Request, params: SamplingParams | None = None, snapshots: bool = True):
         """Yield a StreamEvent per scheduler step that advanced this request; closing the generator aborts it."""
-        for _, ev in self.loop.submit([self.make_sequence(request, params or SamplingParams())], snapshots):
-            yield ev
+        with self.submit(request, params, snapshots) as handle:
+            yield from handle
 
     def stream_many(self, requests: list[Request], params: SamplingParams | list[SamplingParams] | None = None,
                     snapshots: bool = True):
         """Submit requests at once (all validated first) and yield every event of all of them as steps produce
         them; closing the generator aborts whatever still runs."""
-        for _, ev in self.loop.submit(self._make_sequences(list(requests), params), snapshots):
-            yield ev
+        with self._submit(self._make_sequences(list(requests), params), snapshots) as handle:
+            yield from handle
 
     def abort(self, request_id: str):
         """Cancel the unfinished submissions labelled request_id; their blocks are freed at the next step."""

@@ -13,6 +13,11 @@ from minivlm.engine.prefix_keys import extend_keys
 from minivlm.engine.request import Request, SamplingParams
 from minivlm.engine.sequence import Sequence
 from minivlm.inputs.video_prompt import vision_runs
+from minivlm.refusals import Refused
+
+# the refusals a person meets, in English with their {fields} (a page says them again from the fields: error.<reason>)
+PROMPT_TOO_LONG = "prompt is {n} tokens; max_model_len is {limit} (prompt + output)"
+TOO_MANY_BLOCKS = "request needs up to {need} KV blocks but the engine has {have}; lower max_tokens or raise num_blocks"
 
 
 class Intake:
@@ -26,19 +31,22 @@ class Intake:
     def make_sequence(self, request: Request, params: SamplingParams) -> Sequence:
         """Validate and render a request: processor, M-RoPE positions, block keys, length and pool checks."""
         if not isinstance(request, Request):
-            raise ValueError(f"expected a minivlm.Request, got {type(request).__name__}")
+            raise Refused("invalid_value", "expected a minivlm.Request, got {type}", reason="request_type", param=None,
+                          type=type(request).__name__)
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"expected minivlm.SamplingParams, got {type(params).__name__}")
+            raise Refused("invalid_value", "expected minivlm.SamplingParams, got {type}", reason="params_type",
+                          param=None, type=type(params).__name__)
         cfg, model = self.config, self.model
         prompt = build_prompt(model.family, model.processor, request.to_messages(), request.mm_processor_kwargs,
                               cfg.max_images_per_request)
         n = len(prompt.token_ids)
         if n >= cfg.max_model_len:
-            raise ValueError(f"prompt is {n} tokens; max_model_len is {cfg.max_model_len} (prompt + output)")
+            raise Refused("context_length_exceeded", PROMPT_TOO_LONG, reason="prompt_too_long", n=n,
+                          limit=cfg.max_model_len)
         need = self.blocks_needed(min(n + params.max_tokens, cfg.max_model_len))
         if need > self.num_blocks:
-            raise ValueError(f"request needs up to {need} KV blocks but the engine has {self.num_blocks}; "
-                             f"lower max_tokens or raise num_blocks")
+            raise Refused("context_length_exceeded", TOO_MANY_BLOCKS, reason="too_many_blocks", param="max_tokens",
+                          need=need, have=self.num_blocks)
         if model.family.mrope:
             grids, t_scales = vision_runs(prompt.images)  # a video may be several runs (Qwen3-VL's timestamps)
             positions, delta = mrope_positions(prompt.token_types, grids, model.merge, t_scales)

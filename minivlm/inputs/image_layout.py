@@ -6,6 +6,13 @@ from dataclasses import dataclass
 
 from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
 
+from minivlm.refusals import Refused
+
+
+def bad_kwarg(template: str, **fields) -> Refused:
+    """A per-request processor setting out of its range (param mm_processor_kwargs)."""
+    return Refused("invalid_value", template, reason="processor_kwarg", param="mm_processor_kwargs", **fields)
+
 
 @dataclass(frozen=True)
 class ImageSpan:
@@ -22,19 +29,22 @@ class ImageSpan:
 def _longest_edge(value, name: str) -> int:
     edge = value.get("longest_edge") if isinstance(value, dict) else getattr(value, "longest_edge", value)
     if isinstance(edge, bool) or not isinstance(edge, int) or edge < 1:
-        raise ValueError(f"mm_processor_kwargs {name!r} must be a positive int or {{'longest_edge': int}}, got {value!r}")
+        raise bad_kwarg("mm_processor_kwargs {name} must be a positive int or {{'longest_edge': int}}, got {value}",
+                        name=repr(name), value=repr(value))
     return edge
 
 
 def _positive_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"mm_processor_kwargs {name!r} must be a positive int, got {value!r}")
+        raise bad_kwarg("mm_processor_kwargs {name} must be a positive int, got {value}", name=repr(name),
+                        value=repr(value))
     return value
 
 
 def _flag(value, name: str) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"mm_processor_kwargs {name!r} must be true or false, got {value!r}")
+        raise bad_kwarg("mm_processor_kwargs {name} must be true or false, got {value}", name=repr(name),
+                        value=repr(value))
     return value
 
 
@@ -43,7 +53,8 @@ def qwen_settings(ip, kw: dict) -> tuple[dict, tuple]:
     lo = int(kw.get("min_pixels", ip.size.shortest_edge))
     hi = int(kw.get("max_pixels", ip.size.longest_edge))
     if lo < factor * factor or hi < lo:
-        raise ValueError(f"need {factor * factor} <= min_pixels <= max_pixels, got min={lo} max={hi}")
+        raise bad_kwarg("need {least} <= min_pixels <= max_pixels, got min={lo} max={hi}", least=factor * factor,
+                        lo=lo, hi=hi)
     call = {"size": {"shortest_edge": lo, "longest_edge": hi}} if kw else {}
     return call, (lo, hi, ip.patch_size, ip.merge_size, ip.temporal_patch_size, tuple(ip.image_mean), tuple(ip.image_std))
 
@@ -54,8 +65,8 @@ def smolvlm_settings(processor, kw: dict) -> tuple[dict, tuple]:
     tile = _longest_edge(kw.get("max_image_size", ip.max_image_size), "max_image_size")
     native = _longest_edge(ip.max_image_size, "max_image_size")
     if tile != native:  # the vision encoder makes image_seq_len tokens only from a tile of its own size
-        raise ValueError(f"max_image_size must be {native} for this checkpoint (its vision encoder's tile; each tile "
-                         f"is {processor.image_seq_len} tokens), got {tile}")
+        raise bad_kwarg("max_image_size must be {native} for this checkpoint (its vision encoder's tile; each tile "
+                        "is {tokens} tokens), got {tile}", native=native, tokens=processor.image_seq_len, tile=tile)
     longest = _longest_edge(kw.get("size", ip.size), "size")
     call = {"do_image_splitting": split, "size": {"longest_edge": longest}} if kw else {}
     return call, (("split", split), ("longest_edge", longest), ("tile", tile), ("image_seq_len", processor.image_seq_len),
@@ -69,7 +80,7 @@ def internvl_settings(processor, kw: dict) -> tuple[dict, tuple]:
     lo = _positive_int(kw.get("min_patches", ip.min_patches), "min_patches")
     hi = _positive_int(kw.get("max_patches", ip.max_patches), "max_patches")
     if lo > hi:
-        raise ValueError(f"need min_patches <= max_patches, got min={lo} max={hi}")
+        raise bad_kwarg("need min_patches <= max_patches, got min={lo} max={hi}", lo=lo, hi=hi)
     call = {"crop_to_patches": crop, "min_patches": lo, "max_patches": hi} if kw else {}
     size = (ip.size.height, ip.size.width)
     return call, (("crop", crop), ("patches", lo, hi), ("crop_size", size),
@@ -81,8 +92,9 @@ def image_settings(family, processor, mm_kwargs: dict | None) -> tuple[dict, tup
     kw = dict(mm_kwargs or {})
     unknown = set(kw) - set(family.knobs)
     if unknown:
-        raise ValueError(f"unsupported mm_processor_kwargs {sorted(unknown)} for {family.title}; "
-                         f"allowed: {', '.join(family.knobs) or 'none (a text model takes no images)'}")
+        raise Refused("unknown_processor_kwarg", "unsupported mm_processor_kwargs {names} for {model}; allowed: "
+                      "{allowed}", param="mm_processor_kwargs", names=str(sorted(unknown)), model=family.title,
+                      allowed=", ".join(family.knobs) or "none (a text model takes no images)")
     if family.images == "patches":
         return qwen_settings(processor.image_processor, kw)
     if family.tiling == "crops":

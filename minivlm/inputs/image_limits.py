@@ -12,6 +12,8 @@ import warnings
 
 from PIL import Image, UnidentifiedImageError
 
+from minivlm.refusals import Name, Refused
+
 MAX_IMAGE_BYTES = 20 * 2**20         # one encoded image (an upload in the UI, a data: URL or a fetch in the API)
 MAX_IMAGE_PIXELS = 64_000_000        # one image, from its header (decompression bombs)
 MAX_REQUEST_PIXELS = 64_000_000      # all images of one request together, as they will be decoded
@@ -20,18 +22,25 @@ SERVER_WAIT_S = 30.0                 # a request waits this long for the server'
 KEEP_PIXELS = 2_000_000              # never reduce an image below this many pixels (or 4x what the processor uses)
 FORMATS = "PNG, JPEG, WebP or GIF"
 
-TOO_LARGE = "over the"  # every size refusal says "... over the <limit> limit ..." (the API maps it to image_too_large)
+# the refusals a person meets, in English with their {fields} (a page says them again from the fields: error.<reason>)
+FILE_TOO_LARGE = "{name} is {size} MiB, over the {limit} MiB limit per {kind}; {advice}"
+IMAGE_PIXELS = "{name} is {pixels}, over the {limit} limit per image; downscale it first"
+IMAGE_PIXELS_WH = "{name} is {size} = {pixels}, over the {limit} limit per image; downscale it first"
+REQUEST_PIXELS = "the images of this request are {total} together ({parts}), over the {limit} limit per request; " \
+                 "send fewer or smaller images"
+SERVER_BUSY = "the server is decoding {used} of other requests' images, and {name} needs {pixels}: over the {limit} " \
+              "limit at once; try again shortly"
+NOT_AN_IMAGE = "{name} is not a readable image: not a {formats} file, or damaged{detail}"
+ZERO_SIZE = "{name} has zero size ({size})"
 
 
 def mp(pixels: int) -> str:
     return f"{pixels / 1e6:.0f} MP" if pixels >= 1e6 else f"{pixels / 1e6:.2f} MP"
 
 
-def image_name(obj, index: int) -> str:
+def image_name(obj, index: int) -> Name:
     """How a refusal names an image: its position in the request, and its file's name when it has one."""
-    if isinstance(obj, (str, os.PathLike)):
-        return f"image {index + 1} ({os.path.basename(str(obj))})"
-    return f"image {index + 1}"
+    return Name("image", index + 1, os.path.basename(str(obj)) if isinstance(obj, (str, os.PathLike)) else None)
 
 
 def _detail(error: Exception) -> str:
@@ -43,16 +52,18 @@ def _detail(error: Exception) -> str:
     return f" ({type(error).__name__}: {text})" if text else f" ({type(error).__name__})"
 
 
-def encoded_size(obj, name: str, what: str, limit: int, advice: str) -> int:
-    """The encoded size of a file path or bytes, refused over `limit` (one wording for images and videos)."""
+def encoded_size(obj, name: str, kind: str, limit: int, advice: str) -> int:
+    """The encoded size of a file path or bytes, refused over `limit` (one wording for images and videos: `kind`)."""
     if isinstance(obj, (str, os.PathLike)):
         if not os.path.isfile(obj):
-            raise ValueError(f"{what} path {str(obj)[:200]!r} does not exist")
+            raise Refused(f"invalid_{kind}", "{kind} path {path} does not exist", reason="no_such_file", kind=kind,
+                          path=repr(str(obj)[:200]))
         size = os.path.getsize(obj)
     else:
         size = len(obj)
     if size > limit:
-        raise ValueError(f"{name} is {size / 2**20:.1f} MiB, over the {limit // 2**20} MiB limit per {what}; {advice}")
+        raise Refused(f"{kind}_too_large", FILE_TOO_LARGE, reason=f"{kind}_file_too_large", name=name,
+                      size=f"{size / 2**20:.1f}", limit=limit // 2**20, kind=kind, advice=advice)
     return size
 
 
@@ -66,11 +77,10 @@ def open_header(obj, name: str) -> Image.Image:
     except Image.DecompressionBombError as e:  # PIL's own cap (twice its warning size), far above ours
         found = re.search(r"\((\d+) pixels\)", str(e))
         pixels = int(found.group(1)) if found else MAX_IMAGE_PIXELS + 1
-        raise ValueError(f"{name} is {mp(pixels)}, over the {mp(MAX_IMAGE_PIXELS)} limit per image; downscale it "
-                         f"first") from None
+        raise Refused("image_too_large", IMAGE_PIXELS, reason="image_pixels", name=name, pixels=mp(pixels),
+                      limit=mp(MAX_IMAGE_PIXELS)) from None
     except (UnidentifiedImageError, OSError, SyntaxError, EOFError, ValueError) as e:
-        raise ValueError(f"{name} is not a readable image: not a {FORMATS} file, or damaged{_detail(e)}") \
-            from None
+        raise not_an_image(name, e) from None
     check_size(*img.size, name=name)
     return img
 
@@ -80,12 +90,17 @@ def check_file(path: str, name: str):
     open_header(path, name).close()
 
 
+def not_an_image(name: str, error: Exception) -> Refused:
+    return Refused("invalid_image", NOT_AN_IMAGE, reason="not_an_image", name=name, formats=FORMATS,
+                   detail=_detail(error))
+
+
 def check_size(width: int, height: int, name: str = "the image"):
     if width < 1 or height < 1:
-        raise ValueError(f"{name} has zero size ({width}x{height})")
+        raise Refused("invalid_image", ZERO_SIZE, reason="zero_size", name=name, size=f"{width}x{height}")
     if width * height > MAX_IMAGE_PIXELS:
-        raise ValueError(f"{name} is {width}x{height} = {mp(width * height)}, over the {mp(MAX_IMAGE_PIXELS)} limit "
-                         f"per image; downscale it first")
+        raise Refused("image_too_large", IMAGE_PIXELS_WH, reason="image_pixels_wh", name=name, size=f"{width}x{height}",
+                      pixels=mp(width * height), limit=mp(MAX_IMAGE_PIXELS))
 
 
 def keep_pixels(target: int | None) -> int | None:
@@ -142,8 +157,8 @@ class PixelBudget:
     def acquire(self, pixels: int, name: str, timeout: float = SERVER_WAIT_S):
         with self.cond:
             if not self.cond.wait_for(lambda: self.used + pixels <= self.limit or self.used == 0, timeout):
-                raise ValueError(f"the server is decoding {mp(self.used)} of other requests' images, and {name} "
-                                 f"needs {mp(pixels)}: over the {mp(self.limit)} limit at once; try again shortly")
+                raise Refused("image_too_large", SERVER_BUSY, reason="server_busy", used=mp(self.used), name=name,
+                              pixels=mp(pixels), limit=mp(self.limit))
             self.used += pixels
 
     def release(self, pixels: int):
@@ -169,12 +184,13 @@ def open_all(raw: list, keep: int | None) -> list[tuple[Image.Image | None, int]
             img = open_header(obj, name)
             opened.append((img, plan(img, keep)))
         else:
-            raise ValueError(f"an image must be a PIL.Image, encoded bytes or a file path, got {type(obj).__name__}")
+            raise Refused("invalid_image", "an image must be a PIL.Image, encoded bytes or a file path, got {type}",
+                          reason="image_type", type=type(obj).__name__)
     total = sum(p for _, p in opened)
     if total > MAX_REQUEST_PIXELS:
-        parts = " + ".join(f"{n} {mp(p)}" for n, (_, p) in zip(names, opened) if p)
-        raise ValueError(f"the images of this request are {mp(total)} together ({parts}), over the "
-                         f"{mp(MAX_REQUEST_PIXELS)} limit per request; send fewer or smaller images")
+        parts = [(n, mp(p)) for n, (_, p) in zip(names, opened) if p]  # written "image 1 (a.png) 40 MP + ..."
+        raise Refused("image_too_large", REQUEST_PIXELS, reason="request_pixels", total=mp(total), parts=parts,
+                      limit=mp(MAX_REQUEST_PIXELS))
     return opened
 
 
@@ -192,8 +208,7 @@ def decode(img: Image.Image, pixels: int, keep: int | None, name: str) -> tuple[
             img.load()
             orientation = img.getexif().get(0x0112, 1) if img.format == "JPEG" else 1
         except (OSError, SyntaxError, EOFError, ValueError) as e:
-            raise ValueError(f"{name} is not a readable image: not a {FORMATS} file, or damaged{_detail(e)}") \
-                from None
+            raise not_an_image(name, e) from None
         small = reduce(img, keep)
         (w, h), (sw, sh) = getattr(img, "header_size", img.size), small.size
         notes = [f"large image: decoded at {sw}×{sh} instead of {w}×{h} (the processor scales it down further)"] \

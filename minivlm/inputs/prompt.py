@@ -9,6 +9,9 @@ from minivlm.inputs import image_limits
 from minivlm.inputs.images import content_hash, load_images
 from minivlm.inputs.image_layout import image_settings, locate_images, placeholder_types
 from minivlm.inputs.video_prompt import expand_videos, prepare_videos, video_item, video_spans
+from minivlm.refusals import Refused
+
+TOO_MANY = "too many {kind}s: {n} (this engine allows {limit} per request)"
 
 
 @dataclass
@@ -57,19 +60,20 @@ def split_media(messages: list[dict]) -> tuple[list[dict], list, list]:
     clean, images, videos = [], [], []
     for m in messages:
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise ValueError("each message must be a dict with 'role' and 'content'")
+            raise Refused("invalid_value", "each message must be a dict with 'role' and 'content'", reason="message")
         content = m["content"]
         if isinstance(content, list):
             items = []
             for item in content:
                 if not isinstance(item, dict) or "type" not in item:
-                    raise ValueError("message content items must be dicts with a 'type'")
+                    raise Refused("invalid_value", "message content items must be dicts with a 'type'",
+                                  reason="content_item")
                 if item["type"] == "video" or "video" in item:
                     videos.append(video_item(item))
                     items.append({"type": "video"})
                 elif item["type"] == "image" or "image" in item:
                     if item.get("image") is None:
-                        raise ValueError("an image content item has no 'image'")
+                        raise Refused("invalid_image", "an image content item has no 'image'", reason="no_image_item")
                     images.append(item["image"])
                     items.append({"type": "image"})
                 else:
@@ -83,19 +87,22 @@ def render(processor, clean: list[dict]) -> str:
     try:
         return processor.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
     except Exception as e:
-        raise ValueError(f"messages do not fit the chat template: {e}") from e
+        raise Refused("invalid_value", "messages do not fit the chat template: {why}", reason="chat_template",
+                      why=str(e)) from e
 
 
 def build_prompt(family, processor, messages: list[dict], mm_kwargs: dict | None, max_images: int) -> Prompt:
     """Render messages with the checkpoint's chat template and run the processor on text + images (+ videos)."""
     clean, raw_images, raw_videos = split_media(messages)
     if (raw_images or raw_videos) and family.images == "none":
-        raise ValueError(f"{family.title} is a text-only model: it takes no images ({len(raw_images)} given)"
-                         if raw_images else f"{family.title} is a text-only model: it takes no video")
+        raise Refused("invalid_image", "{model} is a text-only model: it takes no images ({n} given)",
+                      reason="text_only", model=family.title, n=len(raw_images)) if raw_images else \
+            Refused("invalid_video", "{model} is a text-only model: it takes no video", reason="text_only_video",
+                    model=family.title)
     if len(raw_images) > max_images:
-        raise ValueError(f"too many images: {len(raw_images)} (this engine allows {max_images} per request)")
+        raise Refused("too_many_images", TOO_MANY, kind="image", n=len(raw_images), limit=max_images)
     if len(raw_videos) > max_images:
-        raise ValueError(f"too many videos: {len(raw_videos)} (this engine allows {max_images} per request)")
+        raise Refused("too_many_videos", TOO_MANY, kind="video", n=len(raw_videos), limit=max_images)
     call_kwargs, settings = image_settings(family, processor, mm_kwargs)
     videos = prepare_videos(getattr(processor, "video_settings", None), raw_videos, family.title)
     loaded = load_images(raw_images, image_limits.processor_pixels(processor, mm_kwargs))
@@ -113,7 +120,8 @@ def build_prompt(family, processor, messages: list[dict], mm_kwargs: dict | None
     types = [int(t == 1) for t in kinds]
     spans = locate_images(family, processor, out, types, [im.size for im, _ in loaded], call_kwargs) if loaded else []
     if len(spans) != len(loaded):
-        raise ValueError(f"the processor laid out {len(spans)} images for {len(loaded)} given")
+        raise Refused("invalid_image", "the processor laid out {laid} images for {n} given", reason="image_layout",
+                      laid=len(spans), n=len(loaded))
     images = [ImageInfo(content_hash(im), sp.grid_thw, sp.start, sp.num_tokens, settings, notes, sp.end,
                         sp.pixel_rows, sp.tiles, sp.thumbnail) for (im, notes), sp in zip(loaded, spans)]
     pixels = out.get("pixel_values") if loaded else None

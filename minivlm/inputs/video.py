@@ -12,6 +12,7 @@ from PIL import Image, ImageSequence
 from minivlm.inputs import image_limits
 from minivlm.inputs.images import to_rgb  # frames as images are: transparency on white, 16-bit scaled
 from minivlm.inputs.image_limits import encoded_size, mp
+from minivlm.refusals import Name, Refused
 
 MAX_VIDEO_BYTES = 64 * 2**20          # one encoded video (an upload, a data: URL)
 MAX_VIDEO_SECONDS = 600.0             # the duration a header may announce
@@ -20,6 +21,12 @@ MAX_KEPT_PIXELS = image_limits.MAX_REQUEST_PIXELS  # sampled frames kept in memo
 MAX_ANIMATION_PIXELS = 4 * MAX_KEPT_PIXELS  # an animated image's frames all together (reading its durations decodes)
 VIDEO_FORMATS = "MP4, WebM, GIF, animated PNG or WebP"
 DEFAULT_GIF_FPS = 10.0                # a GIF whose frames carry no duration
+# the refusals a person meets, in English with their {fields} (a page says them again from the fields: error.<reason>)
+TOO_MANY_FRAMES = "{name} has {frames} frames, over the {limit} limit per video; cut it shorter"
+TOO_LONG = "{name} is {seconds} s long, over the {limit} s limit per video; cut it shorter"
+NOT_A_VIDEO = "{name} is not a readable video: not a {formats} file, or damaged ({detail})"
+DECODED_FRAMES = "{name}: {frames} sampled frames of {size} are {pixels}, over the {limit} limit of decoded frames " \
+                 "per request; ask for a lower fps or fewer frames, or send a smaller video"
 
 
 @dataclass
@@ -38,27 +45,31 @@ class Source:
         return self.total_frames / self.fps
 
 
-def video_name(obj, index: int) -> str:
-    if isinstance(obj, (str, os.PathLike)):
-        return f"video {index + 1} ({os.path.basename(str(obj))})"
-    return f"video {index + 1}"
+def video_name(obj, index: int) -> Name:
+    return Name("video", index + 1, os.path.basename(str(obj)) if isinstance(obj, (str, os.PathLike)) else None)
+
+
+def invalid(template: str, reason: str, **fields) -> Refused:
+    return Refused("invalid_video", template, reason=reason, **fields)
 
 
 def _positive(value, what: str, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value != value:
-        raise ValueError(f"{name}: {what} must be a positive number, got {value!r}")
+        raise invalid("{name}: {what} must be a positive number, got {value}", "video_value", name=name, what=what,
+                      value=repr(value))
     return float(value)
 
 
 def _check_header(name: str, width: int, height: int, frames: int, fps: float):
     image_limits.check_size(width, height, name=name)
     if frames < 1:
-        raise ValueError(f"{name} has no frames")
+        raise invalid("{name} has no frames", "no_frames", name=name)
     if frames > MAX_SOURCE_FRAMES:
-        raise ValueError(f"{name} has {frames} frames, over the {MAX_SOURCE_FRAMES} limit per video; cut it shorter")
+        raise Refused("video_too_large", TOO_MANY_FRAMES, reason="video_frames", name=name, frames=frames,
+                      limit=MAX_SOURCE_FRAMES)
     if frames / fps > MAX_VIDEO_SECONDS:
-        raise ValueError(f"{name} is {frames / fps:.0f} s long, over the {MAX_VIDEO_SECONDS:.0f} s limit per video; "
-                         f"cut it shorter")
+        raise Refused("video_too_large", TOO_LONG, reason="video_seconds", name=name, seconds=f"{frames / fps:.0f}",
+                      limit=f"{MAX_VIDEO_SECONDS:.0f}")
 
 
 def _rgb(frame: Image.Image) -> np.ndarray:
@@ -68,13 +79,14 @@ def _rgb(frame: Image.Image) -> np.ndarray:
 def frames_source(frames: list, fps, name: str) -> Source:
     """Frames given as PIL images (all the same size) at `fps` frames per second."""
     if not frames:
-        raise ValueError(f"{name} is an empty list of frames")
+        raise invalid("{name} is an empty list of frames", "no_frames_given", name=name)
     if not all(isinstance(f, Image.Image) for f in frames):
-        raise ValueError(f"{name}: a list of frames must hold PIL images only")
+        raise invalid("{name}: a list of frames must hold PIL images only", "frame_type", name=name)
     fps = _positive(fps, "fps (the frames' rate)", name)
     w, h = frames[0].size
     if any(f.size != (w, h) for f in frames):
-        raise ValueError(f"{name}: all frames must have one size, got {sorted({f.size for f in frames})[:3]}")
+        raise invalid("{name}: all frames must have one size, got {sizes}", "frame_sizes", name=name,
+                      sizes=str(sorted({f.size for f in frames})[:3]))
     _check_header(name, w, h, len(frames), fps)
     digest = hashlib.sha256(repr(("frames", len(frames), w, h)).encode())
     arrays = [_rgb(f) for f in frames]
@@ -97,8 +109,9 @@ def animated_source(img: Image.Image, data: bytes, name: str) -> Source:
     n = getattr(img, "n_frames", 1)  # counted from the frame headers, nothing decoded
     image_limits.check_size(w, h, name=name)
     if n * w * h > MAX_ANIMATION_PIXELS:
-        raise ValueError(f"{name} is an animation of {n} frames of {w}x{h} = {mp(n * w * h)}, over the "
-                         f"{mp(MAX_ANIMATION_PIXELS)} limit per animated image; send it as an MP4 or WebM")
+        raise Refused("video_too_large", "{name} is an animation of {frames} frames of {size} = {pixels}, over the "
+                      "{limit} limit per animated image; send it as an MP4 or WebM", reason="animation_pixels",
+                      name=name, frames=n, size=f"{w}x{h}", pixels=mp(n * w * h), limit=mp(MAX_ANIMATION_PIXELS))
     durations = []
     for frame in ImageSequence.Iterator(img):  # durations live in each frame's header
         durations.append(frame.info.get("duration", 0) or 0)
@@ -124,12 +137,11 @@ def av_source(data: bytes, name: str) -> Source:
         container = av.open(io.BytesIO(data))
         stream = container.streams.video[0]
     except (av.error.FFmpegError, IndexError, ValueError) as e:
-        raise ValueError(f"{name} is not a readable video: not a {VIDEO_FORMATS} file, or damaged "
-                         f"({type(e).__name__})") from None
+        raise invalid(NOT_A_VIDEO, "not_a_video", name=name, formats=VIDEO_FORMATS, detail=type(e).__name__) from None
     rate = stream.average_rate or stream.guessed_rate
     fps = float(rate) if rate else 0.0
     if fps <= 0:
-        raise ValueError(f"{name} has no frame rate in its header")
+        raise invalid("{name} has no frame rate in its header", "no_frame_rate", name=name)
     w, h = stream.codec_context.width, stream.codec_context.height
     frames = stream.frames
     if not frames and stream.duration and stream.time_base:  # WebM: no count; estimate from duration, then count
@@ -149,7 +161,8 @@ def av_source(data: bytes, name: str) -> Source:
             if i >= max(wanted):
                 break
         if len(out) < len(wanted):
-            raise ValueError(f"{name} ended after {i + 1} frames; its header announced {frames}")
+            raise invalid("{name} ended after {read} frames; its header announced {frames}", "video_cut_short",
+                          name=name, read=i + 1, frames=frames)
         return np.stack([out[int(i)] for i in indices])
     return Source(name, w, h, frames, fps, hashlib.sha256(data).hexdigest(), read)
 
@@ -160,8 +173,8 @@ def open_video(obj, fps, name: str) -> Source:
     if isinstance(obj, (list, tuple)):
         return frames_source(list(obj), fps, name)
     if not isinstance(obj, (bytes, bytearray, str, os.PathLike)):
-        raise ValueError(f"a video must be a list of PIL frames, encoded bytes or a file path, "
-                         f"got {type(obj).__name__}")
+        raise invalid("a video must be a list of PIL frames, encoded bytes or a file path, got {type}", "video_type",
+                      type=type(obj).__name__)
     data = _file_bytes(obj, name)
     try:
         img = Image.open(io.BytesIO(data))
@@ -176,15 +189,15 @@ def decode_frames(source: Source, indices: list[int]) -> np.ndarray:
     """The sampled frames, uint8 [T, H, W, 3], decoded within the request's and the server's pixel budgets."""
     pixels = len(indices) * source.width * source.height
     if pixels > MAX_KEPT_PIXELS:
-        raise ValueError(f"{source.name}: {len(indices)} sampled frames of {source.width}x{source.height} are "
-                         f"{mp(pixels)}, over the {mp(MAX_KEPT_PIXELS)} limit of decoded frames per request; "
-                         f"ask for a lower fps or fewer frames, or send a smaller video")
+        raise Refused("video_too_large", DECODED_FRAMES, reason="decoded_frames", name=source.name,
+                      frames=len(indices), size=f"{source.width}x{source.height}", pixels=mp(pixels),
+                      limit=mp(MAX_KEPT_PIXELS))
     image_limits.SERVER.acquire(pixels, source.name)
     try:
         frames = source.read(indices)
     finally:
         image_limits.SERVER.release(pixels)
     if frames.shape[1:3] != (source.height, source.width):
-        raise ValueError(f"{source.name}: frames are {frames.shape[2]}x{frames.shape[1]}, its header said "
-                         f"{source.width}x{source.height}")
+        raise invalid("{name}: frames are {size}, its header said {header}", "frame_size_mismatch", name=source.name,
+                      size=f"{frames.shape[2]}x{frames.shape[1]}", header=f"{source.width}x{source.height}")
     return frames

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from minivlm.inputs.video import Source, decode_frames
+from minivlm.refusals import Refused
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def sample_indices(s: VideoSettings, total: int, source_fps: float, fps: float |
                    num_frames: int | None) -> list[int]:
     """Which frames the checkpoint's sampler takes (transformers' sample_frames of each style)."""
     if fps is not None and num_frames is not None:
-        raise ValueError("give a video's fps or its num_frames, not both")
+        raise Refused("invalid_video", "give a video's fps or its num_frames, not both", reason="fps_and_num_frames")
     if s.style == "qwen3":
         if num_frames is None:
             num_frames = int(total / source_fps * (fps if fps is not None else s.fps))
@@ -111,8 +112,9 @@ def sample_indices(s: VideoSettings, total: int, source_fps: float, fps: float |
         num_frames = total / source_fps * (fps if fps is not None else s.fps)
         num_frames = math.floor(min(max(num_frames, s.min_frames), top, total) / t) * t
     if num_frames < 1 or num_frames > total:
-        raise ValueError(f"cannot sample {num_frames} frames from a video of {total} frames (the processor takes "
-                         f"multiples of {t}, at least {s.min_frames}); ask for another fps or num_frames")
+        raise Refused("invalid_video", "cannot sample {frames} frames from a video of {total} frames (the processor "
+                      "takes multiples of {multiple}, at least {least}); ask for another fps or num_frames",
+                      reason="cannot_sample", frames=num_frames, total=total, multiple=t, least=s.min_frames)
     return torch.arange(0, total, total / num_frames).int().tolist()
 
 
@@ -122,12 +124,14 @@ def smart_resize(s: VideoSettings, frames: int, height: int, width: int) -> tupl
     per_video = s.style == "qwen3"
     if per_video:
         if frames < s.temporal_patch_size:
-            raise ValueError(f"a video needs at least {s.temporal_patch_size} frames, got {frames}")
+            raise Refused("invalid_video", "a video needs at least {least} frames, got {frames}", reason="few_frames",
+                          least=s.temporal_patch_size, frames=frames)
         if height < factor or width < factor:
             scale = max(factor / height, factor / width)
             height, width = int(height * scale), int(width * scale)
     if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"a video's aspect ratio must be under 200, got {max(height, width) / min(height, width):.0f}")
+        raise Refused("invalid_video", "a video's aspect ratio must be under 200, got {ratio}", reason="aspect_ratio",
+                      ratio=f"{max(height, width) / min(height, width):.0f}")
     h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
     t = round(frames / s.temporal_patch_size) * s.temporal_patch_size if per_video else 1
     n = frames if per_video else 1

@@ -9,6 +9,7 @@ from minivlm.inputs.image_layout import runs
 from minivlm.inputs.video import MAX_KEPT_PIXELS, Source, open_video, video_name
 from minivlm.inputs.video_patches import VideoFacts, VideoSettings, placeholder_text, process_video, sample_indices
 from minivlm.inputs.image_limits import mp
+from minivlm.refusals import Refused
 
 VIDEO_OPTIONS = ("fps", "num_frames")
 
@@ -39,37 +40,42 @@ class VideoItem:
 def video_item(item: dict) -> VideoItem:
     """A chat content item {"type": "video", "video": ..., "fps": ..., "num_frames": ...} -> VideoItem."""
     if item.get("video") is None:
-        raise ValueError("a video content item has no 'video'")
+        raise Refused("invalid_video", "a video content item has no 'video'", reason="no_video_item")
     fps, num = item.get("fps"), item.get("num_frames")
     if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 120):
-        raise ValueError(f"a video's fps must be a number in (0, 120], got {fps!r}")
+        raise Refused("invalid_video", "a video's fps must be a number in (0, 120], got {fps}", reason="video_fps",
+                      fps=repr(fps))
     if num is not None and (isinstance(num, bool) or not isinstance(num, int) or num < 1):
-        raise ValueError(f"a video's num_frames must be a positive int, got {num!r}")
+        raise Refused("invalid_video", "a video's num_frames must be a positive int, got {num}",
+                      reason="video_num_frames", num=repr(num))
     return VideoItem(item["video"], None if fps is None else float(fps), num)
 
 
 def prepare_videos(settings: VideoSettings | None, items: list[VideoItem], title: str) -> list[VideoItem]:
     """Open every video (headers only), plan its samples and check the request's total, then decode and patch."""
     if items and settings is None:
-        raise ValueError(f"{title} takes no video ({len(items)} given); video needs a Qwen2-VL, Qwen2.5-VL or "
-                         f"Qwen3-VL checkpoint")
+        raise Refused("invalid_video", "{model} takes no video ({n} given); video needs a Qwen2-VL, Qwen2.5-VL or "
+                      "Qwen3-VL checkpoint", reason="takes_no_video", model=title, n=len(items))
     planned = 0
     for i, v in enumerate(items):
         name = video_name(v.raw, i)
         if v.given and v.num_frames is not None:
-            raise ValueError(f"{name}: num_frames samples a video file; a list of frames is used as given")
+            raise Refused("invalid_video", "{name}: num_frames samples a video file; a list of frames is used as "
+                          "given", reason="frames_given", name=name)
         v.source = open_video(v.raw, (v.fps or settings.fps) if v.given else None, name)
         if v.given:
             v.indices = list(range(v.source.total_frames))
             if len(v.indices) > settings.max_frames:
-                raise ValueError(f"{name} has {len(v.indices)} frames, over this checkpoint's {settings.max_frames} "
-                                 f"frames per video (max_frames); give fewer frames")
+                raise Refused("video_too_large", "{name} has {frames} frames, over this checkpoint's {limit} frames "
+                              "per video (max_frames); give fewer frames", reason="max_frames", name=name,
+                              frames=len(v.indices), limit=settings.max_frames)
         else:
             v.indices = sample_indices(settings, v.source.total_frames, v.source.fps, v.fps, v.num_frames)
         planned += len(v.indices) * v.source.width * v.source.height
         if planned > MAX_KEPT_PIXELS:
-            raise ValueError(f"the videos of this request sample {mp(planned)} of frames together, over the "
-                             f"{mp(MAX_KEPT_PIXELS)} limit per request; ask for a lower fps or fewer frames")
+            raise Refused("video_too_large", "the videos of this request sample {pixels} of frames together, over "
+                          "the {limit} limit per request; ask for a lower fps or fewer frames", reason="videos_pixels",
+                          pixels=mp(planned), limit=mp(MAX_KEPT_PIXELS))
     for v in items:
         v.patches, v.grid, v.facts = process_video(settings, v.source, v.indices, v.aimed(settings))
     return items
@@ -80,8 +86,8 @@ def expand_videos(processor, text: str, items: list[VideoItem]) -> str:
     token = processor.video_token or "<|video_pad|>"
     if text.count(token) != len(items):
         why = ": it has no place for a video (an image-only checkpoint)" if not text.count(token) else ""
-        raise ValueError(f"this checkpoint's chat template placed {text.count(token)} videos for {len(items)} "
-                         f"given{why}")
+        raise Refused("invalid_video", "this checkpoint's chat template placed {placed} videos for {n} given{why}",
+                      reason="template_videos", placed=text.count(token), n=len(items), why=why)
     s = processor.video_settings
     start = getattr(processor, "vision_start_token", "<|vision_start|>")
     end = getattr(processor, "vision_end_token", "<|vision_end|>")
@@ -102,7 +108,8 @@ def video_spans(types: list[int], items: list[VideoItem]) -> list[tuple[int, int
         mine = found[k:k + n]
         k += n
         if len(mine) != n:
-            raise ValueError(f"the processor laid out {len(found)} video runs, fewer than the videos need")
+            raise Refused("invalid_video", "the processor laid out {runs} video runs, fewer than the videos need",
+                          reason="video_layout", runs=len(found))
         spans.append((mine[0][0], mine[-1][1], sum(b - a for a, b in mine)))
     return spans
 
