@@ -8,6 +8,7 @@ os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")  # must be set before 
 
 from minivlm.config import EngineConfig  # noqa: E402
 from minivlm.engine import Engine  # noqa: E402
+from minivlm.engine.handle import RequestHandle  # noqa: E402
 from minivlm.engine.step_result import RequestFailed  # noqa: E402
 from minivlm.engine.outputs import CacheHit, Output, StreamEvent  # noqa: E402
 from minivlm.engine.request import Request, SamplingParams  # noqa: E402
@@ -16,7 +17,8 @@ from minivlm.device import available_devices  # noqa: E402
 from minivlm.loader import resolve_model_dir  # noqa: E402
 from minivlm.inputs.images import load_image  # noqa: E402
 from minivlm.inputs.prompt import split_images  # noqa: E402
+from minivlm.refusals import EngineClosed, Refused  # noqa: E402
 
 __all__ = ["Engine", "EngineConfig", "Request", "SamplingParams", "Output", "CacheHit", "StreamEvent",
            "KVSnapshot", "BlockInfo", "MemoryReport", "RequestFailed", "available_devices", "resolve_model_dir",
-           "load_image", "split_images"]
+           "load_image", "split_images", "Refused", "EngineClosed", "RequestHandle"]

@@ -143,7 +143,7 @@ def build(holder: EngineHolder, tab=None, chatbot=None):
                               cache_salt=salt) if second else None
             return render(engine, first, img, compare, lang)
         except ValueError as e:
-            raise gr.Error(localize_error(str(e), lang))
+            raise gr.Error(localize_error(e, lang))
 
     def from_history(history, request: gr.Request):
         lang = lang_of(request)
@@ -156,7 +156,7 @@ def build(holder: EngineHolder, tab=None, chatbot=None):
             images = [load_image(x, decoded(engine, None))[0] for x in split_images(messages)[1]]
             return render(engine, Request(messages=messages, cache_salt=salt), images, lang=lang)
         except ValueError as e:
-            raise gr.Error(localize_error(str(e), lang))
+            raise gr.Error(localize_error(e, lang))
 
     inputs = [image, other, prompt, pixels, other_pixels]
     # a person's changes only (input, not change): the tab's own slider/visibility update must not render again

@@ -188,7 +188,7 @@ def build(holder: EngineHolder):
             second = (image_2, (prompt_2 or "").strip() or prompt, kw[1])
             out, cold = run_pair(engine, ((image_1, prompt, kw[0]), second), int(max_tokens))
         except ValueError as e:
-            raise refusal(localize_error(str(e), lang))
+            raise refusal(localize_error(e, lang))
         return results_table(out, cold, lang), hits_figure(out, engine.config.block_size, lang)
 
     @gpu
@@ -201,7 +201,7 @@ def build(holder: EngineHolder):
         try:
             out, cold = run_video_pair(engine, _example(clip), fps_1, fps_2, question, int(max_tokens))
         except ValueError as e:
-            raise refusal(f"{name}: {localize_error(str(e), lang_of(request))}")
+            raise refusal(f"{name}: {localize_error(e, lang_of(request))}")
         return results_table(out, cold, lang_of(request)), hits_figure(out, engine.config.block_size, lang_of(request))
 
     video_button.click(inspect_video, [max_tokens], [results, blocks], api_name="inspect_video",

@@ -81,12 +81,12 @@ def turn_files(turn: dict) -> list[str]:
 def refuse(history: list[dict], error: Exception, lang: str = EN):
     """The chat outputs for a request the engine refused or failed: the reason once, in an error bubble, with each
     uploaded file called by its own name (never the server's temporary path), in the page's language."""
-    message = str(error)
+    message = localize_error(error, lang)
     for m in history:
         if m["role"] == "user":
             for path in turn_files(m):
                 message = message.replace(path, os.path.basename(path))
-    history.append({"role": "assistant", "content": localize_error(message, lang),
+    history.append({"role": "assistant", "content": message,
                     "metadata": {"title": t(lang, "chat.error_title")}})
     return history, None, t(lang, "chat.refused_line")
 

@@ -128,7 +128,7 @@ def build(holder: EngineHolder, demo: gr.Blocks, switch: gr.Radio | None = None)
             holder.load(config)
             return holder.status_in(lang), *serving(holder)
         except (ValueError, OSError) as e:  # offline hub id, bad checkpoint, no memory: keep serving
-            message = html.escape(localize_error(str(e), lang), quote=False)  # a `<dir>` in it is text, not a tag
+            message = html.escape(localize_error(e, lang), quote=False)  # a `<dir>` in it is text, not a tag
             gr.Warning(first_line(message))
             return f"⚠️ {message}<br>{t(lang, 'header.still_serving', status=holder.status_in(lang))}", \
                 *serving(holder)

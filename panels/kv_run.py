@@ -56,7 +56,7 @@ class Run:
         self.start_step = snap.step  # the frame before the run's first arrival
         self.threads: list[threading.Thread] = []
         self.fetched, self.fetch_lock = [], threading.Lock()  # the events read so far (all_events)
-        self.errors: list[str] = []
+        self.errors: list[Exception] = []  # said in the page's language when shown
         self.aborted = False  # a launched request was cut off
         self.touched = time.monotonic()
         self.settled_at = 0.0  # when its last launch finished draining
@@ -72,7 +72,7 @@ class Run:
                     if ev.finished and ev.output is not None and ev.output.finish_reason == "abort":
                         self.aborted = True  # cut off (a rebuild closed the engine)
             except Exception as e:  # refused input or a failed step: the summary shows it
-                self.errors.append(str(e))
+                self.errors.append(e)
             finally:
                 self.settled_at = time.monotonic()
         t = threading.Thread(target=drain, name="kv-launch", daemon=True)

@@ -32,5 +32,5 @@ def checked(path: str | None, label: str, lang: str = EN) -> str | None:
     try:
         image_limits.check_file(path, f"{label} ({os.path.basename(path)})")
     except ValueError as e:
-        raise refusal(localize_error(str(e), lang)) from None
+        raise refusal(localize_error(e, lang)) from None
     return path

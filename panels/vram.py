@@ -158,7 +158,7 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         try:
             est = estimate(config, **work, **where, tensor_parallel_size=None if multi else int(gpus or 1))
         except ValueError as e:
-            raise gr.Error(localize_error(str(e), lang))
+            raise gr.Error(localize_error(e, lang))
         shown = device_name if device_name != CUSTOM else f"{custom_memory_gib} GiB"
         demand = t(lang, "fig.demand", n=f"{est.num_seqs:,}", each=f"{est.kv_demand_tokens // est.num_seqs:,}",
                    total=f"{est.kv_demand_tokens:,}")
@@ -176,7 +176,7 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         try:
             return gpu_table(gpus_needed(config, **work), lang_of(request))
         except ValueError as e:
-            raise gr.Error(localize_error(str(e), lang_of(request)))
+            raise gr.Error(localize_error(e, lang_of(request)))
 
     def matrix_plan(utilization, image_width, image_height, images_per_request, context_length, concurrent_requests,
                     weights_dtype, kv_cache_dtype, block_size, request: gr.Request = None):
@@ -185,7 +185,7 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         try:
             return matrix_table(plan_matrix(**work), lang_of(request))
         except ValueError as e:
-            raise gr.Error(localize_error(str(e), lang_of(request)))
+            raise gr.Error(localize_error(e, lang_of(request)))
 
     def video_row(model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
                   images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
@@ -203,7 +203,7 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
                            videos_per_request=int(videos), video_seconds=float(seconds or 0),
                            video_fps=float(sampled_fps or 0))
         except ValueError as e:
-            return t(lang_of(request), "vram.video_error", error=localize_error(str(e), lang_of(request)))
+            return t(lang_of(request), "vram.video_error", error=localize_error(e, lang_of(request)))
         v, lang = est.video, lang_of(request)
         return (t(lang, "vram.video_line", secs=f"{float(seconds):g}", fps=f"{float(sampled_fps):g}", w=int(image_width),
                   h=int(image_height), frames=v.frames, pairs=v.pairs, per_pair=v.tokens_per_pair,

@@ -136,42 +136,52 @@ def test_the_budget_limits_in_both_languages(case):
 
 
 def test_the_refusals_a_person_meets_are_said_in_chinese(tmp_path):
+    """Each refusal is said from its reason and fields (never from its English); the catalogue's English, filled
+    with the same fields, is exactly the engine's sentence."""
     from PIL import Image
-    from minivlm.inputs import image_limits
+    from minivlm import Refused
+    from minivlm.inputs import image_limits, video
+    from minivlm.refusals import render
     bad = tmp_path / "notes.png"
     bad.write_bytes(b"not a picture at all")
     big = tmp_path / "huge.png"
     Image.new("L", (9000, 8000)).save(big)
     refused = []
-    for call in (lambda: image_limits.check_file(str(bad), "image 1 (notes.png)"),
-                 lambda: image_limits.check_file(str(big), "image 1 (huge.png)"),
+    for call in (lambda: image_limits.check_file(str(bad), image_limits.image_name(str(bad), 0)),
+                 lambda: image_limits.check_file(str(big), image_limits.image_name(str(big), 0)),
                  lambda: image_limits.open_all([str(big.parent / "a.png"), str(big.parent / "b.png")], None),
-                 lambda: image_limits.check_size(0, 10, "image 2")):
-        try:
+                 lambda: image_limits.check_size(0, 10, "image 2"),
+                 lambda: image_limits.open_all([b"x" * (21 * 2**20)], None),
+                 lambda: video.open_video(b"x" * (65 * 2**20), None, video.video_name("clip.mp4", 0)),
+                 lambda: video._check_header(video.video_name("clip.mp4", 0), 64, 64, 40_000, 30.0),
+                 lambda: video._check_header(video.video_name("clip.mp4", 0), 64, 64, 30_000, 30.0)):
+        with pytest.raises(Refused) as e:
             call()
-        except (ValueError, OSError) as e:
-            refused.append(str(e))
+        refused.append(e.value)
     # the request's pixel budget: two images each under the per-image limit, over it together
     for name in ("a.png", "b.png"):
         Image.new("L", (7000, 5000)).save(tmp_path / name)
-    try:
+    with pytest.raises(Refused) as e:
         image_limits.open_all([str(tmp_path / "a.png"), str(tmp_path / "b.png")], None)
-    except ValueError as e:
-        refused.append(str(e))
+    refused.append(e.value)
     with Engine(EngineConfig(device="cpu", num_blocks=16)) as engine:
         from minivlm import Request
         for request, params in ((Request(prompt="x " * 5000), SamplingParams(max_tokens=4)),
-                                (Request(prompt="What color is the shape?"), SamplingParams(max_tokens=4000))):
+                                (Request(prompt="What color is the shape?"), SamplingParams(max_tokens=4000)),
+                                (Request(prompt="x", images=[str(big)] * 9), SamplingParams(max_tokens=4))):
             with pytest.raises(ValueError) as e:
                 engine.generate(request, params)
-            refused.append(str(e.value))
-    assert len(refused) >= 6, refused
-    for message in refused:
-        zh = localize_error(message, ZH)
-        assert localize_error(message, EN) == message
+            refused.append(e.value)
+    assert len(refused) == 12
+    for error in refused:
+        message, zh = str(error), localize_error(error, ZH)
+        assert CATALOGUE[f"error.{error.reason}"], message
+        assert t(EN, f"error.{error.reason}", **{k: render(v) for k, v in error.fields.items()}) == message
+        assert localize_error(error, EN) == message
         assert zh != message and CJK.search(zh), message
         assert sorted(re.findall(r"\d+", message)) == sorted(re.findall(r"\d+", zh)), (message, zh)
     assert "请先缩小" in localize_error(refused[1], ZH) and "图片 1 (huge.png)" in localize_error(refused[1], ZH)
+    assert "图片 1 (a.png)" in localize_error(refused[8], ZH) and "视频 1 (clip.mp4)" in localize_error(refused[6], ZH)
 
 
 def test_a_message_no_pattern_knows_stays_as_the_engine_wrote_it():

@@ -1,23 +1,7 @@
 """OpenAI-format errors: {"error": {"message", "type", "param", "code"}} with the matching HTTP status."""
 from fastapi.responses import JSONResponse
 
-# engine refusals (ValueError) by a phrase of their message -> (code, param); the message itself is passed on
-ENGINE_REFUSALS = [
-    ("max_model_len", "context_length_exceeded", "messages"),
-    ("KV blocks", "context_length_exceeded", "max_tokens"),
-    ("limit per video", "video_too_large", "messages"),     # before the image phrases: a video's refusal says both
-    ("limit of decoded frames", "video_too_large", "messages"),
-    ("of frames together", "video_too_large", "messages"),
-    ("cannot sample", "invalid_video", "messages"),
-    ("not a readable video", "invalid_video", "messages"),
-    ("too many videos", "too_many_videos", "messages"),
-    ("takes no video", "invalid_video", "messages"),
-    ("not a readable image", "invalid_image", "messages"),
-    ("MP limit", "image_too_large", "messages"),
-    ("MiB limit", "image_too_large", "messages"),
-    ("zero size", "invalid_image", "messages"),
-    ("too many images", "too_many_images", "messages"),
-]
+from minivlm.refusals import EngineClosed, Refused
 
 
 class ApiError(Exception):
@@ -36,12 +20,13 @@ class ApiError(Exception):
 
 
 def from_engine(error: Exception) -> ApiError:
-    """An exception raised by the engine for one request, as an API error (the engine keeps serving)."""
-    if isinstance(error, ValueError):
-        message = str(error)
-        code, param = next(((c, p) for phrase, c, p in ENGINE_REFUSALS if phrase in message), ("invalid_value", None))
-        return ApiError(400, message, param=param, code=code)
-    if isinstance(error, RuntimeError) and "closed" in str(error):
+    """An exception raised by the engine for one request, as an API error (the engine keeps serving): a refusal is
+    a 400 with its own code and param (never read from its wording), a closed engine a 503, anything else a 500."""
+    if isinstance(error, Refused):
+        return ApiError(400, str(error), param=error.param, code=error.code)
+    if isinstance(error, ValueError):  # a value the engine checks without a refusal's code (SamplingParams)
+        return ApiError(400, str(error), code="invalid_value")
+    if isinstance(error, EngineClosed):
         return ApiError(503, "the engine was rebuilt while this request waited; send it again",
                         "service_unavailable_error", code="engine_rebuilt")
     return ApiError(500, f"the engine failed on this request ({type(error).__name__}: {error})", "server_error",

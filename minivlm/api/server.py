@@ -25,7 +25,6 @@ from minivlm.api.errors import ApiError, from_engine
 from minivlm.api.media import engine_messages
 from minivlm.api.metrics import ApiMetrics, now
 from minivlm.api.protocol import ChatCompletionRequest, parse_request, sampling_params
-from minivlm.api.stream import EventPump
 from minivlm.config import DEFAULT_MODEL
 from minivlm.engine.request import Request, SamplingParams
 
@@ -86,6 +85,17 @@ def generation_defaults(engine) -> dict:
     if cfg.get("do_sample") is False:
         out["temperature"] = 0.0
     return out
+
+
+async def next_event(handle):
+    """The request's next StreamEvent, awaited on the event loop (the engine's loop thread wakes it; the request
+    has no thread of its own); None once it ended; its error as the API's."""
+    try:
+        return await anext(handle)
+    except StopAsyncIteration:
+        return None
+    except Exception as e:  # a failed step, a stopped loop: only this request fails
+        raise from_engine(e) from None
 
 
 def default_max_tokens(engine, request: Request) -> int:
@@ -161,33 +171,36 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
         except ValueError as e:
             raise from_engine(e) from None
         arrival, created = now(), int(time.time())
-        pump = EventPump(engine, engine_request, params)
+        try:  # rendered and checked off the event loop: a refusal raises here, before anything is queued
+            handle = await run_in_threadpool(engine.submit, engine_request, params)
+        except Exception as e:
+            raise from_engine(e) from None
         try:
-            first = await pump.next()  # validation errors surface here, before any response is sent
+            first = await next_event(handle)  # a failed first step is still an HTTP error, not an SSE event
         except BaseException:
-            pump.close()
+            handle.close()
             raise
         if req.stream:
-            return StreamingResponse(stream_events(engine, req, model, created, arrival, pump, first),
+            return StreamingResponse(stream_events(engine, req, model, created, arrival, handle, first),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        watcher = asyncio.create_task(abort_on_disconnect(request, pump))
+        watcher = asyncio.create_task(abort_on_disconnect(request, handle))
         try:
             ev, times = first, []
             while ev is not None and not ev.finished:
                 times.append(now())
-                ev = await pump.next()
+                ev = await next_event(handle)
         finally:
-            pump.close()
+            handle.close()
             watcher.cancel()
         out = finished_output(ev)
         metrics.finished(engine, out, times + [now()], arrival)
         return JSONResponse(fmt.completion(out, engine, model, created, req.top_logprobs or 0))
 
-    async def abort_on_disconnect(request: HttpRequest, pump: EventPump):
+    async def abort_on_disconnect(request: HttpRequest, handle):
         """A non-streaming client that hangs up stops its request too (streams notice on their next write)."""
         while not await request.is_disconnected():
             await asyncio.sleep(DISCONNECT_POLL_S)
-        pump.close()
+        handle.close()
 
     def finished_output(ev):
         if ev is None or ev.output is None or ev.output.finish_reason == "abort":
@@ -195,7 +208,7 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
                            "service_unavailable_error", code="engine_rebuilt")
         return ev.output
 
-    async def stream_events(engine, req, model, created, arrival, pump, ev):
+    async def stream_events(engine, req, model, created, arrival, handle, ev):
         """SSE: a role chunk, one chunk per step with new text (and the logprobs of the tokens it completes), a
         finish chunk (the last text and logprobs, the minivlm field), the usage chunk if asked for, then [DONE].
         Errors after the start arrive as an error event."""
@@ -223,7 +236,7 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
                     yield text_chunk(ev)
                 else:
                     hold(ev)
-                ev = await pump.next()
+                ev = await next_event(handle)
                 if ev is None:
                     break
             out = finished_output(ev)
@@ -237,7 +250,7 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
             yield fmt.sse_error(e)
             yield fmt.DONE
         finally:
-            pump.close()  # also when the client went away: the engine aborts the request
+            handle.close()  # also when the client went away: the engine aborts the request
 
     @router.get("/v1/models")
     async def list_models(request: HttpRequest):

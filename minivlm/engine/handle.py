@@ -33,11 +33,13 @@ class RequestHandle:
         return self._closed or not self._pending
 
     # ---- the loop thread's side -------------------------------------------------------------------------
-    def put(self, item: tuple):
-        """(seq, StreamEvent or exception), from the thread that steps the core (so in step order)."""
+    def put(self, item: tuple | None):
+        """(seq, StreamEvent or exception), from the thread that steps the core (so in step order); None only wakes
+        the reader."""
         with self._ready:
-            self._items.append(item)
-            self._ready.notify()
+            if item is not None:
+                self._items.append(item)
+            self._ready.notify_all()
             waker, self._waker = self._waker, None
         if waker is not None:
             try:
@@ -127,6 +129,7 @@ class RequestHandle:
         if not self._closed:
             self._closed = True
             self._loop.abort_seqs(self._pending)
+            self.put(None)  # a reader waiting elsewhere (a disconnect watcher closed it) stops waiting
 
     abort = close
 

@@ -56,7 +56,7 @@ def encoded_size(obj, name: str, kind: str, limit: int, advice: str) -> int:
     """The encoded size of a file path or bytes, refused over `limit` (one wording for images and videos: `kind`)."""
     if isinstance(obj, (str, os.PathLike)):
         if not os.path.isfile(obj):
-            raise Refused(f"invalid_{kind}", "{kind} path {path} does not exist", reason="no_such_file", kind=kind,
+            raise Refused(f"invalid_{kind}", "{kind} path {path} does not exist", reason=f"no_such_{kind}", kind=kind,
                           path=repr(str(obj)[:200]))
         size = os.path.getsize(obj)
     else:

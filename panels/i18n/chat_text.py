@@ -1,5 +1,5 @@
-"""Messages of the chat tab, and the engine's refusals a person meets there (each English text is the engine's
-own wording with {fields}: panels/i18n/errors.py reads the fields back from the message and says it in Chinese).
+"""Messages of the chat tab, and the engine's refusals a person meets there (error.<reason>: each English text is the
+engine's own sentence with {fields}; panels/i18n/errors.py fills the Chinese from the refusal's fields).
 id -> (English, 简体中文)."""
 
 MESSAGES = {
@@ -61,22 +61,28 @@ MESSAGES = {
                             "“{question}”不是这个模型训练过的问题，所以它的回答只是猜测。它会的问题：{questions}"),
     "chat.example_aria": ("Example", "示例"),
     "chat.picture_aria": ("picture", "图片"),
-    # the engine's refusals (English: its exact wording with fields)
-    "error.too_big": ("{name} is {size} MiB, over the {limit} MiB limit per {what}; {advice}",
-                      "{name} 大小为 {size} MiB，超过了每个{what} {limit} MiB 的上限；{advice}"),
-    "error.too_many_pixels": ("{name} is {pixels}, over the {limit} limit per image; downscale it first",
-                              "{name} 有 {pixels}，超过了每张图片 {limit} 的上限；请先缩小"),
-    "error.too_many_pixels_wh": ("{name} is {size} = {pixels}, over the {limit} limit per image; downscale it first",
-                                 "{name} 为 {size} = {pixels}，超过了每张图片 {limit} 的上限；请先缩小"),
+    # the engine's refusals, error.<reason> (minivlm.Refused): said again from the refusal's fields; the English is
+    # the engine's own sentence (tests/test_i18n.py checks it), shown as the engine wrote it on an English page
+    "error.image_file_too_large": ("{name} is {size} MiB, over the {limit} MiB limit per image; send a smaller file",
+                                   "{name} 大小为 {size} MiB，超过了每张图片 {limit} MiB 的上限；请发送更小的文件"),
+    "error.video_file_too_large": ("{name} is {size} MiB, over the {limit} MiB limit per video; send a shorter or "
+                                   "smaller file",
+                                   "{name} 大小为 {size} MiB，超过了每个视频 {limit} MiB 的上限；请发送更短或更小的文件"),
+    "error.image_pixels": ("{name} is {pixels}, over the {limit} limit per image; downscale it first",
+                           "{name} 有 {pixels}，超过了每张图片 {limit} 的上限；请先缩小"),
+    "error.image_pixels_wh": ("{name} is {size} = {pixels}, over the {limit} limit per image; downscale it first",
+                              "{name} 为 {size} = {pixels}，超过了每张图片 {limit} 的上限；请先缩小"),
     "error.request_pixels": ("the images of this request are {total} together ({parts}), over the {limit} limit per "
                              "request; send fewer or smaller images",
                              "这个请求的图片合计 {total}（{parts}），超过了每个请求 {limit} 的上限；请发送更少或更小的图片"),
-    "error.decoding_now": ("the server is decoding {used} of other requests' images, and {name} needs {pixels}: over "
-                           "the {limit} limit at once; try again shortly",
-                           "服务器正在解码其他请求的 {used} 图片，而 {name} 需要 {pixels}：超过了同时解码 {limit} 的上限；"
-                           "请稍后再试"),
+    "error.server_busy": ("the server is decoding {used} of other requests' images, and {name} needs {pixels}: over "
+                          "the {limit} limit at once; try again shortly",
+                          "服务器正在解码其他请求的 {used} 图片，而 {name} 需要 {pixels}：超过了同时解码 {limit} 的上限；"
+                          "请稍后再试"),
     "error.not_an_image": ("{name} is not a readable image: not a {formats} file, or damaged{detail}",
                            "{name} 不是可读的图片：不是 {formats} 文件，或已损坏{detail}"),
+    "error.no_such_image": ("image path {path} does not exist", "图片路径 {path} 不存在"),
+    "error.no_such_video": ("video path {path} does not exist", "视频路径 {path} 不存在"),
     "error.zero_size": ("{name} has zero size ({size})", "{name} 的尺寸为零（{size}）"),
     "error.prompt_too_long": ("prompt is {n} tokens; max_model_len is {limit} (prompt + output)",
                               "提示词有 {n} 个 token；max_model_len 是 {limit}（提示词 + 输出）"),
@@ -85,13 +91,30 @@ MESSAGES = {
                               "请求最多需要 {need} 个 KV 块，但引擎只有 {have} 个；请降低 max_tokens 或增加 num_blocks"),
     "error.too_many_images": ("too many images: {n} (this engine allows {limit} per request)",
                               "图片太多：{n} 张（这个引擎每个请求最多 {limit} 张）"),
+    "error.too_many_videos": ("too many videos: {n} (this engine allows {limit} per request)",
+                              "视频太多：{n} 个（这个引擎每个请求最多 {limit} 个）"),
     "error.text_only": ("{model} is a text-only model: it takes no images ({n} given)",
                         "{model} 是纯文本模型：不接受图片（给了 {n} 张）"),
+    "error.text_only_video": ("{model} is a text-only model: it takes no video", "{model} 是纯文本模型：不接受视频"),
+    "error.takes_no_video": ("{model} takes no video ({n} given); video needs a Qwen2-VL, Qwen2.5-VL or Qwen3-VL "
+                             "checkpoint", "{model} 不接受视频（给了 {n} 个）；视频需要 Qwen2-VL、Qwen2.5-VL 或 Qwen3-VL 检查点"),
+    "error.video_frames": ("{name} has {frames} frames, over the {limit} limit per video; cut it shorter",
+                           "{name} 有 {frames} 帧，超过了每个视频 {limit} 帧的上限；请剪短"),
+    "error.video_seconds": ("{name} is {seconds} s long, over the {limit} s limit per video; cut it shorter",
+                            "{name} 长 {seconds} 秒，超过了每个视频 {limit} 秒的上限；请剪短"),
+    "error.not_a_video": ("{name} is not a readable video: not a {formats} file, or damaged ({detail})",
+                          "{name} 不是可读的视频：不是 {formats} 文件，或已损坏（{detail}）"),
+    "error.decoded_frames": ("{name}: {frames} sampled frames of {size} are {pixels}, over the {limit} limit of decoded "
+                             "frames per request; ask for a lower fps or fewer frames, or send a smaller video",
+                             "{name}：采样的 {frames} 帧（{size}）共 {pixels}，超过了每个请求解码帧 {limit} 的上限；"
+                             "请降低 fps 或减少帧数，或发送更小的视频"),
+    "error.videos_pixels": ("the videos of this request sample {pixels} of frames together, over the {limit} limit per "
+                            "request; ask for a lower fps or fewer frames",
+                            "这个请求的视频合计采样 {pixels} 的帧，超过了每个请求 {limit} 的上限；请降低 fps 或减少帧数"),
     "error.engine_closed": ("this engine is closed", "这个引擎已关闭（设置栏重建了引擎）"),
-    "error.advice_smaller": ("send a smaller file", "请发送更小的文件"),
-    "error.advice_shorter": ("send a shorter or smaller file", "请发送更短或更小的文件"),
-    "error.image_name": ("image {n}", "图片 {n}"),
-    # the engine's words in the status line and the device notes (engine.*: read back as error.* are)
+    "error.image_name": ("image {n}", "图片 {n}"),  # how a refusal names the n-th image or video of a request
+    "error.video_name": ("video {n}", "视频 {n}"),
+    # the engine's words in the status line and the device notes (engine.*: read back from their English)
     "engine.attn_inplace": ("in-place paged decode (C kernel over the block tables); prefill: SDPA",
                             "原地分页解码（直接在块表上运行的 C 内核）；预填充：SDPA"),
     "engine.attn_gathered": ("SDPA over gathered blocks{why}", "对收集起来的块做 SDPA{why}"),
@@ -110,6 +133,4 @@ MESSAGES = {
     "engine.decode_not_cpu": ("the fused C paths are for the CPU in fp32", "融合的 C 路径只用于 CPU 上的 fp32"),
     "engine.no_cuda": ("no CUDA GPU visible to this torch build", "这个 torch 构建看不到 CUDA GPU"),
     "engine.no_mps": ("Apple Metal (MPS) is only on Apple-silicon Macs", "Apple Metal（MPS）只在 Apple 芯片的 Mac 上可用"),
-    "error.what_image": ("image", "图片"),
-    "error.what_video": ("video", "视频"),
 }

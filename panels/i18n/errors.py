@@ -1,52 +1,58 @@
-"""The engine's refusals in the page's language. The engine (and its HTTP API) speaks English; each refusal a
-person meets in the UI has its English wording in the catalogue with {fields} ("error.*"), so the Chinese page reads
-the fields back out of the message and fills them into the Chinese text. A message no pattern knows stays as it is."""
+"""The engine's refusals in the page's language. A refusal (minivlm.Refused, or a closed engine) carries its reason
+and its fields as data: the page says "error.<reason>" from the catalogue with those fields, and names each image
+or video in its own words. Its English wording is never read. A refusal the catalogue has no sentence for, and any
+other error, is shown as the engine wrote it.
+
+The engine's words in the status line and the device notes (engine.*) are plain text, not refusals: those are still
+matched against their English in the catalogue (localize_status)."""
 import functools
 import re
 
+from minivlm.refusals import Name, render
 from panels.i18n import CATALOGUE, EN, t
 
-# parts of a message that are themselves words: the image's name, the unit it is counted per, the advice
-WORDS = {"what": {"image": "error.what_image", "video": "error.what_video"},
-         "advice": {"send a smaller file": "error.advice_smaller", "send a shorter or smaller file":
-                    "error.advice_shorter"},
-         "why": {"the fused C paths are for the CPU in fp32": "engine.decode_not_cpu", "compiling": "engine.compiling"}}
-IMAGE_NAME = re.compile(r"\bimage (\d+)\b")
-# messages without fields: English text -> id
-FIXED = {en: key for key, (en, _) in CATALOGUE.items() if key.startswith(("error.", "engine.")) and "{" not in en}
+# fields of the status words that are themselves status words
+WHY = {"the fused C paths are for the CPU in fp32": "engine.decode_not_cpu", "compiling": "engine.compiling"}
+
+
+def name_in(lang: str, name: Name) -> str:
+    """"image 2 (cat.png)" in `lang`: the file's name stays as it is."""
+    return t(lang, f"error.{name.kind}_name", n=name.number) + (f" ({name.file})" if name.file else "")
+
+
+def localize_error(error: BaseException | str, lang: str) -> str:
+    """`error` (a refusal raised by the engine, or any exception or text) in `lang`: a refusal whose reason the
+    catalogue knows is said from its fields; anything else is shown as it is (status words: localize_status)."""
+    if lang == EN:
+        return str(error)
+    key = f"error.{getattr(error, 'reason', None)}"
+    if isinstance(error, BaseException) and key in CATALOGUE:
+        fields = {k: render(v, functools.partial(name_in, lang)) for k, v in getattr(error, "fields", {}).items()}
+        return t(lang, key, **fields)
+    return localize_status(str(error), lang)
 
 
 @functools.cache
 def patterns() -> list[tuple[str, re.Pattern]]:
-    """(message id, a regex of its English text whose groups are its fields), longest texts first."""
+    """(message id, a regex of its English text whose groups are its fields) of the status words, longest first."""
     out = []
     for key, (en, _) in CATALOGUE.items():
-        if not key.startswith(("error.", "engine.")) or "{" not in en:
-            continue
-        regex = "".join(f"(?P<{part[1:-1]}>.*?)" if part.startswith("{") else re.escape(part)
-                        for part in re.split(r"(\{\w+\})", en))
-        out.append((key, re.compile(f"^{regex}$", re.S)))
+        if key.startswith("engine.") and "{" in en:
+            regex = "".join(f"(?P<{part[1:-1]}>.*?)" if part.startswith("{") else re.escape(part)
+                            for part in re.split(r"(\{\w+\})", en))
+            out.append((key, re.compile(f"^{regex}$", re.S)))
     return sorted(out, key=lambda p: -len(CATALOGUE[p[0]][0]))
 
 
-def localize_error(message: str, lang: str) -> str:
-    """`message` (an engine refusal in English) in `lang`: translated when its form is known, else unchanged."""
+def localize_status(text: str, lang: str) -> str:
+    """The engine's status words (the backends it runs, why a device is unavailable) in `lang`, when known."""
     if lang == EN:
-        return message
-    for line in message.split("\n"):
-        for key, pattern in patterns():
-            m = pattern.match(line.strip())
-            if m is None:
-                continue
-            fields = {}
-            for name, value in m.groupdict().items():
-                known = WORDS.get(name, {}).get(value)
-                fields[name] = t(lang, known) if known else IMAGE_NAME.sub(
-                    lambda n: t(lang, "error.image_name", n=n.group(1)), value)
-            message = message.replace(line.strip(), t(lang, key, **fields))
-            break
-        else:
-            fixed = FIXED.get(line.strip())
-            if fixed:
-                message = message.replace(line.strip(), t(lang, fixed))
-    return message
+        return text
+    fixed = {en: key for key, (en, _) in CATALOGUE.items() if key.startswith("engine.") and "{" not in en}
+    if text.strip() in fixed:
+        return t(lang, fixed[text.strip()])
+    for key, pattern in patterns():
+        m = pattern.match(text.strip())
+        if m is not None:
+            return t(lang, key, **{k: t(lang, WHY[v]) if v in WHY else v for k, v in m.groupdict().items()})
+    return text
