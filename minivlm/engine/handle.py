@@ -15,8 +15,9 @@ class RequestHandle:
     unfinished requests: their blocks are freed at the next step."""
 
     def __init__(self, loop, seqs: list, snapshots: bool = False):
-        self._loop, self.seqs, self.snapshots = loop, seqs, snapshots
+        self._loop, self.seqs, self.snapshots = loop, seqs, snapshots  # seqs: until the loop has queued them
         self._pending = {s.seq_id for s in seqs}
+        self.request_ids: list[str] = []
         self._items: collections.deque = collections.deque()
         self._ready = threading.Condition(threading.Lock())
         self._waker: tuple | None = None  # (event loop, future) of an async reader waiting for the next item
@@ -25,7 +26,13 @@ class RequestHandle:
     @property
     def request_id(self) -> str:
         """The label its (first) request runs under (a Request submitted twice at once gets "#1", "#2", ...)."""
-        return self.seqs[0].request_id
+        return self.request_ids[0]
+
+    def queued(self) -> "RequestHandle":
+        """The loop queued (and labelled) its sequences: keep their labels, not them (each sequence points here
+        until it ends; a handle that pointed back would keep the engine in a reference cycle)."""
+        self.request_ids, self.seqs = [s.request_id for s in self.seqs], []
+        return self
 
     @property
     def finished(self) -> bool:
@@ -37,7 +44,7 @@ class RequestHandle:
         """(seq, StreamEvent or exception), from the thread that steps the core (so in step order); None only wakes
         the reader."""
         with self._ready:
-            if item is not None:
+            if item is not None and not self._closed:  # a closed handle has no reader: keep nothing
                 self._items.append(item)
             self._ready.notify_all()
             waker, self._waker = self._waker, None
@@ -56,15 +63,26 @@ class RequestHandle:
             raise ev
         if ev.finished:
             self._pending.discard(seq.seq_id)
+            if not self._pending:
+                self._let_go()
         return seq, ev
+
+    def _let_go(self):
+        """Done with the loop: a finished sequence may still point here (the core's last step keeps it), and a
+        handle that pointed on to the loop would hold the engine in a reference cycle."""
+        self._loop = None
 
     def _heard_nothing(self):
         """A wait ended empty: an error, never a hang, if the loop died without delivering."""
+        loop = self._loop
+        if loop is None:  # closed meanwhile
+            return
         try:
-            self._loop.check_alive(self._pending)
+            loop.check_alive(self._pending)
         except BaseException:
             self._pending.clear()
             self._closed = True
+            self._let_go()
             raise
 
     def next_pair(self, timeout: float | None = None):
@@ -128,7 +146,11 @@ class RequestHandle:
         """Stop reading: the unfinished requests are aborted (their blocks freed at the next step)."""
         if not self._closed:
             self._closed = True
-            self._loop.abort_seqs(self._pending)
+            if self._loop is not None:
+                self._loop.abort_seqs(self._pending)
+                self._let_go()
+            with self._ready:
+                self._items.clear()
             self.put(None)  # a reader waiting elsewhere (a disconnect watcher closed it) stops waiting
 
     abort = close

@@ -52,7 +52,7 @@ class EngineLoop:
                 self._inbox.append(seq)  # the core admits it at its next step
             self._start_thread()
             self._wake.notify_all()
-        return handle
+        return handle.queued()
 
     def check_alive(self, pending: set[int]):
         """For a caller that heard nothing for a while: an error, never a hang, if the loop died before delivering
