@@ -1,6 +1,6 @@
 """python -m bench.decode_attention: one layer's decode attention at long context (8 sequences x 1,584 tokens, the
 bench model's 12 query / 2 KV heads of 64, blocks of 16 scattered over the pool), three ways: the in-place kernel
-(model/paged_decode.c), gathering each context and SDPA (the fallback), and FlexAttention over the paged pool with
+(model/backends/cpu_kernels/paged_decode.c), gathering each context and SDPA (the fallback), and FlexAttention over the paged pool with
 a block mask built from the block tables (eager: PyTorch runs it unfused on the CPU). Prints ms per call, the K/V
 bytes each reads per call, and the effective bandwidth."""
 import argparse
@@ -9,8 +9,8 @@ import time
 
 import torch
 
-from minivlm.model import attention, paged_cpu
-from minivlm.model.attention import AttentionMetadata
+from minivlm.model.attention import AttentionMetadata, gathered_decode
+from minivlm.model.backends.cpu_kernels import paged_cpu
 from bench.timing import copy_bandwidth
 
 
@@ -61,8 +61,8 @@ def main():
     meta = AttentionMetadata(False, torch.zeros(0, dtype=torch.long), [1] * b, lens.tolist(), tables, lens, bs)
     held = int(lens.sum()) * kv_heads * d * 4 * 2
     padded = b * width * bs * kv_heads * d * 4 * 2
-    ways = {"gather + SDPA": (lambda: attention.gathered_decode(q, k_cache, v_cache, meta, scale), 3 * padded)}
-    if paged_cpu.available(q):
+    ways = {"gather + SDPA": (lambda: gathered_decode(q, k_cache, v_cache, meta, scale), 3 * padded)}
+    if paged_cpu.KERNELS.get() is not None:
         ways["in place (paged_decode.c)"] = (lambda: paged_cpu.paged_decode(q, k_cache, v_cache, tables, lens, scale),
                                              held)
     if args.flex:

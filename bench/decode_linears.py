@@ -1,6 +1,6 @@
 """python -m bench.decode_linears: the bench model's 32 decoder matrix products of one decode step (8 layers of
 qkv 1024x768, o 768x768, gate/up 5120x768, down 768x2560; 230 MB of fp32 weights) for 1 to 16 rows, four ways,
-interleaved so machine noise lands on each alike: gemv.c (model/gemv.c, dense weights; on an AVX-512 CPU also its
+interleaved so machine noise lands on each alike: gemv.c (model/backends/cpu_kernels/gemv.c, dense weights; on an AVX-512 CPU also its
 8-wide AVX2 tile, built with GEMV_NO_512), oneDNN with prepacked
 weights (what FastLinear ran before), oneDNN on dense weights, and MKL (F.linear). Prints the fastest of the
 repeats in ms and the weight bytes read per second, beside a plain read of the same bytes (torch.sum)."""
@@ -10,7 +10,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from minivlm.model import gemv
+from minivlm.model.backends.cpu_kernels import gemv
 
 
 def has_avx512() -> bool:
@@ -31,8 +31,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if not gemv.available():
-        raise SystemExit(f"gemv.c is not available here: {gemv.error}")
+    if gemv.KERNELS.get() is None:
+        raise SystemExit(f"gemv.c is not available here: {gemv.KERNELS.error}")
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(o, i, generator=g) for o, i in SHAPES]
     packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in weights]

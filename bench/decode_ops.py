@@ -1,6 +1,7 @@
 """python -m bench.decode_ops: a single-stream decode step three ways, side by side in one process on the bench
-checkpoint: each layer one C call (minivlm/model/decode_layer.c), the layer's small ops fused but called from Python
-(decode_ops.c), and PyTorch ops around the same matrix products. Interleaved repeats of the same request; the
+checkpoint: each layer one C call (minivlm/model/backends/cpu_kernels/decode_layer.c), the layer's small ops fused
+but called from Python (decode_ops.c), and PyTorch ops around the same matrix products: three engines on the same
+weights, each with its backend picked by the MINIVLM_* switches. Interleaved repeats of the same request; the
 median step of each, where its time goes (what the Python path can time: the matrix products, attention, the rest)
 and its op count."""
 import argparse
@@ -12,7 +13,7 @@ import time
 import torch
 
 from minivlm import Request, SamplingParams
-from minivlm.model import decode_layer, decode_ops, gemv, paged_cpu
+from minivlm.model.backends.cpu_kernels import gemv, paged_cpu
 
 from bench.long_context import decode_steps
 from bench.workload import BENCH_MODEL, build_checkpoint, make_engine, scene
@@ -42,11 +43,20 @@ class Clock:
             delattr(self.owner, self.name)
 
 
-MODES = {"decode_layer.c": (True, True), "decode_ops.c": (True, False), "PyTorch": (False, False)}
+MODES = {"decode_layer.c": {}, "decode_ops.c": {"MINIVLM_DECODE_LAYER": "0"}, "PyTorch": {"MINIVLM_DECODE_OPS": "0"}}
 
 
-def set_mode(mode: str):
-    decode_ops.KERNELS.enabled, decode_layer.KERNELS.enabled = MODES[mode]
+def engine_for(engine, mode: str):
+    """An engine on the same weights whose backend was picked with this mode's switches."""
+    saved = {name: os.environ.pop(name, None) for name in ("MINIVLM_DECODE_LAYER", "MINIVLM_DECODE_OPS")}
+    os.environ.update(MODES[mode])
+    try:
+        return engine.isolated(num_blocks=128)
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
 
 
 def one_run(engine, request: Request, new_tokens: int) -> dict:
@@ -72,20 +82,19 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     model_dir = build_checkpoint(os.path.join(tempfile.gettempdir(), "minivlm-bench-qwen2_5_vl-70m"), BENCH_MODEL)
     engine = make_engine(model_dir)
+    engines = {mode: engine_for(engine, mode) for mode in MODES}
     request = Request(prompt="Describe the image in one sentence.", images=[scene(224, 224, 7)])
     runs, ops = {mode: [] for mode in MODES}, {}
     try:
         for mode in runs:
-            set_mode(mode)
-            ops[mode] = decode_steps(engine, [request], 4)[1]
-            one_run(engine, request, 8)  # warm-up
+            ops[mode] = decode_steps(engines[mode], [request], 4)[1]
+            one_run(engines[mode], request, 8)  # warm-up
         for _ in range(args.repeats):
             for mode in runs:  # interleaved: each mode once per round
-                set_mode(mode)
-                runs[mode].append(one_run(engine, request, args.tokens))
+                runs[mode].append(one_run(engines[mode], request, args.tokens))
     finally:
-        set_mode("decode_layer.c")
-        engine.close()
+        for e in (*engines.values(), engine):
+            e.close()
     print(f"single-stream decode step, bench model, {args.threads} threads, median of {args.repeats} interleaved "
           f"runs of {args.tokens} tokens; load average {os.getloadavg()[0]:.2f}\n")
     print("| a layer runs as | step seen by the caller | tok/s | engine step | model forward | matrix products | attention |"

@@ -5,7 +5,6 @@ import time
 import torch
 
 from minivlm import Request, SamplingParams
-from minivlm.model import decode_ops
 
 from bench.long_context import decode_steps
 from bench.timing import Row, TokenClock, copy_bandwidth, decode_rate, median, spread
@@ -49,13 +48,9 @@ def measure(ctx, new_tokens: int = 64) -> list[Row]:
     ctx.details["single_stream"] = {"rates": rates, "decoder_weight_bytes": weight_bytes,
                                     "copy_bandwidth_GBps": bandwidth / 1e9, "bound_tok_s": bound}
     rate_spread = spread(rates["engine"], rates["hf"], "tok/s")
-    ops = {}
-    for fused in (True, False):  # PyTorch ops of one decode step: the fused C paths, and PyTorch ops only
-        before, decode_ops.KERNELS.enabled = decode_ops.KERNELS.enabled, fused and decode_ops.KERNELS.enabled
-        try:
-            ops[fused] = decode_steps(ctx.engine, [request], 4)[1]
-        finally:
-            decode_ops.KERNELS.enabled = before
+    ops = {True: decode_steps(ctx.engine, [request], 4)[1]}  # PyTorch ops of one decode step: the backend's,
+    with ctx.engine.isolated(enforce_eager=True, num_blocks=128) as eager:  # and PyTorch ops only
+        ops[False] = decode_steps(eager, [request], 4)[1]
     ctx.details["single_stream"]["ops_per_step"] = {"fused": ops[True], "pytorch": ops[False]}
     op_note = f"; {ops[True]} ops per decode step ({ops[False]} in PyTorch ops only, as with enforce_eager)"
     return [

@@ -8,7 +8,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from minivlm import Engine, EngineConfig, Request
-from minivlm.model.linear import use_fast_linears
+from minivlm.model import backends
 
 # ~70M parameters: a 8-layer 768-wide GQA decoder and a 4-block ViT (tiny vocabulary, so almost all weights
 # are in the layers, like the real models).
@@ -75,7 +75,7 @@ def load_hf(model_dir: str, onednn: bool = False, device: str = "cpu", dtype: st
     from minivlm.inputs.processor import load_processor
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
     if onednn:  # every nn.Linear, HF's vision tower's included (its Conv3d patch embedding stays)
-        use_fast_linears(model, "cpu", torch.float32)
+        backends.prepare_linears(model, "cpu", torch.float32)
     processor = load_processor(model_dir, FAMILY)
     processor.tokenizer.padding_side = "left"
     return model, processor

@@ -10,6 +10,7 @@ from transformers import AutoConfig, GenerationConfig
 from minivlm.config import EngineConfig
 from minivlm.device import pick_device, pick_dtype
 from minivlm.families import get_family
+from minivlm.model import backends
 from minivlm.model.decoder import Decoder
 from minivlm.model.vision import VisionTower
 from minivlm.model.vision_tiled import TiledVisionTower
@@ -112,7 +113,11 @@ class LoadedModel:
             self.decoder = Decoder(self.model_type, text_cfg, tied)
         self.decoder.load_weights(text_sd, tied, self.device, self.dtype)
         self.decoder.eval()
+        # the device's linear layers, once (the CPU's kernels start compiling here, while the rest loads)
+        self.linear_backend = backends.prepare_linears(self.decoder, self.device, self.dtype, small_batches=True)
         self.vision = self._vision(vision_sd)
+        if self.vision is not None:
+            backends.prepare_linears(self.vision.module, self.device, self.dtype)
         self.merge = getattr(getattr(self.hf_config, "vision_config", None), "spatial_merge_size", 1)
         self.eos_ids = self._eos_ids()
 

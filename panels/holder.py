@@ -18,7 +18,7 @@ from minivlm import Engine, EngineConfig  # noqa: E402
 from minivlm import resolve_model_dir  # noqa: E402
 
 from panels.i18n import EN, t  # noqa: E402
-from panels.i18n.errors import localize_error  # noqa: E402
+from panels.i18n.errors import localize_status  # noqa: E402
 
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "examples")
 OPERATOR_TOKEN_ENV = "MINIVLM_ADMIN_TOKEN"  # on a shared deployment, whoever knows it may reconfigure the engine
@@ -32,8 +32,8 @@ def status_line(engine: Engine, lang: str = EN) -> str:
              weights_mib=f"{rep.weights_bytes / 2**20:,.1f}", blocks=f"{rep.num_blocks:,}", block_size=rep.block_size,
              tokens=f"{rep.kv_cache_tokens:,}", kv_mib=f"{rep.kv_cache_bytes / 2**20:,.1f}",
              max_len=f"{cfg.max_model_len:,}", concurrency=f"{rep.max_concurrency:.2f}", strategy=cfg.cache_strategy,
-             attention=localize_error(engine.attention_backend, lang), linear=localize_error(engine.linear_backend, lang),
-             decode=localize_error(engine.decode_backend, lang))
+             attention=localize_status(engine.attention_backend, lang),
+             linear=localize_status(engine.linear_backend, lang), decode=localize_status(engine.decode_backend, lang))
 
 
 class EngineHolder:

@@ -1,18 +1,20 @@
 """decode_ops.c, the decoder layer's small ops fused for the CPU, and decode_layer.c, a decode step's layers as one
-call: each small op equal to the PyTorch arithmetic it replaces (HF's RMSNorm, rotate_half RoPE, the K/V scatter,
-SiLU-and-multiply) on random inputs; the engine's logprobs equal HF's on all three paths, in every family; the
-layers in a thread team of two equal them in a team of one, bit for bit; and a decode step runs far fewer PyTorch
-ops."""
+call (minivlm/model/backends/cpu_kernels/): each small op equal to the PyTorch arithmetic it replaces (HF's RMSNorm,
+rotate_half RoPE, the K/V scatter, SiLU-and-multiply) on random inputs; the engine's logprobs equal HF's on all
+three paths, in every family; the layers in a thread team of two equal them in a team of one, bit for bit; a
+decode step runs far fewer PyTorch ops; and the path is picked once, when the engine is built."""
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
-from minivlm.model import c_build, decode_layer, decode_ops, gemv
+from minivlm.model import backends
 from minivlm.model.attention import write_kv
+from minivlm.model.backends.cpu_kernels import decode_layer, decode_ops, gemv
 from minivlm.model.rope import apply_rope
 from tests.conftest import FAMILIES
 from tests.test_parity import check_against_hf, requests
@@ -71,7 +73,16 @@ def test_silu_mul(rows, n):
     assert torch.allclose(decode_ops.silu_mul(gate_up), F.silu(gate) * up, atol=1e-5)
 
 
-MODES = {"decode_layer": (True, True), "decode_ops": (True, False), "pytorch": (False, False)}
+MODES = {"decode_layer": {}, "decode_ops": {"MINIVLM_DECODE_LAYER": "0"}, "pytorch": {"MINIVLM_DECODE_OPS": "0"}}
+
+
+def isolated_with(engine, monkeypatch, switches: dict, **overrides):
+    """An engine on the same weights whose backend is picked with these MINIVLM_* switches (read once, there)."""
+    for name in ("MINIVLM_DECODE_LAYER", "MINIVLM_DECODE_OPS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in switches.items():
+        monkeypatch.setenv(name, value)
+    return engine.isolated(**overrides)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -83,13 +94,11 @@ def test_engine_equals_hf_on_every_path(family, checkpoints, engines, monkeypatc
     tokens, layer_calls = {}, []
     real_run = decode_layer.run
     monkeypatch.setattr(decode_layer, "run", lambda *a: layer_calls.append(1) or real_run(*a))
-    for mode, (ops, layer) in MODES.items():
-        monkeypatch.setattr(decode_ops.KERNELS, "enabled", ops)
-        monkeypatch.setattr(decode_layer.KERNELS, "enabled", layer)
-        engine.reset_prefix_cache()
+    for mode, switches in MODES.items():
         layer_calls.clear()
-        outs = engine.generate(reqs, params)
-        assert bool(layer_calls) == layer, mode  # decode steps went through decode_layer.c exactly when on
+        with isolated_with(engine, monkeypatch, switches) as picked:
+            outs = picked.generate(reqs, params)
+        assert bool(layer_calls) == (mode == "decode_layer"), mode  # decode steps in decode_layer.c exactly when on
         for request, out in zip(reqs, outs):
             check_against_hf(checkpoints[family], family, request, out)
         tokens[mode] = [o.token_ids for o in outs]
@@ -180,8 +189,8 @@ def test_chunked_prefills_mixed_steps_in_one_c_call_equal_hf(checkpoints, monkey
     kinds = []
     real_prepare = decode_layer.prepare
 
-    def prepare(decoder, x, meta):
-        step = real_prepare(decoder, x, meta)
+    def prepare(x, meta):
+        step = real_prepare(x, meta)
         kinds.append((meta.is_prefill, step is not None))
         return step
     monkeypatch.setattr(decode_layer, "prepare", prepare)
@@ -197,11 +206,9 @@ def test_chunked_prefills_mixed_steps_in_one_c_call_equal_hf(checkpoints, monkey
 def test_a_decode_step_runs_far_fewer_ops(checkpoints, engines, monkeypatch):
     """PyTorch ops of one single-sequence decode step (the profiler's top-level events) on the three paths."""
     from torch.profiler import profile
-    engine = engines["qwen2_5_vl"]
-    layers = len(engine.model.decoder.layers)
+    layers = len(engines["qwen2_5_vl"].model.decoder.layers)
 
-    def ops_per_step() -> int:  # step-through, so that the profiled step runs on this thread
-        engine.reset_prefix_cache()
+    def ops_per_step(engine) -> int:  # step-through, so that the profiled step runs on this thread
         engine.pause()
         caller = threading.Thread(target=engine.generate, args=(Request(prompt="Count to ten."),
                                                                 SamplingParams(max_tokens=4, ignore_eos=True)))
@@ -214,31 +221,33 @@ def test_a_decode_step_runs_far_fewer_ops(checkpoints, engines, monkeypatch):
         engine.resume()
         caller.join(timeout=60)
         return sum(1 for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::"))
-    whole = ops_per_step()
-    monkeypatch.setattr(decode_layer.KERNELS, "enabled", False)
-    fused = ops_per_step()
-    monkeypatch.setattr(decode_ops.KERNELS, "enabled", False)
-    eager = ops_per_step()
+    ops = {}
+    for mode, switches in MODES.items():
+        with isolated_with(engines["qwen2_5_vl"], monkeypatch, switches, num_blocks=64) as engine:
+            ops[mode] = ops_per_step(engine)
+    whole, fused, eager = ops["decode_layer"], ops["decode_ops"], ops["pytorch"]
     print(f"ops per decode step: {whole} (decode_layer), {fused} (decode_ops), {eager} (PyTorch)")
     assert eager - fused >= 10 * layers, (eager, fused)  # RoPE, norms, adds, the K/V scatter, SiLU: ~15 a layer
     assert fused - whole >= 4 * layers, (fused, whole)  # and the outputs, views and residual adds around them
 
 
 def test_the_status_line_says_which_path_runs(engines, monkeypatch):
-    """The status line, and the rows the chunked budget may give a step (one_call_rows), agree in every state."""
+    """The status line, and the rows the chunked budget may give a step (runner.limits), agree in every state."""
     engine = engines["qwen3_vl"]
-    model = engine.model
-
-    def rows():
-        return decode_layer.one_call_rows(model.decoder, model.device, model.dtype)
     assert engine.decode_backend.startswith(f"one C call a step for 1-{gemv.MAX_ROWS} sequences (decode_layer.c)")
-    assert rows() == gemv.MAX_ROWS and decode_layer.one_call_rows(model.decoder, "cpu", torch.bfloat16) is None
-    monkeypatch.setattr(decode_layer.KERNELS, "enabled", False)
-    assert engine.decode_backend == "fused small ops (decode_ops.c); decode_layer.c off: MINIVLM_DECODE_LAYER=0"
-    assert rows() is None
-    monkeypatch.setattr(decode_ops.KERNELS, "enabled", False)
-    assert engine.decode_backend == "PyTorch ops (decode_ops.c off: MINIVLM_DECODE_OPS=0)"
-    assert rows() is None
+    assert engine.decode_backend.key == "engine.decode_layer" and engine.decode_backend.fields["rows"] == 16
+    assert engine.core.runner.limits.fast_rows == gemv.MAX_ROWS
+    with isolated_with(engine, monkeypatch, MODES["decode_ops"], num_blocks=32) as picked:
+        assert picked.decode_backend == "fused small ops (decode_ops.c); decode_layer.c off: MINIVLM_DECODE_LAYER=0"
+        assert picked.core.runner.limits.fast_rows is None
+    with isolated_with(engine, monkeypatch, MODES["pytorch"], num_blocks=32) as picked:
+        assert picked.decode_backend == "PyTorch ops (decode_ops.c off: MINIVLM_DECODE_OPS=0)"
+        assert picked.core.runner.limits.fast_rows is None
+    bf16 = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16, decoder=engine.model.decoder)
+    other = backends.pick(bf16, engine.config, None)  # the C paths are for fp32
+    assert other.describe()["decode"] == "PyTorch ops (the fused C paths are for the CPU in fp32)"
+    assert other.describe()["attention"] == "SDPA over gathered blocks (in-place kernel: fp32 only)"
+    assert other.limits.fast_rows is None
 
 
 def test_enforce_eager_runs_pytorch_ops_only(engines, monkeypatch):
@@ -260,24 +269,18 @@ def test_enforce_eager_runs_pytorch_ops_only(engines, monkeypatch):
         EngineConfig(enforce_eager="yes")
 
 
-def test_a_request_never_waits_for_the_compiler(checkpoints, monkeypatch):
-    """A fresh machine: decode_layer.c is still compiling when the engine starts serving. The request is answered
-    at once on the layer-by-layer path and the status line says so; once the build is done, decode steps take one
-    call a step, with the same tokens."""
-    gate, real_build = threading.Event(), c_build.build
-    monkeypatch.setattr(c_build, "build", lambda source: gate.wait(60) and real_build(source))
-    fresh = c_build.LazyKernels(decode_layer.KERNELS.source, decode_layer.KERNELS.env, decode_layer.KERNELS.signatures)
-    monkeypatch.setattr(decode_layer, "KERNELS", fresh)
+def test_the_backend_is_picked_once_when_the_engine_is_built(engines, monkeypatch):
+    """A switch changed after an engine was built changes nothing there (no step asks again); the next engine
+    built picks by it."""
+    engine = engines["qwen2_5_vl"]
     calls, real_run = [], decode_layer.run
     monkeypatch.setattr(decode_layer, "run", lambda *a: calls.append(1) or real_run(*a))
     params, req = SamplingParams(max_tokens=6, ignore_eos=True), Request(prompt="Count to ten.")
-    with Engine(EngineConfig(model=checkpoints["qwen2_5_vl"], num_blocks=64, device="cpu", dtype="float32")) as engine:
-        assert engine.decode_backend == "fused small ops (decode_ops.c); decode_layer.c off: compiling"
-        assert decode_layer.one_call_rows(engine.model.decoder, "cpu", torch.float32) is None
-        first = engine.generate(req, params).token_ids  # the build is held: this must not wait for it
-        assert not calls and fresh.ready() is None
-        gate.set()
-        fresh._builder.join(timeout=60)
-        assert engine.decode_backend.startswith("one C call a step")
-        engine.reset_prefix_cache()
-        assert engine.generate(req, params).token_ids == first and calls
+    monkeypatch.setenv("MINIVLM_DECODE_LAYER", "0")
+    engine.reset_prefix_cache()
+    first = engine.generate(req, params).token_ids
+    assert calls and engine.decode_backend.startswith("one C call a step")
+    calls.clear()
+    with engine.isolated(num_blocks=64) as later:
+        assert later.decode_backend.startswith("fused small ops") and later.generate(req, params).token_ids == first
+    assert not calls

@@ -173,18 +173,24 @@ def test_the_attention_backend_is_said_as_it_is(checkpoints):
     """#25 defect 3: the flash-attn path needs CUDA, fp16/bf16 and blocks of a multiple of 256; else it is SDPA over
     gathered blocks, and the engine says which (the app's status line shows it). #27: fp32 on the CPU decodes in place
     with the compiled kernel where a C compiler is found, and says why not where it is not."""
+    from types import SimpleNamespace
+
     import torch
-    from minivlm.model import attention, paged_cpu
+    from minivlm.model.backends import flash
+    from minivlm.model.backends.cpu_kernels import paged_cpu
     with Engine(EngineConfig(model=checkpoints["qwen2_vl"], device="cpu", num_blocks=8)) as engine:
-        if paged_cpu.kernel() is not None:
+        if paged_cpu.KERNELS.get() is not None:
             assert engine.attention_backend.startswith("in-place paged decode")
         else:
-            assert engine.attention_backend == f"SDPA over gathered blocks (in-place kernel: {paged_cpu.error})"
-    if attention.flash_attn_with_kvcache is not None:  # on a GPU machine with flash-attn: the rule itself
-        assert "multiple of 256" in attention.attention_backend("cuda", torch.bfloat16, 16)
-        assert attention.attention_backend("cuda", torch.bfloat16, 256) == "flash-attn paged kernels"
+            assert engine.attention_backend == f"SDPA over gathered blocks (in-place kernel: {paged_cpu.KERNELS.error})"
+    cuda = SimpleNamespace(device="cuda", dtype=torch.bfloat16)  # the rule itself, on any machine
+
+    def said(block_size):
+        return flash.attention(cuda, SimpleNamespace(block_size=block_size), None)
+    if flash.flash_attn_with_kvcache is not None:
+        assert "multiple of 256" in said(16) and said(256).describe() == "flash-attn paged kernels"
     else:
-        assert attention.attention_backend("cuda", torch.bfloat16, 256).endswith("(flash-attn not installed)")
+        assert said(256) == " (flash-attn not installed)"
 
 
 SERVING = {"plain": {}, "async vision": {"async_vision": True, "enable_chunked_prefill": True},  # a vision thread

@@ -6,10 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from minivlm import Engine, Request, SamplingParams
-from minivlm.model import gemv
-from minivlm.model.linear import ONEDNN, FastLinear
+from minivlm.model.backends.cpu_kernels import gemv
+from minivlm.model.backends.cpu_kernels.linears import ONEDNN, FastLinear
 
-pytestmark = pytest.mark.skipif(not (ONEDNN and gemv.available()), reason=f"gemv.c not built here: {gemv.error}")
+pytestmark = pytest.mark.skipif(not (ONEDNN and gemv.KERNELS.get() is not None),
+                                reason=f"gemv.c not built here: {gemv.KERNELS.error}")
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 13, gemv.MAX_ROWS])
@@ -50,5 +51,9 @@ def test_the_decoder_uses_it_for_a_few_rows_only(checkpoints, monkeypatch):
         params = SamplingParams(max_tokens=4, ignore_eos=True)
         one = engine.generate(Request(prompt="Count to ten."), params)
         assert calls and max(calls) <= gemv.MAX_ROWS  # decode steps of one sequence; the prefill went to oneDNN
-        monkeypatch.setattr(gemv, "ENABLED", False)   # the same request on oneDNN alone: the same tokens
-        assert engine.generate(Request(prompt="Count to ten."), params).token_ids == one.token_ids
+    monkeypatch.setenv("MINIVLM_GEMV", "0")  # the same request on oneDNN alone (read at load): the same tokens
+    with Engine(model=checkpoints["qwen2_5_vl"], device="cpu", dtype="float32", num_blocks=64) as engine:
+        assert engine.linear_backend == "oneDNN (prepacked); gemv.c off: MINIVLM_GEMV=0"
+        assert engine.memory_report().weight_copies_bytes == 0
+        calls.clear()
+        assert engine.generate(Request(prompt="Count to ten."), params).token_ids == one.token_ids and not calls

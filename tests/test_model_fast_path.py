@@ -1,5 +1,5 @@
-"""The engine's own fast path inside minivlm/model: fused projections, the vision tower on the engine's linears
-and its patch embedding as a matrix product. Each checked against transformers' own modules."""
+"""The engine's own fast path around minivlm/model: fused projections, the vision tower on the engine's linear
+backend and its patch embedding as a matrix product. Each checked against transformers' own modules."""
 import pytest
 import torch
 from torch import nn
@@ -7,7 +7,7 @@ from transformers import AutoModelForImageTextToText
 
 from minivlm.loader import load_checkpoint
 from minivlm.model.decoder import Decoder
-from minivlm.model.linear import FastLinear
+from minivlm.model.backends.cpu_kernels.linears import FastLinear
 from minivlm.model.vision import PatchProjection
 from tests.conftest import FAMILIES
 

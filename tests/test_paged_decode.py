@@ -1,4 +1,5 @@
-"""Decode attention read in place from the paged pool (minivlm/model/paged_decode.c): the same numbers as plain
+"""Decode attention read in place from the paged pool (minivlm/model/backends/cpu_kernels/paged_decode.c, the CPU
+backend's attention): the same numbers as plain
 attention over each sequence's context in logical order, whatever the block ids, lengths and head grouping; no copy
 of any context is made in a decode step; and the engine on the gather path still matches HF."""
 import pytest
@@ -7,11 +8,12 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from minivlm import Engine, EngineConfig, SamplingParams
-from minivlm.model import attention, paged_cpu
-from minivlm.model.attention import AttentionMetadata, paged_attention
+from minivlm.model.attention import REFERENCE, AttentionMetadata, gathered_decode
+from minivlm.model.backends.cpu_kernels import PagedCpu, paged_cpu
+from minivlm.model.backends.cpu_kernels.c_build import LazyKernels
 from tests.test_parity import check_against_hf, requests
 
-pytestmark = pytest.mark.skipif(not paged_cpu.available(torch.zeros(1)), reason=f"no kernel: {paged_cpu.error}")
+pytestmark = pytest.mark.skipif(paged_cpu.KERNELS.get() is None, reason=f"no kernel: {paged_cpu.KERNELS.error}")
 
 
 def pool_with_contexts(lens, block_size, kv_heads, d, spare_blocks=50, seed=0):
@@ -55,7 +57,7 @@ def test_kernel_equals_plain_attention_over_each_context(block_size, heads, kv_h
     assert torch.equal(got, int32)  # block tables may come as int32 (flash-attn's dtype)
     meta = AttentionMetadata(False, torch.zeros(0, dtype=torch.long), [1] * len(lens), lens, tables,
                              torch.tensor(lens), block_size)
-    torch.testing.assert_close(got, attention.gathered_decode(q, k_cache, v_cache, meta, scale), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, gathered_decode(q, k_cache, v_cache, meta, scale), atol=1e-5, rtol=1e-5)
 
 
 def test_peaked_attention_equals_plain_attention():
@@ -68,7 +70,7 @@ def test_peaked_attention_equals_plain_attention():
     torch.testing.assert_close(got, plain_attention(q, contexts, 64 ** -0.5), atol=1e-5, rtol=1e-5)
 
 
-def decode_step_allocations(lens, block_size=16, kv_heads=2, heads=12, d=64, spare_blocks=400):
+def decode_step_allocations(lens, attention, block_size=16, kv_heads=2, heads=12, d=64, spare_blocks=400):
     """Bytes allocated and ops run by one layer's decode attention (write the new K/V, attend) at these lengths."""
     k_cache, v_cache, tables, _ = pool_with_contexts(lens, block_size, kv_heads, d, spare_blocks=spare_blocks)
     b = len(lens)
@@ -76,27 +78,27 @@ def decode_step_allocations(lens, block_size=16, kv_heads=2, heads=12, d=64, spa
     slots = torch.tensor([tables[i, (n - 1) // block_size] * block_size + (n - 1) % block_size for i, n in enumerate(lens)])
     meta = AttentionMetadata(False, slots, [1] * b, lens, tables, torch.tensor(lens), block_size)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        paged_attention(q, k, v, k_cache, v_cache, meta, d ** -0.5)
+        attention(q, k, v, k_cache, v_cache, meta, d ** -0.5)
     events = prof.key_averages()
     return sum(max(e.cpu_memory_usage, 0) for e in events), {e.key for e in events}
 
 
-def test_decode_attention_copies_no_context(monkeypatch):
+def test_decode_attention_copies_no_context():
     """8 sequences of 1,584 tokens: one layer's context is 13 MB of K/V. The in-place step allocates only its
-    output; the gather path, measured the same way, allocates the whole padded context (so the measurement sees it)."""
+    output; the gather path (the reference), measured the same way, allocates the whole padded context (so the
+    measurement sees it)."""
     lens = [1584 - 7 * i for i in range(8)]
     context_bytes = 2 * sum(lens) * 2 * 64 * 4
-    allocated, ops = decode_step_allocations(lens)
+    allocated, ops = decode_step_allocations(lens, PagedCpu())
     assert allocated < 0.01 * context_bytes, f"in-place decode allocated {allocated} bytes"
     assert "aten::index_select" not in ops and "aten::index" not in ops
-    monkeypatch.setattr(paged_cpu, "ENABLED", False)
-    gathered, ops = decode_step_allocations(lens)
+    gathered, ops = decode_step_allocations(lens, REFERENCE)
     assert gathered >= context_bytes and "aten::index_select" in ops
 
 
 def test_gather_path_still_matches_hf(checkpoints, monkeypatch):
     """With the kernel off (no compiler, other dtypes) the engine gathers blocks as before, and still equals HF."""
-    monkeypatch.setattr(paged_cpu, "ENABLED", False)
+    monkeypatch.setenv("MINIVLM_PAGED_CPU", "0")
     with Engine(EngineConfig(model=checkpoints["qwen2_5_vl"], device="cpu", num_blocks=64)) as engine:
         assert engine.attention_backend.startswith("SDPA over gathered blocks")
         reqs = requests()
@@ -109,8 +111,7 @@ def test_gather_path_still_matches_hf(checkpoints, monkeypatch):
 def test_a_kernel_that_cannot_be_built_falls_back_and_says_why(broken, tmp_path, monkeypatch, checkpoints):
     """A compiler that fails, or a cache directory that cannot be created: decode gathers blocks, the engine serves
     and its status line names the reason (never a failed request)."""
-    monkeypatch.setattr(paged_cpu, "_lib", [])
-    monkeypatch.setattr(paged_cpu, "error", None)
+    monkeypatch.setattr(paged_cpu, "KERNELS", LazyKernels(paged_cpu.KERNELS.source, paged_cpu.KERNELS.signatures))
     if broken == "compiler":
         monkeypatch.setenv("CC", "false")
         monkeypatch.setenv("MINIVLM_CACHE", str(tmp_path / "fresh"))  # nothing cached: it must compile
@@ -129,10 +130,10 @@ def test_a_short_chunk_after_cached_tokens_reads_the_pool_in_place():
     causal attention over the context, each token over the tokens up to itself, and copies no context."""
     ctx, q_len, heads, kv_heads, d, bs = 1000, 12, 12, 2, 64, 16
     k_cache, v_cache, tables, ((k, v),) = pool_with_contexts([ctx], bs, kv_heads, d)
-    q = torch.randn(q_len, heads, d)
+    q, new_kv = torch.randn(q_len, heads, d), torch.zeros(q_len, kv_heads, d)  # its K/V are in the pool already
     meta = AttentionMetadata(True, torch.zeros(0, dtype=torch.long), [q_len], [ctx], tables, torch.tensor([ctx]), bs)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        got = attention._prefill(q, None, None, k_cache, v_cache, meta, d ** -0.5)
+        got = PagedCpu().prefill(q, new_kv, new_kv, k_cache, v_cache, meta, d ** -0.5)
     want = torch.cat([plain_attention(q[r:r + 1], [(k[:ctx - q_len + r + 1], v[:ctx - q_len + r + 1])], d ** -0.5)
                       for r in range(q_len)])
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
@@ -152,13 +153,12 @@ def test_a_mixed_step_is_one_in_place_call(monkeypatch):
     row = [i for i, n in enumerate(q_lens) for _ in range(n)]
     slots = torch.tensor([tables[i, p // bs] * bs + p % bs for i, p in zip(row, pos)])
 
-    def run():
-        meta = AttentionMetadata.build(slots, q_lens, lens, tables, bs, "cpu")
-        return paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), meta, d ** -0.5)
+    def run(attention):
+        meta = AttentionMetadata.build(slots, q_lens, lens, tables, bs, "cpu", attention)
+        return meta.attention(q, k, v, k_cache.clone(), v_cache.clone(), meta, d ** -0.5)
     calls = []
     real = paged_cpu.paged_decode
     monkeypatch.setattr(paged_cpu, "paged_decode", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    got = run()
+    got = run(PagedCpu())
     assert calls == [T]
-    monkeypatch.setattr(paged_cpu, "ENABLED", False)
-    torch.testing.assert_close(got, run(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, run(REFERENCE), atol=1e-5, rtol=1e-5)

@@ -1,4 +1,4 @@
-"""FlexAttention over the paged pool (minivlm/model/paged_flex.py), the in-place path for CUDA at any block size,
+"""FlexAttention over the paged pool (minivlm/model/backends/paged_flex.py, the flex backend), the in-place path for CUDA at any block size,
 checked here on the CPU, where inductor compiles the same code: the same numbers as plain attention and the C kernel
 (partial and exact last blocks, shared blocks, grouped heads, padded queries); an engine on it equals HF and copies
 no context; it serves by gathering while it compiles; a compiled kernel that disagrees on first use is dropped."""
@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from minivlm import Engine, EngineConfig, SamplingParams
-from minivlm.model import attention, paged_cpu, paged_flex
+from minivlm.model.backends import paged_flex
+from minivlm.model.backends.cpu_kernels import paged_cpu
+from minivlm.model.backends.flex import FlexAttention
 from tests.test_paged_decode import decode_step_allocations, plain_attention, pool_with_contexts
 from tests.test_parity import check_against_hf, requests
 
@@ -58,8 +60,8 @@ def test_a_compiled_kernel_that_disagrees_on_first_use_is_dropped(monkeypatch):
 
 @pytest.fixture
 def flex_on_cpu(monkeypatch):
-    """The engine as on CUDA: no C kernels, FlexAttention for the in-place reads."""
-    monkeypatch.setattr(paged_cpu, "ENABLED", False)
+    """The engine as on CUDA: no C attention kernel, FlexAttention for the in-place reads."""
+    monkeypatch.setenv("MINIVLM_PAGED_CPU", "0")
 
 
 def test_an_engine_on_flex_attention_serves_while_compiling_then_matches_hf(checkpoints, flex_on_cpu, monkeypatch):
@@ -74,7 +76,7 @@ def test_an_engine_on_flex_attention_serves_while_compiling_then_matches_hf(chec
         first = engine.generate(requests()[2], SamplingParams(max_tokens=4, ignore_eos=True))
         assert len(first.token_ids) == 4 and not calls  # served, by gathering
         gate.set()
-        engine.core.runner.flex_warmup.join()
+        engine.core.runner.backend.attention.warmup.join()
         assert engine.attention_backend.startswith("in-place paged decode (FlexAttention over the block tables")
         reqs = requests()
         outs = engine.generate(reqs, SamplingParams(max_tokens=8, ignore_eos=True, logprobs=1))
@@ -91,16 +93,17 @@ def test_flex_decode_attention_copies_no_context(flex_on_cpu):
     context_bytes = 2 * sum(lens) * 2 * 64 * 4
     k_cache, v_cache, _, _ = pool_with_contexts(lens, 16, 2, 64, spare_blocks=400)  # decode_step_allocations' pool
     assert paged_flex.warm(k_cache, v_cache, 12, 0.125, 8, 16) == "ready"
-    decode_step_allocations(lens)  # the bucket's first call, checked by gathering once
-    allocated, ops = decode_step_allocations(lens)
+    flex = FlexAttention()
+    decode_step_allocations(lens, flex)  # the bucket's first call, checked by gathering once
+    allocated, ops = decode_step_allocations(lens, flex)
     same_pool = k_cache.shape[0] - 8 * 7  # spare blocks that give the short contexts (7 blocks each) this pool
-    shorter = decode_step_allocations(short, spare_blocks=same_pool)[0]
+    shorter = decode_step_allocations(short, flex, spare_blocks=same_pool)[0]
     assert 0 <= allocated - shorter < 0.01 * (context_bytes - 2 * sum(short) * 2 * 64 * 4)  # block ids, not K/V
     assert allocated < 0.1 * context_bytes and "aten::index_select" not in ops
     paged_flex._ready.clear()
-    gathered, ops = decode_step_allocations(lens)
+    gathered, ops = decode_step_allocations(lens, flex)  # no bucket compiled: the step gathers
     assert gathered >= context_bytes and "aten::index_select" in ops
-    assert not attention.in_place_available(torch.zeros(8, 12, 64), k_cache)
+    assert not flex.ready(torch.zeros(8, 12, 64), k_cache)
 
 
 def test_closing_an_engine_stops_its_compile_and_frees_the_pool(checkpoints, flex_on_cpu):
@@ -108,9 +111,9 @@ def test_closing_an_engine_stops_its_compile_and_frees_the_pool(checkpoints, fle
     the pool's memory goes back at close (on a GPU, what gpu_check's memory part measures)."""
     engine = Engine(EngineConfig(model=checkpoints["qwen2_5_vl"], device="cpu", num_blocks=64, max_num_seqs=4,
                                  enable_chunked_prefill=True))  # up to 64 queries a call: three buckets to compile
-    pool, key = weakref.ref(engine.core.pool.kv_cache), engine.core.runner.flex_key
+    pool, key = weakref.ref(engine.core.pool.kv_cache), engine.core.runner.backend.attention.key
     engine.close()
-    assert not engine.core.runner.flex_warmup.is_alive()
+    assert not engine.core.runner.backend.attention.warmup.is_alive()
     assert paged_flex.status[key].startswith("stopped after ") and paged_flex.status[key].endswith("of 3: the engine closed")
     assert engine.attention_backend.startswith("SDPA over gathered blocks (FlexAttention in place: stopped after")
     assert pool() is None

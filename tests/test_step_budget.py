@@ -123,7 +123,7 @@ def test_mixed_steps_take_what_the_slowdown_allows_and_tokens_do_not_change(chec
 def test_chunks_stay_within_the_c_layers_rows_and_the_decode_time_is_measured_again():
     b = budget(0.020, {4: [0.002], 12: [0.006]})  # 0.5 ms a token, nothing fixed: 20 tokens fit, 16 as a power of two
     assert b.decide(4).prompt_tokens == 16
-    b.fast_rows = lambda: 16                       # the C layer takes 16 rows in one call: 4 decodes + 8 tokens
+    b.fast_rows = 16                               # the C layer takes 16 rows in one call: 4 decodes + 8 tokens
     assert [b.decide(n).prompt_tokens for n in (4, 9, 14, 16)] == [8, 4, 2, 16]  # 16 decodes: off the C layer anyway
     for _ in range(AdaptiveTokenBudget.REFRESH + 1):  # mixed steps in a row (the first of a shape is not measured)
         b.observe(4, 8, 0.024)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
-from minivlm.model import attention, paged_flex
+from minivlm.model.backends import flash as flash_attn, paged_flex
 from minivlm.inputs.processor import load_processor
 from tools.gpu_chunked import chunked_rows
 from tools.gpu_memory import PRESETS, build_real_checkpoint, free_device, memory_checks
@@ -166,19 +166,29 @@ def decode_tokens_per_s(engine, request: Request, tokens: int = 64) -> float:
     return decode_rate([time.perf_counter() for _ in engine.stream(request, params, snapshots=False)])
 
 
-def attention_run(engine, flash: bool, flex: bool = False):
-    """Outputs of 4 image requests, and single-stream decode tokens/s, with or without flash-attn's kernels and
-    FlexAttention's in-place path (paged_flex; once compiled, it serves the engine's device unless switched off)."""
-    devices = set(paged_flex.DEVICES)
-    attention.FLASH_ATTN_ENABLED = flash
+def picked(engine, flash: bool, flex: bool = False) -> Engine:
+    """An engine on the same weights whose attention backend was picked (once, as every engine's is) with or
+    without flash-attn's kernels and FlexAttention's in-place path (paged_flex, compiling in the background)."""
+    devices, enabled = set(paged_flex.DEVICES), flash_attn.ENABLED
+    flash_attn.ENABLED = flash
     paged_flex.DEVICES = devices | {engine.device.type} if flex else devices - {engine.device.type}
     try:
-        requests = parity_requests()[:2] * 2
-        engine.reset_prefix_cache()
-        outs = engine.generate(requests, SamplingParams(max_tokens=24, ignore_eos=True, logprobs=1))
-        return outs, decode_tokens_per_s(engine, requests[0])
+        return engine.isolated()
     finally:
-        attention.FLASH_ATTN_ENABLED, paged_flex.DEVICES = True, devices
+        flash_attn.ENABLED, paged_flex.DEVICES = enabled, devices
+
+
+def run_outputs(engine):
+    """Outputs of 4 image requests, and single-stream decode tokens/s."""
+    requests = parity_requests()[:2] * 2
+    engine.reset_prefix_cache()
+    outs = engine.generate(requests, SamplingParams(max_tokens=24, ignore_eos=True, logprobs=1))
+    return outs, decode_tokens_per_s(engine, requests[0])
+
+
+def attention_run(engine, flash: bool):
+    with picked(engine, flash) as e:
+        return run_outputs(e)
 
 
 def compare_outputs(a, b) -> tuple[int, int, float]:
@@ -213,7 +223,7 @@ def attention_rows(engine, small_blocks, dtype: str) -> list[Check]:
     rows = [Check("attention", "SDPA over gathered blocks: block_size 256 vs 16", "pass" if worst <= tol else "FAIL",
                   f"tokens equal {same}/{n}; max |dlogprob| {worst:.2e} (limit {tol:g})")]
     rows += flex_rows(small_blocks, small, small_rate, tol)
-    if attention.flash_attn_with_kvcache is None:
+    if flash_attn.flash_attn_with_kvcache is None:
         why = ("flash-attn is not installed: PyPI has no binary wheel (source only, a long nvcc build), so carry a "
                "wheel built for this torch/CUDA" if engine.device.type == "cuda" else "flash-attn runs on CUDA only")
         rows.append(Check("attention", "flash-attn paged kernels vs SDPA", "skip", why))
@@ -229,19 +239,24 @@ def attention_rows(engine, small_blocks, dtype: str) -> list[Check]:
 
 
 def flex_rows(engine, gathered, gathered_rate: float, tol: float) -> list[Check]:
-    """FlexAttention in place at block_size 16 (the default) against SDPA over gathered blocks on the same engine:
+    """FlexAttention in place at block_size 16 (the default) against SDPA over gathered blocks on the same weights:
     its compile (on the engine's background thread), outputs and single-stream decode rate."""
-    warmup = engine.core.runner.flex_warmup
-    if warmup is None:
+    with picked(engine, flash=False, flex=True) as flexed:
+        return flex_checks(flexed, gathered, gathered_rate, tol)
+
+
+def flex_checks(engine, gathered, gathered_rate: float, tol: float) -> list[Check]:
+    attention = engine.core.runner.backend.attention
+    if getattr(attention, "warmup", None) is None:
         return [Check("attention", "FlexAttention in place (block 16)", "skip", engine.attention_backend)]
-    warmup.join(timeout=240)
-    state = engine.core.runner.flex_status()
+    attention.warmup.join(timeout=240)
+    state = attention.status()
     if state != "ready":
         return [Check("attention", "FlexAttention in place (block 16)", "FAIL", f"not ready after 240 s: {state}")]
-    pool = engine.core.runner.flex_key
-    flex, rate = attention_run(engine, flash=False, flex=True)
+    pool = attention.key
+    flex, rate = run_outputs(engine)
     same, n, worst = compare_outputs(gathered, flex)
-    state = engine.core.runner.flex_status()  # a bucket that failed its first-use check says so here
+    state = attention.status()  # a bucket that failed its first-use check says so here
     return [Check("attention", "FlexAttention in place vs SDPA gathered (block 16)",
                   "pass" if worst <= tol and state == "ready" else "FAIL",
                   f"tokens equal {same}/{n}; max |dlogprob| {worst:.2e} (limit {tol:g}); status {state}"),

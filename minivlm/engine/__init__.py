@@ -13,9 +13,6 @@ from minivlm.engine.intake import Intake
 from minivlm.loader import LoadedModel
 from minivlm.engine.handle import RequestHandle
 from minivlm.engine.loop import EngineLoop
-from minivlm.model.attention import attention_backend
-from minivlm.model.decode_layer import decode_backend
-from minivlm.model.linear import linear_backend
 from minivlm.engine.outputs import StreamEvent
 from minivlm.engine.prefix_tree import prefix_forest
 from minivlm.engine.request import Request, SamplingParams
@@ -49,11 +46,10 @@ class Engine:
     device = property(lambda self: self.model.device)
     model_type = property(lambda self: self.model.model_type)
     family = property(lambda self: self.model.family)  # minivlm.families.Family: how this model takes images
-    attention_backend = property(lambda self: attention_backend(self.device, self.model.dtype, self.config.block_size,
-                                                                self.core.runner.flex_status()))
-    linear_backend = property(lambda self: linear_backend(self.model.decoder))  # the decoder's matrix products
-    decode_backend = property(lambda self: "PyTorch ops (enforce_eager)" if self.config.enforce_eager else
-                              decode_backend(self.model.decoder, self.device, self.model.dtype))
+    # which backend runs, in words (str subclasses with a message id and fields: panels/i18n translates by the id)
+    attention_backend = property(lambda self: self.core.runner.backend.describe()["attention"])
+    linear_backend = property(lambda self: self.model.linear_backend)  # the decoder's matrix products
+    decode_backend = property(lambda self: self.core.runner.backend.describe()["decode"])
     processor = property(lambda self: self.model.processor)
     tokenizer = property(lambda self: self.model.tokenizer)
 

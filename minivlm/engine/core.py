@@ -14,9 +14,6 @@ from minivlm.inputs.image_layout import runs
 from minivlm.engine.kv_pool import KVPool
 from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.loader import LoadedModel
-from minivlm.model.attention import CHUNK_IN_PLACE
-from minivlm.model.decode_layer import one_call_rows
-from minivlm.model.paged_flex import most_queries
 from minivlm.engine.output_processor import OutputProcessor
 from minivlm.engine.outputs import StreamEvent
 from minivlm.engine.plan import ScheduledRequest, StepOutcome, StepPlan
@@ -46,15 +43,13 @@ class EngineCore:
         self.scheduler = Scheduler(self.block_manager, config, self.events, self.requests)
         self.snapshots = SnapshotBuilder(self.block_manager)
         self.vision_cache = VisionCache(config.vision_cache_bytes)
-        self.runner = ModelRunner(model, self.pool.kv_cache, config.block_size, self.vision_cache, config.enforce_eager,
-                                  max_queries=most_queries(config.max_num_seqs, config.enable_chunked_prefill,
-                                                           config.max_num_batched_tokens, CHUNK_IN_PLACE))
+        self.runner = ModelRunner(model, self.pool.kv_cache, config, self.vision_cache)  # picks the backend, once
         # with the adaptive budget the tower runs in the time each step leaves of its allowance; else beside the steps
         self.vision_worker = VisionWorker(model.vision, sliced=config.max_step_slowdown is not None) \
             if config.async_vision and model.vision is not None else None
         self._step_time: tuple[int, float] = (0, 0.0)  # the latest step: (decode tokens, seconds), for tower_slice
-        if self.scheduler.adaptive is not None and not config.enforce_eager:  # chunks keep mixed steps in the C layer
-            self.scheduler.adaptive.fast_rows = lambda: one_call_rows(model.decoder, model.device, model.dtype)
+        if self.scheduler.adaptive is not None:  # chunks keep mixed steps within the backend's one fast call
+            self.scheduler.adaptive.fast_rows = self.runner.limits.fast_rows
         self.outputs = OutputProcessor(model.tokenizer, model.eos_ids, config.max_model_len)
         self.step_count = 0
         self.last_plan: StepPlan | None = None   # the plan of the latest step that ran something

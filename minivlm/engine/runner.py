@@ -1,10 +1,8 @@
 """Executes a step plan: the vision tower for the plan's images, the decoder over the paged KV cache on the plan's
 flat inputs, then one token per sampling request. It reads no request state: all it needs is in the plan."""
-import threading
-
 import torch
 
-from minivlm.model import attention, paged_flex
+from minivlm.model import backends
 from minivlm.model.attention import AttentionMetadata
 from minivlm.engine.plan import EncodeJob, ScheduledRequest, StepPlan
 from minivlm.engine.sampler import sample, top_logprobs
@@ -14,32 +12,18 @@ MAX_TOWER_ROWS = 16384  # pixel rows (Qwen's patches, or tiles) in one tower cal
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache: torch.Tensor, block_size: int, vision_cache: VisionCache,
-                 eager: bool = False, max_queries: int = 16):
+    def __init__(self, model, kv_cache: torch.Tensor, config, vision_cache: VisionCache):
         self.decoder, self.vision, self.device = model.decoder, model.vision, model.device
-        self.eager = eager  # EngineConfig.enforce_eager: the decoder's PyTorch-ops path only
         self.kv_caches = [(kv_cache[0, i], kv_cache[1, i]) for i in range(kv_cache.shape[1])]
-        self.block_size = block_size
+        self.block_size = config.block_size
         self.vision_cache = vision_cache
-        self.flex_warmup = self.flex_key = None  # FlexAttention compiling for this pool (paged_flex), where it applies
-        self.flex_stop = threading.Event()
-        if not eager and attention.flex_wanted(self.device, model.dtype, block_size):
-            cfg, (k, v) = model.text_config, self.kv_caches[0]
-            self.flex_key = paged_flex.pool_key(k, cfg.num_attention_heads)
-            self.flex_warmup = paged_flex.warm_async(k, v, cfg.num_attention_heads, cfg.head_dim ** -0.5,
-                                                     max_queries, block_size, self.flex_stop)
-
-    def flex_status(self) -> str | None:
-        """FlexAttention's state for this pool ("compiling 2/6", "ready", "failed: ..."), or None where it does not
-        apply (the CPU's C kernel, flash-attn, enforce_eager)."""
-        return None if self.flex_key is None else paged_flex.status.get(self.flex_key)
+        self.backend = backends.pick(model, config, self.kv_caches)  # once: how this engine's steps run
+        self.limits = self.backend.limits  # what the engine needs to know of it, as data
 
     def release(self):
-        """Let go of the pool: a compile in progress stops after its bucket (it holds the pool while it runs)."""
+        """Let go of the pool (a backend compiling for it stops first)."""
         self.kv_caches = None
-        if self.flex_warmup is not None:
-            self.flex_stop.set()
-            self.flex_warmup.join()
+        self.backend.release()
 
     @staticmethod
     def _pixels(images, pixel_values, pixel_mask, todo: list[int]) -> tuple[torch.Tensor, object]:
@@ -126,9 +110,9 @@ class ModelRunner:
                 deepstack = (at, [torch.cat([deep[j][rows] for (_, deep), rows in owners])
                                   for j in range(len(owners[0][0][1]))])
         meta = AttentionMetadata.build(x.slot_mapping.to(dev), x.q_lens, x.ctx_lens, x.block_tables.to(dev),
-                                       self.block_size, dev)
-        return self.decoder(embeds, x.positions.to(dev), self.kv_caches, meta, deepstack, eager=self.eager,
-                            last=x.last.to(dev))
+                                       self.block_size, dev, self.backend.attention)
+        return self.backend.forward(self.decoder, embeds, x.positions.to(dev), self.kv_caches, meta, deepstack,
+                                    last=x.last.to(dev))
 
     @staticmethod
     @torch.inference_mode()

@@ -36,8 +36,9 @@ class AdaptiveTokenBudget:
     (which pays the kernels' one-time setup) is not measured. If even one token cannot (the fixed part alone is
     over), every mixed step is over anyway: then n = fixed / per_token, so each such step is at most twice its
     unavoidable part while the prompt still moves. Guards the line cannot give: a size whose own measured extra is
-    over is halved; a step stays within the rows of the C layer's one call (fast_rows: past them it costs ~2x); and
-    after REFRESH mixed steps in a row one decode-only step measures the decode time again."""
+    over is halved; a step stays within the rows of the backend's one fast call (fast_rows, from runner.limits: past
+    them a step costs ~2x on the CPU's decode_layer.c); and after REFRESH mixed steps in a row one decode-only step
+    measures the decode time again."""
 
     START = 4         # prompt tokens before a mixed step was measured: few (a step past the C layer's 16 rows costs 2x)
     PER_SIZE = 8      # recent measurements kept per chunk size
@@ -55,7 +56,7 @@ class AdaptiveTokenBudget:
         self.decodes: deque = deque(maxlen=self.DECODES)  # recent decode-only step times
         self.seen: set[tuple] = set()  # (decodes, prompt tokens) shapes whose first (setup-paying) step has passed
         self.since_decode = 0  # measured mixed steps since the last measured decode-only step
-        self.fast_rows = None  # () -> the most rows a step runs on the fast path (the C layer's), or None
+        self.fast_rows: int | None = None  # the most rows a step runs in one fast call (runner.limits), or None
 
     def fit(self) -> tuple[float, float] | None:
         """(fixed, per_token) seconds, or None before a chunk size was measured enough. One size alone: all of its
@@ -90,8 +91,8 @@ class AdaptiveTokenBudget:
             if room >= cost:  # a size measured over the allowance is not taken, whatever the line says (noise, or
                 while tokens > 1 and self._over(tokens):  # a cliff the line cannot see)
                     tokens //= 2
-        rows = self.fast_rows() if self.fast_rows is not None and num_decodes else None
-        if rows and num_decodes < rows and not remeasure:  # past the C layer's rows a step costs ~2x: stay within
+        rows = self.fast_rows if num_decodes else None
+        if rows and num_decodes < rows and not remeasure:  # past the fast call's rows a step costs ~2x: stay within
             tokens = min(tokens, 1 << ((rows - num_decodes).bit_length() - 1))
         if num_decodes and not remeasure:
             tokens = max(self.floor, min(self.ceiling - num_decodes, tokens))

@@ -1,15 +1,14 @@
 """The text decoder over paged KV, one class for every family: Qwen2-VL / Qwen2.5-VL / Qwen2 (qkv bias),
 Qwen3-VL / Qwen3 (q/k RMSNorm), Llama (SmolVLM); M-RoPE (chunked or interleaved) or 1-D RoPE, deepstack for
 Qwen3-VL. What differs comes from families.py. It reads HF checkpoints as they are; q/k/v and gate/up are fused
-into one matrix each at load."""
+into one matrix each at load. This is the reference path, in PyTorch ops: the engine's backend (model/backends/)
+picks the attention every layer calls, and may run the same step with its own kernels."""
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minivlm.families import decoder_facts, get_family
-from minivlm.model import decode_layer, decode_ops
-from minivlm.model.attention import AttentionMetadata, paged_attention
-from minivlm.model.linear import FastLinear, use_fast_linears
+from minivlm.model.attention import AttentionMetadata
 from minivlm.model.rope import MRotaryEmbedding, apply_rope
 
 # checkpoint projections the engine runs as one matrix product each: fewer, larger ops per layer
@@ -33,38 +32,30 @@ class Attention(nn.Module):
     def __init__(self, cfg, qk_norm: bool, qkv_bias: bool, o_bias: bool):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.qkv_proj = FastLinear(cfg.hidden_size, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=qkv_bias)
-        self.o_proj = FastLinear(self.heads * self.head_dim, cfg.hidden_size, bias=o_bias)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=o_bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
 
-    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata, fused: bool = False):
+    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata):
         T, h, kv = x.shape[0], self.heads, self.kv_heads
         qkv = self.qkv_proj(x).view(T, h + 2 * kv, self.head_dim)
-        if fused:  # norm, RoPE and the K/V write in one call, in place on qkv
-            norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else ()
-            decode_ops.rope_store(qkv, cos, sin, h, kv_cache[0], kv_cache[1], meta.slot_mapping, *norms)
-            o = paged_attention(qkv[:, :h], qkv[:, h:h + kv], qkv[:, h + kv:], kv_cache[0], kv_cache[1], meta,
-                                self.head_dim ** -0.5, kv_written=True)
-            return self.o_proj(o.reshape(T, -1))
         qk, v = qkv[:, :h + kv], qkv[:, h + kv:]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
         qk = apply_rope(qk, cos, sin)  # q and k rotated together: one set of ops for both
         q, k = qk[:, :h], qk[:, h:]
-        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.head_dim ** -0.5)
+        o = meta.attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.head_dim ** -0.5)  # the backend's
         return self.o_proj(o.reshape(T, -1))
 
 
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.gate_up_proj = FastLinear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = FastLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, fused: bool = False):
-        if fused:
-            return self.down_proj(decode_ops.silu_mul(self.gate_up_proj(x)))
+    def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -77,12 +68,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, kv_cache, meta, fused: bool = False):
-        if fused:  # decode_ops: the residual add happens in place on x, inside the second norm's call
-            norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-            a = self.self_attn(decode_ops.rms_norm(x, norm1.weight, norm1.eps), cos, sin, kv_cache, meta, fused=True)
-            h = decode_ops.rms_norm(x, norm2.weight, norm2.eps, delta=a)
-            return x.add_(self.mlp(h, fused=True))
+    def forward(self, x, cos, sin, kv_cache, meta):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -110,7 +96,7 @@ class Decoder(nn.Module):
         self.embed_tokens = nn.Embedding(text_cfg.vocab_size, text_cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(text_cfg, **attn_kwargs) for _ in range(text_cfg.num_hidden_layers))
         self.norm = RMSNorm(text_cfg.hidden_size, text_cfg.rms_norm_eps)
-        self.lm_head = FastLinear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
         if tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         rope = text_cfg.rope_parameters
@@ -138,25 +124,20 @@ class Decoder(nn.Module):
         if tied:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = MRotaryEmbedding(*self.rope_args).to(device)
-        use_fast_linears(self, device, dtype, small_batches=True)
-        if torch.device(device).type == "cpu" and dtype == torch.float32:  # compiled meanwhile: requests never wait
-            decode_ops.KERNELS.start(), decode_layer.KERNELS.start()
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, head_dim]: broadcast over heads, made once per step."""
+        cos, sin = self.rotary(positions, dtype)
+        return cos[:, None], sin[:, None]
 
     def forward(self, embeds, positions, kv_caches, meta: AttentionMetadata, deepstack=None,
-                eager: bool = False, last: torch.Tensor | None = None) -> torch.Tensor:
-        """embeds [T, hidden], positions [3, T]; deepstack = (rows [N], [features [N, hidden] per layer]) or None;
-        eager: PyTorch ops only (no decode_ops.c / decode_layer.c). Returns the final hidden states [T, hidden], or
-        with `last` (row indices [B]) the logits of those rows [B, vocab]."""
-        cos, sin = self.rotary(positions, embeds.dtype)
-        cos, sin = cos[:, None], sin[:, None]  # [T, 1, head_dim]: broadcast over heads, made once per step
-        fused = not eager and decode_ops.available(embeds)
-        x = embeds.clone() if fused else embeds  # the fused layers add into x in place: never into the caller's
-        whole = decode_layer.prepare(self, x, meta) if fused and deepstack is None else None
-        if whole is not None:  # a decode step of a few sequences: every layer, the final norm, the logits in one C call
-            return decode_layer.run(self.layers, self.norm, x, cos, sin, kv_caches, whole,
-                                    *((self.lm_head, last) if last is not None else ()))
+                last: torch.Tensor | None = None) -> torch.Tensor:
+        """embeds [T, hidden], positions [3, T]; deepstack = (rows [N], [features [N, hidden] per layer]) or None.
+        Returns the final hidden states [T, hidden], or with `last` (row indices [B]) the logits of those rows."""
+        cos, sin = self.rope(positions, embeds.dtype)
+        x = embeds
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_caches[i], meta, fused)
+            x = layer(x, cos, sin, kv_caches[i], meta)
             if deepstack is not None and i < len(deepstack[1]):
                 x = x.index_add(0, deepstack[0], deepstack[1][i].to(x.dtype))  # ViT layer features at image tokens
         x = self.norm(x)

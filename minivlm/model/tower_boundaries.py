@@ -50,7 +50,7 @@ def _linear_in_rows(kind: tuple, ref: weakref.ref, x: torch.Tensor) -> torch.Ten
     its own input row's product: the same numbers), a boundary between them. ref: the layer, weakly (a layer that
     held itself would be a cycle, and an engine's frozen cycles are never collected)."""
     module = ref()
-    forward = type(module).forward  # the class's, looked up now (use_fast_linears may change the class later)
+    forward = type(module).forward  # the class's, looked up now (the linear backend changes the class later)
     if getattr(_thread, "pause", None) is None or x.dim() < 2 or x.device.type != "cpu":  # a GPU's units are short,
         return forward(module, x)                                                        # and each stop syncs it
     rows_of_features = x.shape[-1] == module.in_features  # else a layer that reshapes its own input (the patch

@@ -1,5 +1,6 @@
 """The vision tower is transformers' own module, built from the checkpoint's vision_config and its weights, with
-the engine's fast linears in place of its nn.Linear and its Conv3d patch embedding run as the matrix product it is."""
+its Conv3d patch embedding run as the matrix product it is (the loader then gives its linear layers the engine's
+linear backend: model/backends/)."""
 import torch
 from torch import nn
 from transformers.initialization import no_init_weights
@@ -7,14 +8,13 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTra
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-from minivlm.model.linear import FastLinear, use_fast_linears
 from minivlm.model.tower_boundaries import ATTN_IMPLEMENTATION, add_boundaries
 
 TOWERS = {"qwen2_vl": Qwen2VisionTransformerPretrainedModel, "qwen2_5_vl": Qwen2_5_VisionTransformerPretrainedModel,
           "qwen3_vl": Qwen3VLVisionModel}
 
 
-class PatchProjection(FastLinear):
+class PatchProjection(nn.Linear):
     """A Conv3d whose kernel equals its stride and covers the whole input patch is one matrix product per patch:
     [N, C, T, P, P] -> [N, embed, 1, 1, 1], the shape the tower's patch embedding expects from its Conv3d."""
 
@@ -51,7 +51,6 @@ class VisionTower:
         vision_config._attn_implementation = ATTN_IMPLEMENTATION  # SDPA, with boundaries
         self.module = load_module(TOWERS[model_type], vision_config, state_dict, device, dtype)
         self.module.patch_embed.proj = PatchProjection.from_conv(self.module.patch_embed.proj)
-        use_fast_linears(self.module, device, dtype)
         add_boundaries(self.module)  # where a sliced tower may stop (the engine's vision thread)
         self.merge = vision_config.spatial_merge_size
         self.device, self.dtype = device, dtype

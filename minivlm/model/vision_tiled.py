@@ -10,7 +10,6 @@ from transformers.models.internvl.modeling_internvl import (InternVLModel, Inter
 from transformers.models.smolvlm.modeling_smolvlm import (SmolVLMConnector, SmolVLMModel, SmolVLMPreTrainedModel,
                                                           SmolVLMVisionTransformer)
 
-from minivlm.model.linear import use_fast_linears
 from minivlm.model.tower_boundaries import ATTN_IMPLEMENTATION, add_boundaries
 from minivlm.model.vision import load_module
 
@@ -54,7 +53,6 @@ class TiledVisionTower:
     def __init__(self, model_type: str, config, state_dict: dict, device, dtype):
         config.vision_config._attn_implementation = ATTN_IMPLEMENTATION  # SDPA, with boundaries
         self.module = load_module(HOSTS[model_type], config, state_dict, device, dtype)
-        use_fast_linears(self.module, device, dtype)
         add_boundaries(self.module)  # where a sliced tower may stop (the engine's vision thread)
         self.crops = isinstance(self.module, InternVLVision)  # a batch of crops; SmolVLM takes one sample of tiles
         self.device, self.dtype = device, dtype

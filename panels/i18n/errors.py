@@ -3,17 +3,14 @@ and its fields as data: the page says "error.<reason>" from the catalogue with t
 or video in its own words. Its English wording is never read. A refusal the catalogue has no sentence for, and any
 other error, is shown as the engine wrote it.
 
-The engine's words in the status line and the device notes (engine.*) are plain text, not refusals: those are still
-matched against their English in the catalogue (localize_status)."""
+The engine's words in the status line (engine.*) are not refusals either: each backend's words carry their message
+id and fields (minivlm.model.backends.Said), and are said by the id; the device notes, plain text, are matched
+against their English in the catalogue (localize_status)."""
 import functools
 import re
 
 from minivlm.refusals import Name, render
 from panels.i18n import CATALOGUE, EN, t
-
-# fields of the status words that are themselves status words
-WHY = {"the fused C paths are for the CPU in fp32": "engine.decode_not_cpu", "compiling": "engine.compiling"}
-
 
 def name_in(lang: str, name: Name) -> str:
     """"image 2 (cat.png)" in `lang`: the file's name stays as it is."""
@@ -45,14 +42,18 @@ def patterns() -> list[tuple[str, re.Pattern]]:
 
 
 def localize_status(text: str, lang: str) -> str:
-    """The engine's status words (the backends it runs, why a device is unavailable) in `lang`, when known."""
+    """The engine's status words (the backends it runs, why a device is unavailable) in `lang`, when known: by the
+    message id a backend's words carry (their fields likewise), else by the English of a fixed or patterned one."""
     if lang == EN:
         return text
+    if getattr(text, "key", None) in CATALOGUE:
+        return t(lang, text.key, **{k: localize_status(v, lang) if isinstance(v, str) else v
+                                    for k, v in text.fields.items()})
     fixed = {en: key for key, (en, _) in CATALOGUE.items() if key.startswith("engine.") and "{" not in en}
     if text.strip() in fixed:
         return t(lang, fixed[text.strip()])
     for key, pattern in patterns():
         m = pattern.match(text.strip())
         if m is not None:
-            return t(lang, key, **{k: t(lang, WHY[v]) if v in WHY else v for k, v in m.groupdict().items()})
+            return t(lang, key, **m.groupdict())
     return text

@@ -1,23 +1,21 @@
 """A decode step's decoder layers, final norm and logits as one C call (decode_layer.c), on the CPU in fp32 for one
 to gemv.MAX_ROWS sequences: the CPU's counterpart of a captured decode step. The layers' kernels are those of the
-Python path (gemv.c, decode_ops.c, paged_decode.c), so the numbers are the same; what goes is the Python between
-them (about 2 ms of a 13 ms single-stream step on the bench model) and most of the waits between the threads.
-Chunked prefill's mixed steps (decodes and chunks of at most CHUNK_IN_PLACE tokens) run the same way. `prepare`
-returns None (and the decoder runs layer by layer) for anything else: longer prompts, more rows, other dtypes or
-devices, a kernel not built, or MINIVLM_DECODE_LAYER=0."""
+layer-by-layer path (gemv.c, decode_ops.c, paged_decode.c), so the numbers are the same; what goes is the Python
+between them (about 2 ms of a 13 ms single-stream step on the bench model) and most of the waits between the
+threads. Chunked prefill's mixed steps (decodes and chunks of at most CHUNK_IN_PLACE tokens) run the same way.
+`prepare` returns None (and the backend runs layer by layer) for anything else: longer chunks, more rows."""
 import ctypes
 import os
 from dataclasses import dataclass
 
 import torch
 
-from minivlm.model import c_build, decode_ops, gemv, paged_cpu
-from minivlm.model.attention import CHUNK_IN_PLACE, token_queries
-from minivlm.model.c_build import LazyKernels
+from minivlm.model.backends.cpu_kernels import gemv
+from minivlm.model.backends.cpu_kernels.c_build import LazyKernels
+from minivlm.model.backends.in_place import CHUNK_IN_PLACE, token_queries
 
 _p, _i = ctypes.c_void_p, ctypes.c_int64
 KERNELS = LazyKernels(os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_layer.c"),
-                      "MINIVLM_DECODE_LAYER",
                       {"decode_layers_f32": [_p, _i, _p, _i, _p, _p, _p, _p, _i, _p, _p, _i, _p, _p, _i, _p,
                                              ctypes.c_float, _p, _p, _i, _p, _i, _p, _p, ctypes.c_int]})
 
@@ -50,7 +48,7 @@ class DecodeStep:
 
 
 def _dense(linear) -> torch.Tensor | None:
-    """The plain [out, in] weight gemv.c reads: FastLinear's dense copy beside a packed weight, or the weight."""
+    """The plain [out, in] weight gemv.c reads: the dense copy beside a packed weight (linears.py), or the weight."""
     w = getattr(linear, "dense", None) if linear.weight.is_mkldnn else linear.weight
     return w if w is not None and w.is_contiguous() and w.dtype == torch.float32 else None
 
@@ -77,16 +75,14 @@ def layer_struct(layer) -> Layer | None:
     return layer._c_layer
 
 
-def prepare(decoder, x: torch.Tensor, meta) -> DecodeStep | None:
-    """The step's shared arguments if every layer of this step can run as one C call, else None. A mixed step of
-    decodes and short prefill chunks (chunked prefill's) qualifies too: each chunk token is a decode query over its
-    sequence's tokens up to itself (a sequence's tokens in order, each one's K/V written before it attends), as
-    attention.py's _every_token_in_place computes it layer by layer."""
-    if x.shape[0] > gemv.MAX_ROWS or not (decode_ops.available(x) and paged_cpu.available(x) and gemv.available()):
+def prepare(x: torch.Tensor, meta) -> DecodeStep | None:
+    """The step's shared arguments if its layers can run as one C call (the backend checked the kernels and
+    weights once, at load), else None. A mixed step of decodes and short prefill chunks (chunked prefill's)
+    qualifies too: each chunk token is a decode query over its sequence's tokens up to itself (a sequence's tokens
+    in order, each one's K/V written before it attends), as in_place.py computes it layer by layer."""
+    if x.shape[0] > gemv.MAX_ROWS:
         return None
-    if meta.is_prefill and max(meta.q_lens) > CHUNK_IN_PLACE:  # a long chunk: SDPA's GEMMs win (the Python path)
-        return None
-    if KERNELS.ready() is None or any(layer_struct(layer) is None for layer in decoder.layers):
+    if meta.is_prefill and max(meta.q_lens) > CHUNK_IN_PLACE:  # a long chunk: SDPA's GEMMs win (layer by layer)
         return None
     tables, lens = token_queries(meta) if meta.is_prefill else (meta.block_tables, meta.ctx_lens_t)
     seq_ends = torch.tensor(meta.q_lens, dtype=torch.int64).cumsum(0) if meta.is_prefill else _ONE_EACH[x.shape[0]]
@@ -95,13 +91,8 @@ def prepare(decoder, x: torch.Tensor, meta) -> DecodeStep | None:
 
 
 def kernel_variant(*defines: str):
-    """decode_layers_f32 built with extra -D flags (SPIN_NS=0: OpenMP's barrier), or None: tests and benches."""
-    lib, _ = c_build.build(KERNELS.source, defines)
-    if lib is None:
-        return None
-    fn = lib.decode_layers_f32
-    fn.argtypes, fn.restype = KERNELS.signatures["decode_layers_f32"], None
-    return fn
+    """decode_layers_f32 built with extra -D flags (SPIN_NS=0: OpenMP's barrier): tests and benches."""
+    return KERNELS.variant(*defines).decode_layers_f32
 
 
 def run(layers: list, final_norm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches,
@@ -125,33 +116,3 @@ def run(layers: list, final_norm, x: torch.Tensor, cos: torch.Tensor, sin: torch
     if lm_head is not None and w is None:  # no dense weight: the logits in PyTorch
         return lm_head(x[last])
     return x if w is None else logits
-
-
-def decode_backend(decoder, device, dtype) -> str:
-    """How a decode step's layers run, in words (the status line)."""
-    if torch.device(device).type != "cpu" or dtype != torch.float32:
-        return "PyTorch ops (the fused C paths are for the CPU in fp32)"  # words the app's catalogue knows
-    if decode_ops.KERNELS.why_not():
-        return f"PyTorch ops (decode_ops.c off: {decode_ops.KERNELS.why_not()})"
-    why = KERNELS.why_not()
-    if why is None and not gemv.available():
-        why = gemv.error or "MINIVLM_GEMV=0"
-    if why is None and not (paged_cpu.ENABLED and paged_cpu.kernel() is not None):
-        why = paged_cpu.error or "MINIVLM_PAGED_CPU=0"
-    if why is None and any(layer_struct(layer) is None for layer in decoder.layers):
-        why = "no dense fp32 weights"
-    if why:
-        return f"fused small ops (decode_ops.c); decode_layer.c off: {why}"
-    return f"one C call a step for 1-{gemv.MAX_ROWS} sequences (decode_layer.c), fused small ops (decode_ops.c) above"
-
-
-def one_call_rows(decoder, device, dtype) -> int | None:
-    """The most rows a step may have and still run its layers as one C call; None where that call is off or still
-    compiling (decode_backend's conditions, asked every chunked step: no strings, never waits for a build)."""
-    if torch.device(device).type != "cpu" or dtype != torch.float32:
-        return None
-    if KERNELS.ready() is None or decode_ops.KERNELS.ready() is None or not gemv.available():
-        return None
-    if not (paged_cpu.ENABLED and paged_cpu.kernel() is not None):
-        return None
-    return gemv.MAX_ROWS if all(layer_struct(layer) is not None for layer in decoder.layers) else None

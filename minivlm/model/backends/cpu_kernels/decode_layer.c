@@ -8,7 +8,12 @@
    layer. Every thread keeps its own copy of the residual stream and its norm (rows x hidden floats: each thread
    does the same arithmetic, so the copies stay equal bit for bit), which saves the barriers around the adds and
    norms; a thread ropes, stores and attends for its (sequence, KV head) pairs without waiting in between. */
+#ifdef _OPENMP
 #include <omp.h>
+#else  /* built without OpenMP (c_build.py: Apple clang): a team of one, the same arithmetic */
+#define omp_get_num_threads() 1
+#define omp_get_thread_num() 0
+#endif
 #include "team_barrier.c"
 #include "gemv.c"
 #include "paged_decode.c"

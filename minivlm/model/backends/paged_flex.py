@@ -1,13 +1,13 @@
 """Paged attention in place on any device torch.compile targets: PyTorch's FlexAttention over the whole KV pool, with
 a block mask made from the block tables, so each query reads its own sequence's blocks where they lie (no gather,
 no new dependency). It is CUDA's in-place path at the default block size (flash-attn's paged kernels need pages of
-256 tokens). On the CPU the C kernel (paged_decode.c) is faster, so this runs there only when asked
-(MINIVLM_FLEX=cpu): the tests check it on the CPU, where inductor compiles the same code to C++.
+256 tokens); flex.py is the backend around it. On the CPU the C kernel (paged_decode.c) is faster, so this runs
+there only when asked (MINIVLM_FLEX=cpu): the tests check it on the CPU, where inductor compiles the same code to C++.
 
 Every query is one token against the first `len` tokens of its block table: a decode, or one token of a short
 chunk whose K/V are already in the pool (causal by construction), as in the C kernel. Compiling takes seconds per
 shape, so the queries of a call are padded to a few bucket sizes, compiled on a background thread when an engine
-starts (until its bucket is ready a step gathers blocks as before) and checked against gathering on first use."""
+starts (until its bucket is ready a step gathers blocks) and checked against gathering on first use."""
 import os
 import threading
 import time
@@ -36,13 +36,6 @@ def bucket(n: int) -> int | None:
     return next((b for b in BUCKETS if n <= b), None)
 
 
-def most_queries(max_num_seqs: int, chunked: bool, max_num_batched_tokens: int, chunk_in_place: int = 16) -> int:
-    """The most queries one in-place call of an engine can have: a decode step's sequences, a short chunk's
-    tokens after a cached prefix, or (chunked prefill) a mixed step's tokens when every chunk is short."""
-    most = max(max_num_seqs, chunk_in_place)
-    return max(most, min(max_num_batched_tokens, chunk_in_place * max_num_seqs)) if chunked else most
-
-
 def pool_key(k_cache: torch.Tensor, heads: int) -> tuple:
     return (k_cache.device.type, k_cache.dtype, tuple(k_cache.shape), heads)
 
@@ -53,7 +46,7 @@ def _key(k_cache: torch.Tensor, heads: int, n: int) -> tuple:
 
 def ready(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether n = len(q) queries over this pool run compiled now (never compiles here: a step must not wait)."""
-    return bool(_ready) and q.device.type in DEVICES and _key(k_cache, q.shape[1], q.shape[0]) in _ready
+    return bool(_ready) and _key(k_cache, q.shape[1], q.shape[0]) in _ready
 
 
 def block_mask(tables: torch.Tensor, lens: torch.Tensor, num_blocks: int, block_size: int, rows: int) -> BlockMask:
@@ -103,15 +96,15 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: 
 
 def paged_attention(q, k_cache, v_cache, tables, lens, scale: float, meta=None) -> torch.Tensor:
     """What paged_cpu.paged_decode computes (every query over its table's first lens tokens), compiled; the mask is
-    built once a step and kept in `meta` for the other layers. A bucket's first real call is also computed by
+    built once a step and kept in `meta.scratch` for the other layers. A bucket's first real call is also computed by
     gathering, and a bucket that disagrees is dropped for good (its steps gather): the compiled kernel is checked
     on the device's own compiler and on real K/V, once."""
-    mask = getattr(meta, "flex_mask", None)
+    mask = meta.scratch.get("flex_mask") if meta is not None else None
     if mask is None:
         mask = block_mask(tables.to(torch.int64), lens.to(torch.int64), k_cache.shape[0], k_cache.shape[1],
                           bucket(q.shape[0]))
         if meta is not None:
-            meta.flex_mask = mask
+            meta.scratch["flex_mask"] = mask
     out = attend(q, k_cache, v_cache, mask, scale)
     key = _key(k_cache, q.shape[1], q.shape[0])
     if key not in _checked:  # its first CHECKED queries (a gather of every context could be gigabytes)

@@ -1,26 +1,20 @@
 """The decoder layer's small ops fused for the CPU in fp32 (decode_ops.c, called through ctypes): the residual add
 with RMSNorm, q/k norm + RoPE + the K/V write into the pool, and SiLU-and-multiply. A decode step of one sequence
 was about 400 PyTorch ops besides its matrix products, each paying dispatch; these are 3 calls a layer instead of
-about 15 ops. `available` says no (and `error` why) where the kernels are not built or MINIVLM_DECODE_OPS=0; the
-decoder then runs the same arithmetic as PyTorch ops."""
+about 15 ops. The CPU backend (cpu_kernels/__init__.py) runs a layer with them; tests/test_decode_ops.py checks each
+against the PyTorch arithmetic of the reference decoder (model/decoder.py)."""
 import ctypes
 import os
 
 import torch
 
-from minivlm.model.c_build import LazyKernels
+from minivlm.model.backends.cpu_kernels.c_build import LazyKernels
 
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-KERNELS = LazyKernels(os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_ops.c"), "MINIVLM_DECODE_OPS", {
+KERNELS = LazyKernels(os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_ops.c"), {
     "rms_norm_f32": [_p, _p, _p, _p, _i, _i, _f, ctypes.c_int],
     "rope_store_f32": [_p, _p, _p, _p, _p, _f, _p, _p, _p, _i, _i, _i, _i, ctypes.c_int],
     "silu_mul_f32": [_p, _p, _i, _i, ctypes.c_int]})
-
-
-def available(x: torch.Tensor) -> bool:
-    """Whether x's step can use the kernels now (never waits for their build: the decoder starts it at load)."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled() \
-        and KERNELS.ready() is not None
 
 
 def _ptr(t: torch.Tensor | None):

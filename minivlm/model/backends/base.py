@@ -1,0 +1,82 @@
+"""What a model backend is: the attention every decoder layer calls (an Attention: the reference's PagedAttention,
+or a subclass that reads the pool its own way) and the step around it (a Backend: the reference runs the decoder
+as it is). backends.pick chooses one of each when an engine is built; the engine reads `limits` as data and
+`describe()` as its status line. A backend's words are Said strings: English, with an id and fields that a page in
+another language keys on (panels/i18n), never the English text."""
+from dataclasses import dataclass
+
+from minivlm.model.attention import PagedAttention
+
+# the status line's words, by id (panels/i18n/chat_text.py has the same ids with their Chinese)
+WORDS = {
+    "engine.attn_inplace": "in-place paged decode (C kernel over the block tables{threads}); prefill: SDPA",
+    "engine.attn_flex": "in-place paged decode (FlexAttention over the block tables, compiled); prefill: SDPA",
+    "engine.attn_flash": "flash-attn paged kernels",
+    "engine.attn_gathered": "SDPA over gathered blocks{why}",
+    "engine.why_kernel": " (in-place kernel: {why})",
+    "engine.why_flex": " (FlexAttention in place: {state})",
+    "engine.why_flash_missing": " (flash-attn not installed)",
+    "engine.why_flash_shape": " (flash-attn's paged kernel needs fp16/bf16 and a block size that is a multiple of 256)",
+    "engine.fp32_only": "fp32 only",
+    "engine.decode_layer": "one C call a step for 1-{rows} sequences (decode_layer.c), fused small ops (decode_ops.c) "
+                           "above{threads}",
+    "engine.decode_ops": "fused small ops (decode_ops.c); decode_layer.c off: {why}{threads}",
+    "engine.decode_torch": "PyTorch ops ({why})",
+    "engine.decode_torch_off": "PyTorch ops (decode_ops.c off: {why})",
+    "engine.decode_not_cpu": "the fused C paths are for the CPU in fp32",
+    "engine.no_dense_weights": "no dense fp32 weights",
+    "engine.one_thread": "; one thread (built without OpenMP: {why})",
+    "engine.linear_gemv": "gemv.c for decode batches of 1-{rows}, oneDNN (prepacked) above{threads}",
+    "engine.linear_onednn": "oneDNN (prepacked); gemv.c off: {why}",
+    "engine.linear_default": "PyTorch's default (nn.Linear)",
+}
+
+
+class Said(str):
+    """A status in English, as the status line shows it, that also carries its message id and fields (each a
+    plain string or a Said of its own)."""
+    key: str
+    fields: dict
+
+    def __new__(cls, key: str, **fields):
+        said = super().__new__(cls, WORDS[key].format(**fields))
+        said.key, said.fields = key, fields
+        return said
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the engine needs to know of its backend, as data."""
+    fast_rows: int | None = None  # the most rows a step runs as one fast call (past them it costs ~2x); None: no edge
+
+
+class Attention(PagedAttention):
+    """The reference attention as a backend: SDPA over gathered blocks, `why` (a Said, or "") no other serves."""
+
+    def __init__(self, why: str = ""):
+        self.why = why
+
+    def describe(self) -> Said:
+        return Said("engine.attn_gathered", why=self.why)
+
+    def release(self):
+        """Let go of the pool (a backend compiling for it stops)."""
+
+
+class Backend:
+    """How an engine runs a step: the reference runs the decoder layer by layer in PyTorch ops. `decode` says how,
+    in words (and why no faster step serves)."""
+    limits = Limits()
+
+    def __init__(self, attention: Attention, decode: Said):
+        self.attention, self.decode = attention, decode
+
+    def forward(self, decoder, embeds, positions, kv_caches, meta, deepstack=None, last=None):
+        return decoder(embeds, positions, kv_caches, meta, deepstack, last)
+
+    def describe(self) -> dict[str, Said]:
+        """{"decode": how a step's layers run, "attention": which attention they call}, in words."""
+        return {"decode": self.decode, "attention": self.attention.describe()}
+
+    def release(self):
+        self.attention.release()

@@ -1,0 +1,68 @@
+"""The model backends (minivlm/model/backends/): picked once per engine, said by id in the status line (the Chinese
+page keys on the id, not the English), the C kernels giving the same numbers when built without OpenMP (macOS's
+Apple clang), and the reference path in minivlm/model/ small and free of C."""
+import glob
+import os
+
+import pytest
+
+from minivlm import SamplingParams
+from minivlm.model.backends.base import WORDS
+from minivlm.model.backends.cpu_kernels import decode_layer, decode_ops, gemv, paged_cpu
+from minivlm.model.backends.cpu_kernels.c_build import LazyKernels
+from tests.test_parity import check_against_hf, requests
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_reference_path_is_small_and_loads_no_c_code():
+    files = glob.glob(os.path.join(ROOT, "minivlm", "model", "*.py"))
+    lines = sum(len(open(f, encoding="utf-8").readlines()) for f in files)
+    assert lines <= 1100, lines
+    for f in files:
+        text = open(f, encoding="utf-8").read()
+        assert "ctypes" not in text and "c_build" not in text and "backends import" not in text, f
+
+
+def test_the_catalogue_says_every_backend_word_by_its_id():
+    from panels.i18n import CATALOGUE
+    assert {key: CATALOGUE[key][0] for key in WORDS} == WORDS
+
+
+def test_the_chinese_status_line_keys_on_the_id_not_the_english(engines, monkeypatch):
+    from panels.holder import status_line
+    from panels.i18n import ZH
+    from panels.i18n.errors import localize_status
+    engine = engines["qwen2_5_vl"]
+    zh = status_line(engine, ZH)
+    assert "原地分页解码（直接在块表上运行的 C 内核）" in zh and "每步一次 C 调用（decode_layer.c）" in zh
+    assert "1–16 行的解码批次用 gemv.c" in zh
+    monkeypatch.setitem(WORDS, "engine.decode_layer", "{rows} rows a call, reworded{threads}")
+    with engine.isolated(num_blocks=32) as reworded:
+        assert reworded.decode_backend == "16 rows a call, reworded"
+        assert localize_status(reworded.decode_backend, ZH) == localize_status(engine.decode_backend, ZH)
+    with engine.isolated(num_blocks=32, enforce_eager=True) as eager:  # a field that is a word of its own
+        assert localize_status(eager.decode_backend, ZH) == "PyTorch 算子（enforce_eager）"
+
+
+@pytest.mark.skipif(paged_cpu.KERNELS.get() is None or decode_layer.KERNELS.get() is None, reason="no C compiler")
+def test_kernels_built_without_openmp_give_the_same_numbers_on_one_thread(engines, checkpoints, monkeypatch):
+    """Where the compiler has no OpenMP (Apple clang) the kernels are built without it (MINIVLM_OPENMP=0 forces
+    that here): the status line says so, and every kernel computes each output element as before, so the tokens
+    and logprobs equal the thread team's, bit for bit, and HF's within its tolerance."""
+    engine, reqs = engines["qwen2_5_vl"], requests()[:4]
+    params = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=1)
+    engine.reset_prefix_cache()
+    want = engine.generate(reqs, params)
+    monkeypatch.setenv("MINIVLM_OPENMP", "0")
+    for module in (gemv, paged_cpu, decode_ops, decode_layer):
+        monkeypatch.setattr(module, "KERNELS", LazyKernels(module.KERNELS.source, module.KERNELS.signatures))
+    with engine.isolated(num_blocks=128) as single:
+        assert single.decode_backend.endswith("above; one thread (built without OpenMP: MINIVLM_OPENMP=0)")
+        assert single.attention_backend.startswith("in-place paged decode (C kernel over the block tables; one "
+                                                   "thread (built without OpenMP: MINIVLM_OPENMP=0))")
+        assert all(m.KERNELS.get().no_openmp == "MINIVLM_OPENMP=0" for m in (gemv, paged_cpu, decode_ops))
+        got = single.generate(reqs, params)
+    for request, a, b in zip(reqs, want, got):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+        check_against_hf(checkpoints["qwen2_5_vl"], "qwen2_5_vl", request, b)
