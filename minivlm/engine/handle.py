@@ -147,7 +147,7 @@ class RequestHandle:
         if not self._closed:
             self._closed = True
             if self._loop is not None:
-                self._loop.abort_seqs(self._pending)
+                self._loop.abort_seqs(list(self._pending))  # a copy: the reader may be discarding from it
                 self._let_go()
             with self._ready:
                 self._items.clear()
