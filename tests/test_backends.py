@@ -66,3 +66,34 @@ def test_kernels_built_without_openmp_give_the_same_numbers_on_one_thread(engine
     for request, a, b in zip(reqs, want, got):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
         check_against_hf(checkpoints["qwen2_5_vl"], "qwen2_5_vl", request, b)
+
+
+APPLE_CLANG = """#!/bin/sh
+# like Apple clang: no -fopenmp, no -march=native (only -mcpu=native); gcc underneath
+for a in "$@"; do
+  case "$a" in
+    -fopenmp) echo "clang: error: unsupported option '-fopenmp'" >&2; exit 1;;
+    -march=native) echo "clang: error: the clang compiler does not support '-march=native'" >&2; exit 1;;
+  esac
+done
+exec gcc $(printf '%s\\n' "$@" | sed 's/^-mcpu=native$/-march=native/')
+"""
+
+
+@pytest.mark.skipif(gemv.KERNELS.get() is None, reason="no C compiler")
+def test_a_compiler_without_openmp_builds_the_kernels_for_one_thread(tmp_path, monkeypatch):
+    """macOS: Apple clang refuses -fopenmp (and, in older versions, -march=native). The build falls back to the
+    flags it takes, remembers the refusals in the cache, and the library says why it has no thread team."""
+    import torch
+    import torch.nn.functional as F
+    cc = tmp_path / "cc"
+    cc.write_text(APPLE_CLANG)
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("MINIVLM_CACHE", str(tmp_path / "cache"))
+    for _ in range(2):  # a fresh build, then one that reads the refusals from the cache
+        lib = gemv.KERNELS.variant()
+        assert lib.no_openmp == "clang: error: unsupported option '-fopenmp'"
+    assert len(list((tmp_path / "cache").glob("gemv_*.so.refused"))) == 3 and len(list((tmp_path / "cache").glob("gemv_*.so"))) == 1
+    x, w, b = torch.randn(5, 96), torch.randn(40, 96), torch.randn(40)
+    assert torch.allclose(gemv.linear(x, w, b, lib.gemv_f32), F.linear(x, w, b), atol=1e-5)

@@ -20,7 +20,8 @@ import threading
 FLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math", "-shared", "-fPIC"]
 OPENMP = "-fopenmp"
 ARCHES = ("-march=native", "-mcpu=native")  # the first the compiler takes; gcc and clang on x86 take both
-REFUSED = ("openmp", "omp.h", "gomp", "march", "mcpu", "native")  # words of a compiler refusing an optional flag
+OMP_WORDS = ("openmp", "omp.h", "gomp")
+REFUSED = OMP_WORDS + ("march", "mcpu", "native")  # words of a compiler refusing an optional flag
 
 
 def compiler() -> str | None:
@@ -84,7 +85,7 @@ def build(source: str, defines: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | Non
                     return None, f"compiling {name}.c failed: {error}"
             lib = ctypes.CDLL(path)
             lib.no_openmp = None if OPENMP in extra else "MINIVLM_OPENMP=0" if os.environ.get("MINIVLM_OPENMP") \
-                == "0" else next((r for r in refused if "omp" in r.lower()), "the compiler has no OpenMP")
+                == "0" else next((r for r in refused if any(w in r.lower() for w in OMP_WORDS)), "no OpenMP")
             return lib, None
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"{name}.c could not be built or loaded: {e}"
