@@ -1,8 +1,8 @@
 /* A decode step's decoder layers, final norm and logits on the CPU (fp32), in one call and one thread team: with one
    to sixteen sequences a layer is four small matrix products and a handful of small ops, and calling each from Python
    cost about as much as the small ops themselves. This runs the same kernels (so the same numbers) as the Python
-   path (fused_layer in __init__.py, with decode_ops): norm, qkv, RoPE + K/V write, paged attention in place, o, add + norm,
-   gate_up, SiLU-and-multiply, down, add. Built by decode_layer.py.
+   path (fused_layer in __init__.py, with decode_ops): norm, qkv, RoPE + K/V write, paged attention in place, o,
+   add + norm, gate_up, SiLU-and-multiply, down, add. Built by decode_layer.py.
 
    The team waits only where a matrix product's output, split between the threads, is read whole: five barriers a
    layer. Every thread keeps its own copy of the residual stream and its norm (rows x hidden floats: each thread
