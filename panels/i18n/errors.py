@@ -26,7 +26,7 @@ def localize_error(error: BaseException | str, lang: str) -> str:
     if isinstance(error, BaseException) and key in CATALOGUE:
         fields = {k: render(v, functools.partial(name_in, lang)) for k, v in getattr(error, "fields", {}).items()}
         return t(lang, key, **fields)
-    return localize_status(str(error), lang)
+    return localize_status(error if isinstance(error, str) else str(error), lang)  # a Said keeps its id
 
 
 @functools.cache
