@@ -29,7 +29,8 @@ class EngineConfig:
     max_step_slowdown: float | None = None  # chunked: a mixed step may take this x a decode step (adaptive budget)
     cache_strategy: str = "C"
     seed: int = 0
-    vision_cache_bytes: int = 64 * 2**20
+    encoder_cache_size: int | None = None   # vLLM's name: embeddings (rows of tower output) kept cached; None: 8192
+    vision_cache_bytes: int | None = None   # the same bound in bytes, converted for the loaded model (the old knob)
     async_vision: bool = False      # run the vision tower on its own thread, overlapping the running requests' steps
     max_images_per_request: int = 8
     cpu_memory_budget_bytes: int = 2 * 2**30
@@ -54,6 +55,12 @@ class EngineConfig:
             positive_int(name)
         if self.num_blocks is not None:
             positive_int("num_blocks")
+        for name in ("encoder_cache_size", "vision_cache_bytes"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise ValueError(f"EngineConfig.{name} must be an integer >= 0 (or None), got {v!r}")
+        if self.encoder_cache_size is not None and self.vision_cache_bytes is not None:
+            raise ValueError("EngineConfig: give encoder_cache_size (embeddings) or vision_cache_bytes, not both")
         if not isinstance(self.event_log_size, int) or isinstance(self.event_log_size, bool) or self.event_log_size < 0:
             raise ValueError(f"EngineConfig.event_log_size must be an integer >= 0, got {self.event_log_size!r}")
         self.kv_events = kv_events_config(self.kv_events)

@@ -95,6 +95,12 @@ def frame_line(snap, shows: str, lang: str = EN) -> str:
              total=snap.num_blocks)
 
 
+def encoder_line(engine, lang: str = EN) -> str:
+    """The engine's encoder cache: hits and misses since it started, the embeddings it holds (its public
+    Engine.encoder_cache_stats)."""
+    return t(lang, "kv.encoder_line", **engine.encoder_cache_stats())
+
+
 def lifetime_line(snap, lang: str = EN) -> str:
     """The engine's own counters, which cover its whole life (every run and every chat since it started)."""
     st = snap.cache_stats or {}

@@ -11,7 +11,7 @@ import gradio as gr
 from minivlm import Request, SamplingParams
 from minivlm.views.events import replay, replay_steps
 
-from panels.decisions import decision_log, frame_line, lifetime_line, run_line
+from panels.decisions import decision_log, encoder_line, frame_line, lifetime_line, run_line
 from panels.holder import EngineHolder
 from panels.i18n import EN, t
 from panels.i18n.errors import localize_error
@@ -214,6 +214,7 @@ def view(run: Run | None, engine, step: int | None, note: str | None = None, tot
             title = t(lang, "kv.shared_title")
         else:
             lines += [frame_line(snap, t(lang, "kv.live_word"), lang), lifetime_line(snap, lang),
+                      encoder_line(engine, lang),
                       paging_markdown(snap, engine.config.max_model_len, lang)]
         if engine.is_paused():
             lines.insert(0, t(lang, "kv.paused_elsewhere"))
@@ -234,6 +235,7 @@ def view(run: Run | None, engine, step: int | None, note: str | None = None, tot
             snap, shows = live, t(lang, "kv.no_replay", why=e)
     paused = t(lang, "kv.paused_suffix") if run.engine.is_paused() else ""
     summary = "<br>".join([frame_line(snap, shows, lang) + paused, run_line(mine, lang), lifetime_line(live, lang),
+                           encoder_line(run.engine, lang),
                            paging_markdown(snap, run.engine.config.max_model_len, lang),
                            *[f"⚠ {localize_error(e, lang)}" for e in run.errors[-3:]]])
     label = t(lang, "kv.slider_run", n=last - run.start_step, first=run.start_step, last=last)

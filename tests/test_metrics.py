@@ -49,7 +49,8 @@ def test_vllm_metric_names_are_served(app):
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "minivlm:prefix_cache_false_hits_total",
                  "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
-                 "vllm:e2e_request_latency_seconds_count"):
+                 "vllm:e2e_request_latency_seconds_count", "minivlm:encoder_cache_hits_total",
+                 "minivlm:encoder_cache_misses_total", "minivlm:encoder_cache_usage_embeddings"):
         assert name in names, name
 
 
@@ -58,14 +59,18 @@ def test_counters_move_by_what_the_workload_did(app):
     (false hits: A keys image blocks by text tokens only)."""
     holder, url, client = app
     holder.get().reset_prefix_cache()
-    before = scrape(url)
+    before, encoder_before = scrape(url), holder.get().encoder_cache_stats()
     red = ask(client, "red_circle.png")
     red_again = ask(client, "red_circle.png")
     blue = ask(client, "blue_circle.png")
     chunks = list(ask(client, "green_triangle.png", stream=True, stream_options={"include_usage": True}))
     streamed = chunks[-1].usage
-    after = scrape(url)
+    after, encoder_after = scrape(url), holder.get().encoder_cache_stats()
     usages = [red.usage, red_again.usage, blue.usage, streamed]
+    for what in ("hits", "misses"):  # the encoder cache's counters, as the engine counts them
+        assert delta(after, before, f"minivlm:encoder_cache_{what}_total") == encoder_after[what] - encoder_before[what]
+    assert encoder_after["misses"] > encoder_before["misses"]  # the cold red circle, at least, ran the tower
+    assert after["minivlm:encoder_cache_usage_embeddings"] == encoder_after["used"]
     hits = sum(u.prompt_tokens_details.cached_tokens for u in usages)
     finish = next(c for c in chunks if c.choices and c.choices[0].finish_reason)
     reports = [r.model_extra["minivlm"] for r in (red, red_again, blue, finish)]

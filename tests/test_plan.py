@@ -57,7 +57,7 @@ def test_request_progress_is_written_only_inside_update(checkpoints, monkeypatch
     assert not [e for e in events if e.kind == "finished" and e.finish_reason == "error"]
     assert {"preempted", "BlockStored"} <= {e.kind for e in events}
     assert any(e.kind == "cache_lookup" and e.hits for e in events)
-    assert {"num_computed", "image_embeds", "cache_hits"} <= {name for name, _ in writes}
+    assert {"num_computed", "cache_hits"} <= {name for name, _ in writes}
     assert all(inside for _, inside in writes), [w for w in writes if not w[1]][:5]
 
 
@@ -126,7 +126,7 @@ def test_a_plan_is_immutable(checkpoints):
 
 
 # the Chinese lesson (docs/zh-CN/LESSON.md) quotes the same two plans as the Chinese page shows them
-ZH_PLANS = ("req-3 预填充 token 48–73，写入块 0,1,2（命中） + 15,14（新分配）；编码它的图片；采样一个 token；"
+ZH_PLANS = ("req-3 预填充 token 48–73，写入块 0,1,2（命中） + 15,14（新分配）；采样一个 token；"
             "req-4 预填充 token 48–71，写入块 5,6,7（命中） + 13,12（新分配）",
             "req-0 解码 1 个 token 写入槽位 208（新块 13）；req-1 解码 1 个 token 写入槽位 158")
 
@@ -148,7 +148,7 @@ def test_readme_quotes_the_plans_of_the_step_through_lesson(doc):
     names = {o.request_id: f"req-{i}" for i, o in enumerate(outs)}
     plans = {e.step: re.sub(r"\breq-\d+\b", lambda m: names[m.group()], describe_plan(e, step=False))
              for e in events if e.kind == "scheduled"}
-    step7 = ("req-3 prefill tokens 48–73 into blocks 0,1,2 (hits) + 15,14 (new); encodes its images; samples a token; "
+    step7 = ("req-3 prefill tokens 48–73 into blocks 0,1,2 (hits) + 15,14 (new); samples a token; "
              "req-4 prefill tokens 48–71 into blocks 5,6,7 (hits) + 13,12 (new)")
     step11 = "req-0 decode 1 token at slot 208 (new block 13); req-1 decode 1 token at slot 158"
     assert plans[7].startswith(step7) and plans[11] == step11

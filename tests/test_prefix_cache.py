@@ -81,7 +81,7 @@ def test_repeated_image_skips_the_vision_tower(engines, monkeypatch):
         img = shape_image(RED)
         engine.generate(Request(prompt=Q, images=[img]), SamplingParams(max_tokens=2))
         engine.generate(Request(prompt="What shape is it?", images=[img.copy()]), SamplingParams(max_tokens=2))
-        assert len(calls) == 1 and engine.core.vision_cache.hits == 1
+        assert len(calls) == 1 and engine.encoder_cache_stats()["hits"] == 1
 
 
 @pytest.mark.parametrize("async_vision", [False, True], ids=["in-step", "async-vision"])
@@ -95,11 +95,12 @@ def test_vision_cache_entries_are_per_salt(engines, monkeypatch, async_vision):
         img, params = shape_image(RED), SamplingParams(max_tokens=2)
         engine.generate(Request(prompt=Q, images=[img], cache_salt="session:a"), params)
         engine.generate(Request(prompt=Q, images=[img], cache_salt="session:b"), params)
-        assert len(calls) == 2 and engine.core.vision_cache.hits == 0 and len(engine.core.vision_cache.entries) == 2
+        stats = engine.encoder_cache_stats()
+        assert len(calls) == 2 and stats["hits"] == 0 and stats["entries"] == 2
         engine.generate(Request(prompt=Q, images=[img], cache_salt="session:a"), params)
-        assert len(calls) == 2 and engine.core.vision_cache.hits == 1
+        assert len(calls) == 2 and engine.encoder_cache_stats()["hits"] == 1
         engine.generate(Request(prompt=Q, images=[img]), params)  # unsalted: its own entry too
-        assert len(calls) == 3 and engine.core.vision_cache.hits == 1
+        assert len(calls) == 3 and engine.encoder_cache_stats()["hits"] == 1
 
 
 def test_shipped_model_answers_red_for_blue_under_a_only():

@@ -57,7 +57,7 @@ def test_every_family_s_tower_passes_its_boundaries_and_gives_the_same_output(na
     """Full attention (Qwen2-VL), windows (Qwen2.5-VL), SigLIP with its patch mask (SmolVLM), InternViT's crops."""
     engine = request.getfixturevalue("matrix_engines" if name in ("smolvlm", "internvl") else "engines")[name]
     seq = engine.make_sequence(Request(prompt="Describe it.", images=[shape_image(GREEN, size=(224, 160))]), PARAMS)
-    pixels, layout = engine.core.runner._pixels(seq.images, seq.pixel_values, seq.pixel_mask, [0])
+    pixels, layout = engine.core.runner._pixels(engine.core.image_inputs[seq], [0])
     vision = engine.core.runner.vision
     [(whole, whole_deep)] = vision.encode(pixels, layout)
     monkeypatch.setattr(tower_boundaries, "QUERY_ROWS", 16)  # every long attention call in many pieces
@@ -74,14 +74,12 @@ def test_a_sliced_tower_equals_the_whole_one_and_runs_only_while_lent(path):
     with engine(path, None) as eng:
         vision = eng.core.runner.vision
         seq = eng.make_sequence(requests()[4], PARAMS)
-        pixels, grids = eng.core.runner._pixels(seq.images, seq.pixel_values, seq.pixel_mask, [0])
+        pixels, grids = eng.core.runner._pixels(eng.core.image_inputs[seq], [0])
         expected = vision.encode(pixels, grids)
         worker = VisionWorker(vision, sliced=True)
         activity, handles = tower_activity(vision.module, "minivlm-vision")
         try:
-            job = SimpleNamespace(vision_job=None)
-            worker.start(job, [0], pixels, grids)
-            future = job.vision_job[1]
+            future = worker.start(pixels, grids)
             time.sleep(0.2)
             assert not activity and not future.done()  # nothing lent: the tower has not started
             lends = 0
@@ -110,10 +108,10 @@ def test_the_engine_lends_the_tower_only_time_between_steps(path, unchunked):
         activity, handles = tower_activity(worker.vision.module, "minivlm-vision")
         steps, step = [], eng.core.step
 
-        def timed(new):
+        def timed(*args):
             start = time.perf_counter()
             try:
-                return step(new)
+                return step(*args)
             finally:
                 steps.append((start, time.perf_counter()))
         eng.core.step = timed
@@ -169,7 +167,7 @@ def test_a_paused_engine_lends_nothing_and_closing_ends_a_parked_job(path):
         eng.step()  # one step by hand admits the request and starts its tower job
         time.sleep(0.01)
     [seq] = [s for s in eng.core.scheduler.waiting]
-    future = seq.vision_job[1]
+    future = eng.core.runner.pending[seq.seq_id][1]
     time.sleep(0.5)
     assert not future.done()  # paused: no steps, so no time lent
     eng.close()

@@ -30,10 +30,12 @@ def request_of(name: str) -> Request:
     return Request(messages=cases()[name][0])
 
 
-def hf_inputs(seq) -> dict:
-    """transformers' model inputs for the engine's own rendering of a prompt (images and videos split again)."""
+def hf_inputs(engine, seq) -> dict:
+    """transformers' model inputs for the engine's own rendering of a prompt (images and videos split again; the
+    pixels wait beside the sequence, in engine.core.image_inputs, until it is admitted)."""
     kinds = [im.kind for im in seq.images]
-    rows = torch.as_tensor(seq.pixel_values).split([im.pixel_rows for im in seq.images]) if seq.images else []
+    pixels = engine.core.image_inputs[seq].pixel_values if seq.images else None
+    rows = torch.as_tensor(pixels).split([im.pixel_rows for im in seq.images]) if seq.images else []
     video_ids = set(i for i, k in enumerate(kinds) if k == "video")
     types = torch.tensor(seq.token_types)
     for i in video_ids:
@@ -77,7 +79,7 @@ def test_processing_equals_transformers_video_processor(family, case, checkpoint
     with open(os.path.join(checkpoints[family], "video_preprocessor_config.json")) as f:
         assert json.dumps(json.load(f), sort_keys=True) == str(reference[f"{family}/video_preprocessor_config"])
     seq = engines[family].make_sequence(request_of(case), SamplingParams(max_tokens=4))
-    ours, ref = hf_inputs(seq), {k.split("/")[-1]: v for k, v in reference.items() if k.startswith(f"{family}/{case}/")}
+    ours, ref = hf_inputs(engines[family], seq), {k.split("/")[-1]: v for k, v in reference.items() if k.startswith(f"{family}/{case}/")}
     assert ours["input_ids"][0].tolist() == ref["input_ids"][0].tolist()
     assert ours["mm_token_type_ids"][0].tolist() == ref["mm_token_type_ids"][0].tolist()
     assert ours["video_grid_thw"].tolist() == ref["video_grid_thw"].tolist()
@@ -107,7 +109,7 @@ def test_positions_equal_get_rope_index(family, engines, checkpoints):
     model = hf_model(checkpoints[family]).model
     for name in ("frames", "gif", "mixed"):
         seq = engines[family].make_sequence(request_of(name), SamplingParams(max_tokens=4))
-        kw = hf_inputs(seq)
+        kw = hf_inputs(engines[family], seq)
         extra = {"second_per_grid_ts": kw["second_per_grid_ts"]} if family == "qwen2_5_vl" else {}
         pos, delta = model.get_rope_index(kw["input_ids"], kw["mm_token_type_ids"], kw.get("image_grid_thw"),
                                           kw["video_grid_thw"], **extra)
@@ -128,7 +130,7 @@ def test_logprobs_equal_transformers_with_sampled_gif(family, checkpoints, engin
     out = engine.generate(request, SamplingParams(max_tokens=6, ignore_eos=True, logprobs=1))
     seq = engine.make_sequence(request, SamplingParams(max_tokens=4))
     assert [im.video.indices for im in seq.images] == [[0, 5, 10, 15] if family != "qwen3_vl" else [0, 6, 13, 19]]
-    assert_close(out, teacher_forced(checkpoints[family], hf_inputs(seq), out.token_ids), family)
+    assert_close(out, teacher_forced(checkpoints[family], hf_inputs(engines[family], seq), out.token_ids), family)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -139,7 +141,7 @@ def test_anatomy_of_a_video_equals_get_rope_index(family, engines, checkpoints):
     request = request_of("mixed")
     anatomy = engine.anatomy(request)
     seq = engine.make_sequence(request, SamplingParams(max_tokens=1))
-    kw = hf_inputs(seq)
+    kw = hf_inputs(engines[family], seq)
     extra = {"second_per_grid_ts": kw["second_per_grid_ts"]} if family == "qwen2_5_vl" else {}
     pos, delta = hf_model(checkpoints[family]).model.get_rope_index(
         kw["input_ids"], kw["mm_token_type_ids"], kw.get("image_grid_thw"), kw["video_grid_thw"], **extra)
@@ -182,7 +184,7 @@ def test_live_transformers_video_processor(family, checkpoints, engines):
     live = live_reference(checkpoints[family], family)
     for case in ("frames", "gif", "mixed", "mp4"):
         seq = engines[family].make_sequence(request_of(case), SamplingParams(max_tokens=4))
-        ours = hf_inputs(seq)
+        ours = hf_inputs(engines[family], seq)
         assert ours["input_ids"][0].tolist() == live[f"{family}/{case}/input_ids"][0].tolist()
         assert ours["video_grid_thw"].tolist() == live[f"{family}/{case}/video_grid_thw"].tolist()
         theirs = torch.from_numpy(live[f"{family}/{case}/pixel_values_videos"])

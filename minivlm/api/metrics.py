@@ -122,11 +122,29 @@ class EngineCollector:
             c.add_metric(name + [source], total[f"source:{source}"])
         yield c
         yield from kv_events_metrics(engine, labels, name)
+        yield from encoder_cache_metrics(engine, labels, name)
         c = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
                                 labels=labels + ["finished_reason"])
         for reason in FINISH_REASONS:
             c.add_metric(name + [reason], total[f"success:{reason}"])
         yield c
+
+
+def encoder_cache_metrics(engine, labels, name):
+    """The encoder cache's hits and misses (one per image whose request took its images; vLLM exports no such
+    metric, hence minivlm's prefix) and the embeddings it holds, per engine (from 0 when the app rebuilds it)."""
+    stats = engine.encoder_cache_stats() if hasattr(engine, "encoder_cache_stats") else None
+    if stats is None:
+        return
+    for what in ("hits", "misses"):
+        c = CounterMetricFamily(f"minivlm:encoder_cache_{what}", f"Images whose vision-tower output was "
+                                f"{'found in' if what == 'hits' else 'not in'} the encoder cache.", labels=labels)
+        c.add_metric(name, stats[what])
+        yield c
+    g = GaugeMetricFamily("minivlm:encoder_cache_usage_embeddings", "Embeddings (rows of vision-tower output) the "
+                          "encoder cache holds, in use or cached.", labels=labels)
+    g.add_metric(name, stats["used"])
+    yield g
 
 
 def kv_events_metrics(engine, labels, name):

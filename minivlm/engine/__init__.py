@@ -32,7 +32,7 @@ class Engine:
         self.config = config or EngineConfig(**overrides)
         self.model = share_model_with.model if share_model_with is not None else LoadedModel(self.config)
         self.core = EngineCore(self.config, self.model)
-        self.intake = Intake(self.config, self.model, self.core.num_blocks)
+        self.intake = Intake(self.config, self.model, self.core.num_blocks, self.core.image_inputs)
         self.loop = EngineLoop(self.core)
         # what exists now lives as long as the engine: out of the cyclic collector's sight, or every full collection
         # walks it (transformers' and torch's objects, ~360k on the tiny model: a 230 ms stall of every stream).
@@ -167,6 +167,13 @@ class Engine:
         pub = self.core.kv_publisher
         return None if pub is None else {"next_seq": pub.next_seq, **pub.stats}
 
+    def encoder_cache_stats(self) -> dict[str, int]:
+        """The encoder cache's counters (minivlm.engine.encoder_cache): hits and misses (one per image whose request
+        took its images, since the engine started), size and used (embeddings: the bound, and those held now),
+        in_use (of them, used by live requests) and entries (outputs held)."""
+        with self.loop.lock:
+            return self.core.scheduler.encoder.stats()
+
     def snapshot(self) -> KVSnapshot:
         """KVSnapshot of the pool now (plain data, safe to hand to another thread)."""
         with self.loop.lock:
@@ -177,7 +184,7 @@ class Engine:
         return self.core.pool.memory_report()
 
     def reset_prefix_cache(self):
-        """Forget every cached-but-free block and every cached vision embedding."""
+        """Forget every cached-but-free block and every cached encoder output (those in use stay)."""
         with self.loop.lock:
             self.core.reset_prefix_cache()
 

@@ -147,6 +147,14 @@ class BlockManager:
                 self._unpublish(self.blocks[b])
         self.deallocate(seq)
 
+    def unpublish(self, seq, start: int):
+        """Unpublish seq's blocks from token `start` on and keep them: their K/V rest on K/V never written (a block it
+        hit lost its publisher in the same step), so it computes them again (EngineCore.update rewinds it)."""
+        for b in self.table(seq)[start // self.block_size:]:
+            self.dirty.add(b)
+            if self.blocks[b].key is not None:
+                self._unpublish(self.blocks[b])
+
     def _unpublish(self, block: Block):
         if self.key_to_block.get(block.key) == block.block_id:
             del self.key_to_block[block.key]

@@ -4,10 +4,12 @@ request progress) and builds the snapshot; every stage runs under a guard, so a 
 it touched and the others carry on."""
 import logging
 import time
+import weakref
 
 import torch
 
 from minivlm.engine.block_manager import BlockManager
+from minivlm.engine.encoder_cache import encoder_cache_size
 from minivlm.config import EngineConfig
 from minivlm.engine.event_log import EventLog
 from minivlm.inputs.image_layout import runs
@@ -16,7 +18,7 @@ from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.loader import LoadedModel
 from minivlm.engine.output_processor import OutputProcessor
 from minivlm.engine.outputs import StreamEvent
-from minivlm.engine.plan import ScheduledRequest, StepOutcome, StepPlan
+from minivlm.engine.plan import StepOutcome, StepPlan
 from minivlm.engine.prefix_keys import extend_keys
 from minivlm.engine.runner import ModelRunner
 from minivlm.engine.scheduler import Scheduler
@@ -24,7 +26,6 @@ from minivlm.engine.sequence import Sequence, writing
 from minivlm.engine.step_result import RequestFailed, StepResult, isolate
 from minivlm.engine.outputs import KVSnapshot
 from minivlm.engine.snapshot import SnapshotBuilder, video_spans
-from minivlm.engine.vision_cache import VisionCache
 from minivlm.engine.vision_worker import VisionWorker
 
 log = logging.getLogger("minivlm")
@@ -42,11 +43,13 @@ class EngineCore:
         self.requests = RequestRegistry()  # every admitted, unfinished request; its status moves only there
         self.scheduler = Scheduler(self.block_manager, config, self.events, self.requests)
         self.snapshots = SnapshotBuilder(self.block_manager)
-        self.vision_cache = VisionCache(config.vision_cache_bytes)
-        self.runner = ModelRunner(model, self.pool.kv_cache, config, self.vision_cache)  # picks the backend, once
+        self.scheduler.encoder.size = encoder_cache_size(config, model)  # in embeddings (engine/encoder_cache.py)
         # with the adaptive budget the tower runs in the time each step leaves of its allowance; else beside the steps
         self.vision_worker = VisionWorker(model.vision, sliced=config.max_step_slowdown is not None) \
             if config.async_vision and model.vision is not None else None
+        self.runner = ModelRunner(model, self.pool.kv_cache, config, self.vision_worker)  # picks the backend, once
+        # Sequence -> its pixels (ImageInputs), left by intake on a caller's thread; handed to the runner on admission
+        self.image_inputs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._step_time: tuple[int, float] = (0, 0.0)  # the latest step: (decode tokens, seconds), for tower_slice
         if self.scheduler.adaptive is not None:  # chunks keep mixed steps within the backend's one fast call
             self.scheduler.adaptive.fast_rows = self.runner.limits.fast_rows
@@ -75,7 +78,7 @@ class EngineCore:
         self._step_time = (0, 0.0)
         if not (new or aborted) and self._only_encoding():
             if not self.vision_worker.sliced:  # sliced: the loop lends the tower its time right after this
-                VisionWorker.wait_any(self.scheduler.waiting, timeout=0.05)  # nothing to run until an image is encoded
+                self.runner.wait_for_tower(timeout=0.05)  # nothing to run until an image is encoded
             if self._only_encoding():
                 return res  # not a step: nothing was decided
         self.step_count += 1
@@ -93,13 +96,14 @@ class EngineCore:
         return res
 
     def _only_encoding(self) -> bool:
-        s = self.scheduler
-        return not s.running and all(not seq.vision_ready for seq in s.waiting)
+        """Nothing to run but requests whose images are on the vision thread (async_vision)."""
+        s, in_tower = self.scheduler, self.runner.in_tower()
+        return not s.running and all(seq.seq_id in in_tower for seq in s.waiting)
 
     def _run_step(self, res: StepResult):
         """The pipeline: plan, execute (images, model, sampling), update, snapshot."""
         self._step_seqs = dict(self.live)
-        plan, dropped = self.scheduler.schedule(self.step_count)
+        plan, dropped = self.scheduler.schedule(self.step_count, self.runner.in_tower())
         self._written = {r.seq_id: r.start for r in plan}
         for seq, e in dropped:
             self.fail(seq, "schedule", e, res)
@@ -107,7 +111,7 @@ class EngineCore:
             self.last_plan = plan
         start = self.clock()
         out = self.execute(plan, res)
-        if not plan.encodes and len(out.ran) == len(plan):  # a whole step without the tower: a clean measurement
+        if not any(j.todo for j in plan.encodes) and len(out.ran) == len(plan):  # whole, no tower: a clean measurement
             self.scheduler.observe(plan, self.clock() - start)
         events = self.update(plan, out, res)
         self._written = {}
@@ -126,26 +130,29 @@ class EngineCore:
         return [r for r in reqs if r.seq_id in self.live]
 
     def execute(self, plan: StepPlan, res: StepResult) -> StepOutcome:
-        """Have the runner run the plan: the vision tower for its images, the forward for its requests, sampling for
-        those whose prefill completes. The runner gets the plan and the image embeddings, nothing else."""
+        """Have the runner run exactly the plan: free the encoder outputs it frees, encode its images, the forward
+        for its requests, sampling for those whose prefill completes. A stage that raises is retried one request at
+        a time (plan.only: the same items, fewer of them); the requests that fail alone are failed. Nothing here
+        re-plans: a request whose forward read K/V that were never written (a block it hit lost its publisher in
+        this step) samples nothing, and update rewinds it."""
         out = StepOutcome()
-        jobs, embeds = self._isolate("vision encode", self._alive(plan.encodes),
-                                     self.runner.encode_images, res)
-        out.encoded = {j.seq_id: e for j, e in zip(jobs, embeds)}
+        self.runner.free_encoder_outputs(plan.free_encoder_keys)
+        jobs, took = self._isolate("vision encode", self._alive(plan.encodes), self.runner.encode_images, res) \
+            if plan.encodes else ([], [])
+        out.encoded = {j.seq_id: t for j, t in zip(jobs, took)}
+        out.lost = tuple({j.keys[i] for j in plan.encodes for i in j.todo} - set(self.runner.encoder_cache))
         reqs = self._alive(plan)
         if not reqs:
             return out
-        images = {r.seq_id: out.encoded.get(r.seq_id) or (self.live[r.seq_id].image_embeds,
-                                                          self.live[r.seq_id].deepstack)
-                  for r in reqs if r.image_at}
-        ran, logits = self._isolate("model run", reqs, lambda b: self.runner.forward(self._sub(plan, b, images),
-                                                                                     images), res)
+        ran, logits = self._isolate("model run", reqs, lambda b: self.runner.forward(
+            plan if len(b) == len(plan.requests) else plan.only(b)), res)
         if not ran:
             return out
         out.ran = {r.seq_id for r in ran}
+        out.unwritten = self._unwritten(ran)
         logits = logits if isinstance(logits, torch.Tensor) else torch.stack(logits)
         row = {r.seq_id: i for i, r in enumerate(ran)}
-        wanted = [r for r in ran if r.sample]
+        wanted = [r for r in ran if r.sample and r.seq_id not in out.unwritten]
         if not wanted:
             return out
         if len(wanted) < len(ran):
@@ -156,18 +163,17 @@ class EngineCore:
         out.sampled = {r.seq_id: t for r, t in zip(sampled, tokens)}
         return out
 
-    def _sub(self, plan: StepPlan, reqs: list[ScheduledRequest], images: dict) -> StepPlan:
-        """The plan for these of its requests (all of them: the plan itself, its inputs built once). A request that
-        hit a block unpublished since (its publisher failed before writing it) recomputes from that block."""
-        redo = [self.scheduler.replan(self.live[r.seq_id], r) for r in reqs]
-        for r in redo:
-            if r.image_at and r.seq_id not in images:  # rewound into image tokens a hit had covered
-                seq = self.live[r.seq_id]
-                images[r.seq_id] = (seq.image_embeds, seq.deepstack) if seq.image_embeds is not None else \
-                    self.runner.encode_images([self.scheduler.encode_job(seq)])[0]
-        if len(reqs) == len(plan.requests) and all(a is b for a, b in zip(redo, plan.requests)):
-            return plan
-        return plan.only(redo)
+    def _unwritten(self, ran) -> dict[int, int]:
+        """seq_id -> the first token whose K/V its forward read but nobody wrote, for the requests that ran: a block it
+        hit was unpublished since the plan (its publisher failed before writing it), or was published in this step
+        by such a request (in plan order, hits only reach back to earlier requests)."""
+        bad, unwritten = set(), {}
+        for r in ran:
+            start = self.scheduler.unwritten_start(self.live[r.seq_id], r, bad)
+            if start < r.start:
+                unwritten[r.seq_id] = start
+                bad.update(b for b, _ in r.publishes)
+        return unwritten
 
     def _attach_snapshot(self, wants: list[tuple[Sequence, StreamEvent]], res: StepResult):
         """One snapshot per step, shared by every request that asked for one. If building it raises, the
@@ -199,16 +205,19 @@ class EngineCore:
                          image_spans=[(a, b - a) for a, b in runs(seq.token_types[:seq.num_prompt_tokens])],
                          video_spans=video_spans(seq))
         self.outputs.start(seq)
-        if self.vision_worker is not None:
-            self.runner.start_encoding(seq, self.vision_worker)
+        inputs = self.image_inputs.pop(seq, None)
+        if inputs is not None:  # its pixels: the runner keeps them until its images are taken
+            self.runner.add_inputs(seq.seq_id, inputs)
         self.requests.add(seq)  # WAITING: from here on only update writes its progress
 
     def update(self, plan: StepPlan, out: StepOutcome, res: StepResult) -> list[tuple[Sequence, StreamEvent]]:
         """The only writer of request progress. Preempted requests restart from token 0; every request whose forward
-        ran has its tokens [start, end) computed (and, the first time, its image embeddings and cache hits); each
-        sampled token is appended, completes and publishes a block when it fills one, and goes down the output
-        path (text, stop, finish)."""
+        ran has its tokens [start, end) computed (and, the first time, its cache hits), unless it read K/V never
+        written: then it is rewound to the first such token, its blocks from there unpublished, and the next plan
+        computes them again. Each sampled token is appended, completes and publishes a block when it fills one, and
+        goes down the output path (text, stop, finish)."""
         bs = self.config.block_size
+        self._images_taken(plan, out)
         with writing():
             for p in plan.preemptions:
                 if p.seq_id in self.live:
@@ -219,23 +228,30 @@ class EngineCore:
                     continue
                 if r.admitted and seq.num_output_tokens == 0:  # a re-admission is not a new prompt lookup
                     seq.cache_hits, seq.num_cached_tokens = list(r.hits), len(r.hits) * bs
-                if r.seq_id in out.encoded:
-                    self._store_images(seq, plan, out.encoded[r.seq_id])
-                seq.num_computed = r.end
+                seq.num_computed = out.unwritten.get(r.seq_id, r.end)
+                if r.seq_id in out.unwritten:  # what it computed rests on K/V nobody wrote: not to be reused
+                    self.block_manager.unpublish(seq, seq.num_computed)
                 self._written.pop(r.seq_id, None)
             return [(seq, ev) for r in plan if r.seq_id in out.sampled and (seq := self.live.get(r.seq_id))
                     for ev in self._isolate("advance", [seq], lambda b: [self._advance(b[0], *out.sampled[r.seq_id])],
                                             res)[1]]
 
-    def _store_images(self, seq: Sequence, plan: StepPlan, embeds: tuple):
-        seq.image_embeds, seq.deepstack = embeds
-        job = next(j for j in plan.encodes if j.seq_id == seq.seq_id)
-        if job.pending is not None:  # async_vision: its tower ran on the vision thread while earlier steps went on
-            self.events.emit("vision_encoded", seq.request_id, num_images=len(job.pending[0]),
-                             seconds=round(job.pending[1].result()[1], 4), arrived_step=seq.arrived_step,
-                             slices=job.pending[1].result()[2])
-        seq.vision_job = None
-        seq.pixel_values = seq.pixel_mask = None  # the pixels are not needed any more
+    def _images_taken(self, plan: StepPlan, out: StepOutcome):
+        """The encoder cache's book after the encode stage: outputs the plan encoded that the runner does not hold
+        are forgotten; a request whose images the vision thread encoded says so in the log."""
+        self.scheduler.encoder.lost(out.lost)
+        for seq_id, took in out.encoded.items():
+            if took is not None and (seq := self.live.get(seq_id)) is not None:  # async_vision: ran beside the steps
+                self.events.emit("vision_encoded", seq.request_id, num_images=took["num_images"],
+                                 seconds=round(took["seconds"], 4), arrived_step=seq.arrived_step,
+                                 slices=took["slices"])
+
+    def _release_images(self, seq: Sequence):
+        """seq left the engine: its references to encoder outputs go (what no one uses stays cached, as long as it
+        fits), and so do its pixels and its vision thread's job in the runner."""
+        self.scheduler.encoder.release(seq.seq_id)
+        self.runner.drop_inputs(seq.seq_id)
+        self.image_inputs.pop(seq, None)  # never admitted (aborted by a close before its first step)
 
     def _advance(self, seq: Sequence, token: int, logprobs: dict | None) -> StreamEvent:
         """Record a sampled token: publish the block its computed tokens completed, then the output path."""
@@ -257,6 +273,7 @@ class EngineCore:
     def _finish(self, seq: Sequence, reason: str) -> StreamEvent:
         self.events.emit("finished", seq.request_id, finish_reason=reason)
         self.scheduler.release(seq)
+        self._release_images(seq)  # encoder-output references, pixels, vision thread's job (issue #39 item 4)
         self.requests.finish(seq, reason)
         out = self.outputs.output(seq, reason)
         return StreamEvent(seq.request_id, "", out.text, True, None, out)
@@ -268,6 +285,7 @@ class EngineCore:
         log.exception("request %s failed during %s", seq.request_id, stage, exc_info=error)
         self.events.emit("finished", seq.request_id, finish_reason="error", stage=stage, error=str(error))
         self.requests.finish(seq, "error")
+        self._release_images(seq)  # encoder-output references, pixels, vision thread's job (issue #39 item 4)
         try:  # in a step before its update, only the tokens before its planned start have K/V
             self.scheduler.release(seq, computed=False, written=self._written.pop(seq.seq_id, None))
         finally:
@@ -279,9 +297,9 @@ class EngineCore:
                                     last_event_seq=self.events.last_seq)
 
     def reset_prefix_cache(self):
-        """Forget every cached-but-free block and every cached vision embedding."""
+        """Forget every cached-but-free block and every cached encoder output (the next plan frees them)."""
         self.block_manager.reset()
-        self.vision_cache.clear()
+        self.scheduler.encoder.reset()
         if self.kv_publisher is not None:
             self.kv_publisher.after_step(self)  # a reset between steps is its own batch
 

@@ -1,7 +1,9 @@
 """A request becomes a Sequence on the caller's thread: rendered, positioned, keyed and checked against the
-engine's limits, so bad input raises at the caller and never reaches the engine loop."""
+engine's limits, so bad input raises at the caller and never reaches the engine loop. Its pixels stay out of the
+Sequence: they wait beside it (`Intake.image_inputs`) for the core, which hands them to the runner on admission."""
 import hashlib
 import itertools
+import weakref
 
 import torch
 
@@ -9,6 +11,7 @@ from minivlm.config import EngineConfig
 from minivlm.loader import LoadedModel
 from minivlm.model.rope import mrope_positions
 from minivlm.inputs.prompt import build_prompt
+from minivlm.engine.encoder_cache import ImageInputs
 from minivlm.engine.prefix_keys import extend_keys
 from minivlm.engine.request import Request, SamplingParams
 from minivlm.engine.sequence import Sequence
@@ -21,9 +24,13 @@ TOO_MANY_BLOCKS = "request needs up to {need} KV blocks but the engine has {have
 
 
 class Intake:
-    def __init__(self, config: EngineConfig, model: LoadedModel, num_blocks: int):
+    def __init__(self, config: EngineConfig, model: LoadedModel, num_blocks: int,
+                 image_inputs: weakref.WeakKeyDictionary | None = None):
         self.config, self.model, self.num_blocks = config, model, num_blocks
         self.seed_counter = itertools.count()
+        # Sequence -> its ImageInputs until the core admits it (EngineCore.image_inputs); weak: a sequence made and
+        # never submitted takes its pixels with it
+        self.image_inputs = image_inputs if image_inputs is not None else weakref.WeakKeyDictionary()
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.config.block_size)
@@ -59,10 +66,13 @@ class Intake:
         seq = Sequence(request, prompt, params, positions, delta, generator)
         extend_keys(seq, cfg.block_size, cfg.cache_strategy, model.model_id, model.dtype_name)
         seq.vision_keys = self.vision_keys(seq)
+        if prompt.pixel_values is not None:
+            self.image_inputs[seq] = ImageInputs(tuple(prompt.images), seq.vision_keys, prompt.pixel_values,
+                                                 prompt.pixel_mask)
         return seq
 
     def vision_keys(self, seq: Sequence) -> tuple[str, ...]:
-        """Each image's vision-cache key, under the request's cache salt: differently salted requests never share
+        """Each image's encoder-cache key, under the request's cache salt: differently salted requests never share
         a tower output (as they never share a KV block), so a hit cannot tell one user what another sent."""
         keys = [im.vision_key(self.model.model_id, self.model.dtype_name) for im in seq.images]
         if seq.cache_salt is None:

@@ -23,13 +23,13 @@ class ScheduledRequest:
     new_blocks: tuple[int, ...] = ()      # blocks allocated to it in this step
     publishes: tuple[tuple[int, str], ...] = ()  # (block id, key) of the full blocks this step's K/V complete
     admitted: bool = False                # it left the waiting queue in this step
-    encode: bool = False                  # its image embeddings are computed in this step (see StepPlan.encodes)
+    encode: bool = False                  # the tower encodes some of its images in this step (see StepPlan.encodes)
     # what the runner needs of it, computed once when planned
     token_ids: tuple[int, ...] = ()
     positions: torch.Tensor | None = None  # [3, end - start] M-RoPE positions
     slots: tuple[int, ...] = ()            # flat KV slot of each token
     image_at: tuple[int, ...] = ()         # offsets in [0, end - start) of its image placeholder tokens
-    image_rows: tuple[int, ...] = ()       # their rows in the request's image embeddings
+    image_rows: tuple[tuple[str, int, int], ...] = ()  # their rows, in runs: (vision key, first row, rows) of an output
     params: SamplingParams | None = None   # how to sample (when `sample`)
     generator: torch.Generator | None = None  # the request's own RNG (temperature > 0), advanced by sampling
 
@@ -49,14 +49,13 @@ class Preemption:
 
 @dataclass(frozen=True, eq=False)
 class EncodeJob:
-    """A request's images to put through the vision tower in this step (its first chunk with image tokens)."""
+    """A request's images, taken in this step (its first chunk with image tokens): each image's output is held by
+    the runner's encoder cache from now on, and those of `todo` are encoded in this step (engine/encoder_cache.py).
+    The runner has the pixels (it got them when the request was admitted) and drops them once the job has run."""
     seq_id: int
     request_id: str
-    keys: tuple[str, ...]                 # each image's vision-cache key
-    images: tuple                         # ImageInfo of each image (pixel rows, grid or tiles)
-    pixel_values: torch.Tensor
-    pixel_mask: torch.Tensor | None
-    pending: tuple | None = None          # async_vision: (image indices, Future) of the vision thread's job
+    keys: tuple[str, ...]                 # each image's vision key
+    todo: tuple[int, ...] = ()            # the images whose outputs the tower (or the vision thread's job) gives now
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,7 +68,7 @@ class StepInputs:
     q_lens: list[int]
     ctx_lens: list[int]
     image_at: torch.Tensor                # [I] rows of T that hold image placeholders
-    image_owner: list[tuple[int, torch.Tensor]]  # (index in the batch, its image-embedding rows) per request with images
+    image_rows: list[tuple[str, int, int]]  # their encoder-output rows, in runs: (vision key, first row, rows)
     last: torch.Tensor                    # [B] each request's last row in T (its logits)
 
     @classmethod
@@ -77,28 +76,27 @@ class StepInputs:
         q_lens = [r.num_tokens for r in reqs]
         width = max(len(r.block_table) for r in reqs)
         offsets = torch.tensor([0] + q_lens).cumsum(0).tolist()
-        at, owner = [], []
-        for n, r in enumerate(reqs):
-            if r.image_at:
-                at += [offsets[n] + i for i in r.image_at]
-                owner.append((n, torch.tensor(r.image_rows)))
+        at = [offsets[n] + i for n, r in enumerate(reqs) for i in r.image_at]
         return cls(torch.tensor([t for r in reqs for t in r.token_ids]), torch.cat([r.positions for r in reqs], dim=1),
                    torch.tensor([s for r in reqs for s in r.slots]),
                    torch.tensor([list(r.block_table) + [0] * (width - len(r.block_table)) for r in reqs]),
-                   q_lens, [r.end for r in reqs], torch.tensor(at, dtype=torch.long), owner,
+                   q_lens, [r.end for r in reqs], torch.tensor(at, dtype=torch.long),
+                   [run for r in reqs for run in r.image_rows],
                    torch.tensor(offsets[1:]) - 1)
 
 
 @dataclass(frozen=True, eq=False)
 class StepPlan:
     """One step: who computes which tokens, the blocks it allocates and publishes, the preemptions with their
-    reason, the images to encode; `inputs` are the flat tensors of the forward. Iterating yields the requests."""
+    reason, the images to encode and the encoder outputs to free; `inputs` are the flat tensors of the forward.
+    Iterating yields the requests."""
     step: int
     kind: str                             # prefill | decode | mixed (decodes and prefill chunks together)
     requests: tuple[ScheduledRequest, ...]
     preemptions: tuple[Preemption, ...] = ()
     encodes: tuple[EncodeJob, ...] = ()
     budget: dict | None = None            # the adaptive token budget's decision and its measurements, if adaptive
+    free_encoder_keys: tuple[str, ...] = ()  # encoder outputs evicted since the last plan: the runner deletes them first
     _inputs: list = field(default_factory=list, repr=False)  # built on first use, once
 
     def __iter__(self):
@@ -129,10 +127,16 @@ class StepPlan:
 
 @dataclass
 class StepOutcome:
-    """What executing a plan produced: image embeddings per request, the requests whose forward ran, and the token
-    (with its logprobs) each sampling request drew. Plain results; EngineCore.update applies them."""
-    encoded: dict[int, tuple] = field(default_factory=dict)
+    """What executing a plan produced: the requests whose images were taken (with what the vision thread's job
+    took, under async_vision), the outputs the plan encoded that the runner does not hold (every request that
+    needed them failed), the requests whose forward ran, those whose forward read K/V never written (a block they
+    hit was unpublished: its publisher failed in this step; seq_id -> the first such token: update rewinds them
+    there, and they sample nothing), and the token (with its logprobs) each sampling request drew. Plain results;
+    EngineCore.update applies them."""
+    encoded: dict[int, dict | None] = field(default_factory=dict)
+    lost: tuple[str, ...] = ()
     ran: set[int] = field(default_factory=set)
+    unwritten: dict[int, int] = field(default_factory=dict)
     sampled: dict[int, tuple[int, dict | None]] = field(default_factory=dict)
 
 

@@ -1,22 +1,27 @@
-"""Executes a step plan: the vision tower for the plan's images, the decoder over the paged KV cache on the plan's
-flat inputs, then one token per sampling request. It reads no request state: all it needs is in the plan."""
+"""Executes a step plan: frees the encoder outputs the plan frees, encodes its images into the encoder cache, runs
+the decoder over the paged KV cache on the plan's flat inputs, then samples one token per sampling request. It reads
+no request state: all it needs is in the plan, its encoder cache and the pixels the core handed it on admission."""
 import torch
 
 from minivlm.model import backends
 from minivlm.model.attention import AttentionMetadata
 from minivlm.engine.plan import EncodeJob, ScheduledRequest, StepPlan
 from minivlm.engine.sampler import sample, top_logprobs
-from minivlm.engine.vision_cache import VisionCache
+from minivlm.engine.encoder_cache import ImageInputs
+from minivlm.engine.vision_worker import VisionWorker
 
 MAX_TOWER_ROWS = 16384  # pixel rows (Qwen's patches, or tiles) in one tower call: bounds its activations
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache: torch.Tensor, config, vision_cache: VisionCache):
+    def __init__(self, model, kv_cache: torch.Tensor, config, vision_worker: VisionWorker | None = None):
         self.decoder, self.vision, self.device = model.decoder, model.vision, model.device
         self.kv_caches = [(kv_cache[0, i], kv_cache[1, i]) for i in range(kv_cache.shape[1])]
         self.block_size = config.block_size
-        self.vision_cache = vision_cache
+        self.encoder_cache: dict[str, tuple] = {}  # vision key -> (embeddings, deepstack features): what the plans keep
+        self.inputs: dict[int, ImageInputs] = {}    # seq_id -> its pixels, from admission until its images are taken
+        self.vision_worker = vision_worker          # async_vision: the tower's own thread
+        self.pending: dict[int, tuple] = {}         # seq_id -> (image indices, Future) of its vision thread's job
         self.backend = backends.pick(model, config, self.kv_caches)  # once: how this engine's steps run
         self.limits = self.backend.limits  # what the engine needs to know of it, as data
 
@@ -25,68 +30,91 @@ class ModelRunner:
         self.kv_caches = None
         self.backend.release()
 
+    # ---- encoder outputs: the runner's half of the encoder cache (engine/encoder_cache.py) ----------------------
+    def add_inputs(self, seq_id: int, inputs: ImageInputs):
+        """A newly admitted request's pixels, kept until its images are taken (or it leaves). async_vision: its
+        images whose outputs are not held go to the vision thread now."""
+        self.inputs[seq_id] = inputs
+        if self.vision_worker is not None:
+            todo = [i for i, key in enumerate(inputs.keys) if key not in self.encoder_cache]
+            if todo:
+                self.pending[seq_id] = (todo, self.vision_worker.start(*self._pixels(inputs, todo)))
+
+    def drop_inputs(self, seq_id: int):
+        """The request left the engine: its pixels, and its vision thread's job if any, are dropped."""
+        self.inputs.pop(seq_id, None)
+        self.pending.pop(seq_id, None)
+
+    def in_tower(self) -> frozenset[int]:
+        """async_vision: the requests whose images are still on the vision thread (the scheduler waits for them)."""
+        return frozenset(s for s, (_, future) in self.pending.items() if not future.done())
+
+    def wait_for_tower(self, timeout: float):
+        """Block until one of the vision thread's jobs finishes, or timeout seconds pass."""
+        VisionWorker.wait_any([future for _, future in self.pending.values()], timeout)
+
+    def free_encoder_outputs(self, keys):
+        """Delete the outputs the plan frees (evicted by the scheduler's EncoderCacheManager)."""
+        for key in keys:
+            self.encoder_cache.pop(key, None)
+
     @staticmethod
-    def _pixels(images, pixel_values, pixel_mask, todo: list[int]) -> tuple[torch.Tensor, object]:
+    def _pixels(inputs: ImageInputs, todo: list[int]) -> tuple[torch.Tensor, object]:
         """The pixel rows of images `todo` (pixel_values hold every image's rows in order: Qwen's patches or a tiled
         family's tiles) and the layout the tower needs: Qwen's grids, or tiles per image and the pixel mask."""
+        images = inputs.images
         offsets = [0] + torch.tensor([im.pixel_rows for im in images]).cumsum(0).tolist()
         rows = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in todo])
         if images[0].grid_thw is not None:
-            return pixel_values[rows], torch.tensor([images[i].grid_thw for i in todo])
-        mask = pixel_mask[rows] if pixel_mask is not None else None
-        return pixel_values[rows], ([images[i].pixel_rows for i in todo], mask)
+            return inputs.pixel_values[rows], torch.tensor([images[i].grid_thw for i in todo])
+        mask = inputs.pixel_mask[rows] if inputs.pixel_mask is not None else None
+        return inputs.pixel_values[rows], ([images[i].pixel_rows for i in todo], mask)
 
-    def start_encoding(self, seq, worker):
-        """async_vision: hand seq's uncached images to the vision worker as soon as the request arrives."""
-        if seq.pixel_values is None or seq.image_embeds is not None or seq.vision_job is not None:
-            return
-        todo = [i for i, k in enumerate(seq.vision_keys) if k not in self.vision_cache]  # a peek: no hit counted
-        if todo:
-            worker.start(seq, todo, *self._pixels(seq.images, seq.pixel_values, seq.pixel_mask, todo))
+    def encode_images(self, jobs: list[EncodeJob]) -> list[dict | None]:
+        """Put each job's `todo` images' outputs into the encoder cache: the vision thread's, where it ran them
+        (async_vision), else the tower's right here, one call over every job's images (an output two jobs need runs
+        once): the tower's matrix products then have every patch of the step as rows, as HF's batched generate gives
+        them, instead of one image's. The jobs' pixels are then dropped (their requests' images are taken). Returns,
+        per job, what its vision thread's job took ({num_images, seconds, slices}), or None."""
+        cache, wanted, took = self.encoder_cache, {}, []  # wanted: vision key -> (job, image) of the first to want it
+        for job in jobs:
+            got = None
+            if job.seq_id in self.pending:
+                done, future = self.pending[job.seq_id]
+                outputs, seconds, slices = future.result()  # re-raises the worker's error here, in its step
+                for i, value in zip(done, outputs):
+                    if i in job.todo:
+                        cache.setdefault(job.keys[i], value)
+                got = {"num_images": len(done), "seconds": seconds, "slices": slices}
+            took.append(got)
+            for i in job.todo:
+                if job.keys[i] not in cache:
+                    wanted.setdefault(job.keys[i], (job, i))
+        for batch in self._tower_batches(list(wanted.values())):
+            for (job, i), value in zip(batch, self.vision.encode(*self._batch_pixels(batch))):
+                cache[job.keys[i]] = value
+        for job in jobs:
+            self.drop_inputs(job.seq_id)
+        return took
 
-    def encode_images(self, jobs: list[EncodeJob]) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
-        """Each job's vision embeddings and deepstack features: from the vision worker's finished job, from the
-        vision cache (images seen before), or from the tower right here, one call over every job's other images
-        (an image two jobs share runs once): the tower's matrix products then have every patch of the step as
-        rows, as HF's batched generate gives them, instead of one image's."""
-        results, wanted = [], {}  # per job, per image: its value or None; vision key -> [(job, image)] without one
-        for j, job in enumerate(jobs):
-            got = [self.vision_cache.get(k) for k in job.keys]
-            if job.pending is not None:
-                done, future = job.pending
-                for i, value in zip(done, future.result()[0]):  # re-raises the worker's error here, in its step
-                    got[i] = value
-                    self.vision_cache.put(job.keys[i], value)
-            for i, value in enumerate(got):
-                if value is None:
-                    wanted.setdefault(job.keys[i], []).append((j, i))
-            results.append(got)
-        for batch in self._tower_batches(jobs, [places[0] for places in wanted.values()]):
-            for (j, i), value in zip(batch, self.vision.encode(*self._batch_pixels(jobs, batch))):
-                self.vision_cache.put(jobs[j].keys[i], value)
-                for jj, ii in wanted[jobs[j].keys[i]]:
-                    results[jj][ii] = value
-        return [(torch.cat([r[0] for r in got]), [torch.cat([r[1][d] for r in got]) for d in range(len(got[0][1]))])
-                for got in results]
-
-    @staticmethod
-    def _tower_batches(jobs: list[EncodeJob], todo: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    def _tower_batches(self, todo: list[tuple[EncodeJob, int]]) -> list[list[tuple[EncodeJob, int]]]:
         """The (job, image) pairs to encode, in tower calls of at most MAX_TOWER_ROWS pixel rows (an image larger
         than that alone), each call of one layout (Qwen's grids, or tiles of one size with or without a mask)."""
         groups: dict[tuple, list[list]] = {}
-        for j, i in todo:
-            job = jobs[j]
-            kind = (job.images[i].grid_thw is not None, job.pixel_mask is None, tuple(job.pixel_values.shape[1:]))
+        rows_of = lambda job, i: self.inputs[job.seq_id].images[i].pixel_rows  # noqa: E731
+        for job, i in todo:
+            inputs = self.inputs[job.seq_id]
+            kind = (inputs.images[i].grid_thw is not None, inputs.pixel_mask is None,
+                    tuple(inputs.pixel_values.shape[1:]))
             batches = groups.setdefault(kind, [[]])
-            rows = job.images[i].pixel_rows
-            if batches[-1] and sum(jobs[b].images[c].pixel_rows for b, c in batches[-1]) + rows > MAX_TOWER_ROWS:
+            if batches[-1] and sum(rows_of(*p) for p in batches[-1]) + rows_of(job, i) > MAX_TOWER_ROWS:
                 batches.append([])
-            batches[-1].append((j, i))
+            batches[-1].append((job, i))
         return [b for batches in groups.values() for b in batches]
 
-    def _batch_pixels(self, jobs: list[EncodeJob], batch: list[tuple[int, int]]) -> tuple[torch.Tensor, object]:
+    def _batch_pixels(self, batch: list[tuple[EncodeJob, int]]) -> tuple[torch.Tensor, object]:
         """One tower call's pixel rows and layout, from images of several jobs."""
-        parts = [self._pixels(jobs[j].images, jobs[j].pixel_values, jobs[j].pixel_mask, [i]) for j, i in batch]
+        parts = [self._pixels(self.inputs[job.seq_id], [i]) for job, i in batch]
         pixels = torch.cat([p for p, _ in parts])
         if isinstance(parts[0][1], torch.Tensor):  # Qwen's grids
             return pixels, torch.cat([layout for _, layout in parts])
@@ -95,20 +123,20 @@ class ModelRunner:
                         torch.cat(masks) if masks[0] is not None else None)
 
     @torch.inference_mode()
-    def forward(self, plan: StepPlan, images: dict | None = None) -> torch.Tensor:
+    def forward(self, plan: StepPlan) -> torch.Tensor:
         """Compute K/V for each planned request's tokens [start, end) (a whole prefill, a prefill chunk or one decode
-        token); return the next-token logits after each one's last token [B, vocab]. images: seq_id -> (image
-        embeddings, deepstack) of the requests whose tokens include image placeholders."""
+        token); return the next-token logits after each one's last token [B, vocab]. Image placeholders take their
+        rows of the encoder cache's outputs, by (vision key, row)."""
         x, dev = plan.inputs, self.device
         embeds = self.decoder.embed_tokens(x.input_ids.to(dev))
         deepstack = None
-        if x.image_owner:
+        if x.image_rows:
             at = x.image_at.to(dev)
-            owners = [(images[plan.requests[n].seq_id], rows.to(dev)) for n, rows in x.image_owner]
-            embeds[at] = torch.cat([emb[rows] for (emb, _), rows in owners]).to(embeds.dtype)
-            if owners[0][0][1]:
-                deepstack = (at, [torch.cat([deep[j][rows] for (_, deep), rows in owners])
-                                  for j in range(len(owners[0][0][1]))])
+            runs = [(self.encoder_cache[key], a, n) for key, a, n in x.image_rows]  # KeyError: an output not held
+            embeds[at] = torch.cat([emb[a:a + n] for (emb, _), a, n in runs]).to(embeds.dtype)
+            if runs[0][0][1]:
+                deepstack = (at, [torch.cat([deep[j][a:a + n] for (_, deep), a, n in runs])
+                                  for j in range(len(runs[0][0][1]))])
         meta = AttentionMetadata.build(x.slot_mapping.to(dev), x.q_lens, x.ctx_lens, x.block_tables.to(dev),
                                        self.block_size, dev, self.backend.attention)
         return self.backend.forward(self.decoder, embeds, x.positions.to(dev), self.kv_caches, meta, deepstack,

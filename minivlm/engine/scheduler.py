@@ -2,10 +2,10 @@
 every running request by one token (decode), preempting the newest by recompute when blocks run out. Each step's
 decisions come out as one immutable StepPlan (minivlm.engine.plan); the scheduler writes no request progress."""
 from collections import deque
-from dataclasses import replace
 
 from minivlm.engine.block_manager import BlockManager
 from minivlm.config import EngineConfig
+from minivlm.engine.encoder_cache import DEFAULT_ENCODER_CACHE_SIZE, EncoderCacheManager
 from minivlm.engine.event_log import EventLog
 from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.engine.plan import EncodeJob, Preemption, ScheduledRequest, StepPlan
@@ -28,6 +28,9 @@ class Scheduler:
         self._start: dict[int, int] = {}     # this step: seq_id -> first token it computes
         self._planned: dict[int, dict] = {}  # this step: seq_id -> what was decided for it
         self._preempted: list[Preemption] = []
+        self.encoder = EncoderCacheManager(DEFAULT_ENCODER_CACHE_SIZE)  # the runner's encoder outputs, as a book
+        self._jobs: dict[int, EncodeJob] = {}  # this step: seq_id -> its images, taken now
+        self._in_tower: frozenset[int] = frozenset()  # this step: requests whose images are on the vision thread
 
     waiting = property(lambda self: self.requests.waiting)
     running = property(lambda self: self.requests.running)
@@ -36,14 +39,17 @@ class Scheduler:
     def has_work(self) -> bool:
         return self.requests.has_work()
 
-    def schedule(self, step: int = 0) -> tuple[StepPlan, list[tuple[Sequence, Exception]]]:
+    def schedule(self, step: int = 0, in_tower: frozenset[int] = frozenset()) -> tuple[StepPlan, list]:
         """Pick this step's work (below) and return it as a StepPlan, with the requests whose scheduling raised;
-        the `scheduled` event carries the plan's requests as plain data."""
+        the `scheduled` event carries the plan's requests as plain data. in_tower: the requests whose images are
+        still on the vision thread (async_vision), which wait."""
         self._start, self._planned, self._preempted, self._budget = {}, {}, [], None
+        self._in_tower = in_tower
         batch, kind, failed = self._pick()
+        self._jobs = {s.seq_id: job for s in batch if (job := self.encode_job(s)) is not None}
         reqs = tuple(self._item(s) for s in batch)
-        encodes = tuple(self.encode_job(s) for s, r in zip(batch, reqs) if r.encode)
-        plan = StepPlan(step, kind, reqs, tuple(self._preempted), encodes, self._budget)
+        plan = StepPlan(step, kind, reqs, tuple(self._preempted), tuple(self._jobs.values()), self._budget,
+                        free_encoder_keys=self.encoder.end_step())
         if reqs:
             counts = {r.request_id: r.num_tokens for r in reqs}
             extra = {"budget": self._budget} if self._budget is not None else {}
@@ -66,25 +72,24 @@ class Scheduler:
                                 generator=seq.generator if sample else None, **self._inputs(seq, start, end))
 
     def _inputs(self, seq: Sequence, start: int, end: int) -> dict:
-        """What the runner needs of seq's tokens [start, end): ids, positions, slots, where its image tokens are."""
+        """What the runner needs of seq's tokens [start, end): ids, positions, slots, where its image tokens are and
+        their rows in the encoder cache's outputs (vision key, first row, rows)."""
         bs, table = self.bm.block_size, self.bm.table(seq)
-        image_at = tuple(i for i, t in enumerate(seq.token_types[start:end]) if t)
+        image_at = tuple(i for i, t in enumerate(seq.token_types[start:end]) if t) if seq.images else ()
+        job = self._jobs.get(seq.seq_id)
         return {"token_ids": tuple(seq.token_ids[start:end]), "positions": seq.positions(start, end),
                 "slots": tuple(table[t // bs] * bs + t % bs for t in range(start, end)), "image_at": image_at,
-                "image_rows": tuple(seq.image_rank[start:end][list(image_at)].tolist()) if image_at else (),
-                "encode": bool(image_at) and seq.image_embeds is None and seq.pixel_values is not None}
+                "image_rows": tuple((seq.vision_keys[i], a, n) for i, a, n in seq.image_rows(start, end))
+                if image_at else (), "encode": job is not None and bool(job.todo)}
 
-    @staticmethod
-    def encode_job(seq: Sequence) -> EncodeJob:
-        return EncodeJob(seq.seq_id, seq.request_id, seq.vision_keys, tuple(seq.images), seq.pixel_values,
-                         seq.pixel_mask, seq.vision_job)
-
-    def replan(self, seq: Sequence, req: ScheduledRequest) -> ScheduledRequest:
-        """req itself, or, if a block it hit was unpublished in this step, req computing from that block."""
-        start = self.unwritten_start(seq, req.start)
-        if start == req.start:
-            return req
-        return replace(req, start=start, **{k: v for k, v in self._inputs(seq, start, req.end).items() if k != "encode"})
+    def encode_job(self, seq: Sequence) -> EncodeJob | None:
+        """seq's images, taken by its first chunk with image tokens (EncoderCacheManager.take: hits and misses);
+        None when it has none to take in this step."""
+        p = self._planned[seq.seq_id]
+        if not seq.images or self.encoder.took(seq.seq_id) or not any(seq.token_types[p["start"]:p["end"]]):
+            return None
+        todo = self.encoder.take(seq.seq_id, seq.vision_keys, [im.num_tokens for im in seq.images])
+        return EncodeJob(seq.seq_id, seq.request_id, seq.vision_keys, todo)
 
     def _pick(self) -> tuple[list[Sequence], str, list]:
         """Chunked: the running requests first (a decode token each, or their prefill's next chunk), then new
@@ -134,7 +139,7 @@ class Scheduler:
         batch, dropped = [], set()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             # async_vision: a request whose images are still in the tower waits; the next one goes first
-            seq = next((s for s in self.waiting if s.vision_ready and s.seq_id not in dropped), None)
+            seq = next((s for s in self.waiting if s.seq_id not in self._in_tower and s.seq_id not in dropped), None)
             if seq is None:
                 break
             if whole and batch and len(seq) > budget:
@@ -212,14 +217,17 @@ class Scheduler:
         self._preempted.append(Preemption(seq.seq_id, seq.request_id, tuple(blocks), why))
         self.requests.preempt(seq)
 
-    def unwritten_start(self, seq: Sequence, start: int) -> int:
-        """Where seq must start computing if a block it hit before `start` was unpublished in this step (a request
-        that published it failed before writing its K/V): the first such block, which it then computes itself."""
+    def unwritten_start(self, seq: Sequence, req: ScheduledRequest, bad: set[int] = frozenset()) -> int:
+        """The first token whose K/V req's forward read but nobody wrote: its first block before req.start that was
+        unpublished since it was planned (the request that published it failed before writing it) or is in `bad`
+        (published in this step by a request that itself read unwritten K/V); req.start if none."""
         bs = self.bm.block_size
-        for i, b in enumerate(self.bm.table(seq)[:start // bs]):
-            if self.bm.caching and i < len(seq.block_keys) and self.bm.blocks[b].key != seq.block_keys[i]:
+        if not self.bm.caching:
+            return req.start
+        for i, b in enumerate(req.block_table[:req.start // bs]):
+            if b in bad or (i < len(seq.block_keys) and self.bm.blocks[b].key != seq.block_keys[i]):
                 return i * bs
-        return start
+        return req.start
 
     def release(self, seq: Sequence, computed: bool = True, written: int | None = None):
         """Release a finished, aborted or failed request's blocks (computed=False: its blocks from token `written`

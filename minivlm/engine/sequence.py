@@ -1,5 +1,6 @@
-"""Per-request state while a request lives in the scheduler: tokens, positions, image embeddings, blocks.
-Its progress (computed tokens, tokens, keys, image embeddings, logprobs) is written only by EngineCore.update
+"""Per-request state while a request lives in the scheduler: tokens, positions, where its images' rows are, keys.
+It holds no pixels and no image embeddings: the runner keeps those (engine/encoder_cache.py). Its progress
+(computed tokens, tokens, keys, logprobs) is written only by EngineCore.update
 once the engine has admitted it: anywhere else a write raises (the plan is the only writer)."""
 import contextlib
 import itertools
@@ -7,6 +8,7 @@ import threading
 
 import torch
 
+from minivlm.inputs.image_layout import runs
 from minivlm.inputs.prompt import Prompt
 from minivlm.engine.outputs import CacheHit
 from minivlm.engine.request import Request, RequestStatus, SamplingParams
@@ -15,7 +17,7 @@ from minivlm.engine.request import Request, RequestStatus, SamplingParams
 _seq_ids = itertools.count()
 
 
-GUARDED = frozenset({"num_computed", "image_embeds", "deepstack", "logprobs", "cache_hits", "num_cached_tokens"})
+GUARDED = frozenset({"num_computed", "logprobs", "cache_hits", "num_cached_tokens"})
 _writer = threading.local()  # .open is True on the thread inside EngineCore.update
 
 
@@ -33,6 +35,20 @@ def writing():
         _writer.open = False
 
 
+def image_runs(images, token_types: list[int]) -> list[tuple[int, int, int, int]]:
+    """(first token, image, first row, tokens) of each run of one image's placeholder tokens: an image's tokens may
+    be several runs (a tiled image's markers, a video's timestamps between frames), its rows count on across them."""
+    out, i, row = [], 0, 0
+    for a, b in runs(token_types) if images else ():
+        while a < b:
+            while a >= images[i].end and i + 1 < len(images):
+                i, row = i + 1, 0
+            n = min(b, images[i].end) - a if a < images[i].end else b - a
+            out.append((a, i, row, n))
+            a, row = a + n, row + n
+    return out
+
+
 class Sequence:
     """One submission of a request inside the engine. Tokens [0, num_computed) have their K/V in the blocks of
     its block table (BlockManager.table). seq_id is internal and unique per submission; request_id is the caller's label."""
@@ -48,15 +64,10 @@ class Sequence:
         self.num_prompt_tokens = len(self.token_ids)
         self.prompt_positions = positions       # [3, num_prompt_tokens]
         self.rope_delta = rope_delta
-        self.images = prompt.images
-        self.pixel_values = prompt.pixel_values
-        self.pixel_mask = prompt.pixel_mask        # SmolVLM: which pixels of each padded tile are real
-        self.image_embeds: torch.Tensor | None = None    # [image tokens, hidden], filled once by the vision tower
-        self.deepstack: list[torch.Tensor] = []
-        self.vision_keys: tuple[str, ...] = ()    # each image's vision-cache key (set by intake)
-        self.vision_job = None                     # (image indices, Future) while the vision worker encodes them
+        self.images = prompt.images                # ImageInfo of each image: where its tokens are, its layout
+        self.vision_keys: tuple[str, ...] = ()    # each image's encoder-cache key (set by intake)
+        self.image_runs = image_runs(prompt.images, self.token_types)  # (token, image, first row, rows) per run
         self.arrived_step = 0                      # the engine step that admitted it
-        self.image_rank = torch.tensor(prompt.token_types).cumsum(0) - 1  # row of each image token in image_embeds
         self.generator = generator
         self.block_keys: list[str] = []    # key of each full block under the engine's strategy
         self.truth_keys: list[str] = []    # strategy-C key of each full block (ground truth for false hits)
@@ -99,10 +110,11 @@ class Sequence:
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    @property
-    def vision_ready(self) -> bool:
-        """Its images need no more encoding in the background (async_vision); the scheduler waits for this."""
-        return self.vision_job is None or self.vision_job[1].done()
+    def image_rows(self, start: int, end: int) -> tuple[tuple[int, int, int], ...]:
+        """The image placeholders among tokens [start, end) in token order, as runs (image, first row, rows): rows
+        of that image's encoder output."""
+        return tuple((i, row + max(start - a, 0), min(end, a + n) - max(start, a))
+                     for a, i, row, n in self.image_runs if a < end and a + n > start)
 
     @property
     def num_output_tokens(self) -> int:

@@ -1,6 +1,7 @@
 """The vision tower on its own thread (EngineConfig.async_vision): an image request's tower runs while the
-running requests keep decoding, instead of stalling the step that prefills its first chunk. The scheduler
-admits a request once its images are encoded; everything else about the request is unchanged. With the adaptive
+running requests keep decoding, instead of stalling the step that prefills its first chunk. The runner starts the
+job when the request is admitted and keeps its Future; the scheduler admits the request once the job is done (the
+core tells it which are not), and the plan's EncodeJob then takes its outputs into the encoder cache. With the adaptive
 chunk budget the thread runs in time slices the steps lend it (tower_slices.py); otherwise beside the steps."""
 import concurrent.futures
 import os
@@ -35,7 +36,7 @@ def _start_thread(threads: int, lower: bool):
 
 
 class VisionWorker:
-    """One background thread. Only vision.encode runs on it: the vision cache and the sequences stay the engine
+    """One background thread. Only vision.encode runs on it: the encoder cache and the requests stay the engine
     loop's, so nothing else needs a lock. sliced=True: it runs only in the time slices lend() gives it (while no
     step runs), with every CPU thread; otherwise beside the steps, with half of them."""
 
@@ -47,12 +48,12 @@ class VisionWorker:
         self.pool = concurrent.futures.ThreadPoolExecutor(1, "minivlm-vision",
                                                           initializer=_start_thread, initargs=(threads, not sliced))
 
-    def start(self, seq, todo: list[int], pixels: torch.Tensor, grids: torch.Tensor):
-        """Encode images `todo` of seq in the background; seq.vision_job holds (todo, future) until used, the
-        future's result being (the tower's outputs, seconds the tower ran, slices it ran in: 0 = not sliced)."""
+    def start(self, pixels: torch.Tensor, grids) -> concurrent.futures.Future:
+        """Encode these images in the background; the Future's result is (the tower's outputs, seconds the tower
+        ran, slices it ran in: 0 = not sliced)."""
         if self.slices is not None:
             self.slices.submitted()
-        seq.vision_job = (todo, self.pool.submit(self._timed, pixels, grids))
+        return self.pool.submit(self._timed, pixels, grids)
 
     def _timed(self, pixels, grids):
         start = time.perf_counter()
@@ -71,9 +72,9 @@ class VisionWorker:
             self.slices.lend(seconds)
 
     @staticmethod
-    def wait_any(seqs, timeout: float):
-        """Block until one of the pending jobs of seqs finishes, or timeout seconds pass."""
-        pending = [s.vision_job[1] for s in seqs if s.vision_job is not None and not s.vision_job[1].done()]
+    def wait_any(futures, timeout: float):
+        """Block until one of these jobs finishes, or timeout seconds pass."""
+        pending = [f for f in futures if not f.done()]
         if pending:
             concurrent.futures.wait(pending, timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 

@@ -101,6 +101,10 @@ MESSAGES = {
                          "· prefix-cache hits {hits} (true {true}, false {false}) in {lookups} lookups",
                          "引擎生命周期（启动以来的所有运行和对话）：第 {step} 步 · 抢占 {preempted} 次 · 前缀缓存命中 "
                          "{hits} 次（真命中 {true}，误命中 {false}），共查找 {lookups} 次"),
+    "kv.encoder_line": ("Encoder cache (vision-tower outputs, since the engine started): {hits} hits, {misses} misses · "
+                        "{used} of {size} embeddings held ({in_use} in use by running requests)",
+                        "编码器缓存（视觉塔输出，引擎启动以来）：命中 {hits} 次，未命中 {misses} 次 · 持有 {used} / {size} "
+                        "个嵌入（其中 {in_use} 个正被运行中的请求使用）"),
     "kv.paging_none": ("**Paged vs contiguous**: no request holds KV right now.",
                        "**分页 vs 连续**：目前没有请求持有 KV。"),
     "kv.paging": ("**Paged vs contiguous**: a contiguous engine would reserve {requests} × {max_len} = "
