@@ -35,7 +35,7 @@ def isolate(items: list, fn, seq_of, fail) -> tuple[list, list]:
     kept, results = [], []
     for item in items:
         if seq_of(item).finish_reason is not None:
-            continue  # failed meanwhile (a rewound retry's image encoding)
+            continue  # failed meanwhile
         try:
             results += fn([item])
             kept.append(item)
