@@ -3,7 +3,7 @@
 chunking each arrival's whole prefill is one step in which no stream advances; with it the prefill is split
 into chunks that share each step's token budget with the streams' decode tokens. The vision tower runs whole,
 either in the step of an image's first chunk (a stall) or, with async_vision, on its own thread while the
-streams keep stepping; a third pair of runs has the image's embeddings already in the vision cache (only the
+streams keep stepping; a third pair of runs has the image's outputs already in the encoder cache (only the
 prefill is left). Each run's gaps are compared with the same streams' steady gaps (no arrivals) at the positions the
 run covered: a run whose arrivals take longer keeps its streams going into longer contexts, where every step is
 slower anyway."""
@@ -42,7 +42,7 @@ def stream_gaps(engine, arrivals: int, duration: float, round_no: int, new_image
     new_images=False: every arrival shows one image whose vision embeddings are cached beforehand. A stream that
     reaches stream_tokens before the window ends just stops contributing gaps (a warning says so)."""
     engine.reset_prefix_cache()
-    if not new_images:  # the vision cache is per cache salt: each arrival's own (image, salt) is encoded beforehand
+    if not new_images:  # the encoder cache is per cache salt: each arrival's own (image, salt) is encoded beforehand
         for k in range(arrivals):
             engine.generate(big_request(k, -1, f"run-{round_no}-{k}"), SamplingParams(max_tokens=1))
         with engine.loop.lock:  # and its KV blocks forgotten, so the whole prefill is left to do
