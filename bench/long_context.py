@@ -37,16 +37,16 @@ def decode_steps(engine, requests, new_tokens: int) -> tuple[list[float], int]:
     """Wall seconds of each decode-only forward of one generate() call, and the ops of one such step (profiled)."""
     runner, forward, times, ops = engine.core.runner, engine.core.runner.forward, [], []
 
-    def timed(plan, images=None):
+    def timed(plan):
         if any(r.end - r.start != 1 for r in plan.requests):  # a prefill step: not timed
-            return forward(plan, images)
+            return forward(plan)
         if not ops and len(plan.requests) == len(requests) and times:
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                out = forward(plan, images)
+                out = forward(plan)
             ops.append(sum(e.count for e in prof.key_averages()))
             return out
         t = time.perf_counter()
-        out = forward(plan, images)
+        out = forward(plan)
         times.append(time.perf_counter() - t)
         return out
     runner.forward = timed
