@@ -67,9 +67,9 @@ def costed(eng: Engine):
     costs the budget measures are then known exactly, whatever else the machine is doing)."""
     forward, now = eng.core.runner.forward, [0.0]
 
-    def timed(plan, images):
+    def timed(plan, *args):
         now[0] += STEP_S + TOKEN_S * sum(r.end - r.start for r in plan if r.kind != "decode")
-        return forward(plan, images)
+        return forward(plan, *args)
     eng.core.runner.forward = timed
     eng.core.clock = lambda: now[0]
 

@@ -43,6 +43,9 @@ class Said(str):
         said.key, said.fields = key, fields
         return said
 
+    def __getnewargs_ex__(self):  # pickle and copy make it again from its id and fields
+        return (self.key,), self.fields
+
 
 @dataclass(frozen=True)
 class Limits:
