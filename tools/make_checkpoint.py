@@ -55,30 +55,80 @@ def tiny_config(family: str, tokenizer, hidden=64, layers=2, heads=4, kv_heads=2
     return cfg_cls(**kwargs)
 
 
-def save_processor(out_dir: str, family: str, tokenizer, patch_size=14, min_pixels=None, max_pixels=None):
-    """Save tokenizer + image processor + chat template the way hub checkpoints lay them out."""
+VIDEO_LAYOUTS = {  # where a checkpoint keeps its video processor (transformers reads them in this order)
+    "nested": "processor_config.json's \"video_processor\", as transformers 5's ProcessorMixin.save_pretrained "
+              "writes it",
+    "file": "video_preprocessor_config.json (transformers 4.5x's layout; the test checkpoints' default)",
+    "published": "none of its own: the image processor's preprocessor_config.json (no processor_config.json), as "
+                 "the published Qwen2-VL / Qwen2.5-VL ship",
+}
+
+
+def save_processor(out_dir: str, family: str, tokenizer, patch_size=14, min_pixels=None, max_pixels=None,
+                   video_layout="file"):
+    """Save tokenizer + image processor + chat template the way hub checkpoints lay them out, and the video
+    processor in one of VIDEO_LAYOUTS."""
+    if video_layout not in VIDEO_LAYOUTS:
+        raise ValueError(f"video_layout must be one of {', '.join(VIDEO_LAYOUTS)}, got {video_layout!r}")
     factor = patch_size * 2
     size = {"shortest_edge": min_pixels or factor * factor * 4, "longest_edge": max_pixels or factor * factor * 256}
     image_processor = Qwen2VLImageProcessorPil(patch_size=patch_size, merge_size=2, temporal_patch_size=2, size=size,
                                                image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
     processor = PROCESSORS[family][1](image_processor, tokenizer, chat_template=tokenizer.chat_template)
     processor.save_pretrained(out_dir)
-    save_video_processor(out_dir, family, patch_size)
+    if video_layout == "published":  # the image processor's own file instead of the v5 processor_config.json
+        os.remove(os.path.join(out_dir, "processor_config.json"))
+        image_processor.save_pretrained(out_dir)
+    else:
+        save_video_processor(out_dir, family, patch_size, video_layout)
 
 
-def save_video_processor(out_dir: str, family: str, patch_size=14):
-    """video_preprocessor_config.json as transformers' Qwen2-VL / Qwen3-VL video processors read it (written as
-    JSON: those classes need torchvision). Tiny budgets: a few tokens per frame pair."""
+def video_processor_config(family: str, patch_size=14) -> dict:
+    """The test checkpoints' video processor settings. Tiny budgets: a few tokens per frame pair."""
     factor = patch_size * 2
     qwen3 = family == "qwen3_vl"
-    config = {"video_processor_type": "Qwen3VLVideoProcessor" if qwen3 else "Qwen2VLVideoProcessor",
-              "patch_size": patch_size, "temporal_patch_size": 2, "merge_size": 2,
-              "size": {"shortest_edge": factor * factor * 4, "longest_edge": factor * factor * (64 if qwen3 else 16)},
-              "min_frames": 4, "max_frames": 64, "fps": 2.0, "do_sample_frames": True, "cap_pixels_per_frame": False,
-              "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_resize": True, "do_rescale": True,
-              "do_normalize": True, "do_convert_rgb": True, "resample": 3, "rescale_factor": 1 / 255}
-    with open(os.path.join(out_dir, "video_preprocessor_config.json"), "w") as f:
-        json.dump(config, f, indent=2)
+    return {"video_processor_type": "Qwen3VLVideoProcessor" if qwen3 else "Qwen2VLVideoProcessor",
+            "patch_size": patch_size, "temporal_patch_size": 2, "merge_size": 2,
+            "size": {"shortest_edge": factor * factor * 4, "longest_edge": factor * factor * (64 if qwen3 else 16)},
+            "min_frames": 4, "max_frames": 64, "fps": 2.0, "do_sample_frames": True, "cap_pixels_per_frame": False,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_resize": True, "do_rescale": True,
+            "do_normalize": True, "do_convert_rgb": True, "resample": 3, "rescale_factor": 1 / 255}
+
+
+def transformers_video_dict(config: dict) -> dict:
+    """What transformers' own video processor's to_dict() makes of `config`, the dict ProcessorMixin.to_dict nests
+    under "video_processor". Qwen3VLVideoProcessor imports without torchvision; Qwen2VLVideoProcessor does not, so
+    where torchvision is missing its fields go through BaseVideoProcessor (same to_dict) under its own type name."""
+    import importlib
+    from transformers.video_processing_utils import BaseVideoProcessor
+    kind = config["video_processor_type"]
+    module = {"Qwen3VLVideoProcessor": "qwen3_vl.video_processing_qwen3_vl",
+              "Qwen2VLVideoProcessor": "qwen2_vl.video_processing_qwen2_vl"}[kind]
+    try:
+        cls = getattr(importlib.import_module(f"transformers.models.{module}"), kind)
+    except ImportError:  # torchvision missing
+        cls = BaseVideoProcessor
+    fields = {k: v for k, v in config.items() if k != "video_processor_type"}
+    return json.loads(cls(**fields).to_json_string()) | {"video_processor_type": kind}
+
+
+def save_video_processor(out_dir: str, family: str, patch_size=14, layout="file", config: dict | None = None):
+    """The video processor as transformers' Qwen2-VL / Qwen3-VL video processors read it: `layout` "file" writes
+    video_preprocessor_config.json (as JSON: those classes need torchvision), "nested" puts transformers' to_dict()
+    of it into processor_config.json as "video_processor" (v5's save_pretrained layout; no separate file)."""
+    config = config or video_processor_config(family, patch_size)
+    if layout == "file":
+        with open(os.path.join(out_dir, "video_preprocessor_config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        return
+    if layout != "nested":
+        raise ValueError(f"save_video_processor writes layout 'file' or 'nested', not {layout!r}")
+    path = os.path.join(out_dir, "processor_config.json")
+    with open(path) as f:
+        saved = json.load(f)
+    saved["video_processor"] = transformers_video_dict(config)
+    with open(path, "w") as f:
+        json.dump(saved, f, indent=2, sort_keys=True)
 
 
 def randomize(model):
@@ -91,8 +141,9 @@ def randomize(model):
 
 
 def make_random_checkpoint(family: str, out_dir: str, seed: int = 0, tokenizer=None, patch_size=14,
-                           min_pixels=None, max_pixels=None, **config_kwargs) -> str:
-    """Write a random-weight checkpoint of `family` to out_dir (config, safetensors, tokenizer, processor)."""
+                           min_pixels=None, max_pixels=None, video_layout="file", **config_kwargs) -> str:
+    """Write a random-weight checkpoint of `family` to out_dir (config, safetensors, tokenizer, processor; the video
+    processor in one of VIDEO_LAYOUTS)."""
     torch.manual_seed(seed)
     tokenizer = tokenizer or build_tokenizer()
     config = tiny_config(family, tokenizer, patch_size=patch_size, **config_kwargs)
@@ -100,7 +151,7 @@ def make_random_checkpoint(family: str, out_dir: str, seed: int = 0, tokenizer=N
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    save_processor(out_dir, family, tokenizer, patch_size, min_pixels, max_pixels)
+    save_processor(out_dir, family, tokenizer, patch_size, min_pixels, max_pixels, video_layout)
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump({"eos_token_id": config.text_config.eos_token_id,
                    "pad_token_id": config.text_config.pad_token_id}, f)

@@ -17,7 +17,7 @@ from minivlm.refusals import Refused
 
 @dataclass(frozen=True)
 class VideoSettings:
-    """The checkpoint's video processor (video_preprocessor_config.json, else transformers' class defaults)."""
+    """The checkpoint's video processor, read as transformers reads it (video_settings below)."""
     style: str                        # "qwen2" (Qwen2-VL, Qwen2.5-VL) or "qwen3" (pixel budget per video, timestamps)
     patch_size: int
     temporal_patch_size: int
@@ -46,32 +46,72 @@ DEFAULTS = {  # transformers' Qwen2VLVideoProcessor / Qwen3VLVideoProcessor clas
 }
 
 
+# Where transformers 5.23 finds a video processor's settings, first found wins (BaseVideoProcessor.
+# get_video_processor_dict): the "video_processor" dict nested in processor_config.json (what ProcessorMixin.
+# save_pretrained writes from v5), else video_preprocessor_config.json, else preprocessor_config.json (the image
+# processor's: published Qwen2-VL / Qwen2.5-VL checkpoints ship only that one, and it sets their video size too).
+SAVED_VIDEO_PROCESSOR = ("processor_config.json", "video_preprocessor_config.json", "preprocessor_config.json")
+
+
+def saved_video_processor(model_dir: str) -> tuple[dict, str | None]:
+    """(the video processor's saved fields, the file they came from), in transformers' order; ({}, None) when the
+    checkpoint has none of the three (transformers then cannot load a video processor; the engine takes the class
+    defaults)."""
+    nested = os.path.join(model_dir, SAVED_VIDEO_PROCESSOR[0])
+    if os.path.isfile(nested):
+        with open(nested) as f:
+            found = json.load(f).get("video_processor")
+        if found is not None:
+            return found, SAVED_VIDEO_PROCESSOR[0]
+    for name in SAVED_VIDEO_PROCESSOR[1:]:
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            with open(path) as f:
+                return json.load(f), name
+    return {}, None
+
+
+def pixel_range(saved: dict, style: str) -> tuple[int, int]:
+    """(shortest_edge, longest_edge) as the class's __init__ resolves them: the saved `size` (else the class's);
+    Qwen2VLVideoProcessor then lets top-level `min_pixels` / `max_pixels` override it (published Qwen2/2.5-VL write
+    only those), Qwen3VLVideoProcessor ignores them. A `size` of {min_pixels, max_pixels} without the top-level keys
+    (written by transformers 4.49) is read as that range, where transformers 5.23 refuses its videos."""
+    d = DEFAULTS[style]
+    size = dict(saved["size"]) if saved.get("size") is not None else {}
+    lo = size.get("shortest_edge", size.get("min_pixels", d["min_pixels"]))
+    hi = size.get("longest_edge", size.get("max_pixels", d["max_pixels"]))
+    if style == "qwen2":
+        lo = saved["min_pixels"] if saved.get("min_pixels") is not None else lo
+        hi = saved["max_pixels"] if saved.get("max_pixels") is not None else hi
+    return lo, hi
+
+
 def video_settings(model_dir: str, model_type: str) -> VideoSettings | None:
-    """The video processor of a Qwen-VL checkpoint dir (None for other families: they take no video)."""
+    """The video processor of a Qwen-VL checkpoint dir as transformers reads it (None for other families: they take
+    no video): its saved fields (saved_video_processor), a field saved as null or missing taking the class default
+    (DEFAULTS; transformers' _set_attributes does the same), and the pixel range from pixel_range."""
     if model_type not in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
         return None
     style = "qwen3" if model_type == "qwen3_vl" else "qwen2"
-    saved = {}
-    path = os.path.join(model_dir, "video_preprocessor_config.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            saved = json.load(f)
+    saved, _ = saved_video_processor(model_dir)
     d = DEFAULTS[style]
-    size = saved.get("size") or {}
+
+    def field(name, default):
+        return saved[name] if saved.get(name) is not None else default
+
+    min_pixels, max_pixels = pixel_range(saved, style)
     tps = 0.0
     with open(os.path.join(model_dir, "config.json")) as f:
         vision = json.load(f).get("vision_config", {})
     if model_type == "qwen2_5_vl":
         tps = float(vision.get("tokens_per_second", 4))
     return VideoSettings(
-        style=style, patch_size=saved.get("patch_size", d["patch_size"]),
-        temporal_patch_size=saved.get("temporal_patch_size", 2), merge_size=saved.get("merge_size", d["merge_size"]),
-        min_pixels=size.get("shortest_edge", saved.get("min_pixels", d["min_pixels"])),
-        max_pixels=size.get("longest_edge", saved.get("max_pixels", d["max_pixels"])),
-        min_frames=saved.get("min_frames", 4), max_frames=saved.get("max_frames", 768),
-        fps=float(saved.get("fps") or 2.0), image_mean=tuple(saved.get("image_mean", d["image_mean"])),
-        image_std=tuple(saved.get("image_std", d["image_std"])), rescale_factor=saved.get("rescale_factor", 1 / 255),
-        tokens_per_second=tps, timestamps=style == "qwen3")
+        style=style, patch_size=field("patch_size", d["patch_size"]),
+        temporal_patch_size=field("temporal_patch_size", 2), merge_size=field("merge_size", d["merge_size"]),
+        min_pixels=min_pixels, max_pixels=max_pixels, min_frames=field("min_frames", 4),
+        max_frames=field("max_frames", 768), fps=float(field("fps", 2.0)),
+        image_mean=tuple(field("image_mean", d["image_mean"])), image_std=tuple(field("image_std", d["image_std"])),
+        rescale_factor=field("rescale_factor", 1 / 255), tokens_per_second=tps, timestamps=style == "qwen3")
 
 
 @dataclass
