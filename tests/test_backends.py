@@ -35,7 +35,8 @@ def test_the_chinese_status_line_keys_on_the_id_not_the_english(engines, monkeyp
     from panels.i18n.errors import localize_status
     engine = engines["qwen2_5_vl"]
     zh = status_line(engine, ZH)
-    assert "原地分页解码（直接在块表上运行的 C 内核）" in zh and "每步一次 C 调用（decode_layer.c）" in zh
+    assert "原地分页解码（直接在块表上运行的 C 内核）" in zh
+    assert "每步一次 C 调用（decode_layer.c）" in zh
     assert "1–16 行的解码批次用 gemv.c" in zh
     monkeypatch.setitem(WORDS, "engine.decode_layer", "{rows} rows a call, reworded{threads}")
     with engine.isolated(num_blocks=32) as reworded:
@@ -94,6 +95,7 @@ def test_a_compiler_without_openmp_builds_the_kernels_for_one_thread(tmp_path, m
     for _ in range(2):  # a fresh build, then one that reads the refusals from the cache
         lib = gemv.KERNELS.variant()
         assert lib.no_openmp == "clang: error: unsupported option '-fopenmp'"
-    assert len(list((tmp_path / "cache").glob("gemv_*.so.refused"))) == 3 and len(list((tmp_path / "cache").glob("gemv_*.so"))) == 1
+    cache = tmp_path / "cache"
+    assert len(list(cache.glob("gemv_*.so.refused"))) == 3 and len(list(cache.glob("gemv_*.so"))) == 1
     x, w, b = torch.randn(5, 96), torch.randn(40, 96), torch.randn(40)
     assert torch.allclose(gemv.linear(x, w, b, lib.gemv_f32), F.linear(x, w, b), atol=1e-5)

@@ -1,7 +1,8 @@
-"""FlexAttention over the paged pool (minivlm/model/backends/paged_flex.py, the flex backend), the in-place path for CUDA at any block size,
-checked here on the CPU, where inductor compiles the same code: the same numbers as plain attention and the C kernel
-(partial and exact last blocks, shared blocks, grouped heads, padded queries); an engine on it equals HF and copies
-no context; it serves by gathering while it compiles; a compiled kernel that disagrees on first use is dropped."""
+"""FlexAttention over the paged pool (minivlm/model/backends/paged_flex.py, the flex backend), the in-place path
+for CUDA at any block size, checked here on the CPU, where inductor compiles the same code: the same numbers as
+plain attention and the C kernel (partial and exact last blocks, shared blocks, grouped heads, padded queries); an
+engine on it equals HF and copies no context; it serves by gathering while it compiles; a compiled kernel that
+disagrees on first use is dropped."""
 import threading
 import weakref
 
