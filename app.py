@@ -2,13 +2,14 @@
 import argparse
 import logging
 import os
+import sys
 
 import gradio as gr
 
 from panels.holder import EXAMPLES_DIR, OPERATOR_TOKEN_ENV, EngineHolder  # first: imports `spaces` before torch
 from panels import anatomy, cache_inspector, chat, header, kv_blocks, kv_watch, page, vram
 from panels.i18n import EN, I18N, LANGUAGES, L, SWITCH_CHOICES, english_api, lang_of, static_texts, static_updates
-from minivlm import EngineConfig
+from minivlm import EngineConfig, available_devices
 from minivlm.api import ApiSettings, create_router
 from minivlm.inputs.image_limits import MAX_IMAGE_BYTES
 from minivlm.config import DEVICES, DTYPES, STRATEGIES
@@ -120,10 +121,17 @@ def serve(holder: EngineHolder, host: str = "127.0.0.1", port: int = 7860, share
     for tests). The API always uses the holder's current engine."""
     demo = build_app(holder, upload_ttl, watching)
     api_routes = create_router(holder.get, api or ApiSettings(shared=holder.shared)).routes
+    # quiet: Gradio's own start-up lines say "set `share=True` in `launch()`"; the app says its own, with its flags
     demo.launch(server_name=host, server_port=port, share=share, css=page.CSS, js=page.JS, allowed_paths=[EXAMPLES_DIR],
                 i18n=I18N,
-                theme=page.THEME, prevent_thread_lock=not block, quiet=not block, max_file_size=max_file_size,
+                theme=page.THEME, prevent_thread_lock=True, quiet=True, max_file_size=max_file_size,
                 app_kwargs={"routes": api_routes})  # Gradio's FastAPI app starts with the API's routes
+    if block:
+        print(f"* Running on local URL:  {demo.local_url}", flush=True)
+        print(f"* Running on public URL: {demo.share_url}" if share and demo.share_url else
+              "* Could not create a public link (see above)" if share else
+              "* To create a public link, start the app with --share.", flush=True)
+        demo.block_thread()
     return demo
 
 
@@ -139,18 +147,54 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         kv_events=args.kv_events_config)
 
 
+def fail(message: str, code: int = 2):
+    """Stop the app before it serves: one line on stderr saying what is wrong and what to do (no traceback)."""
+    print(f"minivlm: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def device_problem(device: str) -> str | None:
+    """Why the --device asked for cannot run here, with what to do instead (None: it can)."""
+    why = available_devices().get(device) if device != "auto" else None
+    return None if why is None else f"--device {device} is not available here ({why}); start with --device auto " \
+                                    "(it picks the best device there is) or --device cpu"
+
+
+def auto_fallback(args: argparse.Namespace, holder: EngineHolder) -> str | None:
+    """The warning for --device auto landing off CUDA with a real checkpoint (the shipped tiny model is meant for
+    the CPU), else None."""
+    engine = holder.engine
+    if args.device != "auto" or engine is None or args.model == EngineConfig().model:
+        return None
+    device = engine.memory_report().device
+    why = available_devices()["cuda"]
+    return None if why is None or str(device).startswith("cuda") else \
+        f"minivlm: warning: --device auto found no GPU ({why}): running on {device}, which is slow for this model"
+
+
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(format="%(message)s")
     # the engine's vLLM-style start-up line per engine (one per isolated pool, too) only when asked for
     logging.getLogger("minivlm").setLevel(logging.INFO if args.verbose else logging.WARNING)
-    config = engine_config(args)  # a bad --kv-events-config stops here with the field that is wrong
+    if (problem := device_problem(args.device)) is not None:
+        fail(problem)
     watching = kv_watch.Watching()
-    if args.watch_kv_events:
-        watching.start(args.watch_kv_events, args.watch_kv_replay)
+    try:
+        config = engine_config(args)  # a bad --kv-events-config stops here with the field that is wrong
+        if args.watch_kv_events:
+            watching.start(args.watch_kv_events, args.watch_kv_replay)
+    except ValueError as e:
+        fail(e)
     holder = EngineHolder(config, shared=args.shared or bool(os.environ.get("SPACE_ID")),
                           operator_token=os.environ.get(OPERATOR_TOKEN_ENV))
-    print(holder.load(), flush=True)
+    try:
+        status = holder.load()
+    except (ValueError, OSError) as e:  # a missing, incomplete or corrupt checkpoint; a device that failed
+        fail(f"{e} (--model {args.model})" if args.model not in str(e) else e)
+    if (warning := auto_fallback(args, holder)) is not None:
+        print(warning, file=sys.stderr, flush=True)
+    print(status, flush=True)
     keys = args.api_key or [k for k in os.environ.get("MINIVLM_API_KEY", "").split(",") if k]
     api = ApiSettings(keys, holder.shared, [d.lower() for d in args.allowed_media_domains])
     print(f"HTTP API at /v1 (OpenAI format) and /metrics: {'key required' if keys else 'no key'}" if api.enabled
@@ -159,8 +203,11 @@ def main(argv=None):
         print(f"KV events: publishing on {config.kv_events.endpoint}"
               + (f", replay on {config.kv_events.replay_endpoint}" if config.kv_events.replay_endpoint else ""),
               flush=True)
-    serve(holder, args.host, args.port, args.share, api=api, max_file_size=args.max_file_size,
-          upload_ttl=args.upload_ttl, watching=watching)
+    try:
+        serve(holder, args.host, args.port, args.share, api=api, max_file_size=args.max_file_size,
+              upload_ttl=args.upload_ttl, watching=watching)
+    except OSError as e:  # the port is taken, the host is not this machine's
+        fail(f"cannot serve on {args.host}:{args.port}: {str(e).split('. ')[0]}; choose another with --port or --host")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, GenerationConfig
 
+from minivlm import checkpoint_check
 from minivlm.config import EngineConfig
 from minivlm.device import pick_device, pick_dtype
 from minivlm.families import get_family
@@ -19,8 +20,10 @@ FETCH_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer*"]
 
 
 def resolve_model_dir(model: str) -> str:
-    """A local directory as is; anything else is a hub id fetched with huggingface-hub (clear error offline)."""
+    """A local directory as is; anything else is a hub id fetched with huggingface-hub (clear error offline). Either
+    way the directory is checked first (minivlm.checkpoint_check: tokenizer, chat template, processor, weights)."""
     if os.path.isdir(model):
+        checkpoint_check.check_files(model)  # refused here, naming the missing file, before anything is released
         return model
     if os.path.exists(model):
         raise ValueError(f"model path {model!r} exists but is not a directory of an HF-format checkpoint")
@@ -28,13 +31,15 @@ def resolve_model_dir(model: str) -> str:
         raise ValueError(f"model {model!r} is neither a local checkpoint directory nor a hub id like 'Qwen/Qwen2.5-VL-3B-Instruct'")
     from huggingface_hub import snapshot_download
     try:
-        return snapshot_download(repo_id=model, allow_patterns=FETCH_PATTERNS)
+        model_dir = snapshot_download(repo_id=model, allow_patterns=FETCH_PATTERNS)
     except Exception as e:  # offline, unknown repo, gated repo: all end here with one message
         raise ValueError(
             f"could not fetch model {model!r} from the Hugging Face hub ({type(e).__name__}: {e}). "
             f"On a machine with network run `huggingface-cli download {model} --local-dir <dir>` "
             f"and pass that directory as the model."
         ) from e
+    checkpoint_check.check_files(model_dir)
+    return model_dir
 
 
 def read_model_type(model_dir: str) -> str:
@@ -90,7 +95,8 @@ def load_checkpoint(model: str):
     model_dir = resolve_model_dir(model)
     model_type = read_model_type(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
-    processor = load_processor(model_dir, model_type)
+    processor = checkpoint_check.loading_processor(model_dir, lambda: load_processor(model_dir, model_type))
+    checkpoint_check.check_loaded(model_dir, config, processor)  # transformers' empty tokenizer for a missing one
     text, vision = split_state_dict(load_state_dict(model_dir))
     return model_dir, model_type, config, processor, text, vision
 

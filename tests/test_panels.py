@@ -221,9 +221,21 @@ def test_holder_keeps_serving_after_a_bad_rebuild(checkpoints, tmp_path):
         holder.load(EngineConfig(model="no-such-model", device="cpu"))
     assert holder.engine is good and holder.status == status  # it failed before anything was released
     assert good.generate(hi, SamplingParams(max_tokens=1)).num_cached_tokens > 0  # with its cache
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    (broken / "config.json").write_text(open(os.path.join(checkpoints["qwen2_vl"], "config.json")).read())
+    incomplete = tmp_path / "incomplete"  # checked before anything is released (#40 item 3): refused, cache kept
+    incomplete.mkdir()
+    (incomplete / "config.json").write_text(open(os.path.join(checkpoints["qwen2_vl"], "config.json")).read())
+    with pytest.raises(ValueError, match=r"checkpoint incomplete has no \*\.safetensors weights"):
+        holder.load(EngineConfig(model=str(incomplete), device="cpu"))
+    assert holder.engine is good and good.generate(hi, SamplingParams(max_tokens=1)).num_cached_tokens > 0
+    # a checkpoint that passes the check and fails to build (a layer's weight of the wrong shape): released first
+    import shutil
+    import torch
+    from safetensors.torch import load_file, save_file
+    broken = shutil.copytree(checkpoints["qwen2_vl"], tmp_path / "broken")
+    weights = load_file(broken / "model.safetensors")
+    name = next(k for k in weights if k.endswith("layers.0.mlp.down_proj.weight"))
+    weights[name] = torch.zeros(3, 3)
+    save_file(weights, broken / "model.safetensors")
     with pytest.raises(ValueError, match="previous settings were loaded again; their prefix cache starts empty"):
         holder.load(EngineConfig(model=str(broken), device="cpu"))
     with pytest.raises(RuntimeError, match="closed"):  # released before the new build, for its memory

@@ -3,6 +3,7 @@ the counters of the stream (events, gaps, replays, restarts, decode errors, dial
 this is the state, fed one message at a time, so it is the same for a live stream and for a test."""
 import re
 import threading
+import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
@@ -42,10 +43,16 @@ class Node:
 
 class TreeView:
     """Feed it messages (feed_frames) in arrival order; `replay(start_seq)`, if given, returns the missed
-    (seq, payload) pairs from the publisher's replay socket."""
+    (seq, payload) pairs from the publisher's replay socket. `clock` (monotonic seconds) times the arrivals, so the
+    watcher can say how long the stream has been silent."""
 
-    def __init__(self, replay=None):
-        self.replay = replay
+    def __init__(self, replay=None, clock=time.monotonic):
+        self.replay, self.clock = replay, clock
+        self.last_message_at: float | None = None  # clock() of the last message of any kind
+        self.last_batch_at: float | None = None    # ... of the last batch applied, and its wall-clock time
+        self.last_batch_wall: float | None = None
+        self.last_error_at: float | None = None    # ... of the last message that did not decode
+        self.errors_since_batch = 0                # messages that did not decode since the last good batch
         self.lock = threading.Lock()
         self.nodes: dict[str, Node] = {}
         self.counts = Counter()   # messages, batches, and per event type; gaps, recovered, restarts, ...
@@ -59,6 +66,7 @@ class TreeView:
     def feed_frames(self, frames: list[bytes]):
         with self.lock:
             self.counts["messages"] += 1
+            self.last_message_at = self.clock()
             try:
                 batch = decode_frames(frames)
             except DecodeError as e:
@@ -80,6 +88,8 @@ class TreeView:
     def _error(self, e: DecodeError):
         self.errors[e.reason] += 1
         self.last_error = str(e)[:200]
+        self.last_error_at = self.clock()
+        self.errors_since_batch += 1
 
     def _sequence(self, seq: int):
         """Gap and restart handling before `seq` is applied."""
@@ -121,6 +131,7 @@ class TreeView:
     def _apply(self, batch: Batch):
         self.counts["batches"] += 1
         self.last_seq, self.topic = batch.seq, batch.topic
+        self.last_batch_at, self.last_batch_wall, self.errors_since_batch = self.clock(), time.time(), 0
         if batch.dialect:
             self.dialects[batch.dialect] += 1
         for tag in batch.unknown:
@@ -177,4 +188,7 @@ class TreeView:
             return {"last_seq": self.last_seq, "topic": self.topic, "blocks": len(self.nodes),
                     "counts": dict(self.counts), "decode_errors": dict(self.errors),
                     "dialects": dict(self.dialects), "last_error": self.last_error,
-                    "image_blocks": sum(n.kind != "text" for n in self.nodes.values()), "recent": list(self.recent)}
+                    "image_blocks": sum(n.kind != "text" for n in self.nodes.values()), "recent": list(self.recent),
+                    "last_message_at": self.last_message_at, "last_batch_at": self.last_batch_at,
+                    "last_batch_wall": self.last_batch_wall, "last_error_at": self.last_error_at,
+                    "errors_since_batch": self.errors_since_batch}

@@ -1,6 +1,7 @@
-"""Watch a KV-event publisher (vLLM, SGLang, minivlm): a SUB socket on a thread feeding a TreeView, and a
-client for the publisher's replay socket. `python -m minivlm.kv_events.watcher tcp://host:5557[#topic]` prints
-the stream's counters and tree as it goes."""
+"""Watch a KV-event publisher (vLLM, SGLang, minivlm): a SUB socket on a thread feeding a TreeView, a monitor of its
+connection (so the watcher can say whether anything is there), and a client for the publisher's replay socket.
+`python -m minivlm.kv_events.watcher tcp://host:5557[#topic]` prints the stream's state, counters and tree as it
+goes."""
 import argparse
 import json
 import threading
@@ -8,12 +9,17 @@ import time
 import uuid
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from minivlm.kv_events.decode import parse_seq
 from minivlm.kv_events.view import TreeView
 
 REPLAY_TIMEOUT_S = 1.0
 CATCH_UP_S = 0.5  # a batch known to be sent and not here after this long is fetched from the replay socket
+QUIET_S = 5.0  # a stream silent this long is said to have had no data for that long (an idle engine sends nothing)
+# what the stream is doing (KVEventWatcher.state), in the order a watcher usually meets them
+STATES = ("no_publisher", "waiting", "receiving", "quiet", "gone", "decode_errors")
+MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
 
 
 def parse_target(target: str) -> tuple[str, str]:
@@ -57,25 +63,81 @@ def replay_client(endpoint: str, timeout_s: float = REPLAY_TIMEOUT_S):
 class KVEventWatcher:
     """Subscribe to `target` ("tcp://host:port#topic") on a daemon thread; .view holds the tree and counters."""
 
-    def __init__(self, target: str, replay_endpoint: str | None = None):
+    def __init__(self, target: str, replay_endpoint: str | None = None, clock=time.monotonic):
         self.endpoint, self.topic = parse_target(target)
         self.replay_endpoint = replay_endpoint
-        self.view = TreeView(replay_client(replay_endpoint) if replay_endpoint else None)
+        self.clock = clock
+        self.view = TreeView(replay_client(replay_endpoint) if replay_endpoint else None, clock)
+        self.started_at = clock()
+        # the connection as the socket monitor reports it: None until it says (an inproc:// stream never does)
+        self.connected: bool | None = None
+        self.connection_changed_at: float | None = None
+        self.attempts = 0  # connection attempts refused or unanswered so far (nothing listening there)
         self.sub = zmq.Context.instance().socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
-        self.sub.connect(self.endpoint)
+        self.monitor = self.sub.get_monitor_socket(MONITORED)
+        try:
+            self.sub.connect(self.endpoint)
+        except zmq.ZMQError as e:  # "tcp://host" without a port, a port that is not a number: one sentence
+            self.sub.disable_monitor()
+            self.monitor.close(linger=0)
+            self.sub.close(linger=0)
+            raise ValueError(f"cannot watch {self.endpoint!r}: {e.strerror}; watch an address like "
+                             "tcp://host:5557 or tcp://host:5557#topic") from None
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="minivlm-kv-watch", daemon=True)
         self.thread.start()
 
     def _run(self):
+        poller = zmq.Poller()
+        poller.register(self.sub, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
         try:
             while not self._stop.is_set():
-                if self.sub.poll(100):
+                ready = dict(poller.poll(100))
+                if self.monitor in ready:
+                    self._connection(recv_monitor_message(self.monitor)["event"])
+                if self.sub in ready:
                     self.view.feed_frames(self.sub.recv_multipart())
         finally:
+            self.sub.disable_monitor()
+            self.monitor.close(linger=0)
             self.sub.close(linger=0)
+
+    def _connection(self, event: int):
+        if event == zmq.EVENT_CONNECT_RETRIED:
+            self.attempts += 1
+            if self.connected is None:
+                self.connected = False  # never connected: nothing listening (yet)
+            return
+        connected = event == zmq.EVENT_CONNECTED
+        if connected != self.connected:
+            self.connected, self.connection_changed_at = connected, self.clock()
+
+    def state(self, now: float | None = None) -> dict:
+        """What the stream is doing, for a person: `state` (one of STATES) and the times that go with it, in
+        seconds: `waited` (since the watcher started), `silent` (since the last message), `since` (since the
+        connection last changed), plus the last batch's wall-clock time and the view's summary."""
+        now = self.clock() if now is None else now
+        s = self.view.summary()
+        batches, messages = s["counts"].get("batches", 0), s["counts"].get("messages", 0)
+        last = s["last_message_at"]
+        connected = self.connected if self.connected is not None else (True if messages else None)
+        if s["errors_since_batch"] and (batches == 0 or s["last_error_at"] >= (s["last_batch_at"] or 0)):
+            state = "decode_errors"  # what arrives (lately) does not decode: garbage, or another protocol
+        elif connected is False and (messages or self.connection_changed_at is not None):
+            state = "gone"  # it was there (it sent, or it connected) and the connection is down
+        elif not messages:
+            state = "no_publisher" if connected is False else "waiting"
+        elif now - last >= QUIET_S:
+            state = "quiet"
+        else:
+            state = "receiving"
+        return {"state": state, "connected": connected, "attempts": self.attempts,
+                "waited": now - self.started_at, "silent": None if last is None else now - last,
+                "since": None if self.connection_changed_at is None else now - self.connection_changed_at,
+                "last_batch_wall": s["last_batch_wall"], "summary": s}
 
     def wait_for(self, seq: int, timeout_s: float = 10.0) -> bool:
         """Block until the batch numbered `seq` has been applied (tests, scripts); a batch the caller knows was
@@ -107,7 +169,7 @@ def main(argv=None):
     try:
         while True:
             time.sleep(args.every)
-            print(json.dumps({**w.view.summary(), "tree": [(n.block_id, n.parent_block, n.kind, n.key[:12])
+            print(json.dumps({**w.view.summary(), "state": w.state()["state"], "tree": [(n.block_id, n.parent_block, n.kind, n.key[:12])
                                                            for n in w.view.tree()]}), flush=True)
     except KeyboardInterrupt:
         w.close()

@@ -71,4 +71,44 @@ MESSAGES = {
     "header.how_token": ("enter the operator token (${env}) in the header", "在设置栏输入运维口令（${env}）"),
     "header.how_restart": ("restart the app with other flags, or set ${env} to change it from the header",
                            "用其他参数重启应用，或设置 ${env} 以便在设置栏修改"),
+    # a checkpoint refused before it replaces the engine (minivlm/checkpoint_check.py; the header says it)
+    "error.checkpoint_unreadable": ("checkpoint {dir}: {file} is not readable JSON ({detail})",
+                                    "检查点 {dir}：{file} 不是可读的 JSON（{detail}）"),
+    "error.checkpoint_missing_file": ("checkpoint {dir} is missing {file} (its weights index lists it): copy the whole "
+                                      "checkpoint again",
+                                      "检查点 {dir} 缺少 {file}（权重索引列出了它）：请重新完整复制检查点"),
+    "error.checkpoint_no_weights": ("checkpoint {dir} has no *.safetensors weights",
+                                    "检查点 {dir} 没有 *.safetensors 权重文件"),
+    "error.checkpoint_corrupt_weights": ("corrupt weights file {file} in checkpoint {dir}: {detail}",
+                                         "检查点 {dir} 中的权重文件 {file} 已损坏：{detail}"),
+    "error.checkpoint_missing_layers": ("the weights of checkpoint {dir} do not cover its config.json: {count} of its "
+                                        "{n} decoder layers (layer {layers}) are missing from its *.safetensors files",
+                                        "检查点 {dir} 的权重与其 config.json 不符：{n} 个解码层中缺少 {count} 个（第 "
+                                        "{layers} 层），*.safetensors 文件不完整"),
+    "error.checkpoint_no_embedding": ("the weights of checkpoint {dir} have no token embedding (embed_tokens): its "
+                                      "*.safetensors files are incomplete",
+                                      "检查点 {dir} 的权重中没有词嵌入（embed_tokens）：*.safetensors 文件不完整"),
+    "error.checkpoint_embedding_shape": ("the token embedding of checkpoint {dir} has {rows} rows where its "
+                                         "config.json says vocab_size {vocab}: the weights are not this config's",
+                                         "检查点 {dir} 的词嵌入有 {rows} 行，而 config.json 的 vocab_size 为 {vocab}："
+                                         "权重与这个配置不符"),
+    "error.checkpoint_no_tokenizer": ("checkpoint {dir} has no tokenizer: {file} is missing (and no tokenizer.model, "
+                                      "nor vocab.json + merges.txt); copy the tokenizer files from the model's hub "
+                                      "page",
+                                      "检查点 {dir} 没有分词器：缺少 {file}（也没有 tokenizer.model 或 vocab.json + "
+                                      "merges.txt）；请从模型的 Hub 页面复制分词器文件"),
+    "error.checkpoint_small_vocab": ("the tokenizer of checkpoint {dir} ({file}) has {n} tokens where its config.json "
+                                     "says vocab_size {vocab}: it is empty or not this model's tokenizer",
+                                     "检查点 {dir} 的分词器（{file}）只有 {n} 个 token，而 config.json 的 vocab_size "
+                                     "为 {vocab}：分词器为空，或不是这个模型的分词器"),
+    "error.checkpoint_no_chat_template": ("checkpoint {dir} has no chat template: {file} is missing (nor "
+                                          "chat_template.json, nor a chat_template in tokenizer_config.json)",
+                                          "检查点 {dir} 没有对话模板：缺少 {file}（也没有 chat_template.json，"
+                                          "tokenizer_config.json 里也没有 chat_template）"),
+    "error.checkpoint_no_processor": ("checkpoint {dir} has no image processor settings: {file} is missing (nor an "
+                                      "image_processor in processor_config.json)",
+                                      "检查点 {dir} 没有图像处理器设置：缺少 {file}（processor_config.json 里也没有 "
+                                      "image_processor）"),
+    "error.checkpoint_processor": ("the processor of checkpoint {dir} could not be loaded: {detail}",
+                                   "无法加载检查点 {dir} 的处理器：{detail}"),
 }

@@ -122,4 +122,48 @@ MESSAGES = {
     "watch.tree": ("Prefix tree drawn from the watched stream", "根据所观察的事件流画出的前缀树"),
     "watch.idle": ("Not watching. Enter a publisher's address (e.g. `tcp://vllm-host:5557#kv-events`) and press Watch.",
                    "尚未观察。输入发布端的地址（例如 `tcp://vllm-host:5557#kv-events`）再按“观察”。"),
+    # the watched stream's state (minivlm.kv_events.watcher: KVEventWatcher.state), first line of the status
+    "watch.state.no_publisher": ("⏳ **waiting**: nothing is listening at `{endpoint}` yet ({attempts} connection "
+                                 "attempts in {waited}; the watcher keeps trying)",
+                                 "⏳ **等待中**：`{endpoint}` 上还没有发布端在监听（{waited} 内尝试连接 {attempts} "
+                                 "次；观察器会继续尝试）"),
+    "watch.state.waiting": ("⏳ **connected, waiting**: no data yet ({waited} since the watch began; an idle engine "
+                            "publishes nothing)",
+                            "⏳ **已连接，等待中**：尚无数据（观察已开始 {waited}；空闲的引擎不发布任何内容）"),
+    "watch.state.receiving": ("🟢 **connected**: receiving · last batch {ago} ago, at {at}",
+                              "🟢 **已连接**：正在接收 · 最近一批在 {ago} 前（{at}）到达"),
+    "watch.state.quiet": ("🟡 **connected, no data for {ago}** · last batch at {at} (an idle engine publishes nothing)",
+                          "🟡 **已连接，{ago} 没有数据** · 最近一批在 {at} 到达（空闲的引擎不发布任何内容）"),
+    "watch.state.gone": ("🔴 **publisher gone**: disconnected {since} ago · no data for {ago} · last batch at {at} "
+                         "(the watcher reconnects when it comes back)",
+                         "🔴 **发布端已离开**：{since} 前断开 · {ago} 没有数据 · 最近一批在 {at} 到达（它回来时观察器"
+                         "会重新连接）"),
+    "watch.state.decode_errors": ("🔴 **decode errors**: the last {n} message{s} could not be decoded (not a KV-event "
+                                  "stream, or a dialect minivlm does not read) · last batch at {at}",
+                                  "🔴 **解码错误**：最近 {n} 条消息无法解码（不是 KV 事件流，或是 minivlm 读不懂的格式）"
+                                  " · 最近一批在 {at} 到达"),
+    "watch.never": ("never", "从未"),
+    "watch.seconds": ("{n} s", "{n} 秒"),
+    "watch.minutes": ("{m} min", "{m} 分钟"),
+    "watch.watching": ("**Watching** `{endpoint}` {topic}, {replay}", "**正在观察** `{endpoint}` {topic}，{replay}"),
+    "watch.topic": ("topic `{topic}`", "主题 `{topic}`"),
+    "watch.every_topic": ("(every topic)", "（所有主题）"),
+    "watch.replay_at": ("replay `{endpoint}`", "回放 `{endpoint}`"),
+    "watch.no_replay": ("no replay socket", "没有回放端点"),
+    "watch.counters": ("batches {batches} (last seq {seq}) · events: {events} · {blocks} blocks cached, {images} with "
+                       "images",
+                       "批次 {batches}（最近序号 {seq}）· 事件：{events} · 已缓存 {blocks} 个块，其中 {images} 个带图片"),
+    "watch.stream": ("gaps {gaps} missed batches, {recovered} recovered by replay · publisher restarts {restarts} · "
+                     "decode errors: {errors} · dialect: {dialects}",
+                     "缺口：漏掉 {gaps} 批，回放找回 {recovered} 批 · 发布端重启 {restarts} 次 · 解码错误：{errors} · "
+                     "格式：{dialects}"),
+    "watch.none": ("none", "无"),
+    "watch.none_yet": ("none yet", "尚无"),
+    "watch.joined": ("joined a running stream at seq {seq}: blocks stored before are not shown",
+                     "从序号 {seq} 起加入一个正在进行的事件流：之前存入的块不会显示"),
+    "watch.last_problem": ("last problem: {error}", "最近的问题：{error}"),
+    "watch.recent": ("recent: {items}", "最近：{items}"),
+    "watch.refused": ("refused: {error}", "已拒绝：{error}"),
+    "watch.shared": ("a shared deployment watches only what its operator set with --watch-kv-events",
+                     "共享部署只观察运维者用 --watch-kv-events 设定的地址"),
 }
