@@ -4,16 +4,7 @@
 import json
 import os
 
-import torch
-from transformers import (Idefics3Config, Idefics3ForConditionalGeneration, InternVLConfig,
-                          InternVLForConditionalGeneration, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM, SmolVLMConfig, SmolVLMForConditionalGeneration)
-from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
-from transformers.models.idefics3 import Idefics3ImageProcessorPil
-from transformers.models.smolvlm import SmolVLMImageProcessorPil
-
-from tools.make_checkpoint import randomize
-from tools.tiny_tokenizer import family_tokenizer
+# torch and transformers are imported where used, so that `--help` answers at once
 
 TILE, PATCH = 64, 8           # a tile of 64 px in 8-px patches: 64 patches, 16 tokens after a 2x pixel shuffle
 TOKENS_PER_TILE = (TILE // PATCH) ** 2 // 4
@@ -32,6 +23,13 @@ def text_config(tokenizer, decoder: str, tie: bool, **overrides) -> dict:
 
 def build(family: str, tokenizer, decoder: str | None, tie: bool):
     """(model class, config, processor) for one family, at test size."""
+    from transformers import (Idefics3Config, Idefics3ForConditionalGeneration, InternVLConfig,
+                              InternVLForConditionalGeneration, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM, SmolVLMConfig, SmolVLMForConditionalGeneration)
+    from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
+    from transformers.models.idefics3 import Idefics3ImageProcessorPil
+    from transformers.models.smolvlm import SmolVLMImageProcessorPil
+
     from minivlm.families import get_family
     processor_class = get_family(family).processor_class
     if family in ("smolvlm", "idefics3"):
@@ -81,6 +79,10 @@ def published_processor_class(out_dir: str, name: str):
 def make_matrix_checkpoint(family: str, out_dir: str, seed: int = 0, decoder: str | None = None,
                            tie: bool = False) -> str:
     """Write a random-weight checkpoint of `family` (decoder: InternVL's text model, qwen3 or qwen2) to out_dir."""
+    import torch
+
+    from tools.make_checkpoint import randomize
+    from tools.tiny_tokenizer import family_tokenizer
     torch.manual_seed(seed)
     tokenizer = family_tokenizer(family)
     model_cls, config, processor = build(family, tokenizer, decoder or "qwen3", tie)
@@ -94,3 +96,65 @@ def make_matrix_checkpoint(family: str, out_dir: str, seed: int = 0, decoder: st
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump({"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}, f)
     return out_dir
+
+
+# every family a test checkpoint can be made of: name -> (what it is, how it is built)
+CLI_FAMILIES = {
+    "qwen2_vl": "Qwen2-VL: native-resolution patches, M-RoPE, video",
+    "qwen2_5_vl": "Qwen2.5-VL: as Qwen2-VL, windowed ViT, time in M-RoPE seconds",
+    "qwen3_vl": "Qwen3-VL: deepstack, q/k norm, video with timestamps",
+    "smolvlm": "SmolVLM2: SigLIP tiles + a global view, pixel shuffle, Llama",
+    "idefics3": "SmolVLM (Idefics3): as SmolVLM2, Idefics3's classes",
+    "internvl": "InternVL3.5 (-HF): InternViT crops + a thumbnail; --decoder qwen3 (default) or qwen2",
+    "qwen2": "Qwen2 / Qwen2.5 text-only (no images)",
+    "qwen3": "Qwen3 text-only (no images)",
+}
+VIDEO_LAYOUTS = {  # tools.make_checkpoint.VIDEO_LAYOUTS, in a word each (tests/test_make_checkpoint_cli.py: same keys)
+    "file": "video_preprocessor_config.json (the default)",
+    "nested": "processor_config.json's \"video_processor\" (transformers 5's save_pretrained)",
+    "published": "only the image processor's preprocessor_config.json (published Qwen2/2.5-VL)",
+}
+
+
+def main(argv=None) -> str:
+    """python -m tools.make_checkpoint_matrix FAMILY OUT_DIR [--seed N] [--decoder ...] [--tie] [--video-layout ...]"""
+    import argparse
+    width = max(map(len, CLI_FAMILIES))
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.make_checkpoint_matrix", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write a random-weight test checkpoint of one family, scaled down but in its published layout "
+                    "(config, safetensors, tokenizer, chat template, processor), offline; then run "
+                    "`python app.py --model OUT_DIR`. Its answers are noise: it is for trying the engine, the "
+                    "app and the tests on a family without downloading one.",
+        epilog="families:\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in CLI_FAMILIES.items())
+               + "\n\nvideo layouts (Qwen-VL families):\n"
+               + "\n".join(f"  {k:<{width}}  {v}" for k, v in VIDEO_LAYOUTS.items()))
+    parser.add_argument("family", choices=list(CLI_FAMILIES), metavar="FAMILY", help="one of the families below")
+    parser.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (created if missing)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    parser.add_argument("--decoder", choices=("qwen3", "qwen2"), default=None,
+                        help="InternVL's text model (default qwen3)")
+    parser.add_argument("--tie", action="store_true", default=None,
+                        help="tie the input and output embeddings (the Qwen-VL test checkpoints always do)")
+    parser.add_argument("--video-layout", choices=list(VIDEO_LAYOUTS), default="file",
+                        help="where a Qwen-VL checkpoint keeps its video processor (default file)")
+    args = parser.parse_args(argv)
+    if args.decoder and args.family != "internvl":
+        parser.error("--decoder is InternVL's text model; other families have one decoder")
+    qwen_vl = args.family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+    if args.tie is not None and qwen_vl:
+        parser.error("--tie: the Qwen-VL test checkpoints always tie their embeddings")
+    if args.video_layout != "file" and not qwen_vl:
+        parser.error("--video-layout is for the Qwen-VL families (the others take no video)")
+    if qwen_vl:
+        from tools.make_checkpoint import make_random_checkpoint
+        path = make_random_checkpoint(args.family, args.out_dir, seed=args.seed, video_layout=args.video_layout)
+    else:
+        path = make_matrix_checkpoint(args.family, args.out_dir, seed=args.seed, decoder=args.decoder,
+                                      tie=bool(args.tie))
+    print(f"wrote a random {args.family} checkpoint to {path}; try it: python app.py --model {path}")
+    return path
+
+
+if __name__ == "__main__":
+    main()
