@@ -16,11 +16,6 @@ ONEDNN = torch.backends.mkldnn.is_available() and platform.machine().lower() in 
 DENSE_COPY_LIMIT = 2**30  # bytes of dense weight copies the decoder may keep beside the packed ones
 
 
-def packs(device, dtype) -> bool:
-    """Whether weights on this device and dtype are worth prepacking for oneDNN."""
-    return ONEDNN and torch.device(device).type == "cpu" and dtype == torch.float32
-
-
 class FastLinear(nn.Linear):
     """nn.Linear whose fp32 CPU inference runs oneDNN (prepacked weights after pack()), and gemv.c for inputs of at
     most `small_rows` rows where a dense weight is at hand (the weight itself, or a `dense` copy kept by pack)."""
