@@ -84,12 +84,12 @@ def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S,
             # the page's language: the browser's at first, then this switch (each name in its own language)
             switch = gr.Radio(SWITCH_CHOICES, value=EN, label=L("app.language"), elem_id="lang-switch", scale=0,
                               min_width=170)
-        header.build(holder, demo, switch)
+        status = header.build(holder, demo, switch)
         with gr.Tabs():
             with gr.Tab(L("tab.chat"), id="chat"):
                 chatbot = chat.build(holder, switch)
             with gr.Tab(L("tab.anatomy"), id="anatomy") as anatomy_tab:
-                anatomy.build(holder, anatomy_tab, chatbot)
+                anatomy.build(holder, anatomy_tab, chatbot, demo, engine_changed=status)  # its sliders follow the model
             with gr.Tab(L("tab.kv"), id="kv"):
                 kv_blocks.build(holder, switch)
                 kv_watch.build(watching or kv_watch.Watching(), holder.shared)

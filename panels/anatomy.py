@@ -42,6 +42,11 @@ def pixel_range(engine) -> tuple[int, int, int, int]:
     return 0, 1, 1, 1
 
 
+def knob(engine) -> tuple:
+    """What the tab's two size sliders are drawn for: (min, max, step, default, label, shown at all)."""
+    return (*pixel_range(engine), knob_label(engine), engine.family.images != "none")
+
+
 def knob_label(engine) -> str:
     family = engine.family
     if family.images == "patches":
@@ -101,10 +106,12 @@ def render(engine, request: Request, images: list, other: Request | None = None,
     return describe(a, time.perf_counter() - start, lang), *figures
 
 
-def build(holder: EngineHolder, tab=None, chatbot=None):
-    """Lay out the tab (drawn when `tab` is selected; `chatbot` lets it take the chat's last request)."""
-    lo, hi, step, default = pixel_range(holder.get())
-    label = knob_label(holder.get())
+def build(holder: EngineHolder, tab=None, chatbot=None, demo=None, engine_changed=None):
+    """Lay out the tab (drawn when `tab` is selected; `chatbot` lets it take the chat's last request). The size
+    sliders' range is the serving engine's: redrawn on `demo`'s page load, when `engine_changed` (the header's
+    status line) changes, and before every drawing, whenever the engine has another knob than the page shows."""
+    drawn = knob(holder.get())
+    lo, hi, step, default, label, _ = drawn
     gr.Markdown(L("anat.intro"))
     with gr.Row():
         with gr.Column():
@@ -128,6 +135,27 @@ def build(holder: EngineHolder, tab=None, chatbot=None):
     strip = gr.Plot(label=L("anat.strip"), elem_id="anat-strip")
     keys = gr.HTML(label=L("anat.keys"), elem_id="anat-keys")
     outputs = [summary, grid, strip, rope, keys]
+    shown = gr.State((drawn, EN))  # the knob and language this page's sliders are drawn in (each page its own)
+
+    def configure(page_shows, request: gr.Request = None):
+        """The sliders follow the engine's family (the header may have rebuilt it, for this page or another): a new
+        knob redraws range, step, label and value (the old value may lie outside the new range, which Gradio refuses
+        before any handler runs); a new language only the labels; the same knob nothing."""
+        engine, lang = holder.get(), lang_of(request)
+        now = knob(engine)
+        old, old_lang = page_shows or (None, None)
+        if (now, lang) == (old, old_lang):
+            return (gr.skip(),) * 5
+        lo, hi, step, default, name, visible = now
+        redraw = dict(minimum=lo, maximum=hi, step=step, value=default, visible=visible) if now != old else {}
+        return (*[gr.update(label=t(lang, which, knob=name), **redraw) for which in ("anat.which_image",
+                                                                                    "anat.which_second")],
+                *([gr.update(visible=visible)] * 2 if now != old else [gr.skip()] * 2), (now, lang))
+    knobs = [pixels, other_pixels, image, other, shown]
+    if demo is not None:
+        demo.load(configure, shown, knobs, api_name=False, queue=False, show_progress="hidden")
+    if engine_changed is not None:
+        engine_changed.change(configure, shown, knobs, api_name=False, queue=False, show_progress="hidden")
 
     def from_form(path, other_path, text, max_px, other_px, request: gr.Request):
         engine, lang = holder.get(), lang_of(request)
@@ -163,19 +191,14 @@ def build(holder: EngineHolder, tab=None, chatbot=None):
     triggers = [show.click, prompt.submit, pixels.release, other_pixels.release, image.input, other.input]
     if tab is not None:
         triggers.append(tab.select)
-
-        def configure(request: gr.Request):  # the sliders follow the engine's family (the header may have rebuilt it)
-            engine, lang = holder.get(), lang_of(request)
-            lo, hi, step, default = pixel_range(engine)
-            name, visible = knob_label(engine), engine.family.images != "none"
-            return [gr.update(minimum=lo, maximum=hi, step=step, label=t(lang, which, knob=name), visible=visible)
-                    for which in ("anat.which_image", "anat.which_second")] + [gr.update(visible=visible)] * 2
-        tab.select(configure, None, [pixels, other_pixels, image, other], api_name=False, queue=False)
-    # one at a time, in arrival order: the tab's own render on opening must not land after (and overwrite) a click
-    # on "Use the chat's last request" made while it ran
-    gr.on(triggers, from_form, inputs, outputs, api_name="anatomy", concurrency_id="anatomy", concurrency_limit=1,
-          trigger_mode="always_last")
-    examples.load_input_event.then(from_form, inputs, outputs, api_name=False, concurrency_id="anatomy")
+    # the sliders are made to fit the engine first (their values are then read inside its range); one drawing at a
+    # time, in arrival order: the tab's own render on opening must not land after (and overwrite) a click on "Use
+    # the chat's last request" made while it ran
+    gr.on(triggers, configure, shown, knobs, api_name=False, queue=False, show_progress="hidden",
+          trigger_mode="always_last").then(from_form, inputs, outputs, api_name="anatomy", concurrency_id="anatomy",
+                                           concurrency_limit=1)
+    examples.load_input_event.then(configure, shown, knobs, api_name=False, queue=False, show_progress="hidden") \
+        .then(from_form, inputs, outputs, api_name=False, concurrency_id="anatomy")
     if chatbot is not None:
         from_chat.click(from_history, [chatbot], outputs, api_name="anatomy_from_chat", concurrency_id="anatomy")
     return from_form, inputs, outputs
