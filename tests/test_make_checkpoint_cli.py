@@ -58,3 +58,24 @@ def test_cli_checkpoint_loads_and_answers(args, content, tmp_path):
         assert json.load(f)["model_type"] == args[0]
     out = ask(out_dir, content)
     assert len(out.token_ids) == 3 and out.num_prompt_tokens > 0
+
+
+def test_readme_command_in_the_models_section(tmp_path):
+    """The README's models section names the command (its Quick start keeps its two set-up commands), and the
+    command as written there makes a checkpoint an Engine serves."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = quick.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert len([line for line in block.splitlines() if line.strip()]) == 2
+    assert "make_checkpoint_matrix" not in quick
+    models = readme.split("## Models", 1)[1].split("\n## ", 1)[0]
+    line = next(x for x in models.splitlines() if x.startswith("python -m tools.make_checkpoint_matrix "))
+    command = line.split(" && ")[0].split()
+    out_dir = str(tmp_path / "readme")
+    command[command.index("/tmp/smolvlm")] = out_dir
+    run = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = ask(out_dir, [{"type": "image", "image": Image.new("RGB", (128, 64), (30, 30, 200))},
+                        {"type": "text", "text": "Colour?"}])
+    assert len(out.token_ids) == 3

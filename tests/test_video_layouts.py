@@ -11,8 +11,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
-import torch
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
 from minivlm.inputs.video_patches import SAVED_VIDEO_PROCESSOR, saved_video_processor, video_settings
@@ -167,6 +167,20 @@ def test_min_max_pixels_override_size_on_qwen2_only(tmp_path):
         assert (truth[fam]["min_pixels"], truth[fam]["max_pixels"]) == want
 
 
+def test_size_of_min_max_pixels_alone_is_read_as_that_range(tmp_path):
+    """`size` = {min_pixels, max_pixels} without top-level keys (as transformers 4.49 saved it; written here by
+    BaseVideoProcessor): transformers 5.23 refuses every video of it (no shortest_edge / longest_edge), the engine
+    reads the range it states (docs/VIDEO.md says so)."""
+    from transformers.video_processing_utils import BaseVideoProcessor
+    for fam in FAMILIES:
+        path = make_random_checkpoint(fam, str(tmp_path / fam))
+        config = {k: v for k, v in video_processor_config(fam).items() if k not in ("video_processor_type", "size")}
+        BaseVideoProcessor(**config, size={"min_pixels": 28 * 28 * 3, "max_pixels": 28 * 28 * 9}).to_json_file(
+            os.path.join(path, "video_preprocessor_config.json"))
+        s = video_settings(path, fam)
+        assert (s.min_pixels, s.max_pixels) == (28 * 28 * 3, 28 * 28 * 9), fam
+
+
 def expected_video(family: str, settings: dict, frames: int, height: int, width: int) -> tuple[tuple, int]:
     """(grid_thw, video tokens) by transformers' own smart_resize (per frame for Qwen2/2.5-VL, per video for
     Qwen3-VL), then pairs of frames, patch x patch, 2x2 merged."""
@@ -289,7 +303,6 @@ def test_live_transformers_on_real_saved_checkpoints(family, layout, tmp_path):
     request = video_request()
     text = processor.apply_chat_template(template_messages(request.messages), tokenize=False,
                                          add_generation_prompt=True)
-    import numpy as np
     frames = np.stack([np.asarray(f) for f in FRAMES])
     theirs = processor(text=[text], videos=[frames], return_tensors="pt", do_sample_frames=False,
                        video_metadata=[{"fps": 2.0, "total_num_frames": 8, "frames_indices": list(range(8))}])

@@ -77,7 +77,7 @@ def pixel_range(saved: dict, style: str) -> tuple[int, int]:
     only those), Qwen3VLVideoProcessor ignores them. A `size` of {min_pixels, max_pixels} without the top-level keys
     (written by transformers 4.49) is read as that range, where transformers 5.23 refuses its videos."""
     d = DEFAULTS[style]
-    size = dict(saved["size"]) if saved.get("size") is not None else {}
+    size = {k: v for k, v in (saved.get("size") or {}).items() if v is not None}
     lo = size.get("shortest_edge", size.get("min_pixels", d["min_pixels"]))
     hi = size.get("longest_edge", size.get("max_pixels", d["max_pixels"]))
     if style == "qwen2":
