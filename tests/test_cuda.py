@@ -49,13 +49,14 @@ def test_real_dimensions_memory(device, work):
 def test_paged_attention_block_256(device, work):
     rows = gpu_check.check_attention(device, work)
     assert_no_failure(rows)
-    if gpu_check.attention.flash_attn_with_kvcache is None:
+    if gpu_check.flash_attn.flash_attn_with_kvcache is None:
         assert any(r.status == "skip" and "flash-attn" in r.detail for r in rows)
 
 
 def test_forced_sdpa_is_restored_after_a_comparison(work):
+    devices = set(gpu_check.paged_flex.DEVICES)
     gpu_check.check_attention("cpu", work)
-    assert gpu_check.attention.FLASH_ATTN_ENABLED
+    assert gpu_check.flash_attn.ENABLED and gpu_check.paged_flex.DEVICES == devices
 
 
 def test_a_failing_part_becomes_a_row_and_the_command_exits_1(tmp_path, monkeypatch):
