@@ -67,3 +67,4 @@ def test_the_watched_tree_is_the_engines_own_tree(served):
     assert own == want and watched == want, (own, watched, want)
     status = page.locator("#kv-watch-status").inner_text()
     assert "vllm-map" in status and "decode errors: none" in status
+    assert "connected" in status and "last batch" in status and "waiting" not in status  # its state (#40.6)
