@@ -1,6 +1,7 @@
 """FlexAttention in place (paged_flex.py): CUDA's in-place path at any block size, and the CPU's where MINIVLM_FLEX
 names it. Compiled on a background thread when the engine starts, a bucket of query counts at a time; until a
 step's bucket is ready, that step gathers blocks (the reference). enforce_eager compiles nothing."""
+import gc
 import threading
 
 import torch
@@ -43,10 +44,12 @@ class FlexAttention(InPlaceAttention):
             Said("engine.attn_gathered", why=Said("engine.why_flex", state=state))
 
     def release(self):
-        """A compile in progress stops after its bucket (it holds the pool while it runs)."""
+        """A compile in progress stops after its bucket (it holds the pool while it runs); what it traced refers to
+        the pool through cycles, collected here so that the pool's memory goes back at close."""
         if self.warmup is not None:
             self.stop.set()
             self.warmup.join()
+            gc.collect()
 
 
 def attention(model, config, kv_caches) -> Attention | Said | None:
