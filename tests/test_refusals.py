@@ -12,7 +12,7 @@ from minivlm import Refused, Request, SamplingParams
 from minivlm.engine import intake
 from minivlm.inputs import image_limits
 from minivlm.refusals import Name
-from panels.i18n import ZH
+from panels.i18n import ZH, t
 from panels.i18n.errors import localize_error
 from tests.api_app import MODEL, data_url, image_message, inprocess_app, text_request
 
@@ -84,3 +84,17 @@ def test_a_refusal_is_a_value_error_with_its_data_and_survives_pickling():
     again = pickle.loads(pickle.dumps(error))
     assert (str(again), again.code, again.fields["name"].number) == (str(error), error.code, 2)
     assert localize_error(error, ZH).startswith("图片 2 (cat.png) 为 9000x8000")
+
+
+@pytest.mark.parametrize("make, param, reason", [
+    (lambda: SamplingParams(max_tokens=0), "max_tokens", "sampling_param"),
+    (lambda: SamplingParams(top_p=2.0), "top_p", "sampling_param"),
+    (lambda: Request(prompt="  ").to_messages(), "messages", "empty_request"),
+    (lambda: Request(messages=[]).to_messages(), "messages", "messages_shape")])
+def test_a_bad_request_or_sampling_parameter_is_refused_naming_its_param(make, param, reason):
+    with pytest.raises(Refused) as caught:
+        make()
+    e = caught.value
+    assert (e.code, e.param, e.reason) == ("invalid_value", param, reason)
+    said = localize_error(e, ZH)
+    assert said != str(e) and said == t(ZH, f"error.{reason}", **e.fields)  # the Chinese page keys on the reason

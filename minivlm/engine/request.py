@@ -6,7 +6,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from minivlm.refusals import Refused
+
 _ids = itertools.count()
+
+
+def _bad(param: str, must: str, value) -> Refused:
+    """A sampling parameter out of its range: refused naming the parameter (the HTTP API's `param`)."""
+    return Refused("invalid_value", "{name} must be {must}, got {value}", reason="sampling_param", param=param,
+                   name=param, must=must, value=repr(value))
 
 
 class RequestStatus(enum.Enum):
@@ -51,15 +59,15 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+            raise _bad("max_tokens", "an integer >= 1", self.max_tokens)
         if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+            raise _bad("temperature", "a number >= 0", self.temperature)
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise _bad("top_p", "in (0, 1]", self.top_p)
         if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise _bad("top_k", "an integer >= 0 (0 = off)", self.top_k)
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
-            raise ValueError(f"logprobs must be an integer >= 0 or None, got {self.logprobs!r}")
+            raise _bad("logprobs", "an integer >= 0 or None", self.logprobs)
 
 
 @dataclass
@@ -82,12 +90,14 @@ class Request:
         """The chat this request means: images first, then the prompt, as one user turn."""
         if self.messages is not None:
             if self.prompt is not None or self.images:
-                raise ValueError("give either messages or prompt/images, not both")
+                raise Refused("invalid_value", "give either messages or prompt/images, not both",
+                              reason="messages_and_prompt")
             if not isinstance(self.messages, list) or not self.messages:
-                raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
+                raise Refused("invalid_value", "messages must be a non-empty list of {{'role', 'content'}} dicts",
+                              reason="messages_shape")
             return self.messages
         if not (self.prompt and self.prompt.strip()) and not self.images:
-            raise ValueError("empty request: give a prompt, images, or messages")
+            raise Refused("invalid_value", "empty request: give a prompt, images, or messages", reason="empty_request")
         content = [{"type": "image", "image": im} for im in self.images]
         content.append({"type": "text", "text": self.prompt or ""})
         return [{"role": "user", "content": content}]

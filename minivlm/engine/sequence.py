@@ -78,7 +78,7 @@ class Sequence:
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.detokenizer = None                     # the output path's per-request text state
         self._status: RequestStatus | None = None  # None until the engine admits it (lifecycle.py writes it)
-        self.sink = None                            # the submitting caller's queue (thread-safe)
+        self.sink = None                            # the submitting caller's RequestHandle (thread-safe)
         self.wants_snapshot = False                 # attach a KVSnapshot to this request's events
 
     @property

@@ -63,6 +63,12 @@ MESSAGES = {
     "chat.picture_aria": ("picture", "图片"),
     # the engine's refusals, error.<reason> (minivlm.Refused): said again from the refusal's fields; the English is
     # the engine's own sentence (tests/test_i18n.py checks it), shown as the engine wrote it on an English page
+    "error.sampling_param": ("{name} must be {must}, got {value}", "{name} 不合要求（{must}），收到的是 {value}"),
+    "error.messages_and_prompt": ("give either messages or prompt/images, not both",
+                                  "请只给 messages，或只给 prompt/images，不要同时给"),
+    "error.messages_shape": ("messages must be a non-empty list of {'role', 'content'} dicts",
+                             "messages 必须是非空列表，每项是含 'role' 和 'content' 的字典"),
+    "error.empty_request": ("empty request: give a prompt, images, or messages", "空请求：请给出提示词、图片或 messages"),
     "error.image_file_too_large": ("{name} is {size} MiB, over the {limit} MiB limit per image; send a smaller file",
                                    "{name} 大小为 {size} MiB，超过了每张图片 {limit} MiB 的上限；请发送更小的文件"),
     "error.video_file_too_large": ("{name} is {size} MiB, over the {limit} MiB limit per video; send a shorter or "

@@ -12,6 +12,7 @@ import re
 from minivlm.refusals import Name, render
 from panels.i18n import CATALOGUE, EN, t
 
+
 def name_in(lang: str, name: Name) -> str:
     """"image 2 (cat.png)" in `lang`: the file's name stays as it is."""
     return t(lang, f"error.{name.kind}_name", n=name.number) + (f" ({name.file})" if name.file else "")
