@@ -149,7 +149,7 @@ class EngineCore:
         if not ran:
             return out
         out.ran = {r.seq_id for r in ran}
-        out.unwritten = self._unwritten(ran)
+        out.unwritten = self._unwritten(ran) if res.failed else {}  # only a failed request unpublishes K/V
         logits = logits if isinstance(logits, torch.Tensor) else torch.stack(logits)
         row = {r.seq_id: i for i, r in enumerate(ran)}
         wanted = [r for r in ran if r.sample and r.seq_id not in out.unwritten]
