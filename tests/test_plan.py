@@ -159,34 +159,3 @@ def test_readme_quotes_the_plans_of_the_step_through_lesson(doc):
               for e in events if e.kind == "scheduled"}
         assert zh[7].startswith(ZH_PLANS[0]) and zh[11] == ZH_PLANS[1]
         assert all(p in readme for p in ZH_PLANS), [p for p in ZH_PLANS if p not in readme]
-
-
-@pytest.mark.parametrize("stage", ["vision encode", "model run"])
-def test_a_hit_on_a_block_whose_publisher_failed_in_the_same_step_is_recomputed(checkpoints, monkeypatch, stage):
-    """Two equal prompts in one step: the second hits the blocks the first publishes as it is planned. When the first
-    fails before writing them, the second's part of the plan is re-made to compute them itself, and its answer is
-    the cold answer (tokens and logprobs)."""
-    from tests.faults import inject
-    params = SamplingParams(max_tokens=6, ignore_eos=True, logprobs=3)
-    request = lambda rid: Request(prompt=Q, images=[shape_image(RED)], request_id=rid)  # noqa: E731
-    config = EngineConfig(model=checkpoints["qwen3_vl"], device="cpu", dtype="float32", num_blocks=64, block_size=8,
-                          max_model_len=512)
-    with Engine(config) as cold:
-        want = cold.generate(request("alone"), params)
-    with Engine(config) as engine:
-        inject(monkeypatch, engine, stage, lambda rid: rid == "first")
-        core, new = engine.core, [engine.make_sequence(request(rid), params) for rid in ("first", "second")]
-        failed, outputs, planned = [], {}, []
-        while new or core.scheduler.has_work():
-            res = core.step(new)
-            new = []
-            planned += [r for r in core.last_plan if r.request_id == "second" and r.admitted]
-            failed += [(s.request_id, e) for s, e in res.failed]
-            outputs.update({s.request_id: ev.output for s, ev in res.events if ev.finished})
-        assert all(b.ref_count == 0 for b in core.block_manager.blocks)
-    assert [(rid, e.stage) for rid, e in failed] == [("first", stage)]
-    assert planned[0].hits, "the second request was planned on the blocks the first published in the same step"
-    got = outputs["second"]
-    assert got.token_ids == want.token_ids
-    for a, b in zip(got.logprobs, want.logprobs):
-        assert a.keys() == b.keys() and max(abs(a[t] - b[t]) for t in a) < 1e-4
