@@ -7,7 +7,7 @@ import sys
 import gradio as gr
 
 from panels.holder import EXAMPLES_DIR, OPERATOR_TOKEN_ENV, EngineHolder  # first: imports `spaces` before torch
-from panels import anatomy, cache_inspector, chat, header, kv_blocks, kv_watch, page, vram
+from panels import anatomy, cache_inspector, chat, header, kv_blocks, kv_watch, page, sessions, vram
 from panels.i18n import EN, I18N, LANGUAGES, L, SWITCH_CHOICES, english_api, lang_of, static_texts, static_updates
 from minivlm import EngineConfig, available_devices
 from minivlm.api import ApiSettings, create_router
@@ -111,6 +111,7 @@ def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S,
         demo.load(session_language, None, switch, api_name=False, queue=False)
     # the engine batches concurrent requests itself; the bound turns overload into a "busy" message
     demo.queue(max_size=QUEUE_MAX_SIZE, default_concurrency_limit=holder.config.max_num_seqs)
+    holder.sessions.watch(demo)  # what an idle session holds is released (panels/sessions.py)
     return english_api(demo)
 
 
@@ -125,6 +126,7 @@ def serve(holder: EngineHolder, host: str = "127.0.0.1", port: int = 7860, share
     demo.launch(server_name=host, server_port=port, share=share, css=page.CSS, js=page.JS, allowed_paths=[EXAMPLES_DIR],
                 i18n=I18N,
                 theme=page.THEME, prevent_thread_lock=True, quiet=True, max_file_size=max_file_size,
+                state_session_capacity=sessions.SESSIONS_KEPT,  # gradio's page state: 256 sessions, not 10,000
                 app_kwargs={"routes": api_routes})  # Gradio's FastAPI app starts with the API's routes
     if block:
         print(f"* Running on local URL:  {demo.local_url}", flush=True)
@@ -186,7 +188,10 @@ def main(argv=None):
             watching.start(args.watch_kv_events, args.watch_kv_replay)
     except ValueError as e:
         fail(e)
-    holder = EngineHolder(config, shared=args.shared or bool(os.environ.get("SPACE_ID")),
+    shared = args.shared or bool(os.environ.get("SPACE_ID"))
+    if shared:  # many sessions' threads: two heap arenas, not 16 (panels/sessions.py)
+        sessions.limit_malloc_arenas()
+    holder = EngineHolder(config, shared=shared,
                           operator_token=os.environ.get(OPERATOR_TOKEN_ENV))
     try:
         status = holder.load()

@@ -16,6 +16,7 @@ from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
 from panels.uploads import checked, image_input
 from panels.i18n import EN, L, lang_of, t
 from panels.i18n.errors import localize_error
+from panels.sessions import collect_before_an_engine
 
 STRATEGIES = ("A", "B", "C")
 RESIZES = {"processor default": None, "max 160×160 px": 160 * 160, "max 112×112 px": 112 * 112,
@@ -59,6 +60,7 @@ def run_video_pair(engine, clip: str, fps_1: float, fps_2: float, prompt: str, m
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=TOP_LOGPROBS)
     cfg = engine.config
     blocks = min(engine.num_blocks, 2 * math.ceil(cfg.max_model_len / cfg.block_size) + 2)
+    collect_before_an_engine()  # each isolated pool freezes what is alive when it starts: no session garbage
     results = compare_strategies(engine, video_request(clip, fps_1, prompt), video_request(clip, fps_2, prompt),
                                  params, STRATEGIES, blocks)
     return {r.strategy: (r.second, r.first) for r in results}, results[0].cold
@@ -123,6 +125,7 @@ def run_pair(engine, pair, max_tokens: int):
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=TOP_LOGPROBS)
     cfg = engine.config
     blocks = min(engine.num_blocks, 2 * math.ceil(cfg.max_model_len / cfg.block_size) + 2)
+    collect_before_an_engine()  # each isolated pool freezes what is alive when it starts: no session garbage
     results = compare_strategies(engine, Request(prompt=prompt1, images=[img1], mm_processor_kwargs=kw1),
                                  Request(prompt=prompt2, images=[img2], mm_processor_kwargs=kw2), params,
                                  STRATEGIES, blocks)

@@ -19,6 +19,7 @@ from minivlm import resolve_model_dir  # noqa: E402
 
 from panels.i18n import EN, t  # noqa: E402
 from panels.i18n.errors import localize_status  # noqa: E402
+from panels.sessions import Sessions  # noqa: E402
 
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "examples")
 OPERATOR_TOKEN_ENV = "MINIVLM_ADMIN_TOKEN"  # on a shared deployment, whoever knows it may reconfigure the engine
@@ -48,6 +49,7 @@ class EngineHolder:
         self.status = t(EN, "header.no_engine")
         self.builds = 0  # engines built so far (a rebuild is one more)
         self._lock = threading.Lock()
+        self.sessions = Sessions()  # what each session holds, released once it is idle (panels/sessions.py)
 
     def load(self, config: EngineConfig | None = None) -> str:
         """Replace the engine by one built for `config` (default: the current one). The old engine is closed and

@@ -17,6 +17,7 @@ from panels.i18n import EN, t
 from panels.i18n.errors import localize_error
 from panels.paged_vs_contiguous import paging_markdown
 from panels.plots import block_map_figure, block_table
+from panels.sessions import collect_before_an_engine
 from panels.timeline import timeline_figure
 
 KEPT_RUNS = 8  # sessions whose last run stays replayable (a shared deployment's isolated engines are closed after)
@@ -137,6 +138,8 @@ class Runs:
         self.runs: collections.OrderedDict[str, Run] = collections.OrderedDict()
         self.ended: dict[str, str] = {}  # session -> what of its ended ("launch" or "run"; shown until its next run)
         self.lock = threading.Lock()
+        if getattr(holder, "sessions", None) is not None:  # an idle session's run is closed (panels/sessions.py)
+            holder.sessions.add(self)
 
     def get(self, session: str) -> Run | None:
         """The session's run (None when it has none, or its engine was rebuilt since)."""
@@ -166,8 +169,11 @@ class Runs:
             return run
         engine, owned = parent, self.holder.shared
         if owned:  # keep the session's isolated engine (and its prefix cache) across runs
+            blocks = min(parent.num_blocks, SHARED_LAUNCH_BLOCKS)  # its encoder cache: at most its pool's tokens
+            if run is None:
+                collect_before_an_engine()  # the new engine freezes what is alive: no session garbage with it
             engine = run.engine if run is not None else parent.isolated(
-                num_blocks=min(parent.num_blocks, SHARED_LAUNCH_BLOCKS))
+                num_blocks=blocks, encoder_cache_size=blocks * parent.config.block_size, vision_cache_bytes=None)
         new = Run(engine, owned, parent)
         with self.lock:
             self.ended.pop(session, None)
@@ -179,6 +185,25 @@ class Runs:
         for old in evicted:
             old.close()
         return new
+
+    def release_idle(self, idle_s: float) -> int:
+        """Close the runs nobody has looked at for idle_s seconds (the page polls while it is open) that have
+        stopped moving: a shared deployment's isolated engine goes with its run. Returns how many."""
+        now = time.monotonic()
+        with self.lock:
+            idle = [s for s, run in self.runs.items() if now - run.touched > idle_s and not run.moving(idle_s)]
+            dropped = [self.runs.pop(s) for s in idle]
+            for session in idle:
+                self.ended.pop(session, None)
+        for run in dropped:
+            run.close()
+        return len(dropped)
+
+    def held(self) -> dict[str, int]:
+        """The runs kept now, and of them the isolated engines (a shared deployment's)."""
+        with self.lock:
+            runs = list(self.runs.values())
+        return {"kv_runs": len(runs), "isolated_engines": sum(run.owned for run in runs)}
 
 
 def shared_totals(snap, lang: str = EN) -> str:
