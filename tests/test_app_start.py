@@ -47,20 +47,26 @@ def broken(tmp_path_factory):
     return out
 
 
+SLOW = pytest.mark.slow  # each case starts Python with gradio, torch and transformers (about 10 s): the default
+# run keeps one of each kind (a device, a checkpoint, a watcher address); CI's -m slow runs the rest
 CASES = [
     (["--device", "cuda"], "--device cuda is not available here", NO_CUDA),
-    (["--device", "mps"], "--device mps is not available here", NO_MPS),
-    (["--device", "cpu", "--model", "/nonexistent"], "'/nonexistent' is neither a local checkpoint directory", True),
-    (["--device", "cpu", "--model", "{truncated}"], "corrupt weights file model.safetensors", True),
+    pytest.param(["--device", "mps"], "--device mps is not available here", NO_MPS, marks=SLOW),
+    pytest.param(["--device", "cpu", "--model", "/nonexistent"], "'/nonexistent' is neither a local checkpoint directory",
+                 True, marks=SLOW),
+    pytest.param(["--device", "cpu", "--model", "{truncated}"], "corrupt weights file model.safetensors", True,
+                 marks=SLOW),
     (["--device", "cpu", "--model", "{no-tokenizer}"], "has no tokenizer: tokenizer.json is missing", True),
-    (["--device", "cpu", "--model", "{bad-config}"], "has no readable config.json", True),
-    (["--device", "cpu", "--watch-kv-events", "tcp://127.0.0.1"], "cannot watch 'tcp://127.0.0.1'", True),
+    pytest.param(["--device", "cpu", "--model", "{bad-config}"], "has no readable config.json", True, marks=SLOW),
+    pytest.param(["--device", "cpu", "--watch-kv-events", "tcp://127.0.0.1"], "cannot watch 'tcp://127.0.0.1'", True,
+                 marks=SLOW),
     (["--device", "cpu", "--watch-kv-events", "127.0.0.1:5557"], "watch an address like tcp://host:5557", True),
-    (["--device", "cpu", "--kv-events-config", "{bad"], "kv_events: not valid JSON", True),
+    pytest.param(["--device", "cpu", "--kv-events-config", "{bad"], "kv_events: not valid JSON", True, marks=SLOW),
 ]
 
 
-@pytest.mark.parametrize("args, says, applies", CASES, ids=[" ".join(c[0][-2:]) for c in CASES])
+@pytest.mark.parametrize("args, says, applies", CASES,
+                         ids=[" ".join((c.values if hasattr(c, "values") else c)[0][-2:]) for c in CASES])
 def test_a_bad_start_is_one_line_and_a_clean_exit(broken, args, says, applies):
     if not applies:
         pytest.skip("this machine has that device")

@@ -93,7 +93,7 @@ class Request:
                 raise Refused("invalid_value", "give either messages or prompt/images, not both",
                               reason="messages_and_prompt")
             if not isinstance(self.messages, list) or not self.messages:
-                raise Refused("invalid_value", "messages must be a non-empty list of {{'role', 'content'}} dicts",
+                raise Refused("invalid_value", "messages must be a non-empty list of dicts with 'role' and 'content'",
                               reason="messages_shape")
             return self.messages
         if not (self.prompt and self.prompt.strip()) and not self.images:

@@ -66,7 +66,7 @@ MESSAGES = {
     "error.sampling_param": ("{name} must be {must}, got {value}", "{name} 不合要求（{must}），收到的是 {value}"),
     "error.messages_and_prompt": ("give either messages or prompt/images, not both",
                                   "请只给 messages，或只给 prompt/images，不要同时给"),
-    "error.messages_shape": ("messages must be a non-empty list of {'role', 'content'} dicts",
+    "error.messages_shape": ("messages must be a non-empty list of dicts with 'role' and 'content'",
                              "messages 必须是非空列表，每项是含 'role' 和 'content' 的字典"),
     "error.empty_request": ("empty request: give a prompt, images, or messages", "空请求：请给出提示词、图片或 messages"),
     "error.image_file_too_large": ("{name} is {size} MiB, over the {limit} MiB limit per image; send a smaller file",
