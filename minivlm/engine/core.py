@@ -17,14 +17,13 @@ from minivlm.engine.kv_pool import KVPool
 from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.loader import LoadedModel
 from minivlm.engine.output_processor import OutputProcessor
-from minivlm.engine.outputs import StreamEvent
+from minivlm.engine.outputs import KVSnapshot, StreamEvent
 from minivlm.engine.plan import StepOutcome, StepPlan
 from minivlm.engine.prefix_keys import extend_keys
 from minivlm.engine.runner import ModelRunner
 from minivlm.engine.scheduler import Scheduler
 from minivlm.engine.sequence import Sequence, writing
 from minivlm.engine.step_result import RequestFailed, StepResult, isolate
-from minivlm.engine.outputs import KVSnapshot
 from minivlm.engine.snapshot import SnapshotBuilder, video_spans
 from minivlm.engine.vision_worker import VisionWorker
 
@@ -39,7 +38,8 @@ class EngineCore:
         self.pool = KVPool(config, model)
         self.num_blocks = self.pool.num_blocks
         self.events = EventLog(config.event_log_size)
-        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.cache_strategy != "none", self.events)
+        caching = config.cache_strategy != "none"
+        self.block_manager = BlockManager(self.num_blocks, config.block_size, caching, self.events)
         self.requests = RequestRegistry()  # every admitted, unfinished request; its status moves only there
         self.scheduler = Scheduler(self.block_manager, config, self.events, self.requests)
         self.snapshots = SnapshotBuilder(self.block_manager)
@@ -149,7 +149,7 @@ class EngineCore:
         if not ran:
             return out
         out.ran = {r.seq_id for r in ran}
-        out.unwritten = self._unwritten(ran) if res.failed else {}  # only a failed request unpublishes K/V
+        out.unwritten = self.scheduler.unwritten(ran, self.live) if res.failed else {}  # only a failure unpublishes
         logits = logits if isinstance(logits, torch.Tensor) else torch.stack(logits)
         row = {r.seq_id: i for i, r in enumerate(ran)}
         wanted = [r for r in ran if r.sample and r.seq_id not in out.unwritten]
@@ -162,18 +162,6 @@ class EngineCore:
             b, logits if len(b) == len(wanted) else logits[[row[r.seq_id] for r in b]]), res)
         out.sampled = {r.seq_id: t for r, t in zip(sampled, tokens)}
         return out
-
-    def _unwritten(self, ran) -> dict[int, int]:
-        """seq_id -> the first token whose K/V its forward read but nobody wrote, for the requests that ran: a block it
-        hit was unpublished since the plan (its publisher failed before writing it), or was published in this step
-        by such a request (in plan order, hits only reach back to earlier requests)."""
-        bad, unwritten = set(), {}
-        for r in ran:
-            start = self.scheduler.unwritten_start(self.live[r.seq_id], r, bad)
-            if start < r.start:
-                unwritten[r.seq_id] = start
-                bad.update(b for b, _ in r.publishes)
-        return unwritten
 
     def _attach_snapshot(self, wants: list[tuple[Sequence, StreamEvent]], res: StepResult):
         """One snapshot per step, shared by every request that asked for one. If building it raises, the

@@ -217,6 +217,18 @@ class Scheduler:
         self._preempted.append(Preemption(seq.seq_id, seq.request_id, tuple(blocks), why))
         self.requests.preempt(seq)
 
+    def unwritten(self, ran: list[ScheduledRequest], live: dict) -> dict[int, int]:
+        """seq_id -> the first token whose K/V its forward read but nobody wrote, for the requests that ran: a block it
+        hit was unpublished since the plan (its publisher failed before writing it), or was published in this step
+        by such a request (in plan order, hits only reach back to earlier requests)."""
+        bad, unwritten = set(), {}
+        for r in ran:
+            start = self.unwritten_start(live[r.seq_id], r, bad)
+            if start < r.start:
+                unwritten[r.seq_id] = start
+                bad.update(b for b, _ in r.publishes)
+        return unwritten
+
     def unwritten_start(self, seq: Sequence, req: ScheduledRequest, bad: set[int] = frozenset()) -> int:
         """The first token whose K/V req's forward read but nobody wrote: its first block before req.start that was
         unpublished since it was planned (the request that published it failed before writing it) or is in `bad`
