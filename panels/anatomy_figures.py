@@ -3,9 +3,11 @@ patch and merge grid, the token strip in KV blocks, M-RoPE heatmaps. Pixels are 
 figure (a 1000-token image is one go.Image, not 1000 traces); labels and hover are one scatter trace each."""
 import base64
 import io
+import re
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.colors import sequential
 from plotly.subplots import make_subplots
 from PIL import Image
 
@@ -17,8 +19,44 @@ BLOCK_EDGE, PATCH_LINE, MERGE_LINE = (35, 35, 35), (255, 255, 255), (255, 190, 0
 GRID_DISPLAY = 360    # the longest side of each image on the grid picture, in px
 ROW_GAP, BLOCK_GAP, IMAGE_GAP, STRIP_TOP = 16, 6, 28, 16
 AXES = ("t (time)", "h (row)", "w (column)")
+ROPE_GAP, ROPE_TITLE_FONT = 0.04, 12  # between the M-RoPE heatmaps (a share of the width); their titles' size
+CELL_TEXT = "#111111"  # the numbers on the heatmaps' cells, in both themes
+# Viridis mixed half with white: the same order of hues, each light enough for CELL_TEXT at >= 5:1 (plotly's own
+# pick of black or white text on Viridis' middle greens gave 3.9:1)
+PALE_VIRIDIS = [[i / (len(sequential.Viridis) - 1),
+                 "#" + "".join(f"{round(v + (255 - v) / 2):02x}" for v in bytes.fromhex(color[1:]))]
+                for i, color in enumerate(sequential.Viridis)]
 TOP_MARGIN = 100      # what gradio's plot gives a titled figure whatever the layout asks
 TITLE = dict(font=dict(size=13), y=1, yref="container", yanchor="top", pad=dict(t=44))  # below gradio's label
+MARGIN_X = 20         # a figure's left and right margins together
+LABEL_FONT = 11       # the strip's token labels (monospace: 0.6 em a letter)
+
+
+def text_px(text: str, size: float) -> float:
+    """About how wide `text` is drawn at `size` px in the figures' sans-serif (0.58 em a letter, a CJK character a
+    whole em): what a figure reserves so that no line of it is cut or runs into another."""
+    wide = sum(ord(ch) >= 0x2E80 for ch in text)
+    return (len(text) - wide) * 0.58 * size + wide * size
+
+
+def title_px(title: str, size: float = 13) -> float:
+    """The widest line of a plotly title (lines split at <br>, <sup> drawn at 70 %, other tags not drawn)."""
+    widest = 0.0
+    for line in re.split(r"<br\s*/?>", title):
+        sup = re.sub(r"<[^>]+>", "", "".join(re.findall(r"<sup>(.*?)</sup>", line)))
+        plain = re.sub(r"<[^>]+>", "", re.sub(r"<sup>.*?</sup>", "", line))
+        widest = max(widest, text_px(plain, size) + text_px(sup, 0.7 * size))
+    return widest
+
+
+def needs_width(fig: go.Figure, px: float) -> go.Figure:
+    """Say the width (px) below which `fig`'s words would collide or be cut: the page keeps it that wide and
+    scrolls it sideways on a narrower screen (panels/page.py); never less than its title's widest line."""
+    title = fig.layout.title.text or ""
+    size = fig.layout.title.font.size or 1.4 * (fig.layout.font.size or 12)  # plotly's default: 1.4 x the font
+    px = max(px, title_px(title, size) + MARGIN_X if title else 0)
+    fig.update_layout(meta={**(fig.layout.meta or {}), "min_width": int(px + 0.5)})
+    return fig
 
 
 def data_uri(pixels: np.ndarray) -> str:
@@ -38,7 +76,7 @@ def raster_figure(pixels: np.ndarray, traces: list, title: str, width_hint: int 
                       margin=dict(l=10, r=10, t=TOP_MARGIN, b=10),
                       xaxis=dict(visible=False, range=[0, w]),
                       yaxis=dict(visible=False, range=[h, 0], scaleanchor="x"))
-    return fig
+    return needs_width(fig, 0)
 
 
 def short_label(text: str, width: int) -> str:
@@ -151,12 +189,15 @@ def token_strip_figure(anatomy, images: list[Image.Image], tiled_cells=None, lan
     traces = [go.Scatter(x=xs, y=ys, mode="markers", hoverinfo="text", hovertext=hover,
                          marker=dict(size=cell * 0.6, opacity=0, symbol="square")),
               go.Scatter(x=labels_x, y=labels_y, text=labels, mode="text", hoverinfo="skip",
-                         textfont=dict(size=11, family="monospace", color="#222")),
+                         textfont=dict(size=LABEL_FONT, family="monospace", color="#222")),
               go.Scatter(x=block_x, y=block_y, text=block_text, mode="text", hoverinfo="skip", textposition="top right",
                          textfont=dict(size=11, color="#444"))]
     n_image = sum(t.type == "image" for t in anatomy.tokens)
     title = say(lang, "anat.strip_title", n=n, text=n - n_image, image=n_image, blocks=len(anatomy.blocks), bs=bs)
-    return raster_figure(canvas, traces, title)
+    fig = raster_figure(canvas, traces, title)
+    if labels:  # a cell shown at least as wide as its label (monospace letters, and 4 px apart)
+        needs_width(fig, width * (width_chars * 0.6 * LABEL_FONT + 4) / cell + MARGIN_X)
+    return fig
 
 
 def offset(delta: int) -> str:
@@ -174,15 +215,23 @@ def rope_figure(anatomy, lang: str = EN) -> go.Figure:
                           xaxis=dict(visible=False), yaxis=dict(visible=False))
         return fig
     titles = [say(lang, "anat.rope_axis", k=k + 1, axis=axis) for k in range(len(anatomy.images)) for axis in AXES]
-    fig = make_subplots(rows=len(anatomy.images), cols=3, subplot_titles=titles, horizontal_spacing=0.04,
+    fig = make_subplots(rows=len(anatomy.images), cols=3, subplot_titles=titles, horizontal_spacing=ROPE_GAP,
                         vertical_spacing=0.12 / len(anatomy.images))
+    fig.update_annotations(font_size=ROPE_TITLE_FONT)  # the subplot titles
+    numbered = [info.grid_thw[2] // info.merge_size for info in anatomy.images
+                if (info.grid_thw[1] // info.merge_size) * (info.grid_thw[2] // info.merge_size) <= 256]
+    digits = len(str(max((max(t.position) for t in anatomy.tokens), default=0)))
+    # each heatmap as wide as its numbers (9-px digits, 4 px apart) and its title: three of them side by side
+    heatmap = max([cols * (digits * 0.6 * 9 + 4) for cols in numbered]
+                  + [text_px(title, ROPE_TITLE_FONT) + 8 for title in titles])
     for k, info in enumerate(anatomy.images):
         rows, cols = info.grid_thw[1] // info.merge_size, info.grid_thw[2] // info.merge_size
         pos = np.array([t.position for t in anatomy.tokens[info.start:info.start + rows * cols]])
         for axis in range(3):
             z = pos[:, axis].reshape(rows, cols)
-            fig.add_trace(go.Heatmap(z=z, colorscale="Viridis", showscale=False, xgap=1, ygap=1,
-                                     texttemplate="%{z}" if rows * cols <= 256 else None, textfont=dict(size=9),
+            fig.add_trace(go.Heatmap(z=z, colorscale=PALE_VIRIDIS, showscale=False, xgap=1, ygap=1,
+                                     texttemplate="%{z}" if rows * cols <= 256 else None,
+                                     textfont=dict(size=9, color=CELL_TEXT),
                                      hovertemplate=f"{AXES[axis]} = %{{z}}<br>row %{{y}}, col %{{x}}<extra></extra>"),
                           row=k + 1, col=axis + 1)
             fig.update_yaxes(autorange="reversed", scaleanchor=f"x{3 * k + axis + 1}", showticklabels=False,
@@ -191,7 +240,6 @@ def rope_figure(anatomy, lang: str = EN) -> go.Figure:
     after = [t for t in anatomy.tokens if t.type == "text" and t.index > anatomy.images[-1].start]
     tail = say(lang, "anat.rope_tail", n=after[0].position[0]) if after else ""
     fig.update_layout(height=TOP_MARGIN + 260 * len(anatomy.images), margin=dict(l=10, r=10, t=TOP_MARGIN, b=10),
-                      
                       title=dict(TITLE, text=say(lang, "anat.rope_title", tail=tail, offset=offset(anatomy.rope_delta),
                                                start=anatomy.tokens[anatomy.images[0].start].position[0])))
-    return fig
+    return needs_width(fig, 3 * heatmap / (1 - 2 * ROPE_GAP) + MARGIN_X)

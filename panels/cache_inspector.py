@@ -17,13 +17,15 @@ from panels.uploads import checked, image_input
 from panels.i18n import EN, L, lang_of, t
 from panels.i18n.errors import localize_error
 from panels.sessions import collect_before_an_engine
+from panels.anatomy_figures import needs_width
+from panels.page import header_widths
 
 STRATEGIES = ("A", "B", "C")
 RESIZES = {"processor default": None, "max 160×160 px": 160 * 160, "max 112×112 px": 112 * 112,
            "max 448×448 px": 448 * 448, "another tiling": "other", "one view (no splitting)": "single"}
 TOP_LOGPROBS = 20
 ROUNDING = 1e-4  # below this a logprob difference is float rounding (a false hit moves them by whole units)
-HIT_COLORS = {0: "#e5e7eb", 1: "#16a34a", 2: "#dc2626"}  # miss, true hit, false hit
+HIT_COLORS = {0: "#e5e7eb", 1: "#15803d", 2: "#dc2626"}  # miss, true hit, false hit (white ids on them: >= 4.8:1)
 COLUMN_IDS = ["strategy", "hits", "true", "false", "cached", "answer1", "answer2", "cold", "drift", "meaning"]
 RESULT_COLUMNS = [t(EN, f"insp.col.{c}") for c in COLUMN_IDS]  # the API's table (English)
 
@@ -115,7 +117,7 @@ def hits_figure(results: dict, block_size: int, lang: str = EN) -> go.Figure:
                       xaxis=dict(title=t(lang, "insp.axis"), tickvals=list(range(n)),
                                  ticktext=[f"L{i}" for i in range(n)]),
                       yaxis=dict(categoryorder="array", categoryarray=list(reversed(STRATEGIES))))
-    return fig
+    return needs_width(fig, 0)  # its title whole on a phone (the figure scrolls sideways)
 
 
 def run_pair(engine, pair, max_tokens: int):
@@ -169,7 +171,8 @@ def build(holder: EngineHolder):
         preset_buttons = [gr.Button(L(f"preset.{name}"), size="sm", elem_id=f"preset-{i}") for i, name in enumerate(PRESETS)]
         video_button = gr.Button(L(f"preset.{VIDEO_PRESET[0]}"), size="sm", elem_id="preset-video")
         run = gr.Button(L("insp.run"), variant="primary", elem_id="insp-run")
-    results = gr.Dataframe(label=L("insp.results"), elem_id="insp-results", wrap=True)
+    results = gr.Dataframe(label=L("insp.results"), elem_id="insp-results", wrap=True,
+                           column_widths=header_widths(RESULT_COLUMNS, {len(RESULT_COLUMNS) - 1: "auto"}))
     blocks = gr.Plot(label=L("insp.blocks"), elem_id="insp-blocks")
 
     @gpu

@@ -20,17 +20,36 @@ CSS = f"""
 #lang-switch {{ flex-grow: 0; }}
 #device-picker {UNAVAILABLE} {{ opacity: 0.45; pointer-events: none; }}
 #engine-status {{ font-size: 0.9em; }}
-/* figures have transparent backgrounds (panels/theme.py); their own words turn light in the dark theme, the words
-   drawn on data (cells, bars, discs) keep the colour the figure gave them */
-.dark .js-plotly-plot :is(.gtitle, .xtitle, .ytitle, .xtick text, .ytick text, .legendtext, .legendtitletext,
-                          .annotation-text) {{ fill: var(--body-text-color) !important; }}
+/* figures have transparent backgrounds (panels/theme.py); their own words (title, every subplot's axis ticks and
+   titles, subplot titles, legend) turn light in the dark theme, the words drawn on data (cells, bars, discs) keep
+   the colour the figure gave them */
+.dark .js-plotly-plot :is(.infolayer, .xaxislayer-above, .yaxislayer-above, .xaxislayer-below, .yaxislayer-below)
+  text {{ fill: var(--body-text-color) !important; }}
 @media (max-width: {NARROW_PX}px) {{
   #app-title h1 {{ font-size: 1.25em; margin: 0; }}
   #engine-status {{ font-size: 0.8em; }}
   /* on a phone the modebar would cover the figure's title; pinch-zoom does its work there */
   .js-plotly-plot .modebar-container {{ display: none !important; }}
+  /* a figure's label above it, not over its title (a long label takes two lines on a phone) */
+  .block:has(> .js-plotly-plot) > label[data-testid=block-label] {{ position: static; }}
 }}
+/* a figure narrower than the width its words need (its layout.meta.min_width, set by the page script) scrolls
+   sideways in its box: the page itself never gets wider than the screen */
+.block:has(> .js-plotly-plot) {{ overflow-x: auto; }}
 """
+
+TABLE_CHAR_PX, TABLE_CELL_PX = 8.4, 30  # a letter of a table's monospace font, and a cell's padding and menu button
+
+
+def header_widths(headers: list[str], given: dict[int, str] | None = None) -> list[str]:
+    """gr.Dataframe column widths that never break a header inside a word: gradio sizes an "auto" column by its
+    cells alone, so a header longer than its cells broke ("strat-egy" at any width, one letter a line on a phone).
+    Each column gets its header's longest word (its cells wrap to that), but those `given` ({index: width}: "auto"
+    for cells longer than the header, a share like "55%" for sentences)."""
+    given = given or {}
+    return [given.get(i) or f"{round(TABLE_CHAR_PX * max(map(len, h.split())) + TABLE_CELL_PX)}px"
+            for i, h in enumerate(headers)]
+
 
 # Runs once the page has loaded. Gradio gives no accessible name to a radio group or the multimodal chat box and
 # no alt text to an example's picture, and greys out nothing for the keyboard: set those, and set them again
@@ -67,12 +86,22 @@ JS = f"""() => {{
             if (item.getAttribute('aria-label') !== name) item.setAttribute('aria-label', name);
         }});
     }};
+    // a figure says the width below which its words would collide (layout.meta.min_width, px: a token strip's
+    // labelled cells, a deep prefix tree, titles): it keeps that width and its box scrolls sideways
+    const widths = () => document.querySelectorAll('.js-plotly-plot').forEach((plot) => {{
+        const px = plot.layout?.meta?.min_width;
+        const want = px ? `${{px}}px` : '';
+        if (plot.style.minWidth === want) return;
+        plot.style.minWidth = want;
+        window.Plotly?.Plots.resize(plot);
+    }});
     label();
+    widths();
     let queued = false;
     new MutationObserver(() => {{
         if (queued) return;
         queued = true;
-        requestAnimationFrame(() => {{ queued = false; label(); }});
+        requestAnimationFrame(() => {{ queued = false; label(); widths(); }});
     }}).observe(document.body, {{subtree: true, childList: true, attributes: true,
                                   attributeFilter: ['disabled', 'src', 'aria-label']}});
     // a replay step typed outside the run: gradio says so and puts the box back in range, but replays nothing;

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from minivlm.views.events import by_step
 
-from panels.anatomy_figures import TITLE, TOP_MARGIN
+from panels.anatomy_figures import TITLE, TOP_MARGIN, needs_width, text_px
 from panels.i18n import EN, t
 from panels.plots import natural_key
 
@@ -100,9 +100,13 @@ def timeline_figure(events, selected_step: int | None = None, lang: str = EN) ->
             t(lang, "timeline.showing", step=selected_step) if selected_step is not None else ""), x=0.01,
             xanchor="left"),
         height=max(220, TOP_MARGIN + 60 + 26 * len(rows)), margin=dict(l=10, r=10, t=TOP_MARGIN, b=30),
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1, traceorder="normal"),
+        # right of the plot, one entry a line: it never runs into the title or the step axis however narrow
+        legend=dict(traceorder="normal"),
         meta={"steps": [first, last], "requests": rows},
         xaxis=dict(title=t(lang, "timeline.axis"), range=[first - 0.5, last + 0.5], tick0=0, dtick=step_tick(last - first),
                    tickformat="d"),
         yaxis=dict(autorange="reversed", type="category"))
-    return fig
+    # as wide as its step numbers apart (12 px digits, 14 px between), the request names and the legend beside
+    ticks = (last - first) // step_tick(last - first) + 1
+    names = max((text_px(tr.name or "", 12) for tr in fig.data[1:]), default=0)
+    return needs_width(fig, ticks * (text_px(str(last), 12) + 14) + max(map(len, rows), default=4) * 8 + names + 60)

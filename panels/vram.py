@@ -10,7 +10,9 @@ from plotly.subplots import make_subplots
 from minivlm.budget import device_presets, estimate, gpus_needed, load_model_preset, model_preset_names, model_shape
 from minivlm.budget.planner import MATRIX_VLMS, plan_matrix  # noqa: F401
 
+from panels.anatomy_figures import MARGIN_X, needs_width, text_px
 from panels.holder import EngineHolder, gpu
+from panels.page import header_widths
 from panels.i18n import EN, LANGUAGES, L, lang_of, t
 from panels.i18n.budget import limit_sentences, word
 from panels.vram_tables import comparison, gpu_table, headline, matrix_cell, matrix_table, _fmt  # noqa: F401
@@ -21,6 +23,8 @@ CUSTOM = "custom size"
 SEGMENTS = [("LLM weights", "#1f77b4"), ("vision encoder", "#9467bd"), ("activations", "#ff7f0e"),
             ("KV cache", "#2ca02c"), ("overhead", "#7f7f7f")]
 TP_SIZES = [1, 2, 4, 8]
+COLUMNS, SPACING, SUBPLOT_TITLE_FONT = [0.6, 0.4], 0.12, 13  # the plan's two bars: their widths, gap and titles
+AXIS_PX = 72  # a bar's tick labels ("0.015") and axis title ("GiB") beside it
 EXAMPLE_72B = ("Qwen2.5-VL-72B-Instruct", 4, 32768, 8)  # model, images per request, context, concurrent requests
 GIB = 2 ** 30
 # Picker titles per model_type, in the order the families are listed.
@@ -56,11 +60,17 @@ def budget_figure(est_parts, eng_parts, memory_bytes: int, budget_bytes: int, de
     lines, and what this engine holds now; below, when kv_tokens = (pool, demand, demand label) is given, the
     workload's KV demand against the pool in tokens. Every label sits beside a bar or in the legend, never on one."""
     rows = 2 if kv_tokens else 1
-    fig = make_subplots(rows=rows, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12, vertical_spacing=0.2,
+    titles = [t(lang, "fig.estimate", device=device), t(lang, "fig.engine", device=engine_device)] + \
+        ([t(lang, "fig.kv")] if kv_tokens else [])
+    fig = make_subplots(rows=rows, cols=2, column_widths=COLUMNS, horizontal_spacing=SPACING, vertical_spacing=0.2,
                         row_heights=[0.72, 0.28][:rows], specs=[[{}, {}]] + ([[{"colspan": 2}, None]] if kv_tokens
                                                                              else []),
-                        subplot_titles=[t(lang, "fig.estimate", device=device), t(lang, "fig.engine", device=engine_device)]
-                        + ([t(lang, "fig.kv")] if kv_tokens else []))
+                        subplot_titles=titles)
+    fig.update_annotations(font_size=SUBPLOT_TITLE_FONT)  # the subplot titles
+    # each subplot as wide as its title (and the axes' ticks and titles beside the bars), the KV row as wide as its
+    # labels and some bar: on a narrower screen the figure keeps that width and scrolls (panels/page.py)
+    need = max([text_px(title, SUBPLOT_TITLE_FONT) / (share * (1 - SPACING)) + 60
+                for title, share in zip(titles, COLUMNS)] + [AXIS_PX / SPACING])  # the gap: the right bar's axis
     for col, parts in ((1, est_parts), (2, eng_parts)):
         for (name, color), b in zip(SEGMENTS, parts):
             name = word(lang, "seg", name)
@@ -73,14 +83,16 @@ def budget_figure(est_parts, eng_parts, memory_bytes: int, budget_bytes: int, de
                   name=t(lang, "fig.budget", gib=f"{budget_bytes / GIB:.1f}"))
     if kv_tokens:
         pool, demand, label = kv_tokens
-        fig.add_trace(go.Bar(y=[label, t(lang, "fig.pool", n=f"{pool:,}")], x=[demand, pool], orientation="h",
+        bars = [label, t(lang, "fig.pool", n=f"{pool:,}")]
+        need = max(need, text_px(titles[2], SUBPLOT_TITLE_FONT), max(text_px(b, 12) for b in bars) + 160)
+        fig.add_trace(go.Bar(y=bars, x=[demand, pool], orientation="h",
                              marker_color=["#d62728" if demand > pool else "#17becf", "#2ca02c"], showlegend=False,
                              name=t(lang, "fig.demand_vs_pool"), hovertemplate="%{y}<extra></extra>"), row=2, col=1)
         fig.update_xaxes(title_text=t(lang, "fig.tokens"), row=2, col=1)
     fig.update_layout(barmode="stack", height=640 if kv_tokens else 420, margin=dict(l=10, r=10, t=40, b=10),
                       legend=dict(orientation="h", yanchor="top", y=-0.12 if kv_tokens else -0.08, x=0))
     fig.update_yaxes(title_text="GiB", row=1)
-    return fig
+    return needs_width(fig, need + MARGIN_X)
 
 
 def base_device(name: str) -> str:
@@ -129,11 +141,12 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
     video_summary = gr.Markdown(label=L("vram.video_summary"), elem_id="vram-video-summary")
     summary = gr.Markdown(label=L("vram.headline"), elem_id="vram-headline")
     figure = gr.Plot(label=L("vram.plot"), elem_id="vram-plot")
-    gpus = gr.Dataframe(label=L("vram.gpus"), wrap=True, column_widths=["12%", "14%", "10%", "9%", "55%"],
-                        max_height=520, elem_id="vram-gpus")
+    # no header breaks inside a word (gradio sizes an "auto" column by its cells; one letter a line on a phone)
+    gpus = gr.Dataframe(label=L("vram.gpus"), wrap=True, max_height=520, elem_id="vram-gpus",
+                        column_widths=header_widths(gpu_table([]).columns, {0: "auto", 1: "auto", 4: "55%"}))
     matrix = gr.Dataframe(label=L("vram.matrix"), wrap=True, elem_id="vram-matrix")
     versus = gr.Dataframe(label=L("vram.versus"), elem_id="vram-engine")
-    breakdown = gr.Dataframe(label=L("vram.breakdown"), wrap=True, column_widths=["22%", "8%", "70%"],
+    breakdown = gr.Dataframe(label=L("vram.breakdown"), wrap=True, column_widths=["auto", "auto", "70%"],
                              elem_id="vram-breakdown")
 
     def workload(model_name, utilization, image_width, image_height, images_per_request, context_length,

@@ -115,18 +115,32 @@ def message_id(value) -> str | None:
 
 
 def static_texts(demo: gr.Blocks) -> list[tuple[gr.blocks.Block, dict[str, str]]]:
-    """Every component whose label, info, placeholder or fixed value is a catalogue id: (block, {attr: id})."""
+    """Every component whose label, info, placeholder or fixed value is a catalogue id: (block, {attr: id}). An
+    examples table's column headers (its inputs' labels) are one attribute, a list of ids: gradio's page translates
+    a label but shows a header as the raw `__i18n__{...}` text, so they are set to English words here and the
+    switch sends them in the page's language."""
     out = []
     for block in demo.blocks.values():
         ids = {a: k for a in STATIC_ATTRS if (k := message_id(getattr(block, a, None)))}
+        headers = getattr(block, "headers", None) if isinstance(block, gr.Dataset) else None
+        if headers and any(message_id(h) for h in headers):
+            ids["headers"] = [message_id(h) or h for h in headers]
+            block.headers = said(EN, ids["headers"])
         if ids:
             out.append((block, ids))
     return out
 
 
+def said(lang: str, key):
+    """A static attribute in `lang`: a catalogue id's text, or for a list (headers) each id's (other words kept)."""
+    if isinstance(key, list):
+        return [t(lang, k) if k in CATALOGUE else k for k in key]
+    return t(lang, key)
+
+
 def static_updates(texts, lang: str) -> list:
     """The updates that put every static text of the page in `lang` (what the switch and a page load send)."""
-    return [gr.update(**{a: t(lang, k) for a, k in ids.items()}) for _, ids in texts]
+    return [gr.update(**{a: said(lang, k) for a, k in ids.items()}) for _, ids in texts]
 
 
 def in_english(value):
