@@ -146,7 +146,8 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
                         column_widths=header_widths(gpu_table([]).columns, {0: "auto", 1: "auto", 4: "55%"}))
     matrix = gr.Dataframe(label=L("vram.matrix"), wrap=True, elem_id="vram-matrix")
     versus = gr.Dataframe(label=L("vram.versus"), elem_id="vram-engine")
-    breakdown = gr.Dataframe(label=L("vram.breakdown"), wrap=True, column_widths=["auto", "auto", "70%"],
+    # fixed item and GiB columns (a phone scrolls the table sideways), the formulas wrap in the rest
+    breakdown = gr.Dataframe(label=L("vram.breakdown"), wrap=True, column_widths=["170px", "88px", "70%"],
                              elem_id="vram-breakdown")
 
     def workload(model_name, utilization, image_width, image_height, images_per_request, context_length,
