@@ -12,7 +12,7 @@ width (390 px) and at 1400 px, in the light and the dark theme, and after a long
 
 The fast test is the phone in the dark theme on the tabs that failed (Anatomy, VRAM, the KV tab's tree after a long
 chat) and the examples' headers in both languages; the slow one walks every tab in every combination.
-Screenshots: $MINIVLM_SCREENSHOTS or the test's tmp dir, readable_*.png."""
+Screenshots (readable_*.png, one per tab and combination): $MINIVLM_READABLE_SHOTS or the test's tmp dir."""
 import collections
 import io
 import os
@@ -24,12 +24,20 @@ from minivlm import Request, SamplingParams
 from panels.holder import EXAMPLES_DIR
 from panels.i18n import EN, ZH, t
 from tests.test_browser import served_app_and_page
-from tests.test_browser_ui import launch_and_wait, new_page, shots  # noqa: F401 (fixture)
+from tests.test_browser_ui import launch_and_wait, new_page
 
 pytestmark = pytest.mark.browser
 PHONE, DESKTOP = 390, 1400
 MIN_CONTRAST = 4.5
 app, page = served_app_and_page(256)
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    """Where the walk's screenshots go: $MINIVLM_READABLE_SHOTS, else the test's tmp dir (never the README's)."""
+    out = os.environ.get("MINIVLM_READABLE_SHOTS") or str(tmp_path_factory.mktemp("readable"))
+    os.makedirs(out, exist_ok=True)
+    return out
 
 # what the page shows, measured in it: each figure's words (and the anatomy key table's) with their box and colour,
 # the words that overlap or are cut, the page's width
@@ -232,7 +240,7 @@ def settle(pg, scope: str):
     pg.wait_for_timeout(500)
 
 
-def test_a_phone_in_the_dark_reads_anatomy_vram_and_a_long_chats_tree(app, page, shots):  # noqa: F811
+def test_a_phone_in_the_dark_reads_anatomy_vram_and_a_long_chats_tree(app, page, shots):
     """The fast check (default run): at 390 px in the dark theme, the tabs that failed (#40 item 5) measure clean,
     and the anatomy examples' headers are words in English and in Chinese."""
     holder, url = app
@@ -259,7 +267,7 @@ def test_a_phone_in_the_dark_reads_anatomy_vram_and_a_long_chats_tree(app, page,
 
 
 @pytest.mark.slow  # every tab, two widths, two themes, and the Chinese page: a few minutes; CI runs -m slow
-def test_every_tab_reads_at_phone_width_and_on_a_desktop_in_both_themes(app, page, shots):  # noqa: F811
+def test_every_tab_reads_at_phone_width_and_on_a_desktop_in_both_themes(app, page, shots):
     holder, url = app
     long_chat(holder)
     problems = {}

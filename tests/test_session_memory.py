@@ -20,9 +20,12 @@ from panels.sessions import SESSIONS_KEPT
 from tests.app_server import app_in_process, running_app
 
 PICTURES = ["red_circle.png", "blue_circle.png", "three_shapes.png", "two_shapes.png"]
-SOAK_SESSIONS, AT_ONCE, WARM_UP = 120, 4, 8
+SOAK_SESSIONS, AT_ONCE = 120, 4
+WARM_UP = 40  # sessions before the level the soak is held to: the allocator's and the caches' first growth
 IDLE_S = 4  # the soak's idle time (the app's default: 600 s), set through MINIVLM_SESSION_IDLE_S
-MARGIN_MIB = 64  # after the soak, RSS is back within this of where it was after the warm-up sessions
+# after the soak, RSS is back within this of the warm level. Measured (2 cores, tiny model): start 503 MiB, 585
+# after the warm-up, peak 643, 608 once idle (+23); before the sweeper: 501, 778, then 955 and never down (+177)
+MARGIN_MIB = 40
 
 
 def picture(i: int):
@@ -97,7 +100,7 @@ def settle(pid: int, seconds: float) -> float:
     return rss_mib(pid)
 
 
-@pytest.mark.slow  # 120 sessions on the tiny model: about four minutes on two cores
+@pytest.mark.slow  # 160 sessions on the tiny model: about five minutes on two cores
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RSS from /proc (Linux)")
 def test_soak_memory_returns_after_many_sessions(tmp_path):
     """The figures (README's shared-deployment section): RSS after WARM_UP sessions, its peak over SOAK_SESSIONS
@@ -108,7 +111,7 @@ def test_soak_memory_returns_after_many_sessions(tmp_path):
     with running_app("--shared", "--num-blocks", "256", "--verbose", log_path=log, env=env) as url:
         start = rss_mib(url.pid)
         visits(url, 0, WARM_UP)
-        warm = settle(url.pid, IDLE_S + 4)
+        warm = settle(url.pid, IDLE_S + 6)
         peak, done = warm, threading.Event()
 
         def watch():
