@@ -37,6 +37,7 @@ class EngineConfig:
     event_log_size: int = 20_000    # events kept in the ring log, packed: ~800 bytes each (0 = no event log)
     kv_events: KVEventsConfig | dict | str | None = None  # vLLM's --kv-events-config (docs/KV_EVENTS.md)
     enforce_eager: bool = False     # vLLM's name: no fused C decode paths, every layer in PyTorch ops (comparisons)
+    state_checkpoints: int | None = None  # recurrent models: saved states the prefix cache may reuse; None: 2 x max_num_seqs
 
     def __post_init__(self):
         def positive_int(name):
@@ -55,6 +56,9 @@ class EngineConfig:
             positive_int(name)
         if self.num_blocks is not None:
             positive_int("num_blocks")
+        if self.state_checkpoints is not None and (not isinstance(self.state_checkpoints, int) or
+                                                   isinstance(self.state_checkpoints, bool) or self.state_checkpoints < 0):
+            raise ValueError(f"EngineConfig.state_checkpoints must be an integer >= 0 (or None), got {self.state_checkpoints!r}")
         for name in ("encoder_cache_size", "vision_cache_bytes"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):

@@ -3,12 +3,14 @@ tokens (Qwen's native-resolution patches, or tiles plus a global view), position
 attention details (looked up by the text model's own model_type), and the processor knobs a request may set."""
 from dataclasses import dataclass
 
+from transformers.models.gemma3 import Gemma3Config, Gemma3Processor
 from transformers.models.idefics3 import Idefics3Config, Idefics3Processor
 from transformers.models.internvl import InternVLConfig, InternVLProcessor
 from transformers.models.qwen2 import Qwen2Config
 from transformers.models.qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLProcessor
 from transformers.models.qwen2_vl import Qwen2VLConfig, Qwen2VLProcessor
 from transformers.models.qwen3 import Qwen3Config
+from transformers.models.qwen3_5 import Qwen3_5Config
 from transformers.models.qwen3_vl import Qwen3VLConfig, Qwen3VLProcessor
 from transformers.models.smolvlm import SmolVLMConfig, SmolVLMProcessor
 from transformers.processing_utils import ProcessorMixin
@@ -45,6 +47,19 @@ class Qwen3VLImageOnlyProcessor(VideoExpanded, Qwen3VLProcessor):
         super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
 
+class Qwen3_5ImageOnlyProcessor(Qwen3VLImageOnlyProcessor):
+    """Qwen3.5 processor for images and text only (transformers serves qwen3_5 with Qwen3-VL's processor)."""
+
+
+class Gemma3ImageOnlyProcessor(Gemma3Processor):
+    """Gemma 3 processor; image_seq_length named so from_pretrained passes the checkpoint's value."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, image_seq_length: int = 256,
+                 **kwargs):
+        super().__init__(image_processor, tokenizer, chat_template=chat_template, image_seq_length=image_seq_length,
+                         **kwargs)
+
+
 class SmolVLMImageOnlyProcessor(SmolVLMProcessor):
     """SmolVLM2 processor for images and text only. image_seq_len is named so from_pretrained passes the
     checkpoint's value (ProcessorMixin passes only named parameters; a missing one would silently default to 169)."""
@@ -73,13 +88,15 @@ class Family:
     title: str
     config_class: type
     processor_class: type | None    # the image-only processor; None: a text model (tokenizer only)
-    images: str                     # "patches" (Qwen native resolution) | "tiles" (crops + global view) | "none"
+    images: str                     # "patches" (Qwen native resolution) | "tiles" (crops + global view) |
+                                    # "fixed" (Gemma 3: mm_tokens_per_image per image or pan-and-scan crop) | "none"
     mrope: bool                     # 3-axis M-RoPE positions (else 1-D: every axis the same counter)
     knobs: tuple[str, ...] = ()     # mm_processor_kwargs a request may set
     tiling: str = ""                # tiles: "grid" (SmolVLM: max_image_size tiles + a global view, <row_i_col_j>
                                     # markers) or "crops" (InternVL: closest-aspect-ratio crops + a thumbnail)
     deepstack: bool = False         # ViT layer features added to the first decoder layers' image rows
     interleaved_mrope: bool = False  # t/h/w frequencies interleaved (else contiguous chunks; a config flag may override)
+    decoder: str = ""               # a decoder of its own ("module.Class" in minivlm.model); "" = model/decoder.py's
 
 
 @dataclass(frozen=True)
@@ -96,6 +113,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("qwen2_5_vl", "Qwen2.5-VL", Qwen2_5_VLConfig, Qwen2_5_VLImageOnlyProcessor, "patches", True, QWEN_KNOBS),
     Family("qwen3_vl", "Qwen3-VL", Qwen3VLConfig, Qwen3VLImageOnlyProcessor, "patches", True, QWEN_KNOBS,
            deepstack=True, interleaved_mrope=True),
+    Family("qwen3_5", "Qwen3.5", Qwen3_5Config, Qwen3_5ImageOnlyProcessor, "patches", True, QWEN_KNOBS,
+           interleaved_mrope=True, decoder="qwen3_5.Qwen3_5Decoder"),
+    Family("gemma3", "Gemma 3", Gemma3Config, Gemma3ImageOnlyProcessor, "fixed", False, ("do_pan_and_scan",),
+           decoder="gemma3.Gemma3Decoder"),
     Family("smolvlm", "SmolVLM2", SmolVLMConfig, SmolVLMImageOnlyProcessor, "tiles", False,
            ("do_image_splitting", "max_image_size", "size"), tiling="grid"),
     Family("idefics3", "Idefics3 (SmolVLM)", Idefics3Config, Idefics3Processor, "tiles", False,
@@ -116,12 +137,11 @@ DECODERS: dict[str, DecoderFacts] = {
 
 # Architectures people bring that a paged attention cache cannot hold, and why (the refusal says it).
 REFUSED = {
-    "qwen3_5": "a hybrid linear-attention model: three of four layers keep a recurrent state, which a paged "
-               "attention KV cache does not hold (and its prefix cache would need aligned state checkpoints)",
+    "qwen3_5_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",
     "qwen3_next": "a hybrid linear-attention model (Gated DeltaNet layers keep a recurrent state, not a KV cache)",
     "qwen3_vl_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",
     "qwen3_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",
-    "gemma3": "attends bidirectionally inside an image and mixes sliding-window layers (not implemented)",
+    "gemma3_text": "Gemma 3's text-only checkpoints (1B) are not wired in yet; the multimodal gemma3 ones run",
 }
 
 

@@ -1,5 +1,6 @@
 """Checkpoint dir or hub id -> a LoadedModel: weights on the device, processor, tokenizer, end-of-turn ids."""
 import glob
+import importlib
 import json
 import os
 
@@ -101,6 +102,14 @@ def load_checkpoint(model: str):
     return model_dir, model_type, config, processor, text, vision
 
 
+def decoder_class(family) -> type:
+    """The family's decoder: model/decoder.py's, or its own (a hybrid model's: minivlm.model.<module>.<Class>)."""
+    if not family.decoder:
+        return Decoder
+    module, name = family.decoder.rsplit(".", 1)
+    return getattr(importlib.import_module(f"minivlm.model.{module}"), name)
+
+
 class LoadedModel:
     """One checkpoint on its device: decoder, vision tower, processor, tokenizer, end-of-turn ids. Read-only once
     built, so several engines (Engine.isolated) share one."""
@@ -116,7 +125,7 @@ class LoadedModel:
         self.text_config = text_cfg = getattr(self.hf_config, "text_config", None) or self.hf_config
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False) or getattr(text_cfg, "tie_word_embeddings", False))
         with torch.device("meta"):  # no random init of weights we are about to overwrite
-            self.decoder = Decoder(self.model_type, text_cfg, tied)
+            self.decoder = decoder_class(self.family)(self.model_type, text_cfg, tied)
         self.decoder.load_weights(text_sd, tied, self.device, self.dtype)
         self.decoder.eval()
         # the device's linear layers, once (the CPU's kernels start compiling here, while the rest loads)

@@ -87,6 +87,8 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # built by the first layer of a decode step, reused by the others
     parts: list | None = None  # mixed steps: [(token rows, metadata of those sequences)] for decodes, then prefills
     scratch: dict = field(default_factory=dict)  # what a backend builds in the first layer and the others reuse
+    window: int | None = None  # sliding-window group: a query sees the `window` tokens ending at itself (HF's rule)
+    spans: list | None = None  # per sequence: [(a, b)] token ranges that see each other both ways (Gemma 3's images)
 
     @classmethod
     def build(cls, slots, q_lens: list[int], ctx_lens: list[int], tables: torch.Tensor, block_size: int, device,

@@ -1,0 +1,51 @@
+"""What each decoder layer keeps between steps (vLLM v1's KVCacheSpec): a decoder lists one CacheSpec per layer, and
+the engine groups layers with the same spec into KV-cache groups, each with its own pool and its own table per
+request (engine/kv_groups.py):
+
+    full_attention  paged K/V blocks for every token, as in every plain transformer
+    sliding_window  paged K/V blocks, but a token only sees the `window` tokens before it: older blocks are freed
+    recurrent       a fixed-size state per request (Gated DeltaNet: a conv state and a delta-rule state), in slots
+
+A recurrent layer's forward gets StateMetadata: which state slot each sequence of the step reads and updates."""
+from dataclasses import dataclass
+
+import torch
+
+KINDS = ("full_attention", "sliding_window", "recurrent")
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    kind: str                                     # one of KINDS
+    window: int | None = None                     # sliding_window: tokens a query sees, itself included (HF's)
+    kv_heads: int = 0                             # attention kinds: K/V per token per layer
+    head_dim: int = 0
+    state_shapes: tuple[tuple[int, ...], ...] = ()  # recurrent: one slot's tensors per layer (e.g. conv, delta rule)
+    state_dtype: torch.dtype | None = None        # recurrent: None = the model's dtype
+
+    @property
+    def group_key(self) -> tuple:
+        """Layers with equal keys share one group (one pool, one table per request)."""
+        return (self.kind, self.window)
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        """K and V of one token in one layer (attention kinds)."""
+        return 2 * self.kv_heads * self.head_dim * dtype.itemsize
+
+    def bytes_per_slot(self, dtype: torch.dtype) -> int:
+        """One request's state in one layer (recurrent)."""
+        itemsize = (self.state_dtype or dtype).itemsize
+        return sum(int(torch.Size(s).numel()) * itemsize for s in self.state_shapes)
+
+
+@dataclass
+class StateMetadata:
+    """A recurrent group's part of a step: sequences in the batch's order, each with its state slot. The engine has
+    already zeroed a slot whose sequence starts from nothing, or copied a saved checkpoint into it."""
+    slots: torch.Tensor          # [B] state slot of each sequence, on device
+    q_lens: list[int]            # tokens each sequence computes in this step (1 = a decode)
+    is_prefill: bool             # some sequence computes more than one token
+
+    @property
+    def slot_list(self) -> list[int]:
+        return self.slots.tolist()
