@@ -126,7 +126,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("qwen2", "Qwen2 / Qwen2.5 (text)", Qwen2Config, None, "none", False),
     Family("qwen3", "Qwen3 (text)", Qwen3Config, None, "none", False),
 )}
-QWEN_VL = tuple(name for name, f in FAMILIES.items() if f.images == "patches")
+QWEN_VL = tuple(name for name, f in FAMILIES.items() if f.images == "patches" and not f.decoder)  # Qwen2/2.5/3-VL
 
 DECODERS: dict[str, DecoderFacts] = {
     "qwen2_vl": DecoderFacts(False, True, False), "qwen2_5_vl": DecoderFacts(False, True, False),

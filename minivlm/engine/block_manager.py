@@ -31,6 +31,7 @@ class BlockManager:
         self.stats = {"hits": 0, "true_hits": 0, "false_hits": 0, "lookups": 0}
         self.dirty: set[int] = set()  # blocks whose state changed since the last snapshot
         self.tables: dict[int, list[int]] = {}  # seq_id -> its block table (vLLM's req_to_blocks); only here written
+        self.group_idx = 0  # which KV-cache group this pool is (0: the full-attention one; kv_groups.py has the others)
 
     def table(self, seq) -> list[int]:
         """seq's physical block ids in logical order (empty when it holds none); read it, never write it."""
@@ -85,7 +86,7 @@ class BlockManager:
             self.stats["true_hits"] += sum(not h.false_hit for h in cache_hits)
         fresh = [self._take_free() for _ in range(len(hits), self.blocks_needed(len(seq)))]
         table += fresh
-        self.events.emit("allocated", seq.request_id, block_ids=fresh)
+        self.events.emit("allocated", seq.request_id, block_ids=fresh, **self._group())
         return cache_hits
 
     def publish(self, seq, end: int, start: int | None = None) -> list[tuple[int, str]]:
@@ -96,7 +97,7 @@ class BlockManager:
 
     def register(self, seq, i: int) -> list[tuple[int, str]]:
         """Publish full block i of seq under its key (its K/V are written in the current step)."""
-        if not self.caching or i >= len(seq.block_keys):
+        if not self.caching or i >= len(seq.block_keys) or self.tables[seq.seq_id][i] is None:
             return []
         block = self.blocks[self.tables[seq.seq_id][i]]
         if block.key == seq.block_keys[i]:
@@ -110,7 +111,7 @@ class BlockManager:
         self.dirty.add(block.block_id)
         self.events.emit("BlockStored", seq.request_id, block_ids=[block.block_id], block_hashes=[block.key],
                          parent_block_hash=block.parent, token_ids=block.token_ids,
-                         extra_keys=seq.block_extras[i], block_kind=block.kind)
+                         extra_keys=seq.block_extras[i], block_kind=block.kind, **self._group())
         return [(block.block_id, block.key)]
 
     def _take_free(self) -> int:
@@ -128,6 +129,8 @@ class BlockManager:
         """Drop seq's references; blocks reaching zero go to the free queue, tail blocks first to be evicted."""
         freed = []
         for b in reversed(self.tables.pop(seq.seq_id, [])):
+            if b is None:  # a sliding-window block already given back (kv_groups.py)
+                continue
             block = self.blocks[b]
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {b} freed twice"
@@ -136,14 +139,14 @@ class BlockManager:
                 self.free.append(b)
                 freed.append(b)
         if freed:
-            self.events.emit("freed", seq.request_id, block_ids=freed)
+            self.events.emit("freed", seq.request_id, block_ids=freed, **self._group())
 
     def forget(self, seq, written: int | None = None):
         """Unpublish blocks whose K/V were never written (a failed step: tokens from `written`, by default its
         num_computed, on), then free them."""
         written = seq.num_computed if written is None else written
         for b in self.table(seq)[written // self.block_size:]:
-            if self.blocks[b].key is not None:
+            if b is not None and self.blocks[b].key is not None:
                 self._unpublish(self.blocks[b])
         self.deallocate(seq)
 
@@ -151,6 +154,8 @@ class BlockManager:
         """Unpublish seq's blocks from token `start` on and keep them: their K/V rest on K/V never written (a block it
         hit lost its publisher in the same step), so it computes them again (EngineCore.update rewinds it)."""
         for b in self.table(seq)[start // self.block_size:]:
+            if b is None:
+                continue
             self.dirty.add(b)
             if self.blocks[b].key is not None:
                 self._unpublish(self.blocks[b])
@@ -158,7 +163,7 @@ class BlockManager:
     def _unpublish(self, block: Block):
         if self.key_to_block.get(block.key) == block.block_id:
             del self.key_to_block[block.key]
-        self.events.emit("BlockRemoved", block_ids=[block.block_id], block_hashes=[block.key])
+        self.events.emit("BlockRemoved", block_ids=[block.block_id], block_hashes=[block.key], **self._group())
         block.key = block.truth = None
 
     def can_append(self, seq) -> bool:
@@ -169,7 +174,7 @@ class BlockManager:
         table = self.tables[seq.seq_id]
         if self.blocks_needed(len(seq)) > len(table):
             table.append(self._take_free())
-            self.events.emit("allocated", seq.request_id, block_ids=table[-1:])
+            self.events.emit("allocated", seq.request_id, block_ids=table[-1:], **self._group())
 
     def reset(self):
         """Forget every cached-but-free block (used blocks keep their content)."""
@@ -177,4 +182,26 @@ class BlockManager:
             self.blocks[b].key = self.blocks[b].truth = None
             self.dirty.add(b)
         self.key_to_block = {k: b for k, b in self.key_to_block.items() if self.blocks[b].ref_count > 0}
-        self.events.emit("AllBlocksCleared")
+        if not self.group_idx:
+            self.events.emit("AllBlocksCleared")
+
+    def _group(self) -> dict:
+        """Events of another group than the full-attention one say which (the block map and the prefix tree are
+        group 0's; the KV events carry group_idx)."""
+        return {"group": self.group_idx} if self.group_idx else {}
+
+    # ---- a model with one group has nothing more to do; kv_groups.HybridBlockManager drives its other groups ----
+    def begin_step(self):
+        """A new plan starts."""
+
+    def advance(self, seq, start: int, end: int) -> int:
+        """Before seq computes tokens [start, end): the end the other groups allow (a recurrent group cuts a prefill
+        chunk where it saves its state), their blocks taken and given back."""
+        return end
+
+    def group_inputs(self, seq, start: int, end: int) -> dict:
+        """What the runner needs of seq in the other groups (its sliding table, its state slot and their copies)."""
+        return {}
+
+    def ran(self, seq):
+        """seq's step ran (num_computed moved): a state saved by it becomes a checkpoint."""

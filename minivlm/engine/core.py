@@ -13,6 +13,7 @@ from minivlm.engine.encoder_cache import encoder_cache_size
 from minivlm.config import EngineConfig
 from minivlm.engine.event_log import EventLog
 from minivlm.inputs.image_layout import runs
+from minivlm.engine import kv_groups
 from minivlm.engine.kv_pool import KVPool
 from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.loader import LoadedModel
@@ -39,15 +40,17 @@ class EngineCore:
         self.num_blocks = self.pool.num_blocks
         self.events = EventLog(config.event_log_size)
         caching = config.cache_strategy != "none"
-        self.block_manager = BlockManager(self.num_blocks, config.block_size, caching, self.events)
+        self.block_manager = kv_groups.manager(self.pool, config.block_size, caching, self.events) if self.pool.groups \
+            else BlockManager(self.num_blocks, config.block_size, caching, self.events)
         self.requests = RequestRegistry()  # every admitted, unfinished request; its status moves only there
         self.scheduler = Scheduler(self.block_manager, config, self.events, self.requests)
-        self.snapshots = SnapshotBuilder(self.block_manager)
+        self.scheduler.whole_spans = bool(getattr(model.decoder, "bidirectional_images", False))
+        self.snapshots = SnapshotBuilder(self.block_manager, model.text_config.num_hidden_layers)
         self.scheduler.encoder.size = encoder_cache_size(config, model)  # in embeddings (engine/encoder_cache.py)
         # with the adaptive budget the tower runs in the time each step leaves of its allowance; else beside the steps
         self.vision_worker = VisionWorker(model.vision, sliced=config.max_step_slowdown is not None) \
             if config.async_vision and model.vision is not None else None
-        self.runner = ModelRunner(model, self.pool.kv_cache, config, self.vision_worker)  # picks the backend, once
+        self.runner = ModelRunner(model, self.pool.layer_caches, config, self.vision_worker)  # picks the backend, once
         # Sequence -> its pixels (ImageInputs), left by intake on a caller's thread; handed to the runner on admission
         self.image_inputs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._step_time: tuple[int, float] = (0, 0.0)  # the latest step: (decode tokens, seconds), for tower_slice
@@ -144,8 +147,9 @@ class EngineCore:
         reqs = self._alive(plan)
         if not reqs:
             return out
-        ran, logits = self._isolate("model run", reqs, lambda b: self.runner.forward(
-            plan if len(b) == len(plan.requests) else plan.only(b)), res)
+        run = lambda b: self.runner.forward(plan if len(b) == len(plan.requests) else plan.only(b))  # noqa: E731
+        ran, logits = self._isolate("model run", reqs, run, res) if not self.runner.recurrent \
+            else self._run_all_or_none(reqs, run, res)
         if not ran:
             return out
         out.ran = {r.seq_id for r in ran}
@@ -162,6 +166,16 @@ class EngineCore:
             b, logits if len(b) == len(wanted) else logits[[row[r.seq_id] for r in b]]), res)
         out.sampled = {r.seq_id: t for r, t in zip(sampled, tokens)}
         return out
+
+    def _run_all_or_none(self, reqs, run, res: StepResult) -> tuple[list, list]:
+        """A recurrent model's forward advances states in place, layer by layer: after a fault, running a request
+        again alone would advance its state twice, so every request of the failed forward fails."""
+        try:
+            return reqs, run(reqs)
+        except Exception as e:
+            for r in reqs:
+                self.fail(self._seq(r), "model run", e, res)
+            return [], []
 
     def _attach_snapshot(self, wants: list[tuple[Sequence, StreamEvent]], res: StepResult):
         """One snapshot per step, shared by every request that asked for one. If building it raises, the
@@ -218,7 +232,10 @@ class EngineCore:
                     seq.cache_hits, seq.num_cached_tokens = list(r.hits), len(r.hits) * bs
                 seq.num_computed = out.unwritten.get(r.seq_id, r.end)
                 if r.seq_id in out.unwritten:  # what it computed rests on K/V nobody wrote: not to be reused
+                    if r.state_slot >= 0:
+                        seq.num_computed = 0  # a recurrent state cannot be rewound: recomputed from a zero state
                     self.block_manager.unpublish(seq, seq.num_computed)
+                self.block_manager.ran(seq)  # a state it saved becomes a checkpoint
                 self._written.pop(r.seq_id, None)
             return [(seq, ev) for r in plan if r.seq_id in out.sampled and (seq := self.live.get(r.seq_id))
                     for ev in self._isolate("advance", [seq], lambda b: [self._advance(b[0], *out.sampled[r.seq_id])],

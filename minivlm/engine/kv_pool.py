@@ -29,29 +29,100 @@ def derive_num_blocks(config: EngineConfig, model: LoadedModel) -> int:
 
 
 class KVPool:
-    """kv_cache[0 | 1, layer] is layer's K | V cache, shaped [num_blocks, block_size, kv_heads, head_dim]."""
+    """kv_cache[0 | 1, layer] is layer's K | V cache, shaped [num_blocks, block_size, kv_heads, head_dim]. A hybrid
+    model (its decoder lists layer_specs) gets one pool per KV-cache group (engine/kv_groups.py): `kv_cache` is then
+    the full-attention group's, and `layer_caches[i]` is what layer i reads and writes, whatever its group."""
 
     def __init__(self, config: EngineConfig, model: LoadedModel):
         self.config, self.model = config, model
         text_cfg = model.text_config
-        layers, heads, dim = text_cfg.num_hidden_layers, text_cfg.num_key_value_heads, text_cfg.head_dim
-        self.kv_bytes_per_token = 2 * layers * heads * dim * model.dtype.itemsize
-        self.num_blocks = config.num_blocks or derive_num_blocks(config, model)
-        self.kv_cache = torch.zeros(2, layers, self.num_blocks, config.block_size, heads, dim,
-                                    dtype=model.dtype, device=model.device)
+        self.specs = getattr(model.decoder, "layer_specs", None)
+        self.groups: dict[str, GroupPool] = {}
+        if self.specs is not None:
+            self._build_groups()
+        else:
+            layers, heads, dim = text_cfg.num_hidden_layers, text_cfg.num_key_value_heads, text_cfg.head_dim
+            self.kv_bytes_per_token = 2 * layers * heads * dim * model.dtype.itemsize
+            self.num_blocks = config.num_blocks or derive_num_blocks(config, model)
+            self.kv_cache = torch.zeros(2, layers, self.num_blocks, config.block_size, heads, dim,
+                                        dtype=model.dtype, device=model.device)
+            self.layer_caches = [(self.kv_cache[0, i], self.kv_cache[1, i]) for i in range(layers)]
         tokens = self.num_blocks * config.block_size
         log.info("minivlm: %s on %s (%s) | KV cache: %d blocks x %d = %d tokens | max concurrency %.2fx at %d tokens",
                  model.model_type, model.device, model.dtype_name, self.num_blocks, config.block_size, tokens,
                  tokens / config.max_model_len, config.max_model_len)
 
+    def _build_groups(self):
+        """One tensor per group: attention groups [2, layers, blocks, block_size, kv_heads, head_dim], the recurrent
+        group one [layers, slots, *shape] per state tensor; sized by minivlm.budget.kv_groups."""
+        config, model = self.config, self.model
+        layers: dict[str, list[int]] = {}
+        for i, spec in enumerate(self.specs):
+            layers.setdefault(spec.kind, []).append(i)
+        first = {kind: self.specs[idx[0]] for kind, idx in layers.items()}
+        count = self._sizes(first)
+        self.layer_caches = [None] * len(self.specs)
+        for kind, idx in layers.items():
+            spec, n = first[kind], count[kind]
+            if kind == "recurrent":
+                tensors = [torch.zeros(len(idx), n, *shape, dtype=spec.state_dtype or model.dtype, device=model.device)
+                           for shape in spec.state_shapes]
+                for j, i in enumerate(idx):
+                    self.layer_caches[i] = tuple(t[j] for t in tensors)
+            else:
+                kv = torch.zeros(2, len(idx), n, config.block_size, spec.kv_heads, spec.head_dim, dtype=model.dtype,
+                                 device=model.device)
+                tensors = [kv]
+                for j, i in enumerate(idx):
+                    self.layer_caches[i] = (kv[0, j], kv[1, j])
+            self.groups[kind] = GroupPool(kind, idx, spec.window, n, tensors)
+        full = self.groups["full_attention"]
+        self.kv_cache, self.num_blocks = full.tensors[0], full.size
+        self.kv_bytes_per_token = sum(first[k].bytes_per_token(model.dtype) * len(layers[k])
+                                      for k in ("full_attention",) if k in layers)
+        self.max_concurrency = self.num_blocks * config.block_size / config.max_model_len
+
+    def _sizes(self, first: dict) -> dict[str, int]:
+        """Blocks or slots per group (TODO: from the memory budget, as budget/kv_groups.py)."""
+        c = self.config
+        full = c.num_blocks or 256
+        chunk = c.max_num_batched_tokens if c.enable_chunked_prefill else c.max_model_len
+        out = {"full_attention": full}
+        if "sliding_window" in first:
+            w = first["sliding_window"].window
+            out["sliding_window"] = min(full, c.max_num_seqs * (-(-(w - 1 + chunk) // c.block_size) + 1))
+        if "recurrent" in first:
+            out["recurrent"] = c.max_num_seqs + (c.state_checkpoints if c.state_checkpoints is not None
+                                                 else 2 * c.max_num_seqs)
+        return out
+
     def memory_report(self) -> MemoryReport:
         """What is allocated now: weights, the pool (0 once released), and the device's peak where it can tell."""
         kv = self.kv_cache.nbytes if self.kv_cache is not None else 0
+        if self.groups and self.kv_cache is not None:
+            kv = sum(t.nbytes for g in self.groups.values() for t in g.tensors)
         tokens = self.num_blocks * self.config.block_size
+        concurrency = self.max_concurrency if self.groups else tokens / self.config.max_model_len
         return MemoryReport(self.model.weights_bytes(), kv, self.kv_bytes_per_token, self.num_blocks,
                             self.config.block_size, peak_bytes(self.model.device), str(self.model.device),
                             self.model.dtype_name, self.model.vision.num_bytes() if self.model.vision else 0, tokens,
-                            tokens / self.config.max_model_len, self.model.weight_copies_bytes())
+                            concurrency, self.model.weight_copies_bytes(),
+                            [g.report() for g in self.groups.values()])
 
     def release(self):
         self.kv_cache = None
+        self.layer_caches = None
+        for g in self.groups.values():
+            g.tensors = []
+
+
+class GroupPool:
+    """One KV-cache group's memory: its layers, its size (blocks or state slots), its tensors."""
+
+    def __init__(self, kind: str, layers: list[int], window: int | None, size: int, tensors: list[torch.Tensor]):
+        self.kind, self.layers, self.window, self.size, self.tensors = kind, layers, window, size, tensors
+
+    def report(self) -> dict:
+        return {"name": self.kind, "kind": self.kind, "layers": list(self.layers), "window": self.window,
+                "size": self.size, "unit": "slots" if self.kind == "recurrent" else "blocks",
+                "bytes": sum(t.nbytes for t in self.tensors)}

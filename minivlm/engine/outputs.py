@@ -67,6 +67,20 @@ class KVSnapshot:
     num_preemptions: int = 0
     cache_stats: dict[str, int] = field(default_factory=dict)
     last_event_seq: int = 0           # the event log's last seq at this moment: events(since=it) follow it
+    groups: list[GroupInfo] = field(default_factory=list)  # one per KV-cache group (a plain model: one, full)
+
+
+@dataclass
+class GroupInfo:
+    """One KV-cache group at a snapshot (snap.groups): its layers and what each request holds in it."""
+    name: str
+    kind: str                         # full_attention | sliding_window | recurrent
+    layers: list[int]
+    window: int | None = None
+    size: int = 0                     # blocks (attention kinds) or state slots (recurrent)
+    free: int = 0
+    block_tables: dict[str, list] = field(default_factory=dict)  # request id -> block ids (None: left the window)
+    checkpoints: dict[str, int] = field(default_factory=dict)    # recurrent: block hash -> slot of the saved state
 
 
 @dataclass
@@ -84,3 +98,4 @@ class MemoryReport:
     kv_cache_tokens: int = 0
     max_concurrency: float = 0.0
     weight_copies_bytes: int = 0      # CPU fp32: dense copies of the decoder's packed weights, for gemv.c
+    groups: list[dict] = field(default_factory=list)  # hybrid models: per KV-cache group, its layers, size and bytes

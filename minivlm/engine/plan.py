@@ -32,6 +32,13 @@ class ScheduledRequest:
     image_rows: tuple[tuple[str, int, int], ...] = ()  # their rows, in runs: (vision key, first row, rows) of an output
     params: SamplingParams | None = None   # how to sample (when `sample`)
     generator: torch.Generator | None = None  # the request's own RNG (temperature > 0), advanced by sampling
+    # a hybrid model's other KV-cache groups (engine/kv_groups.py)
+    sliding_table: tuple[int, ...] = ()    # its sliding-window table (0 where a block left the window: never read)
+    sliding_slots: tuple[int, ...] = ()    # the sliding group's slot of each token
+    state_slot: int = -1                   # its recurrent state's slot
+    restore_from: int = -1                 # a checkpoint slot copied into state_slot before the forward (a prefix hit)
+    save_to: int = -1                      # a slot state_slot is copied into after the forward (a checkpoint)
+    spans: tuple[tuple[int, int], ...] = ()  # image token ranges that attend both ways (Gemma 3), overlapping the step
 
     @property
     def num_tokens(self) -> int:
@@ -58,6 +65,12 @@ class EncodeJob:
     todo: tuple[int, ...] = ()            # the images whose outputs the tower (or the vision thread's job) gives now
 
 
+def padded(tables) -> torch.Tensor:
+    """Block tables as one [B, max blocks] tensor, padded with block 0."""
+    width = max(len(t) for t in tables)
+    return torch.tensor([list(t) + [0] * (width - len(t)) for t in tables])
+
+
 @dataclass(frozen=True, eq=False)
 class StepInputs:
     """The flat tensors of a step's forward, built once from its requests (on the CPU; the runner moves them)."""
@@ -70,19 +83,26 @@ class StepInputs:
     image_at: torch.Tensor                # [I] rows of T that hold image placeholders
     image_rows: list[tuple[str, int, int]]  # their encoder-output rows, in runs: (vision key, first row, rows)
     last: torch.Tensor                    # [B] each request's last row in T (its logits)
+    sliding_slots: torch.Tensor | None = None   # [T] the sliding-window group's slot of each token
+    sliding_tables: torch.Tensor | None = None  # [B, max blocks]
+    state_slots: torch.Tensor | None = None     # [B] each request's recurrent state slot
 
     @classmethod
     def build(cls, reqs) -> "StepInputs":
         q_lens = [r.num_tokens for r in reqs]
-        width = max(len(r.block_table) for r in reqs)
         offsets = torch.tensor([0] + q_lens).cumsum(0).tolist()
         at = [offsets[n] + i for n, r in enumerate(reqs) for i in r.image_at]
+        groups = {}
+        if reqs[0].sliding_table:
+            groups["sliding_tables"] = padded([r.sliding_table for r in reqs])
+            groups["sliding_slots"] = torch.tensor([s for r in reqs for s in r.sliding_slots])
+        if reqs[0].state_slot >= 0:
+            groups["state_slots"] = torch.tensor([r.state_slot for r in reqs])
         return cls(torch.tensor([t for r in reqs for t in r.token_ids]), torch.cat([r.positions for r in reqs], dim=1),
-                   torch.tensor([s for r in reqs for s in r.slots]),
-                   torch.tensor([list(r.block_table) + [0] * (width - len(r.block_table)) for r in reqs]),
+                   torch.tensor([s for r in reqs for s in r.slots]), padded([r.block_table for r in reqs]),
                    q_lens, [r.end for r in reqs], torch.tensor(at, dtype=torch.long),
                    [run for r in reqs for run in r.image_rows],
-                   torch.tensor(offsets[1:]) - 1)
+                   torch.tensor(offsets[1:]) - 1, **groups)
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,6 +11,12 @@ from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.engine.plan import EncodeJob, Preemption, ScheduledRequest, StepPlan
 from minivlm.engine.sequence import Sequence
 from minivlm.engine.step_budget import AdaptiveTokenBudget
+from minivlm.inputs.image_layout import runs
+
+
+def image_runs(seq: Sequence) -> list[tuple[int, int]]:
+    """[a, b) of each run of image placeholder tokens in seq's prompt (one image, or one crop of it)."""
+    return runs(seq.token_types[:seq.num_prompt_tokens]) if seq.images else []
 
 
 class Scheduler:
@@ -31,6 +37,7 @@ class Scheduler:
         self.encoder = EncoderCacheManager(DEFAULT_ENCODER_CACHE_SIZE)  # the runner's encoder outputs, as a book
         self._jobs: dict[int, EncodeJob] = {}  # this step: seq_id -> its images, taken now
         self._in_tower: frozenset[int] = frozenset()  # this step: requests whose images are on the vision thread
+        self.whole_spans = False  # Gemma 3: an image's tokens attend both ways, so a chunk never ends inside one
 
     waiting = property(lambda self: self.requests.waiting)
     running = property(lambda self: self.requests.running)
@@ -45,6 +52,7 @@ class Scheduler:
         still on the vision thread (async_vision), which wait."""
         self._start, self._planned, self._preempted, self._budget = {}, {}, [], None
         self._in_tower = in_tower
+        self.bm.begin_step()
         batch, kind, failed = self._pick()
         self._jobs = {s.seq_id: job for s in batch if (job := self.encode_job(s)) is not None}
         reqs = tuple(self._item(s) for s in batch)
@@ -69,7 +77,8 @@ class Scheduler:
         return ScheduledRequest(seq.seq_id, seq.request_id, start, end, sample, kind, tuple(self.bm.table(seq)),
                                 tuple(p.get("hits", ())), tuple(p.get("new", ())), tuple(p["publishes"]),
                                 p.get("admitted", False), params=seq.params if sample else None,
-                                generator=seq.generator if sample else None, **self._inputs(seq, start, end))
+                                generator=seq.generator if sample else None, **self._inputs(seq, start, end),
+                                **self.bm.group_inputs(seq, start, end))
 
     def _inputs(self, seq: Sequence, start: int, end: int) -> dict:
         """What the runner needs of seq's tokens [start, end): ids, positions, slots, where its image tokens are and
@@ -77,7 +86,8 @@ class Scheduler:
         bs, table = self.bm.block_size, self.bm.table(seq)
         image_at = tuple(i for i, t in enumerate(seq.token_types[start:end]) if t) if seq.images else ()
         job = self._jobs.get(seq.seq_id)
-        return {"token_ids": tuple(seq.token_ids[start:end]), "positions": seq.positions(start, end),
+        spans = tuple((a, b) for a, b in image_runs(seq) if b > start and a < end) if self.whole_spans else ()
+        return {"token_ids": tuple(seq.token_ids[start:end]), "positions": seq.positions(start, end), "spans": spans,
                 "slots": tuple(table[t // bs] * bs + t % bs for t in range(start, end)), "image_at": image_at,
                 "image_rows": tuple((seq.vision_keys[i], a, n) for i, a, n in seq.image_rows(start, end))
                 if image_at else (), "encode": job is not None and bool(job.todo)}
@@ -195,10 +205,21 @@ class Scheduler:
         complete are published now: their K/V are written in this step's forward, in every layer before any
         attention reads the cache, so a request that hits them in this same step reads written K/V."""
         bs = self.bm.block_size
-        end = min(len(seq), start + max_tokens)
+        end = self._whole_spans(seq, start, min(len(seq), start + max_tokens))
+        end = self.bm.advance(seq, start, end)  # the other KV-cache groups' blocks and state slots (kv_groups.py)
         self.bm.dirty.update(self.bm.table(seq)[start // bs:-(-end // bs)])  # their fill levels change
         self._planned[seq.seq_id] = {"start": start, "end": end, "publishes": [], **decided}
         self._planned[seq.seq_id]["publishes"] = self.bm.publish(seq, end, start)
+
+    def _whole_spans(self, seq: Sequence, start: int, end: int) -> int:
+        """A chunk that would end inside an image span ends before it, or (the span alone larger than the budget, or
+        begun in the cache) after it: the span's tokens attend to each other both ways."""
+        if not self.whole_spans or end >= len(seq):
+            return end
+        for a, b in image_runs(seq):
+            if a < end < b:
+                return a if a > start else b
+        return end
 
     def _drop(self, seq: Sequence, error: Exception) -> Exception:
         """Take a request whose scheduling raised out of the engine: its blocks were never computed."""

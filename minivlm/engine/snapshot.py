@@ -1,6 +1,6 @@
 """The KV block map as plain data, built each step from the block manager (KVSnapshot, in outputs.py), and the
 one block-fill formula the live snapshot and the replays share."""
-from minivlm.engine.outputs import BlockInfo, KVSnapshot
+from minivlm.engine.outputs import BlockInfo, GroupInfo, KVSnapshot
 
 
 def block_kind(token_types: list[int], video: bool = False) -> str:
@@ -37,8 +37,8 @@ class SnapshotBuilder:
     (immutable) BlockInfo from the previous snapshot; the one O(pool) part is copying the list of references
     (8 bytes a block), so snapshots every step stay cheap on a large pool."""
 
-    def __init__(self, bm):
-        self.bm = bm
+    def __init__(self, bm, num_layers: int = 0):
+        self.bm, self.num_layers = bm, num_layers
         self.infos = [BlockInfo(b.block_id, 0, 0, None, [], "free", False) for b in bm.blocks]
 
     def build(self, running: list, waiting: list, step: int, num_preemptions: int, full: bool = False,
@@ -66,5 +66,9 @@ class SnapshotBuilder:
             n, kind = fill.get(b, (bs if cached else 0, blk.kind if cached else "free"))
             self.infos[b] = BlockInfo(b, blk.ref_count, n, blk.key[:16] if blk.key else None,
                                       owners.get(b, []), kind, cached)
+        holders = running + [s for s in waiting if bm.table(s)]
+        groups = bm.groups(holders) if hasattr(bm, "groups") else [GroupInfo(
+            "full_attention", "full_attention", list(range(self.num_layers)), None, len(bm.blocks), bm.num_free,
+            {r: list(t) for r, t in tables.items()})]
         return KVSnapshot(bs, len(bm.blocks), list(self.infos), tables, step, [s.request_id for s in running],
-                          [s.request_id for s in waiting], num_preemptions, dict(bm.stats), last_event_seq)
+                          [s.request_id for s in waiting], num_preemptions, dict(bm.stats), last_event_seq, groups)

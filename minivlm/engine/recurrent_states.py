@@ -1,0 +1,120 @@
+"""The recurrent group's state slots and their checkpoints (engine/kv_groups.py explains the groups)."""
+from collections import OrderedDict, deque
+
+
+class RecurrentStates:
+    """A recurrent group's state slots: one per running request, the rest hold checkpoints (a state saved at a
+    block boundary, keyed by the block key there, least recently used evicted first). Which boundaries are saved:
+    the prompt's last block boundary (turn 2 of a chat, or the same prompt again, resumes there) and, while a request
+    decodes, its latest block boundary (one per request, moved forward: a follow-up turn that quotes the answer
+    resumes further on). Saving needs the step to end there, so a prefill chunk is cut at the prompt's boundary."""
+
+    def __init__(self, num_slots: int, block_size: int, caching: bool, events, group_idx: int):
+        self.num_slots, self.block_size, self.caching, self.events = num_slots, block_size, caching, events
+        self.group_idx = group_idx
+        self.free: deque[int] = deque(range(num_slots))
+        self.slot_of: dict[int, int] = {}             # seq_id -> its running slot
+        self.checkpoints: OrderedDict[str, int] = OrderedDict()  # block key -> slot, least recently used first
+        self.pending: dict[int, tuple[int, int]] = {}  # seq_id -> (token boundary, slot) saved by its current step
+        self.latest: dict[int, str] = {}               # seq_id -> key of its moving decode checkpoint
+        self.pinned: set[int] = set()                  # this step: slots restored from or saved into (not evicted)
+        self.stats = {"checkpoints_saved": 0, "checkpoint_hits": 0}
+
+    def begin_step(self):
+        self.pinned = set()
+
+    def valid_hit(self, seq, n: int) -> int:
+        """The most blocks <= n whose boundary has a checkpoint (0 always works: start from a zero state)."""
+        while n > 0 and seq.block_keys[n - 1] not in self.checkpoints:
+            n -= 1
+        return n
+
+    def boundary(self, seq) -> int:
+        """The prompt's last block boundary before its last token (0: none worth saving)."""
+        return (seq.num_prompt_tokens - 1) // self.block_size * self.block_size if self.caching else 0
+
+    def cut(self, seq, start: int, end: int) -> int:
+        """A prefill chunk ends at the prompt's boundary, so the state there can be saved."""
+        c = self.boundary(seq)
+        return c if start < c < end else end
+
+    def admit(self, seq, n: int) -> int:
+        """seq's running slot; returns the checkpoint slot to restore from (-1: it starts from a zero state)."""
+        source = -1
+        if n:
+            key = seq.block_keys[n - 1]
+            self.checkpoints.move_to_end(key)
+            self.stats["checkpoint_hits"] += 1
+            source = self.checkpoints[key]
+            self.pinned.add(source)
+        slot = self._take()
+        if slot < 0:  # the slots are sized so that this never happens (budget/kv_groups.py)
+            raise RuntimeError(f"recurrent state slots exhausted: {self.num_slots} slots, all in use")
+        self.slot_of[seq.seq_id] = slot
+        return source
+
+    def plan_save(self, seq, start: int, end: int) -> int:
+        """The slot seq's state is copied to after this step (-1: none): at the prompt's boundary, or at a block
+        boundary while it decodes."""
+        if not self.caching or end % self.block_size or end == 0 or end <= start:
+            return -1
+        decoding = start >= seq.num_prompt_tokens - 1
+        if end != self.boundary(seq) and not decoding:
+            return -1
+        i = end // self.block_size - 1
+        if i < len(seq.block_keys) and seq.block_keys[i] in self.checkpoints:
+            return -1  # the same content is saved already
+        slot = self._take()
+        if slot < 0:
+            return -1
+        self.pinned.add(slot)
+        self.pending[seq.seq_id] = (end, slot)
+        return slot
+
+    def commit(self, seq):
+        """seq's step ran and its key for the boundary exists: the saved state becomes a checkpoint."""
+        end, slot = self.pending.get(seq.seq_id, (-1, -1))
+        if end < 0 or seq.num_computed < end or len(seq.block_keys) < end // self.block_size:
+            return
+        del self.pending[seq.seq_id]
+        key = seq.block_keys[end // self.block_size - 1]
+        if key in self.checkpoints:
+            self.free.append(slot)
+            return
+        if end > self.boundary(seq):  # a decode checkpoint moves: the request's previous one goes
+            old = self.latest.pop(seq.seq_id, None)
+            if old in self.checkpoints:
+                self.free.append(self.checkpoints.pop(old))
+            self.latest[seq.seq_id] = key
+        self.checkpoints[key] = slot
+        self.stats["checkpoints_saved"] += 1
+        self.events.emit("state_saved", seq.request_id, slot=slot, token=end, group=self.group_idx,
+                         block_hash=key, reason=f"its state after {end} tokens, for a later prefix hit")
+
+    def release(self, seq):
+        """seq leaves (finished, preempted, failed): its running slot and any unsaved checkpoint slot go back."""
+        slot = self.slot_of.pop(seq.seq_id, None)
+        if slot is not None:
+            self.free.append(slot)
+        pending = self.pending.pop(seq.seq_id, None)
+        if pending is not None:  # its step never completed the save
+            self.free.append(pending[1])
+        self.latest.pop(seq.seq_id, None)
+
+    def _take(self) -> int:
+        if self.free:
+            return self.free.popleft()
+        for key, slot in self.checkpoints.items():  # evict the least recently used checkpoint not in use now
+            if slot not in self.pinned:
+                del self.checkpoints[key]
+                self.events.emit("state_evicted", slot=slot, group=self.group_idx, block_hash=key)
+                return slot
+        return -1
+
+    def reset(self):
+        self.free.extend(self.checkpoints.values())
+        self.checkpoints.clear()
+        self.latest.clear()
+
+    def held(self) -> dict[int, int]:
+        return dict(self.slot_of)

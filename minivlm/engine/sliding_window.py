@@ -1,0 +1,74 @@
+"""The sliding-window group's blocks (engine/kv_groups.py explains the groups)."""
+from minivlm.engine.block_manager import BlockManager
+
+
+class SlidingWindowBlocks(BlockManager):
+    """A sliding-window group's blocks. A query at position p sees keys p - window + 1 .. p, so once a request
+    computes from token `start` on, its blocks that end before start - window + 1 are never read again: they leave
+    its table (None there) and go back to the free queue, keeping their key for later prefix hits. Blocks are
+    allocated as steps reach them, not at admission: a request holds at most ceil((window - 1 + chunk) / block) + 1."""
+
+    def __init__(self, window: int, *args, group_idx: int = 1, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.window, self.group_idx = window, group_idx
+
+    def first_needed(self, start: int) -> int:
+        """The first block a query at token `start` (or later) may read."""
+        return max(0, start - self.window + 1) // self.block_size
+
+    def valid_hit(self, seq, n: int) -> int:
+        """The most blocks <= n of seq's prefix this group can serve: those inside the window before the hit point
+        must be cached (older ones are never read)."""
+        while n > 0 and not all(self._cached(seq, i) for i in range(self.first_needed(n * self.block_size), n)):
+            n -= 1
+        return n
+
+    def _cached(self, seq, i: int) -> bool:
+        b = self.key_to_block.get(seq.block_keys[i]) if i < len(seq.block_keys) else None
+        return b is not None and self.blocks[b].token_ids == seq.block_tokens(i, self.block_size)
+
+    def take_hits(self, seq, n: int):
+        """seq's table at admission: None for the blocks out of the window, the cached blocks inside it (shared)."""
+        table = self.tables.setdefault(seq.seq_id, [])
+        first = self.first_needed(n * self.block_size)
+        table += [None] * first
+        for i in range(first, n):
+            b = self.key_to_block[seq.block_keys[i]]
+            if self.blocks[b].ref_count == 0:
+                self.free.remove(b)  # revive a cached-but-free block
+            self.blocks[b].ref_count += 1
+            self.dirty.add(b)
+            table.append(b)
+
+    def blocks_to_advance(self, seq, start: int, end: int) -> int:
+        """Fresh blocks seq needs to compute tokens [start, end)."""
+        return max(0, -(-end // self.block_size) - len(self.table(seq)))
+
+    def advance(self, seq, start: int, end: int) -> list[int]:
+        """Before seq computes tokens [start, end): give back its blocks out of the window, take blocks up to end."""
+        table = self.tables.setdefault(seq.seq_id, [])
+        gone = []
+        for i in range(min(self.first_needed(start), len(table))):
+            if table[i] is not None:
+                gone.append(self._drop(table[i]))
+                table[i] = None
+        if gone:
+            self.events.emit("freed", seq.request_id, block_ids=[b for b in gone if b is not None], group=self.group_idx,
+                             reason=f"left the {self.window}-token window")
+        need = self.blocks_to_advance(seq, start, end)
+        if need > self.num_free:  # the pool is sized so that this never happens (budget/kv_groups.py)
+            raise RuntimeError(f"sliding-window pool exhausted: {seq.request_id} needs {need} blocks, {self.num_free} free")
+        fresh = [self._take_free() for _ in range(need)]
+        table += fresh
+        if fresh:
+            self.events.emit("allocated", seq.request_id, block_ids=fresh, group=self.group_idx)
+        return fresh
+
+    def _drop(self, b: int) -> int | None:
+        block = self.blocks[b]
+        block.ref_count -= 1
+        self.dirty.add(b)
+        if block.ref_count == 0:
+            self.free.append(b)
+            return b
+        return None
