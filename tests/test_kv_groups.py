@@ -1,0 +1,119 @@
+"""KV-cache groups' bookkeeping with exact block and slot ids: a sliding-window group gives blocks back as the window
+moves and serves a prefix hit only when the window before it is cached; a recurrent group holds one slot per running
+request and checkpoints its state at the prompt's boundary and its latest decode boundary; nothing leaks."""
+from minivlm.engine.event_log import EventLog
+from minivlm.engine.kv_groups import manager
+from minivlm.engine.kv_pool import GroupPool
+from tests.test_block_manager import BS, make_seq  # block size 4, strategy-C keys
+
+WINDOW = 8  # a query sees itself and the 7 tokens before it
+
+
+class Pool:
+    """The sizes engine/kv_pool.py would give (no tensors: only the bookkeeping is under test)."""
+
+    def __init__(self, full=16, sliding=None, slots=None):
+        self.groups = {"full_attention": GroupPool("full_attention", [3], None, full, [])}
+        if sliding:
+            self.groups["sliding_window"] = GroupPool("sliding_window", [0, 1, 2], WINDOW, sliding, [])
+        if slots:
+            self.groups["recurrent"] = GroupPool("recurrent", [0, 1, 2], None, slots, [])
+
+
+def run_chunks(bm, seq, chunks):
+    """Admit seq and compute it chunk by chunk as the scheduler and update do: advance, publish, ran."""
+    hits = bm.allocate(seq)
+    start = len(hits) * BS
+    seq.num_computed = start
+    for size in chunks:
+        end = bm.advance(seq, start, min(len(seq), start + size))
+        bm.publish(seq, end, start)
+        seq.num_computed = end
+        bm.ran(seq)
+        start = end
+    return hits
+
+
+def test_sliding_blocks_leave_the_window_and_a_decode_holds_at_most_window_plus_two():
+    bm = manager(Pool(full=16, sliding=8), BS, True, EventLog(100))
+    sw = bm.sliding
+    seq = make_seq(list(range(100, 120)))  # 20 tokens: 5 blocks
+    run_chunks(bm, seq, [8, 8, 4])
+    # chunk 0-7 took sliding blocks 0,1; chunk 8-15 took 2,3 (its first query, at 8, still sees token 1);
+    # chunk 16-19 sees from token 9 on: blocks of tokens 0-7 go back, and block 4 is taken
+    assert sw.table(seq) == [None, None, 2, 3, 4]
+    assert bm.table(seq) == [0, 1, 2, 3, 4]  # the full group keeps every block
+    assert sorted(sw.free)[:2] == [0, 1] and sw.blocks[0].key is not None  # free, still cached by key
+    for t in range(20, 40):  # decode: one token a step
+        seq.token_ids.append(7)
+        bm.advance(seq, t, t + 1)
+        seq.num_computed = t + 1
+        held = [b for b in sw.table(seq) if b is not None]
+        assert len(held) <= -(-WINDOW // BS) + 2
+    bm.deallocate(seq)
+    assert sw.num_free == 8 and bm.num_free == 16  # nothing leaked
+
+
+def test_a_sliding_prefix_hit_needs_the_window_before_it_cached():
+    bm = manager(Pool(full=16, sliding=8), BS, True, EventLog(100))
+    first = make_seq(list(range(100, 120)))
+    run_chunks(bm, first, [8, 8, 4])
+    bm.deallocate(first)
+    again = make_seq(list(range(100, 120)) + [5, 6, 7])
+    # full group: blocks 0-4 cached; sliding: the window before token 20 (tokens 13-19: blocks 3, 4) is cached
+    assert len(bm.match_prefix(again)) == 5
+    hits = bm.allocate(again)
+    assert [h.block_id for h in hits] == [0, 1, 2, 3, 4]
+    assert bm.sliding.table(again)[:3] == [None, None, None] and bm.sliding.table(again)[3:] == [3, 4]
+    bm.deallocate(again)
+    # evict the sliding blocks of tokens 12-19 (a long request takes every free block): the hit must shrink to
+    # where the window is still cached
+    hog = make_seq(list(range(500, 532)))
+    bm.allocate(hog)
+    bm.advance(hog, 0, 32)
+    third = make_seq(list(range(100, 120)) + [9])
+    assert len(bm.match_prefix(third)) == 0
+
+
+def test_recurrent_checkpoints_at_the_prompt_boundary_serve_the_next_turn():
+    bm = manager(Pool(full=32, slots=4), BS, True, EventLog(100))
+    st = bm.states
+    turn1 = make_seq(list(range(100, 118)))  # 18 tokens: the prompt's last boundary is at 16
+    hits = bm.allocate(turn1)
+    assert hits == [] and st.slot_of[turn1.seq_id] == 0
+    end = bm.advance(turn1, 0, 18)
+    assert end == 16  # the chunk is cut there so the state can be saved
+    assert bm.group_inputs(turn1, 0, 16)["save_to"] == 1
+    bm.publish(turn1, 16, 0)
+    turn1.num_computed = 16
+    bm.ran(turn1)
+    assert dict(st.checkpoints) == {turn1.block_keys[3]: 1}
+    bm.deallocate(turn1)
+    assert sorted(st.free) == [0, 2, 3]  # its running slot back, the checkpoint kept
+    turn2 = make_seq(list(range(100, 118)) + [1, 2, 3, 4, 5, 6])
+    bm.begin_step()
+    hits = bm.allocate(turn2)
+    assert len(hits) == 4  # 16 of turn 1's 18 prompt tokens
+    assert bm.group_inputs(turn2, 16, 24)["restore_from"] == 1
+    assert st.stats["checkpoint_hits"] == 1
+
+
+def test_checkpoints_are_evicted_least_recently_used_and_slots_do_not_leak():
+    bm = manager(Pool(full=32, slots=3), BS, True, EventLog(100))
+    st = bm.states
+    prompts = [[200 + i] + list(range(100, 117)) for i in range(3)]  # 18 tokens each, saved at 16
+    for p in prompts:
+        bm.begin_step()
+        s = make_seq(p)
+        run_chunks(bm, s, [20, 20])
+        bm.deallocate(s)
+    # each request held a running slot while its checkpoint took another; three slots: the third prompt's save
+    # evicted the first prompt's checkpoint
+    keys = [make_seq(p).block_keys[3] for p in prompts]
+    assert list(st.checkpoints) == keys[1:]
+    for p in (prompts[0], prompts[2]):
+        bm.begin_step()
+        s = make_seq(p + [1])
+        assert len(bm.allocate(s)) == (0 if p is prompts[0] else 4)  # evicted: recomputed; kept: resumed at 16
+        bm.deallocate(s)
+    assert len(st.free) + len(st.checkpoints) == 3 and not st.slot_of and not st.pending
