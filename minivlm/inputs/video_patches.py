@@ -90,9 +90,9 @@ def video_settings(model_dir: str, model_type: str) -> VideoSettings | None:
     """The video processor of a Qwen-VL checkpoint dir as transformers reads it (None for other families: they take
     no video): its saved fields (saved_video_processor), a field saved as null or missing taking the class default
     (DEFAULTS; transformers' _set_attributes does the same), and the pixel range from pixel_range."""
-    if model_type not in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+    if model_type not in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"):
         return None
-    style = "qwen3" if model_type == "qwen3_vl" else "qwen2"
+    style = "qwen3" if model_type in ("qwen3_vl", "qwen3_5") else "qwen2"  # Qwen3.5 ships Qwen3-VL's video processor
     saved, _ = saved_video_processor(model_dir)
     d = DEFAULTS[style]
 

@@ -6,12 +6,14 @@ from torch import nn
 from transformers.initialization import no_init_weights
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
 from minivlm.model.tower_boundaries import ATTN_IMPLEMENTATION, add_boundaries
 
 TOWERS = {"qwen2_vl": Qwen2VisionTransformerPretrainedModel, "qwen2_5_vl": Qwen2_5_VisionTransformerPretrainedModel,
-          "qwen3_vl": Qwen3VLVisionModel}
+          "qwen3_vl": Qwen3VLVisionModel,
+          "qwen3_5": Qwen3_5VisionModel}  # Qwen3-VL's tower without deepstack: encode's features list stays empty
 
 
 class PatchProjection(nn.Linear):
