@@ -116,18 +116,14 @@ def step(model, caches, work: list[tuple[Seq, int]]) -> list[torch.Tensor]:
     return list(torch.log_softmax(logits.float(), dim=-1).split(q_lens))
 
 
-def hf_logprobs(hf, path, messages, extra: list[int] = ()) -> tuple[list[int], torch.Tensor]:
-    """HF's processor on the messages (its own chat template and image processing), then its model teacher-forced
-    over the prompt + `extra`: (prompt ids, log-softmax of every row)."""
+def hf_logprobs(hf, path, messages) -> tuple[list[int], torch.Tensor]:
+    """HF's processor on the messages (its own chat template and image processing), then its model over the whole
+    prompt: (prompt ids, log-softmax of every row)."""
     inputs = hf_processor(path).apply_chat_template(messages, tokenize=True, return_dict=True,
                                                     add_generation_prompt=True, return_tensors="pt")
-    prompt = inputs["input_ids"][0].tolist()
-    ids = torch.tensor([prompt + list(extra)])
-    kwargs = {k: v for k, v in inputs.items() if k in ("pixel_values", "image_grid_thw")}
-    types = torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, len(extra), dtype=torch.long)], dim=1)
     with torch.no_grad():
-        logits = hf(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types, **kwargs).logits
-    return prompt, torch.log_softmax(logits[0].float(), dim=-1)
+        logits = hf(**inputs).logits
+    return inputs["input_ids"][0].tolist(), torch.log_softmax(logits[0].float(), dim=-1)
 
 
 def max_diff(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -197,8 +193,8 @@ def test_whole_prefill_equals_transformers(model, hf, path):
     seq = Seq(model, IMAGE_CHAT, list(range(8)), slot=2)
     assert len(seq.ids) > 64
     (got,) = step(model, empty_caches(model.decoder), [(seq, len(seq.ids))])
-    _, ref = hf_logprobs(hf, path, IMAGE_CHAT)
-    assert max_diff(got, ref) <= TOL
+    ids, ref = hf_logprobs(hf, path, IMAGE_CHAT)
+    assert seq.ids == ids and max_diff(got, ref) <= TOL
 
 
 def test_video_prompt_equals_transformers(model, hf):

@@ -5,6 +5,7 @@ times sigmoid(gate)). The arithmetic is transformers' modeling_qwen3_5.py: its n
 its conv, and its own torch delta-rule functions, started from the slot's state so that a chunked prefill, a prefill
 resumed from a copied state and a decode continue exactly where the last step stopped."""
 import re
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +77,28 @@ def rotate_partially(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return torch.cat((apply_rope(x[..., :r], cos, sin), x[..., r:]), dim=-1)
 
 
+@dataclass
+class StateRows:
+    """A step's recurrent sequences as rows of the batch, made once per step for every DeltaNet layer (no host sync:
+    slots stay on device): the one-token sequences batched, then each longer chunk with its slot."""
+    decode_rows: torch.Tensor | None
+    decode_slots: torch.Tensor | None
+    prefills: list[tuple[slice, torch.Tensor]]
+
+    @classmethod
+    def of(cls, meta: StateMetadata) -> "StateRows":
+        starts = [0]
+        for n in meta.q_lens:
+            starts.append(starts[-1] + n)
+        one = [i for i, n in enumerate(meta.q_lens) if n == 1]
+        device = meta.slots.device
+        decode_rows = torch.tensor([starts[i] for i in one], device=device) if one else None
+        decode_slots = meta.slots[torch.tensor(one, device=device)] if one else None
+        prefills = [(slice(starts[i], starts[i + 1]), meta.slots[i:i + 1])
+                    for i, n in enumerate(meta.q_lens) if n > 1]
+        return cls(decode_rows, decode_slots, prefills)
+
+
 class GatedDeltaNet(nn.Module):
     """Linear attention with the gated delta rule. A sequence's state: the conv's last kernel-1 inputs
     [conv_dim, kernel-1] and the delta-rule state [v_heads, k_dim, v_dim], read from its slot and written back."""
@@ -98,24 +121,16 @@ class GatedDeltaNet(nn.Module):
     def state_shapes(self) -> tuple[tuple[int, ...], ...]:
         return (self.conv_dim, self.kernel - 1), (self.v_heads, self.k_dim, self.v_dim)
 
-    def forward(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], meta: StateMetadata):
+    def forward(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], rows: StateRows):
         qkv, z, b, a = self.in_proj(x).split(self.splits, dim=-1)
         beta = b.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # log decay per token and value head
         out = torch.empty(x.shape[0], self.v_heads, self.v_dim, dtype=x.dtype, device=x.device)
-        starts = [0]
-        for n in meta.q_lens:
-            starts.append(starts[-1] + n)
-        slots = meta.slot_list
-        one = [i for i, n in enumerate(meta.q_lens) if n == 1]
-        if one:  # decodes (and 1-token chunks): one batch over their slots, a token each
-            rows = torch.tensor([starts[i] for i in one], device=x.device)
-            picked = torch.tensor([slots[i] for i in one], device=x.device)
-            out[rows] = self.advance(qkv[rows, None], g[rows, None], beta[rows, None], state, picked)[:, 0]
-        for i in (i for i, n in enumerate(meta.q_lens) if n > 1):  # prefill chunks: one at a time, each its own slot
-            rows = slice(starts[i], starts[i + 1])
-            picked = torch.tensor([slots[i]], device=x.device)
-            out[rows] = self.advance(qkv[None, rows], g[None, rows], beta[None, rows], state, picked)[0]
+        if rows.decode_rows is not None:  # decodes (and 1-token chunks): one batch over their slots, a token each
+            r = rows.decode_rows
+            out[r] = self.advance(qkv[r, None], g[r, None], beta[r, None], state, rows.decode_slots)[:, 0]
+        for r, slot in rows.prefills:  # prefill chunks: one at a time, each from its own slot
+            out[r] = self.advance(qkv[None, r], g[None, r], beta[None, r], state, slot)[0]
         core = self.norm(out.reshape(-1, self.v_dim), z.reshape(-1, self.v_dim))
         return self.out_proj(core.reshape(x.shape[0], self.value_size))
 
@@ -150,12 +165,12 @@ class HybridLayer(nn.Module):
         self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache, metas: dict):
+    def forward(self, x, cos, sin, cache, attention: AttentionMetadata, rows: StateRows):
         h = self.input_layernorm(x)
         if self.kind == "linear_attention":
-            h = self.linear_attn(h, cache, metas["recurrent"])
+            h = self.linear_attn(h, cache, rows)
         else:
-            h = self.self_attn(h, cos, sin, cache, metas["full_attention"])
+            h = self.self_attn(h, cos, sin, cache, attention)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -216,9 +231,11 @@ class Qwen3_5Decoder(nn.Module):
             raise ValueError("Qwen3.5 has no deepstack layers, but the step carries deepstack features")
         cos, sin = self.rotary(positions, embeds.dtype)
         cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+        rows = StateRows.of(metas["recurrent"]) if "recurrent" in metas else None
+        attention = metas.get("full_attention")
         x = embeds
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_caches[i], metas)
+            x = layer(x, cos, sin, kv_caches[i], attention, rows)
         x = self.norm(x)
         return x if last is None else self.compute_logits(x[last])
 
