@@ -225,11 +225,11 @@ def test_a_step_that_logs_more_than_the_ring_holds_is_counted_and_what_it_holds_
     log.emit("scheduled", step_kind="decode", plan=[])
     log.emit("BlockStored", "r", block_ids=[7], block_hashes=["a" * 64], **stored)
     pub.after_step(core)
-    assert pub.stats["log_overflow"] == 0 and set(pub.index) == {"a" * 64}
+    assert pub.stats["log_overflow"] == 0 and set(pub.index) == {(0, "a" * 64)}
     for i in range(6):  # one step, six events: two fell out of the ring before the publisher looked
         log.emit("BlockStored", "r", block_ids=[i], block_hashes=[f"{i:064x}"], **stored)
     pub.after_step(core)
-    assert pub.stats["log_overflow"] == 1 and set(pub.index) == {"a" * 64} | {f"{i:064x}" for i in range(2, 6)}
+    assert pub.stats["log_overflow"] == 1 and set(pub.index) == {(0, "a" * 64)} | {(0, f"{i:064x}") for i in range(2, 6)}
     pub.close()
 
 

@@ -65,6 +65,7 @@ class EngineCore:
         if config.kv_events is not None and config.kv_events.active:  # zmq is imported only when publishing
             from minivlm.kv_events.publisher import KVEventPublisher
             self.kv_publisher = KVEventPublisher(config.kv_events, config.block_size)
+            self.kv_publisher.groups = kv_groups.wire_groups(self.block_manager)
         self.after_step = None  # debug hook: called with the core after every step (tests check invariants)
         self.clock = time.perf_counter  # what step times are measured with (a test may give a clock of its own)
 

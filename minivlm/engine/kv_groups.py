@@ -143,3 +143,13 @@ def manager(pool, block_size: int, caching: bool, events) -> HybridBlockManager:
         states = RecurrentStates(groups["recurrent"].size, block_size, caching, events, group_idx=1 + bool(sliding))
     return HybridBlockManager(groups["full_attention"].size, block_size, caching, events,
                               {k: g.layers for k, g in groups.items()}, sliding, states)
+
+
+def wire_groups(bm) -> dict[int, tuple[str, int | None]]:
+    """group_idx -> (kind, sliding window) of every group, as the KV events name them."""
+    out = {0: ("full_attention", None)}
+    if getattr(bm, "sliding", None):
+        out[bm.sliding.group_idx] = ("sliding_window", bm.sliding.window)
+    if getattr(bm, "states", None):
+        out[bm.states.group_idx] = ("recurrent", None)
+    return out

@@ -88,8 +88,11 @@ class RecurrentStates:
             self.latest[seq.seq_id] = key
         self.checkpoints[key] = slot
         self.stats["checkpoints_saved"] += 1
-        self.events.emit("state_saved", seq.request_id, slot=slot, token=end, group=self.group_idx,
-                         block_hash=key, reason=f"its state after {end} tokens, for a later prefix hit")
+        i = end // self.block_size - 1
+        self.events.emit("state_saved", seq.request_id, slot=slot, token=end, group=self.group_idx, block_hash=key,
+                         parent_block_hash=seq.block_keys[i - 1] if i else None,
+                         token_ids=seq.block_tokens(i, self.block_size), extra_keys=seq.block_extras[i],
+                         reason=f"its state after {end} tokens, saved for a later prefix hit")
 
     def release(self, seq):
         """seq leaves (finished, preempted, failed): its running slot and any unsaved checkpoint slot go back."""

@@ -25,7 +25,8 @@ class KVEventPublisher:
         self.stats = Counter()  # batches, events, dropped_queue, dropped_hwm, replays, bad_replay_requests
         self.queue: queue.Queue = queue.Queue(maxsize=config.max_queue_size)
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
-        self.index: dict[str, tuple[int, dict]] = {}  # key -> (block id, record): the published index
+        self.index: dict[tuple[int, str], tuple[int, dict]] = {}  # (group, key) -> (block id, record): the index
+        self.groups: dict[int, tuple[str, int | None]] = {0: ("full_attention", None)}  # group -> (kind, window)
         self.seen, self.next_seq = 0, 0               # last event-log seq read; next batch sequence number
         self.deadline = None                          # set by close: send what is queued until then
         ctx = zmq.Context.instance()
@@ -56,45 +57,58 @@ class KVEventPublisher:
             return
         if events.last_seq - self.seen > len(events.ring):
             self.stats["log_overflow"] += 1  # one step logged more than the ring holds: the batch is incomplete
-        new = events.newer_than(self.seen, kinds=("BlockStored", "BlockRemoved", "AllBlocksCleared"))
+        new = events.newer_than(self.seen, kinds=("BlockStored", "BlockRemoved", "AllBlocksCleared", "state_saved",
+                                                   "state_evicted"))
         self.seen = events.last_seq
         records = []
         for ev in new:
+            group = getattr(ev, "group", 0)  # another KV-cache group than the full-attention one (kv_groups.py)
             if ev.kind == "BlockStored":
-                self._stored(ev, records)
-            elif ev.kind == "BlockRemoved":
-                for b, key in zip(ev.block_ids, ev.block_hashes):
-                    if self.index.get(key, (None,))[0] == b:
-                        del self.index[key]
-                        records.append(("removed", key))
+                self._stored(ev, records, group)
+            elif ev.kind == "state_saved":  # a recurrent state checkpoint: a block of the state group, for a router
+                self._index(group, ev.block_hash, -1, {"key": ev.block_hash, "parent": ev.parent_block_hash,
+                                                       "token_ids": ev.token_ids, "extra": ev.extra_keys}, records)
+            elif ev.kind in ("BlockRemoved", "state_evicted"):
+                ids, keys = (ev.block_ids, ev.block_hashes) if ev.kind == "BlockRemoved" else ([-1], [ev.block_hash])
+                for b, key in zip(ids, keys):
+                    if self.index.get((group, key), (None,))[0] == b:
+                        del self.index[(group, key)]
+                        records.append(("removed", {"key": key, "group": group}))
             elif ev.kind == "AllBlocksCleared":
                 self._cleared(core.block_manager, records)
         if records:
             self._enqueue(records)
 
-    def _stored(self, ev, records: list):
+    def _stored(self, ev, records: list, group: int):
         bs, parent = self.block_size, ev.parent_block_hash
         for i, (b, key) in enumerate(zip(ev.block_ids, ev.block_hashes)):
             rec = {"key": key, "parent": parent, "token_ids": ev.token_ids[i * bs:(i + 1) * bs],
                    "extra": ev.extra_keys}
             parent = key
-            if key not in self.index:  # a second block with an indexed key is not in the index (setdefault)
-                self.index[key] = (b, rec)
-                records.append(("stored", rec))
+            self._index(group, key, b, rec, records)
+
+    def _index(self, group: int, key: str, b: int, rec: dict, records: list):
+        rec["group"] = group
+        if (group, key) not in self.index:  # a second block with an indexed key is not in the index (setdefault)
+            self.index[(group, key)] = (b, rec)
+            records.append(("stored", rec))
 
     def _cleared(self, bm, records: list):
-        """A reset keeps the keys of blocks in use: clear, then store those again, parents first."""
-        self.index = {k: v for k, v in self.index.items() if bm.key_to_block.get(k) == v[0]}
+        """A reset keeps the keys of blocks in use: clear, then store those again, parents first (a hybrid model's
+        other groups: the sliding blocks in use; no state checkpoint survives a reset)."""
+        pools = {0: bm, getattr(getattr(bm, "sliding", None), "group_idx", -1): getattr(bm, "sliding", None)}
+        self.index = {(g, k): v for (g, k), v in self.index.items()
+                      if pools.get(g) is not None and pools[g].key_to_block.get(k) == v[0]}
         records.append(("cleared", None))
-        depth: dict[str, int] = {}
+        depth: dict[tuple, int] = {}
 
-        def level(k):
-            if k not in depth:
-                p = self.index[k][1]["parent"]
-                depth[k] = level(p) + 1 if p in self.index else 0
-            return depth[k]
-        for k in sorted(self.index, key=level):
-            records.append(("stored", self.index[k][1]))
+        def level(gk):
+            if gk not in depth:
+                p = (gk[0], self.index[gk][1]["parent"])
+                depth[gk] = level(p) + 1 if p in self.index else 0
+            return depth[gk]
+        for gk in sorted(self.index, key=level):
+            records.append(("stored", self.index[gk][1]))
 
     def _enqueue(self, records: list):
         seq, self.next_seq = self.next_seq, self.next_seq + 1  # numbered here: a dropped batch shows as a gap
@@ -120,7 +134,7 @@ class KVEventPublisher:
             self._close_sockets()
 
     def _send(self, seq: int, ts: float, records: list):
-        events = to_wire_events(records, self.block_size)
+        events = to_wire_events(records, self.block_size, self.groups)
         payload = encode_batch(ts, events, self.rank)
         self.buffer.append((seq, payload))
         try:

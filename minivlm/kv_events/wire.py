@@ -6,7 +6,7 @@ import hashlib
 import msgpack
 
 MEDIUM = "GPU"                   # vLLM's name for the engine's own KV tier (llm-d reads it as device tier "gpu")
-SPEC_KIND = "full_attention"     # every minivlm layer attends to the whole prefix
+WIRE_KINDS = {"full_attention": "full_attention", "sliding_window": "sliding_window", "recurrent": "mamba"}  # vLLM's
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # the replay socket's end-of-stream marker
 
 
@@ -35,8 +35,9 @@ def extra_keys(extra: tuple) -> tuple | None:
     return out or None
 
 
-def stored(records: list[dict], block_size: int) -> dict:
-    """One BlockStored for a chain of stored records (each: key, parent, token_ids, extra)."""
+def stored(records: list[dict], block_size: int, groups: dict | None = None) -> dict:
+    """One BlockStored for a chain of stored records (each: key, parent, token_ids, extra, group) of one KV-cache
+    group; groups: group_idx -> (kind, sliding window), as the engine's pool made them."""
     extras = [extra_keys(r["extra"]) for r in records]
     ev = {"type": "BlockStored",
           "block_hashes": [wire_hash(r["key"]) for r in records],
@@ -45,15 +46,20 @@ def stored(records: list[dict], block_size: int) -> dict:
           "block_size": block_size, "lora_id": None, "medium": MEDIUM, "lora_name": None}
     if any(x is not None for x in extras):  # omitted when empty, as msgspec omits a default
         ev["extra_keys"] = extras
-    ev["group_idx"], ev["kv_cache_spec_kind"] = 0, SPEC_KIND
+    group = records[0].get("group", 0)
+    kind, window = (groups or {}).get(group, ("full_attention", None))
+    ev["group_idx"], ev["kv_cache_spec_kind"] = group, WIRE_KINDS[kind]
+    if window is not None:
+        ev["kv_cache_spec_sliding_window"] = window
     return ev
 
 
-def removed(keys: list[str]) -> dict:
-    return {"type": "BlockRemoved", "block_hashes": [wire_hash(k) for k in keys], "medium": MEDIUM, "group_idx": 0}
+def removed(keys: list, group: int = 0) -> dict:
+    return {"type": "BlockRemoved", "block_hashes": [wire_hash(k) for k in keys], "medium": MEDIUM,
+            "group_idx": group}
 
 
-def to_wire_events(records: list[tuple], block_size: int) -> list[dict]:
+def to_wire_events(records: list[tuple], block_size: int, groups: dict | None = None) -> list[dict]:
     """Records ("stored", rec) / ("removed", key) / ("cleared", None) in order -> vLLM events; consecutive stored
     blocks that chain become one BlockStored (as vLLM sends a request's newly full blocks), consecutive removals
     one BlockRemoved."""
@@ -61,18 +67,20 @@ def to_wire_events(records: list[tuple], block_size: int) -> list[dict]:
 
     def flush():
         if chain:
-            out.append(stored(chain, block_size))
+            out.append(stored(chain, block_size, groups))
             chain.clear()
         if gone:
-            out.append(removed(list(gone)))
+            out.append(removed([r["key"] for r in gone], gone[0].get("group", 0)))
             gone.clear()
     for kind, rec in records:
+        if isinstance(rec, str):  # a removed key of the full-attention group (the records' older form)
+            rec = {"key": rec, "group": 0}
         if kind == "stored":
-            if gone or (chain and rec["parent"] != chain[-1]["key"]):
+            if gone or (chain and (rec["parent"] != chain[-1]["key"] or rec.get("group", 0) != chain[-1].get("group", 0))):
                 flush()
             chain.append(rec)
         elif kind == "removed":
-            if chain:
+            if chain or (gone and gone[-1].get("group", 0) != rec.get("group", 0)):
                 flush()
             gone.append(rec)
         else:
