@@ -282,3 +282,26 @@ def test_greedy_decode_equals_transformers_generate(model, hf, path):
         assert seq.ids[prompt_lens[id(seq)]:] == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
         for got, logits in zip(rows[id(seq)], out.logits):
             assert max_diff(got, torch.log_softmax(logits[0].float(), dim=-1)) <= TOL
+
+
+def test_engine_generates_what_transformers_generates(path, hf):
+    """Through the engine (its KV-cache groups: the pool, the state slots, a saved state restored on a prefix hit),
+    a batch of three and then a repeated request give HF generate's greedy tokens and logprobs. enforce_eager: the
+    CPU backend's one-call C decode step is written for dense layers only."""
+    from minivlm import Engine, Request, SamplingParams
+    requests = [Request(messages=IMAGE_CHAT), Request(messages=TEXT_CHAT), Request(messages=OTHER_QUESTION)]
+    params = SamplingParams(max_tokens=5, ignore_eos=True, logprobs=1)
+    with Engine(EngineConfig(model=path, device="cpu", dtype="float32", num_blocks=64, max_model_len=512,
+                             enforce_eager=True)) as engine:
+        outs = engine.generate(requests, params)
+        again = engine.generate([requests[2]], params)[0]
+    assert again.num_cached_tokens >= BLOCK and again.token_ids == outs[2].token_ids
+    for request, out in zip(requests + [requests[2]], outs + [again]):
+        inputs = hf_processor(path).apply_chat_template(request.to_messages(), tokenize=True, return_dict=True,
+                                                        add_generation_prompt=True, return_tensors="pt")
+        with torch.no_grad():
+            ref = hf.generate(**inputs, max_new_tokens=5, min_new_tokens=5, do_sample=False, output_logits=True,
+                              return_dict_in_generate=True)
+        assert out.token_ids == ref.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+        for token, logprobs, logits in zip(out.token_ids, out.logprobs, ref.logits):
+            assert abs(logprobs[token] - torch.log_softmax(logits[0].float(), dim=-1)[token].item()) <= TOL
