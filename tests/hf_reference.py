@@ -39,9 +39,9 @@ def teacher_forced_logprobs(path: str, request, generated: list[int], dtype=torc
     n = inputs["input_ids"].shape[1]
     ids = torch.cat([inputs["input_ids"], torch.tensor([generated])], dim=1)
     kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
-    if "mm_token_type_ids" in inputs:  # Qwen-VL: mandatory with image_grid_thw
-        kwargs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"],
-                                                 torch.zeros(1, len(generated), dtype=torch.long)], dim=1)
+    for name in ("mm_token_type_ids", "token_type_ids"):  # Qwen-VL: mandatory with image_grid_thw; Gemma 3: its
+        if name in inputs:                                   # images' tokens attend both ways by them
+            kwargs[name] = torch.cat([inputs[name], torch.zeros(1, len(generated), dtype=torch.long)], dim=1)
     for name in ("image_grid_thw", "pixel_attention_mask"):
         if name in inputs:
             kwargs[name] = inputs[name]

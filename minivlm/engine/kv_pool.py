@@ -7,6 +7,7 @@ from minivlm.config import EngineConfig
 from minivlm.device import free_memory_bytes, peak_bytes
 from minivlm.loader import LoadedModel
 from minivlm.engine.outputs import MemoryReport
+from minivlm.model.cache_spec import KINDS
 
 log = logging.getLogger("minivlm")
 
@@ -56,9 +57,10 @@ class KVPool:
         """One tensor per group: attention groups [2, layers, blocks, block_size, kv_heads, head_dim], the recurrent
         group one [layers, slots, *shape] per state tensor; sized by minivlm.budget.kv_groups."""
         config, model = self.config, self.model
-        layers: dict[str, list[int]] = {}
+        layers: dict[str, list[int]] = {k: [] for k in KINDS}  # full attention first
         for i, spec in enumerate(self.specs):
-            layers.setdefault(spec.kind, []).append(i)
+            layers[spec.kind].append(i)
+        layers = {k: idx for k, idx in layers.items() if idx}
         first = {kind: self.specs[idx[0]] for kind, idx in layers.items()}
         count = self._sizes(first)
         self.layer_caches = [None] * len(self.specs)

@@ -31,6 +31,8 @@ def cpu_fp32(device, dtype) -> bool:
 def pick(model, config, kv_caches) -> Backend:
     """The backend of an engine on `model` (a LoadedModel) with `config` (an EngineConfig) over its pool's
     [(k_cache, v_cache)] per layer (FlexAttention starts compiling for it here)."""
+    if getattr(model.decoder, "layer_specs", None):  # a hybrid model: the reference, group by group
+        return Backend(Attention(Said("engine.why_hybrid")), Said("engine.decode_torch", why=Said("engine.decode_hybrid")))
     reasons = []
     for name in ATTENTION:
         got = _module(name).attention(model, config, kv_caches)

@@ -24,6 +24,8 @@ WORDS = {
     "engine.decode_torch": "PyTorch ops ({why})",
     "engine.decode_torch_off": "PyTorch ops (decode_ops.c off: {why})",
     "engine.decode_not_cpu": "the fused C paths are for the CPU in fp32",
+    "engine.why_hybrid": " (a hybrid model: each KV-cache group's layers read their own pool)",
+    "engine.decode_hybrid": "the fused C paths are for models whose layers all attend fully",
     "engine.no_dense_weights": "no dense fp32 weights",
     "engine.one_thread": "; one thread (built without OpenMP: {why})",
     "engine.linear_gemv": "gemv.c for decode batches of 1-{rows}, oneDNN (prepacked) above{threads}",
