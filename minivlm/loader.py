@@ -15,6 +15,7 @@ from minivlm.families import get_family
 from minivlm.model import backends
 from minivlm.model.decoder import Decoder
 from minivlm.model.vision import VisionTower
+from minivlm.model.vision_gemma3 import Gemma3VisionTower
 from minivlm.model.vision_tiled import TiledVisionTower
 from minivlm.inputs.processor import load_processor
 FETCH_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer*"]
@@ -144,6 +145,8 @@ class LoadedModel:
             return None
         if self.family.images == "patches":
             return VisionTower(self.model_type, self.hf_config.vision_config, vision_sd, self.device, self.dtype)
+        if self.family.images == "fixed":
+            return Gemma3VisionTower(self.hf_config, vision_sd, self.device, self.dtype)
         return TiledVisionTower(self.model_type, self.hf_config, vision_sd, self.device, self.dtype)
 
     def _eos_ids(self) -> set[int]:

@@ -107,6 +107,27 @@ INTERNVL_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>", "c
                    "video_token": "<video>"}
 INTERNVL_TEMPLATE = CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<IMG_CONTEXT>\\n")
 TEXT_TEMPLATE = CHAT_TEMPLATE  # Qwen2 / Qwen3 chat format; a text model's template never sees an image
+GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+GEMMA3_TEMPLATE = (  # Gemma 3's (minus its role-alternation check): a system turn is folded into the first user turn
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- else -%}{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}{%- endif -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}{%- else -%}{%- set role = message['role'] -%}"
+    "{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+    "{%- elif message['content'] is iterable -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
 
 
 def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
@@ -119,6 +140,11 @@ def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
                                                             "end_of_utterance_token": "<end_of_utterance>"})
         tok.add_tokens(SMOLVLM_TOKENS, special_tokens=True)  # the <row_i_col_j> markers are one token each
         tok.chat_template = SMOLVLM_TEMPLATE
+    elif family == "gemma3":  # Gemma's <bos>/<eos>/<pad>, its image markers and turn tokens, one token each
+        tok = PreTrainedTokenizerFast(tokenizer_object=base, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                      extra_special_tokens=GEMMA3_TOKENS)
+        tok.add_tokens(["<start_of_turn>", "<end_of_turn>"], special_tokens=True)
+        tok.chat_template = GEMMA3_TEMPLATE
     elif family == "internvl":
         tok = PreTrainedTokenizerFast(**common, eos_token="<|im_end|>", extra_special_tokens=INTERNVL_TOKENS)
         tok.add_tokens(SPECIAL_TOKENS[1:], special_tokens=True)

@@ -1,9 +1,11 @@
 """How each family turns an image into tokens, read back from the processor's output: where each image's
-placeholder tokens are, how many rows of pixel_values it owns (Qwen: patches; SmolVLM / InternVL: tiles), its grid
-or tiling, and the processor settings that shaped it (they enter key C). Also the per-request knobs, validated."""
+placeholder tokens are, how many rows of pixel_values it owns (Qwen: patches; SmolVLM / InternVL: tiles; Gemma 3:
+the image and its pan-and-scan crops), its grid or tiling, and the processor settings that shaped it (they enter
+key C). Also the per-request knobs, validated."""
 import re
 from dataclasses import dataclass
 
+import numpy as np
 from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
 
 from minivlm.refusals import Refused
@@ -87,6 +89,35 @@ def internvl_settings(processor, kw: dict) -> tuple[dict, tuple]:
                   ("image_seq_length", processor.image_seq_length), ip.resample, tuple(ip.image_mean), tuple(ip.image_std))
 
 
+def gemma3_images_kwargs(processor, call: dict) -> dict:
+    """The image settings Gemma3Processor will use for this call: its own defaults (pan-and-scan off, 256-px crops at
+    least, 4 at most, past an aspect ratio of 1.2) under the call's, merged as its __call__ merges them (the image
+    processor's saved values come below the processor's defaults there)."""
+    return processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs, **call)["images_kwargs"]
+
+
+def gemma3_settings(processor, kw: dict) -> tuple[dict, tuple]:
+    call = {"do_pan_and_scan": _flag(kw["do_pan_and_scan"], "do_pan_and_scan")} if "do_pan_and_scan" in kw else {}
+    ip, merged = processor.image_processor, gemma3_images_kwargs(processor, call)
+    pan = tuple(merged.get(k) for k in ("do_pan_and_scan", "pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops",
+                                        "pan_and_scan_min_ratio_to_activate"))
+    return call, (("pan_and_scan",) + pan, ("size", ip.size.height, ip.size.width),
+                  ("image_seq_length", processor.image_seq_length), ip.resample, ip.rescale_factor,
+                  tuple(ip.image_mean), tuple(ip.image_std))
+
+
+def gemma3_views(processor, sizes: list[tuple[int, int]], call: dict) -> list[int]:
+    """Views of each (w, h) image: itself, plus the crops transformers' pan-and-scan cuts from it (its own code, on
+    an image-sized shape: the crop count depends on the size alone)."""
+    kw = gemma3_images_kwargs(processor, call)
+    if not kw.get("do_pan_and_scan"):
+        return [1] * len(sizes)
+    cut = processor.image_processor.pan_and_scan
+    return [1 + len(cut(np.broadcast_to(np.zeros((), np.uint8), (3, h, w)), kw["pan_and_scan_min_crop_size"],
+                        kw["pan_and_scan_max_num_crops"], kw["pan_and_scan_min_ratio_to_activate"]))
+            for w, h in sizes]
+
+
 def image_settings(family, processor, mm_kwargs: dict | None) -> tuple[dict, tuple]:
     """Validate per-request overrides against the family's knobs; return (processor call kwargs, key-C settings)."""
     kw = dict(mm_kwargs or {})
@@ -101,14 +132,19 @@ def image_settings(family, processor, mm_kwargs: dict | None) -> tuple[dict, tup
         return internvl_settings(processor, kw)
     if family.images == "tiles":
         return smolvlm_settings(processor, kw)
+    if family.images == "fixed":
+        return gemma3_settings(processor, kw)
     return {}, ()
 
 
 def placeholder_types(family, processor, out) -> list[int]:
-    """1 for each image placeholder token, 0 for text (Qwen's processor says so; the others by the token id)."""
+    """1 for each image placeholder token, 0 for text (Qwen's and Gemma 3's processors say so; the others by the
+    token id). Gemma 3's are HF's token_type_ids: its soft tokens only, not <start_of_image> / <end_of_image>."""
     ids = out["input_ids"][0].tolist()
     if "mm_token_type_ids" in out:
         return out["mm_token_type_ids"][0].tolist()
+    if family.images == "fixed":
+        return out["token_type_ids"][0].tolist()
     image_id = getattr(processor, "image_token_id", None) if family.images != "none" else None
     return [int(t == image_id) for t in ids]
 
@@ -128,6 +164,23 @@ def runs(types: list[int]) -> list[tuple[int, int]]:
     return out
 
 
+def gemma3_spans(processor, found: list[tuple[int, int]], sizes: list[tuple[int, int]], call: dict) -> list[ImageSpan]:
+    """Gemma 3: one run of image_seq_length soft tokens per view (the image first, then its crops, text between);
+    an image spans its views' runs."""
+    views = gemma3_views(processor, sizes, call)
+    if sum(views) != len(found):
+        raise Refused("invalid_image", "the processor laid out {laid} images for {n} given", reason="image_layout",
+                      laid=len(found), n=sum(views))
+    spans, k = [], 0
+    for (w, h), n in zip(sizes, views):
+        own = found[k:k + n]
+        k += n
+        crops = n - 1
+        tiles = ((1, crops) if w >= h else (crops, 1)) if crops else None  # pan-and-scan cuts along the long side
+        spans.append(ImageSpan(own[0][0], own[-1][1], sum(b - a for a, b in own), n, None, tiles, False))
+    return spans
+
+
 ROW_COL = re.compile(r"<row_(\d+)_col_(\d+)>")
 
 
@@ -138,6 +191,8 @@ def locate_images(family, processor, out, types: list[int], sizes: list[tuple[in
         merge2 = processor.image_processor.merge_size ** 2
         grids = [tuple(g) for g in out["image_grid_thw"].tolist()]
         return [ImageSpan(s, e, e - s, g[0] * g[1] * g[2], g, None, False) for (s, e), g in zip(found, grids)]
+    if family.images == "fixed":
+        return gemma3_spans(processor, found, sizes, call)
     if family.tiling == "crops":
         ip, per = processor.image_processor, processor.image_seq_length
         lo, hi = call.get("min_patches", ip.min_patches), call.get("max_patches", ip.max_patches)
