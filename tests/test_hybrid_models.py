@@ -139,3 +139,22 @@ def test_ten_blocks_still_run_a_64_token_request(family, checkpoints):
     e = engine(checkpoints[family], num_blocks=10)
     out = e.generate(Request(prompt="Tell me about squares."), SamplingParams(max_tokens=64, ignore_eos=True))
     assert len(out.token_ids) == 64 and leaks(e) == {}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_step_through_says_why_a_block_left_the_window_or_a_state_was_saved(family, engines):
+    """Every event of a hybrid run reads as a sentence, the same in the page's English as the engine's, and in
+    Chinese with no field left unfilled; the group events say what happened."""
+    from minivlm.views.events import describe
+    from panels.i18n import EN, ZH
+    from panels.i18n.events import describe_in
+    e = engines[family]
+    e.reset_prefix_cache()
+    since = e.snapshot().last_event_seq
+    e.generate(Request(messages=chat((LONG, None))), SamplingParams(max_tokens=40, ignore_eos=True))
+    events = e.events(since)
+    sentences = [describe(ev) for ev in events]
+    assert all(describe_in(ev, EN) == s for ev, s in zip(events, sentences))
+    assert not any("{" in describe_in(ev, ZH) for ev in events)
+    wanted = "window moved on" if family == "gemma3" else "recurrent state after"
+    assert any(wanted in s for s in sentences), sentences[:20]

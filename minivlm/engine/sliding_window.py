@@ -54,7 +54,7 @@ class SlidingWindowBlocks(BlockManager):
                 table[i] = None
         if gone:
             self.events.emit("freed", seq.request_id, block_ids=[b for b in gone if b is not None], group=self.group_idx,
-                             reason=f"left the {self.window}-token window")
+                             window=self.window)  # they left its window
         need = self.blocks_to_advance(seq, start, end)
         if need > self.num_free:  # the pool is sized so that this never happens (budget/kv_groups.py)
             raise RuntimeError(f"sliding-window pool exhausted: {seq.request_id} needs {need} blocks, {self.num_free} free")

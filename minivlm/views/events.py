@@ -30,6 +30,8 @@ class _Replay:
     def apply(self, ev: EngineEvent):
         rid, f = ev.request_id, ev.fields
         self.step = ev.step
+        if f.get("group") or ev.kind in ("state_saved", "state_evicted"):
+            return  # another KV-cache group's pool (a hybrid model's): the replayed map is the full-attention one
         if ev.kind == "arrived":
             types = [0] * f["num_prompt_tokens"]
             for start, n in f["image_spans"]:
@@ -147,15 +149,24 @@ def describe(ev: EngineEvent) -> str:
             return f"{rid} found no cached prefix"
         return (f"{rid} reused {len(hits)} cached block(s) ({f['num_cached_tokens']} tokens)"
                 + (f", FALSE hits on {_blocks(false)}" if false else ""))
+    sw = "sliding-window " if f.get("group") else ""  # a hybrid model's sliding-window group (engine/kv_groups.py)
     if ev.kind == "allocated":
-        return f"{rid} got {_blocks(f['block_ids'])}" if f["block_ids"] else f"{rid} needed no new block"
+        return f"{rid} got {sw}{_blocks(f['block_ids'])}" if f["block_ids"] else f"{rid} needed no new block"
     if ev.kind == "BlockStored":
         n = len(f["token_ids"])
-        return f"{rid} filled block {f['block_ids'][0]} ({n}/{n}) → stored under key {f['block_hashes'][0][:8]}…"
+        return f"{rid} filled {sw}block {f['block_ids'][0]} ({n}/{n}) → stored under key {f['block_hashes'][0][:8]}…"
+    if ev.kind == "freed" and f.get("window"):
+        return (f"{rid} gave back {sw}{_blocks(f['block_ids'])}: no later token of it can see them (its "
+                f"{f['window']}-token window moved on); they stay cached until reused")
     if ev.kind == "freed":
-        return f"{rid} released {_blocks(f['block_ids'])} (content stays cached until reused)"
+        return f"{rid} released {sw}{_blocks(f['block_ids'])} (content stays cached until reused)"
     if ev.kind == "BlockRemoved":
-        return f"{_blocks(f['block_ids'])} evicted: key {f['block_hashes'][0][:8]}… forgotten"
+        return f"{sw}{_blocks(f['block_ids'])} evicted: key {f['block_hashes'][0][:8]}… forgotten"
+    if ev.kind == "state_saved":
+        return (f"{rid}'s recurrent state after {f['token']} tokens saved in slot {f['slot']} (checkpoint under key "
+                f"{f['block_hash'][:8]}…): a later request with this prefix resumes there")
+    if ev.kind == "state_evicted":
+        return f"state checkpoint in slot {f['slot']} evicted: key {f['block_hash'][:8]}… forgotten"
     if ev.kind == "AllBlocksCleared":
         return "prefix cache reset: every free block's key forgotten"
     if ev.kind == "preempted":

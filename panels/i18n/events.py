@@ -43,16 +43,23 @@ def describe_in(ev, lang: str) -> str:
             return t(lang, "ev.no_prefix", rid=rid)
         return t(lang, "ev.reused", rid=rid, n=len(hits), tokens=f["num_cached_tokens"],
                  false=t(lang, "ev.false_hits", blocks=_blocks(lang, false)) if false else "")
+    sw = t(lang, "ev.sw") if f.get("group") else ""
     if ev.kind == "allocated":
-        return t(lang, "ev.got", rid=rid, blocks=_blocks(lang, f["block_ids"])) if f["block_ids"] else \
+        return t(lang, "ev.got", rid=rid, sw=sw, blocks=_blocks(lang, f["block_ids"])) if f["block_ids"] else \
             t(lang, "ev.no_new_block", rid=rid)
     if ev.kind == "BlockStored":
-        return t(lang, "ev.stored", rid=rid, block=f["block_ids"][0], n=len(f["token_ids"]),
+        return t(lang, "ev.stored", rid=rid, sw=sw, block=f["block_ids"][0], n=len(f["token_ids"]),
                  key=f["block_hashes"][0][:8])
+    if ev.kind == "freed" and f.get("window"):
+        return t(lang, "ev.left_window", rid=rid, sw=sw, blocks=_blocks(lang, f["block_ids"]), window=f["window"])
     if ev.kind == "freed":
-        return t(lang, "ev.freed", rid=rid, blocks=_blocks(lang, f["block_ids"]))
+        return t(lang, "ev.freed", rid=rid, sw=sw, blocks=_blocks(lang, f["block_ids"]))
     if ev.kind == "BlockRemoved":
-        return t(lang, "ev.evicted", blocks=_blocks(lang, f["block_ids"]), key=f["block_hashes"][0][:8])
+        return t(lang, "ev.evicted", sw=sw, blocks=_blocks(lang, f["block_ids"]), key=f["block_hashes"][0][:8])
+    if ev.kind == "state_saved":
+        return t(lang, "ev.state_saved", rid=rid, tokens=f["token"], slot=f["slot"], key=f["block_hash"][:8])
+    if ev.kind == "state_evicted":
+        return t(lang, "ev.state_evicted", slot=f["slot"], key=f["block_hash"][:8])
     if ev.kind == "AllBlocksCleared":
         return t(lang, "ev.cleared")
     if ev.kind == "preempted":
