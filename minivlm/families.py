@@ -138,7 +138,10 @@ DECODERS: dict[str, DecoderFacts] = {
 # Architectures people bring that a paged attention cache cannot hold, and why (the refusal says it).
 REFUSED = {
     "qwen3_5_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",
-    "qwen3_next": "a hybrid linear-attention model (Gated DeltaNet layers keep a recurrent state, not a KV cache)",
+    "qwen3_next": "a mixture-of-experts decoder with Gated DeltaNet layers (minivlm's hybrid decoders have dense MLPs; "
+                  "Qwen3.5 runs)",
+    "gemma4": "Gemma 4 (per-layer embeddings, shared KV across layers, its own vision and audio towers) is not wired "
+              "in; Gemma 3 runs",
     "qwen3_vl_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",
     "qwen3_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",
     "gemma3_text": "Gemma 3's text-only checkpoints (1B) are not wired in yet; the multimodal gemma3 ones run",

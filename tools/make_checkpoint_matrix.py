@@ -1,6 +1,7 @@
 """Random-weight checkpoints of the families beyond Qwen-VL, in their published layout: SmolVLM2 / Idefics3 (SigLIP
 + pixel shuffle + Llama, tiles + a global view), InternVL3.5 (InternViT + pixel-shuffle MLP + Qwen3 or Qwen2,
-448-px crops + a thumbnail, scaled down) and text-only Qwen2 / Qwen3, each saved by transformers with its processor."""
+448-px crops + a thumbnail, scaled down) and text-only Qwen2 / Qwen3, each saved by transformers with its processor;
+the CLI also makes the hybrid ones (tools/make_checkpoint_qwen3_5.py, tools/make_checkpoint_gemma3.py)."""
 import json
 import os
 
@@ -106,6 +107,8 @@ CLI_FAMILIES = {
     "smolvlm": "SmolVLM2: SigLIP tiles + a global view, pixel shuffle, Llama",
     "idefics3": "SmolVLM (Idefics3): as SmolVLM2, Idefics3's classes",
     "internvl": "InternVL3.5 (-HF): InternViT crops + a thumbnail; --decoder qwen3 (default) or qwen2",
+    "qwen3_5": "Qwen3.5: Gated DeltaNet (recurrent state) in 3 of 4 layers, Qwen3-VL's tower without deepstack",
+    "gemma3": "Gemma 3: sliding-window layers (window 24) and a global one, SigLIP, images attend both ways",
     "qwen2": "Qwen2 / Qwen2.5 text-only (no images)",
     "qwen3": "Qwen3 text-only (no images)",
 }
@@ -149,6 +152,12 @@ def main(argv=None) -> str:
     if qwen_vl:
         from tools.make_checkpoint import make_random_checkpoint
         path = make_random_checkpoint(args.family, args.out_dir, seed=args.seed, video_layout=args.video_layout)
+    elif args.family == "qwen3_5":
+        from tools.make_checkpoint_qwen3_5 import make_qwen3_5_checkpoint
+        path = make_qwen3_5_checkpoint(args.out_dir, seed=args.seed, tie=bool(args.tie))
+    elif args.family == "gemma3":
+        from tools.make_checkpoint_gemma3 import make_gemma3_checkpoint
+        path = make_gemma3_checkpoint(args.out_dir, seed=args.seed, **({} if args.tie is None else {"tie": args.tie}))
     else:
         path = make_matrix_checkpoint(args.family, args.out_dir, seed=args.seed, decoder=args.decoder,
                                       tie=bool(args.tie))
