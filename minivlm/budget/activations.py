@@ -1,5 +1,5 @@
 """Peak live activation bytes on one GPU: the vision encoder on one image, and one LLM forward over a step."""
-from minivlm.budget.shapes import ModelShape
+from minivlm.budget.shapes import QWEN3_TOWERS, ModelShape
 from minivlm.budget.tensor_parallel import kv_heads_per_gpu, split, vision_split
 
 
@@ -10,16 +10,17 @@ def vision_peak(s: ModelShape, patches: int, act: int, eager: bool, tp: int = 1)
     pixels = patches * s.in_channels * s.temporal_patch_size * s.patch_size ** 2 * 4  # float32 pixel_values
     # MLP intermediates alive at once: gated SiLU (2.5) holds gate, up, product; quick_gelu (2) fc1, sigmoid, product;
     # Qwen3's fused tanh-GELU only fc1 and its output
-    mlp_live = 2 if s.family == "qwen3_vl" else 3
+    qwen3 = s.family in QWEN3_TOWERS
+    mlp_live = 2 if qwen3 else 3
     # block input + residual + normed input, plus the attention (q, k, v, rotated q/k, output: 6 widths) or the
     # MLP intermediates; rotary cos/sin; Qwen3-VL also keeps the patch + position-table sum alive
     attn, mlp = 3 * w + 6 * split(w, n), 3 * w + mlp_live * split(i, n)
-    per_patch = max(attn, mlp) + 2 * head_dim + (w if s.family == "qwen3_vl" else 0)
+    per_patch = max(attn, mlp) + 2 * head_dim + (w if qwen3 else 0)
     deepstack = s.deepstack * (patches // s.merge_size ** 2) * s.vision_out  # kept for the LLM until the end
     scores = split(s.vision_heads, n) * patches ** 2 * (act + 4) if eager else 0  # eager: scores + fp32 softmax
     total = pixels + (patches * per_patch + deepstack) * act + scores
     return total, (f"{patches} patches × (max({attn} attention, {mlp} MLP) + 2·{head_dim}"
-                   + (f" + {w}" if s.family == "qwen3_vl" else "") + f") · {act} B + float32 pixel values"
+                   + (f" + {w}" if qwen3 else "") + f") · {act} B + float32 pixel values"
                    + (f" + {s.deepstack} deepstack features" if s.deepstack else "")
                    + (f" + {split(s.vision_heads, n)} heads × {patches}² eager scores" if eager else ""))
 
@@ -44,12 +45,26 @@ def prefill_peak(s: ModelShape, tokens: int, num_seqs: int, act: int, eager: boo
     term); the last-position logits are gathered whole on every GPU."""
     h, heads = s.hidden, split(s.heads, tp)
     q, kv = heads * s.head_dim, kv_heads_per_gpu(s.kv_heads, tp) * s.head_dim
-    attn = 3 * h + 3 * q + 3 * kv + (q + kv if s.text_family == "qwen3" else 0)  # + q/k norm outputs in Qwen3
+    qk_norm = s.text_family in ("qwen3", "qwen3_5", "gemma3")
+    attn = 3 * h + 3 * q + 3 * kv + (q + kv if qk_norm else 0)  # + q/k norm outputs (Qwen3, Qwen3.5, Gemma 3)
+    attn += q if s.text_family == "qwen3_5" else 0  # Qwen3.5's output gate, as wide as the queries
     mlp = 3 * h + 3 * split(s.intermediate, tp)
-    per_token = max(attn, mlp) + 2 * s.head_dim  # layer input, residual, normed + rotary
+    linear = linear_attention_width(s, tp, act)
+    per_token = max(attn, mlp, linear) + 2 * s.head_dim  # layer input, residual, normed + rotary
     logits = num_seqs * s.vocab * (act + 4)  # last-position logits per sequence, upcast to float32 for sampling
     scores = heads * tokens ** 2 * (act + 4) if eager else 0
     return (tokens * per_token * act + logits + scores,
-            f"{tokens} tokens × (max({attn} attention, {mlp} MLP) + 2·{s.head_dim}) · {act} B"
+            f"{tokens} tokens × (max({attn} attention, " + (f"{linear} linear attention, " if linear else "")
+            + f"{mlp} MLP) + 2·{s.head_dim}) · {act} B"
             f" + {num_seqs} × {s.vocab} logits · ({act}+4) B"
             + (f" + {heads} heads × {tokens}² eager scores" if eager else ""))
+
+
+def linear_attention_width(s: ModelShape, tp: int, act: int) -> int:
+    """Per-token activation width of a Gated DeltaNet layer (Qwen3.5), 0 without one: layer input, residual, normed
+    input, the fused q/k/v before and after the conv, the gate z and the output, and the float32 copies of q/k/v the
+    delta rule computes in (an estimate from modeling_qwen3_5; not measured against HF like the other peaks)."""
+    if "linear_attention" not in s.kinds:
+        return 0
+    conv, value = split(s.conv_dim, tp), split(s.linear_v_heads * s.linear_v_dim, tp)
+    return 3 * s.hidden + 2 * conv + 2 * value + conv * 4 // act

@@ -1,5 +1,5 @@
 """VRAM budget: weights, KV cache, vision tokens and activation peaks of a deployment in one view (Qwen-VL, the tiled
-VLMs SmolVLM / InternVL, and text-only Qwen2 / Qwen3).
+VLMs SmolVLM / InternVL, text-only Qwen2 / Qwen3, and the hybrid Qwen3.5 / Gemma 3).
 
 estimate() is a pure function of a model config and settings; the engine sizes its own KV pool with it, so the
 calculator and the engine cannot disagree. The KV pool rule (vLLM's), per GPU:
@@ -12,15 +12,21 @@ calculator and the engine cannot disagree. The KV pool rule (vLLM's), per GPU:
 
 With tensor parallelism (tensor_parallel.py) every GPU holds its share of the weights and of every token's K/V, so
 a block of the pool spans all GPUs: num_blocks, the concurrency and the pool's tokens are those of the one replica.
+
+A hybrid model's layers keep different things (kv_groups.py): its usable memory is split into KV-cache groups as the
+engine splits it (full-attention blocks, sliding-window blocks, recurrent state slots); num_blocks is then the full
+group's, as vLLM reports it, and kv_cache_bytes all groups together (hybrid_kv.py).
 """
 import math
 from dataclasses import dataclass, field
 
 from minivlm.budget.activations import prefill_peak, tiled_vision_peak, vision_peak
 from minivlm.budget.devices import device_memory, tensor_parallel_for
+from minivlm.budget.hybrid_kv import hybrid_kv
+from minivlm.budget.kv_groups import STATE_DTYPE, layer_groups
 from minivlm.budget.limits import why_it_does_not_fit
 from minivlm.budget.params import text_params, vision_params
-from minivlm.budget.shapes import hf_config, model_shape
+from minivlm.budget.shapes import HYBRID, hf_config, model_shape
 from minivlm.budget.tensor_parallel import check_tensor_parallel, kv_heads_per_gpu, vision_split
 from minivlm.budget.video_tokens import video_plan
 from minivlm.budget.vision_tokens import ImagePlan, image_plan
@@ -82,6 +88,12 @@ class Estimate:
     videos_per_request: int = 0
     video: object = None  # the VideoPlan of each video ("video: N s at F fps"), None without videos
     breakdown: list[BudgetItem] = field(default_factory=list)
+    kv_groups: object = None  # hybrid models: the engine's pools per group (kv_groups.GroupSizes); None otherwise
+    full_attention_concurrency: int = 0  # hybrid models: requests at once if every layer were full attention
+
+    @property
+    def hybrid(self) -> bool:
+        return self.kv_groups is not None
 
 
 def check_settings(max_model_len, num_seqs, block_size, gpu_memory_utilization, images_per_request, image_size,
@@ -114,7 +126,8 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
              block_size=16, min_pixels=None, max_pixels=None, *, device=None, device_memory_bytes=None,
              weights_bytes=None, max_num_batched_tokens=None, text_tokens_per_request=512, overhead_bytes=None,
              attn_implementation="sdpa", tensor_parallel_size=None, videos_per_request=0, video_seconds=10.0,
-             video_fps=2.0, video_size=None) -> Estimate:
+             video_fps=2.0, video_size=None, enable_chunked_prefill=False, state_checkpoints=None,
+             state_dtype=STATE_DTYPE) -> Estimate:
     """The memory plan of one deployment, per GPU (see the module doc for the num_blocks rule).
 
     image_size is each image's (width, height), as PIL's Image.size; the encoder peak is for one such image, and
@@ -127,7 +140,9 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
     device_memory_gb (GiB) or device_memory_bytes. tensor_parallel_size: GPUs the model is split over (default:
     the device preset's GPU count, else 1). videos_per_request videos of video_seconds sampled at video_fps, frames
     of video_size (default image_size), cost tokens by the engine's own video rule (budget.video_tokens), and the
-    encoder peak covers one whole video (the tower encodes all its frame pairs at once)."""
+    encoder peak covers one whole video (the tower encodes all its frame pairs at once). Hybrid models only:
+    enable_chunked_prefill (a sliding request holds its window plus one max_num_batched_tokens chunk, else plus
+    max_model_len), state_checkpoints (saved recurrent states; None: 2 per request) and state_dtype (kv_groups)."""
     cfg = hf_config(model_config)  # parsed once for the whole estimate
     s = model_shape(cfg)
     images_per_request = images_for(s, images_per_request)
@@ -161,7 +176,7 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
 
     if not images_per_request:
         vis_peak, vis_formula = 0, "no images" if s.has_vision else "text-only model: no vision encoder"
-    elif s.vision_kind in ("siglip", "internvit"):
+    elif s.vision_kind in ("siglip", "internvit", "gemma3_siglip"):
         vis_peak, vis_formula = tiled_vision_peak(s, plan.tiles, plan.patches, act, eager, tp)
     else:
         vis_peak, vis_formula = vision_peak(s, plan.patches, act, eager, tp)
@@ -176,15 +191,26 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
 
     budget = int(memory * gpu_memory_utilization)
     usable = budget - used_weights - peak - overhead
-    block_bytes = block_size * per_token
-    num_blocks = max(0, usable // block_bytes)
-    kv_cache = num_blocks * block_bytes
-    workload = num_blocks // math.ceil(request_tokens / block_size)
     kv_heads = kv_heads_per_gpu(s.kv_heads, tp)
     vis_split = vision_split(s, tp)
     on_gpus = f" per GPU, split over {tp} GPUs" if tp > 1 else ""
     kv_split = ("" if tp == 1 else f"; {s.kv_heads} KV heads over {tp} GPUs" +
                 (f", each head on {tp // s.kv_heads} GPUs" if s.kv_heads < tp else ""))
+    block_bytes = block_size * per_token
+    num_blocks = max(0, usable // block_bytes)
+    kv_cache = num_blocks * block_bytes
+    workload = num_blocks // math.ceil(request_tokens / block_size)
+    concurrency = num_blocks / math.ceil(max_model_len / block_size)
+    kv_rows = [BudgetItem("KV cache pool", kv_cache, f"{num_blocks} blocks × {block_size} tokens × {per_token:,} "
+                          f"B/token (2 · {s.layers} layers · {kv_heads} kv heads · {s.head_dim} head_dim · "
+                          f"{DTYPE_BYTES[kv_dtype]} B {kv_dtype}{kv_split})")]
+    hybrid = None
+    if s.family in HYBRID:  # the engine's KV-cache groups from the same usable memory
+        hybrid = hybrid_kv(layer_groups(cfg, tp, state_dtype), kv_dtype, usable, block_size, num_seqs, step_tokens,
+                           enable_chunked_prefill, max_model_len, request_tokens, state_checkpoints, kv_split)
+        num_blocks, kv_cache, per_token = hybrid.sizes.full_blocks, hybrid.sizes.total_bytes, hybrid.kv_bytes_per_token
+        workload, concurrency = hybrid.workload_concurrency, hybrid.sizes.max_concurrency
+        kv_rows = [BudgetItem(*row) for row in hybrid.rows]
     vision_note = ("" if tp == 1 or not s.has_vision else f"; split over {tp} GPUs" if vis_split == tp else
                    f"; replicated on each GPU ({s.vision_heads} heads or {s.vision_intermediate} MLP width do not "
                    f"divide by {tp})")
@@ -197,9 +223,7 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
         BudgetItem("Vision encoder peak (largest image)", vis_peak, vis_formula),
         BudgetItem("LLM prefill peak (step token budget)", llm_peak, llm_formula),
         BudgetItem("Framework overhead", overhead, "CUDA context, library workspaces, allocator fragmentation"),
-        BudgetItem("KV cache pool", kv_cache, f"{num_blocks} blocks × {block_size} tokens × {per_token:,} B/token "
-                   f"(2 · {s.layers} layers · {kv_heads} kv heads · {s.head_dim} head_dim · "
-                   f"{DTYPE_BYTES[kv_dtype]} B {kv_dtype}{kv_split})"),
+        *kv_rows,
         *([BudgetItem("Measured weights beyond the prediction", used_weights - predicted,
                       f"weights_bytes {used_weights:,} passed in minus the formula's {predicted:,}")]
           if used_weights != predicted else []),
@@ -211,7 +235,7 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
         vision_weights_bytes=vision_b, num_parameters=sum(counts) if tp == 1 else
         sum(text_params(s).values()) + sum(vision_params(s).values()),
         kv_bytes_per_token=per_token, block_size=block_size, num_blocks=num_blocks, kv_cache_bytes=kv_cache,
-        max_concurrency=num_blocks / math.ceil(max_model_len / block_size), vision_tokens_per_image=image_tokens,
+        max_concurrency=concurrency, vision_tokens_per_image=image_tokens,
         resized_image=plan.resized, tokens_per_request=request_tokens, fits_context=needed_tokens <= max_model_len,
         workload_concurrency=workload, vision_peak_bytes=vis_peak, prefill_peak_bytes=llm_peak,
         activation_peak_bytes=peak, overhead_bytes=overhead, memory_bytes=memory, usable_bytes=usable,
@@ -223,6 +247,7 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
         max_model_len=max_model_len, num_seqs=num_seqs, gpu_memory_utilization=gpu_memory_utilization,
         budget_bytes=budget, kv_pool_tokens=num_blocks * block_size,
         kv_demand_tokens=num_seqs * math.ceil(needed_tokens / block_size) * block_size, breakdown=breakdown,
-        videos_per_request=videos_per_request, video=video)
+        videos_per_request=videos_per_request, video=video, kv_groups=hybrid.sizes if hybrid else None,
+        full_attention_concurrency=hybrid.full_attention_concurrency if hybrid else workload)
     est.limits = why_it_does_not_fit(est)
     return est

@@ -1,14 +1,14 @@
 """Exact parameter counts per GPU, read off a config (no weights, no model instantiation).
 
-The decoders (Qwen2, Qwen3, Llama layouts) and the Qwen-VL towers are here, the tiled towers (SmolVLM, InternVL)
-in params_tiled.py. Each count mirrors one module of transformers' modeling code, split over tp GPUs as
+The decoders (Qwen2, Qwen3, Llama layouts; the hybrid Qwen3.5 and Gemma 3, whose layers differ by kind) and the
+Qwen-VL towers are here, the tiled towers (SmolVLM, InternVL, Gemma 3's SigLIP) in params_tiled.py. Each count mirrors one module of transformers' modeling code, split over tp GPUs as
 tensor_parallel.py says; the tests check the totals against models built on the meta device (whole and sharded)
 and against the tensors stored in real checkpoints.
 """
 from dataclasses import dataclass
 
 from minivlm.budget.params_tiled import TILED_TOWERS
-from minivlm.budget.shapes import ModelShape, model_shape
+from minivlm.budget.shapes import QWEN3_TOWERS, ModelShape, model_shape
 from minivlm.budget.tensor_parallel import kv_heads_per_gpu, split, vision_split, vocab_per_gpu
 
 
@@ -35,27 +35,45 @@ def row(name: str, out_features: int, in_features: int, bias: bool, tp: int) -> 
     return LinearShape(name, out_features, split(in_features, tp), bias)
 
 
-def decoder_linears(s: ModelShape, tp: int = 1) -> list[LinearShape]:
-    """The Linear layers of one LLM decoder layer on one GPU: GQA projections (biased q/k/v in Qwen2/2.5) and the
-    SwiGLU MLP (biased only where a Llama config sets mlp_bias)."""
-    qkv_bias = s.text_family == "qwen2" or s.attention_bias  # Qwen2/2.5: q/k/v always biased; Qwen3, Llama: a flag
+def decoder_linears(s: ModelShape, tp: int = 1, kind: str = "full_attention") -> list[LinearShape]:
+    """The Linear layers of one LLM decoder layer of `kind` on one GPU: GQA projections (biased q/k/v in Qwen2/2.5;
+    Qwen3.5's q_proj twice as wide: queries and their output gate) or Qwen3.5's Gated DeltaNet projections, and the
+    gated MLP (biased only where a Llama config sets mlp_bias)."""
+    mlp = [column("gate_proj", s.intermediate, s.hidden, s.mlp_bias, tp),
+           column("up_proj", s.intermediate, s.hidden, s.mlp_bias, tp),
+           row("down_proj", s.hidden, s.intermediate, s.mlp_bias, tp)]
+    if kind == "linear_attention":  # q/k/v fused before the conv, the output gate z, per-head beta (b) and decay (a)
+        value = s.linear_v_heads * s.linear_v_dim
+        return [column("in_proj_qkv", s.conv_dim, s.hidden, False, tp), column("in_proj_z", value, s.hidden, False, tp),
+                column("in_proj_b", s.linear_v_heads, s.hidden, False, tp),
+                column("in_proj_a", s.linear_v_heads, s.hidden, False, tp),
+                row("out_proj", s.hidden, value, False, tp)] + mlp
+    qkv_bias = s.text_family == "qwen2" or s.attention_bias  # Qwen2/2.5: q/k/v always biased; the others: a flag
     o_bias = s.text_family != "qwen2" and s.attention_bias
     q, kv = s.heads * s.head_dim, kv_heads_per_gpu(s.kv_heads, tp) * s.head_dim
-    return [column("q_proj", q, s.hidden, qkv_bias, tp), LinearShape("k_proj", kv, s.hidden, qkv_bias),
-            LinearShape("v_proj", kv, s.hidden, qkv_bias), row("o_proj", s.hidden, q, o_bias, tp),
-            column("gate_proj", s.intermediate, s.hidden, s.mlp_bias, tp),
-            column("up_proj", s.intermediate, s.hidden, s.mlp_bias, tp),
-            row("down_proj", s.hidden, s.intermediate, s.mlp_bias, tp)]
+    gate = 2 if s.text_family == "qwen3_5" else 1
+    return [column("q_proj", gate * q, s.hidden, qkv_bias, tp), LinearShape("k_proj", kv, s.hidden, qkv_bias),
+            LinearShape("v_proj", kv, s.hidden, qkv_bias), row("o_proj", s.hidden, q, o_bias, tp)] + mlp
+
+
+def layer_params(s: ModelShape, kind: str, tp: int = 1) -> int:
+    """Parameters of one decoder layer of `kind` on one GPU: its Linear layers, its norms (Gemma 3: four around
+    attention and MLP; the others two) and, in a Gated DeltaNet layer, the conv and the per-head decay and norm."""
+    params = sum(lin.params for lin in decoder_linears(s, tp, kind))
+    params += (4 if s.text_family == "gemma3" else 2) * s.hidden
+    if kind == "linear_attention":  # depthwise conv (no bias), dt_bias and A_log per value head, gated RMSNorm
+        return params + split(s.conv_dim, tp) * s.linear_conv_kernel + 2 * split(s.linear_v_heads, tp) + s.linear_v_dim
+    if s.text_family in ("qwen3", "qwen3_5", "gemma3"):
+        params += 2 * s.head_dim  # q_norm and k_norm over the head dim
+    return params
 
 
 def text_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
     """LLM parameters on one GPU by part; lm_head is 0 when tied (it shares the embedding's storage)."""
-    per_layer = sum(lin.params for lin in decoder_linears(s, tp)) + 2 * s.hidden  # + input / post-attention RMSNorm
-    if s.text_family == "qwen3":
-        per_layer += 2 * s.head_dim  # q_norm and k_norm over the head dim
+    per_kind = {kind: layer_params(s, kind, tp) for kind in set(s.kinds)}
     rows = vocab_per_gpu(s.vocab, tp)
-    return {"embed_tokens": rows * s.hidden, "decoder_layers": s.layers * per_layer, "final_norm": s.hidden,
-            "lm_head": 0 if s.tied else rows * s.hidden}
+    return {"embed_tokens": rows * s.hidden, "decoder_layers": sum(per_kind[kind] for kind in s.kinds),
+            "final_norm": s.hidden, "lm_head": 0 if s.tied else rows * s.hidden}
 
 
 def vision_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
@@ -76,8 +94,9 @@ def vision_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
         mlp = column("fc1", i, w, True, n).params + row("fc2", w, i, True, n).params
         norms, merger_norm = 4 * w, 2 * w
     merger_mlp = column("fc1", merged, merged, True, n).params + row("fc2", out, merged, True, n).params
-    return {"patch_embed": conv + (w if s.family == "qwen3_vl" else 0),  # only Qwen3's patch conv has a bias
-            "pos_embed": s.num_position_embeddings * w if s.family == "qwen3_vl" else 0,
+    qwen3 = s.family in QWEN3_TOWERS
+    return {"patch_embed": conv + (w if qwen3 else 0),  # only Qwen3's patch conv has a bias
+            "pos_embed": s.num_position_embeddings * w if qwen3 else 0,
             "vision_blocks": s.vision_depth * (norms + attn + mlp),
             "merger": merger_norm + merger_mlp,
             "deepstack_mergers": s.deepstack * (2 * merged + merger_mlp)}  # LayerNorm after the 2x2 shuffle

@@ -1,7 +1,8 @@
 """Parameter counts of the tiled vision towers and their projectors, per GPU.
 
 SmolVLM / Idefics3: a SigLIP ViT (modeling_smolvlm's SmolVLMVisionTransformer) and a bias-free Linear after the
-scale x scale pixel shuffle. InternVL: InternViT (modeling_internvl's InternVLVisionModel: CLS token, layer scales)
+scale x scale pixel shuffle. Gemma 3: transformers' SiglipVisionModel on one 896-px image and its projector
+(modeling_gemma3's Gemma3MultiModalProjector: average pooling, an RMSNorm, one bias-free projection matrix). InternVL: InternViT (modeling_internvl's InternVLVisionModel: CLS token, layer scales)
 and a LayerNorm -> Linear -> GELU -> Linear projector. With tensor parallelism the ViT splits like the Qwen towers
 (column q/k/v and fc1, row out-projection and fc2, when heads and MLP width divide); the projectors are replicated,
 as vLLM builds them from ReplicatedLinear.
@@ -57,4 +58,17 @@ def internvit_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
             "merger": 2 * shuffled + linear(s.vision_out, shuffled) + linear(s.vision_out, s.vision_out)}
 
 
-TILED_TOWERS = {"siglip": siglip_params, "internvit": internvit_params}
+def gemma3_siglip_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
+    """Gemma 3: SigLIP's patch conv (+bias), positions, LayerNorm blocks and post-LayerNorm, the attention-pooling head
+    where the config keeps it (probe, nn.MultiheadAttention, LayerNorm, MLP), and the projector: RMSNorm over the
+    width and a width x text-hidden matrix (the 4x4 average pooling has no parameters)."""
+    w, i, n = s.vision_width, s.vision_intermediate, vision_split(s, tp)
+    head = w + 4 * w * w + 4 * w + 2 * w + linear(i, w) + linear(w, i) if s.vision_use_head else 0
+    return {"patch_embed": s.in_channels * s.patch_size ** 2 * w + w,
+            "pos_embed": patches_per_tile(s) * w,
+            "vision_blocks": s.vision_depth * vit_block(s, n, True, 2 * w),
+            "post_layernorm": 2 * w + head,
+            "merger": w + w * s.vision_out}
+
+
+TILED_TOWERS = {"siglip": siglip_params, "internvit": internvit_params, "gemma3_siglip": gemma3_siglip_params}

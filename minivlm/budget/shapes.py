@@ -1,7 +1,9 @@
 """A model's dimensions from any config form: preset name, checkpoint dir, config.json dict or transformers config.
 
 The calculator's families are its own (not the engine's registry): the Qwen-VL ones, the tiled VLMs SmolVLM /
-Idefics3 and InternVL, and the text-only Qwen2 / Qwen3 decoders."""
+Idefics3 and InternVL, the text-only Qwen2 / Qwen3 decoders, and the hybrid ones whose layers keep different things
+between steps (kv_groups.py): Qwen3.5 (Gated DeltaNet recurrent layers, every 4th full attention) and Gemma 3
+(sliding-window layers, every 6th full attention)."""
 import json
 import os
 from dataclasses import dataclass
@@ -14,8 +16,11 @@ PRESET_DIR = os.path.join(ROOT, "assets", "presets")
 QWEN_VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 TILED = ("smolvlm", "idefics3", "internvl")  # vision towers on fixed-size tiles, then a pixel-shuffle projector
 TEXT_ONLY = ("qwen2", "qwen3")
-SUPPORTED = QWEN_VL + TILED + TEXT_ONLY
-TEXT_FAMILIES = ("qwen2", "qwen3", "llama")  # decoder layouts params.py knows
+HYBRID = ("qwen3_5", "gemma3")  # decoder layers of more than one kind (kv_groups.py)
+SUPPORTED = QWEN_VL + TILED + TEXT_ONLY + HYBRID
+QWEN_PATCHES = QWEN_VL + ("qwen3_5",)  # native-resolution patches, resized by smart_resize
+QWEN3_TOWERS = ("qwen3_vl", "qwen3_5")  # Qwen3-VL's tower layout (Qwen3.5's is the same without deepstack)
+TEXT_FAMILIES = ("qwen2", "qwen3", "llama", "qwen3_5", "gemma3")  # decoder layouts params.py knows
 
 
 @dataclass(frozen=True)
@@ -54,10 +59,28 @@ class ModelShape:
     vision_mean_pooling: bool = True
     vision_mask_token: bool = False
     vision_abs_pos: bool = True
+    vision_use_head: bool = False  # Gemma 3's SigLIP: the attention-pooling head (the published configs drop it)
+    layer_types: tuple[str, ...] = ()  # hybrid: per decoder layer full_attention | sliding_attention | linear_attention
+    sliding_window: int = 0
+    linear_k_heads: int = 0  # Qwen3.5's Gated DeltaNet layers
+    linear_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
+    linear_conv_kernel: int = 0
 
     @property
     def has_vision(self) -> bool:
         return bool(self.vision_kind)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Each decoder layer's kind (all full_attention unless the config says otherwise)."""
+        return self.layer_types or ("full_attention",) * self.layers
+
+    @property
+    def conv_dim(self) -> int:
+        """Gated DeltaNet: channels of the fused q/k/v projection and its causal conv (2 key widths + a value width)."""
+        return 2 * self.linear_k_heads * self.linear_k_dim + self.linear_v_heads * self.linear_v_dim
 
 
 def model_preset_names() -> list[str]:
@@ -99,7 +122,8 @@ def hf_config(model_config) -> PreTrainedConfig:
 def text_family(t) -> str:
     """The decoder layout of a text config: qwen2 (Qwen2, Qwen2-VL, Qwen2.5-VL), qwen3 (Qwen3, Qwen3-VL) or llama."""
     kind = t.model_type
-    family = "qwen3" if kind.startswith("qwen3") else "qwen2" if kind.startswith("qwen2") else kind
+    family = "qwen3_5" if kind.startswith("qwen3_5") else "gemma3" if kind.startswith("gemma3") else \
+        "qwen3" if kind.startswith("qwen3") else "qwen2" if kind.startswith("qwen2") else kind
     if family not in TEXT_FAMILIES:
         raise ValueError(f"text model_type {kind!r} is not a decoder the budget knows; known: {TEXT_FAMILIES}")
     return family
@@ -117,7 +141,14 @@ def vision_dims(cfg) -> dict:
         return dict(vision_width=0, vision_intermediate=0, vision_depth=0, vision_heads=0, vision_out=0, patch_size=0,
                     temporal_patch_size=0, merge_size=0, in_channels=0, num_position_embeddings=0, deepstack=0)
     v = cfg.vision_config
-    if family in QWEN_VL:
+    if family == "gemma3":  # a SigLIP tower on one fixed-size image, average-pooled to mm_tokens_per_image
+        pool = round((_pair(v.image_size) // _pair(v.patch_size)) / cfg.mm_tokens_per_image ** 0.5)
+        return dict(vision_kind="gemma3_siglip", vision_width=v.hidden_size, vision_intermediate=v.intermediate_size,
+                    vision_depth=v.num_hidden_layers, vision_heads=v.num_attention_heads,
+                    vision_out=cfg.text_config.hidden_size, patch_size=_pair(v.patch_size), temporal_patch_size=1,
+                    merge_size=pool, in_channels=v.num_channels, vision_image_size=_pair(v.image_size),
+                    num_position_embeddings=0, deepstack=0, vision_use_head=bool(v.vision_use_head))
+    if family in QWEN_PATCHES:
         if family == "qwen2_vl":
             width, out, inter = v.embed_dim, v.hidden_size, int(v.embed_dim * v.mlp_ratio)
         else:
@@ -155,4 +186,16 @@ def model_shape(model_config) -> ModelShape:
         layers=t.num_hidden_layers, heads=t.num_attention_heads, kv_heads=t.num_key_value_heads or
         t.num_attention_heads, head_dim=head_dim, tied=bool(cfg.tie_word_embeddings),
         attention_bias=bool(getattr(t, "attention_bias", False)), text_family=text_family(t),
-        mlp_bias=bool(getattr(t, "mlp_bias", False)), **vision_dims(cfg))
+        mlp_bias=bool(getattr(t, "mlp_bias", False)), **vision_dims(cfg), **hybrid_dims(family, t))
+
+
+def hybrid_dims(family: str, t) -> dict:
+    """The layer kinds and Gated DeltaNet widths of a hybrid text config (empty for the others: all full attention)."""
+    if family not in HYBRID:
+        return {}
+    dims = dict(layer_types=tuple(t.layer_types), sliding_window=int(getattr(t, "sliding_window", None) or 0))
+    if family == "qwen3_5":
+        dims.update(linear_k_heads=t.linear_num_key_heads, linear_v_heads=t.linear_num_value_heads,
+                    linear_k_dim=t.linear_key_head_dim, linear_v_dim=t.linear_value_head_dim,
+                    linear_conv_kernel=t.linear_conv_kernel_dim)
+    return dims

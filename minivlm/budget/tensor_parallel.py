@@ -21,7 +21,9 @@ def check_tensor_parallel(s: ModelShape, tp: int) -> None:
     """Refuse a split vLLM refuses: attention heads and the MLP width must divide by the number of GPUs."""
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tensor_parallel_size must be a positive int, got {tp!r}")
-    for what, n in (("attention heads", s.heads), ("MLP intermediate size", s.intermediate)):
+    linear = (("Gated DeltaNet key heads", s.linear_k_heads), ("Gated DeltaNet value heads", s.linear_v_heads)) \
+        if s.linear_v_heads else ()
+    for what, n in (("attention heads", s.heads), ("MLP intermediate size", s.intermediate)) + linear:
         if n % tp:
             raise ValueError(f"tensor_parallel_size {tp} does not divide the model's {n} {what}; "
                              f"pick a size that divides {n}")

@@ -1,11 +1,11 @@
 """How many LLM tokens an image becomes: the Qwen-VL resize rule (smart_resize) and the 2x2 patch merge; the tiled
-families' rules are in tiling.py, and image_plan() answers for any family."""
+families' rules are in tiling.py; Gemma 3's is a fixed count per image; image_plan() answers for any family."""
 import json
 import math
 import os
 from dataclasses import dataclass
 
-from minivlm.budget.shapes import QWEN_VL, TEXT_ONLY, hf_config, load_model_preset, model_shape
+from minivlm.budget.shapes import QWEN_PATCHES, TEXT_ONLY, hf_config, load_model_preset, model_shape
 from minivlm.budget.tiling import internvl_tiles, smolvlm_tiles
 
 # Image processor defaults of the published Qwen-VL checkpoints' preprocessor_config.json, per family (kept here,
@@ -14,7 +14,10 @@ FAMILY_PROCESSOR = {
     "qwen2_vl": {"patch_size": 14, "merge_size": 2, "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 16384},
     "qwen2_5_vl": {"patch_size": 14, "merge_size": 2, "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 16384},
     "qwen3_vl": {"patch_size": 16, "merge_size": 2, "min_pixels": 256 * 256, "max_pixels": 4096 * 4096},
+    # transformers serves Qwen3.5 with Qwen3-VL's processor; its checkpoints' own limits are not known offline
+    "qwen3_5": {"patch_size": 16, "merge_size": 2, "min_pixels": 256 * 256, "max_pixels": 4096 * 4096},
 }
+GEMMA3_MARKERS = 4  # "\n\n", <start_of_image>, <end_of_image>, "\n\n" around each image (Gemma3Processor)
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -80,7 +83,7 @@ def vision_tokens(height: int, width: int, family_or_config, min_pixels=None, ma
     """Image placeholder tokens for one height x width image: Qwen-VL (H'/factor)·(W'/factor), factor = patch ·
     merge; a tiled family's config or preset: its tiles × tokens per tile (image_plan)."""
     if family_or_config not in FAMILY_PROCESSOR and patch_size is None and merge_size is None and \
-            hf_config(family_or_config).model_type not in QWEN_VL:
+            hf_config(family_or_config).model_type not in QWEN_PATCHES:
         return image_plan(family_or_config, height, width, min_pixels, max_pixels).vision_tokens
     s = image_processor_settings(family_or_config, min_pixels, max_pixels, patch_size, merge_size)
     factor = s["patch_size"] * s["merge_size"]
@@ -146,7 +149,7 @@ def image_plan(model_config, height: int, width: int, min_pixels=None, max_pixel
     family = cfg.model_type
     if family in TEXT_ONLY:
         raise ValueError(f"{family} is a text-only model: it takes no images")
-    if family in QWEN_VL:
+    if family in QWEN_PATCHES:
         proc = image_processor_settings(model_config, min_pixels, max_pixels)
         factor = proc["patch_size"] * proc["merge_size"]
         resized = smart_resize(height, width, factor, proc["min_pixels"], proc["max_pixels"])
@@ -155,6 +158,10 @@ def image_plan(model_config, height: int, width: int, min_pixels=None, max_pixel
     if min_pixels is not None or max_pixels is not None:
         raise ValueError(f"min_pixels / max_pixels apply to the Qwen-VL resize rule, not to {family}'s tiling")
     s = shape if shape is not None else model_shape(cfg)
+    if family == "gemma3":  # every image resized to the tower's square, pooled to a fixed count (no pan-and-scan)
+        tokens = (_saved_processor(model_config) or {}).get("image_seq_length", cfg.mm_tokens_per_image)
+        side = s.vision_image_size
+        return ImagePlan(tokens, GEMMA3_MARKERS, 1, (side // s.patch_size) ** 2, (side, side))
     p = tiled_processor_settings(model_config, cfg=cfg, shape=s)
     per_tile = (s.vision_image_size // s.patch_size) ** 2
     if family == "internvl":

@@ -39,9 +39,9 @@ def weight_bytes(s: ModelShape, dtype: str, tp: int = 1,
     if dtype not in QUANTIZED:
         b = DTYPE_BYTES[dtype]
         return text * b, vision * b, f"{text:,} params × {b} B ({dtype})", f"{vision:,} params × {b} B ({dtype})"
-    linears = decoder_linears(s, tp)
-    quantized = s.layers * sum(linear_bytes(lin.out_features, lin.in_features, dtype) for lin in linears)
-    plain = text - s.layers * sum(lin.out_features * lin.in_features for lin in linears)
+    layers = [decoder_linears(s, tp, kind) for kind in s.kinds]  # hybrid models: each layer's own kind
+    quantized = sum(linear_bytes(lin.out_features, lin.in_features, dtype) for linears in layers for lin in linears)
+    plain = text - sum(lin.out_features * lin.in_features for linears in layers for lin in linears)
     overhead = "fp16 scale per output row" if dtype == "int8" else f"fp16 scale + 4-bit zero per {INT4_GROUP} weights"
     return (quantized + 2 * plain, 2 * vision,
             f"{text:,} params: decoder Linear weights in {dtype} (+ {overhead}), the rest bfloat16",
