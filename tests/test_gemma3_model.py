@@ -10,6 +10,7 @@ from PIL import Image
 from transformers import Gemma3ForConditionalGeneration
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 
+from minivlm import Engine, Request
 from minivlm.config import EngineConfig
 from minivlm.inputs.image_layout import runs
 from minivlm.inputs.prompt import build_prompt
@@ -97,7 +98,8 @@ class Paged:
             tables = [s.tables[kind] for s, _, _ in work]
             width = max(map(len, tables))
             padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
-            slots = torch.tensor([s.tables[kind][p // BLOCK] * BLOCK + p % BLOCK for s, a, b in work for p in range(a, b)])
+            slots = torch.tensor([s.tables[kind][p // BLOCK] * BLOCK + p % BLOCK
+                                  for s, a, b in work for p in range(a, b)])
             out[kind] = AttentionMetadata.build(slots, q_lens, ctx, padded, BLOCK, "cpu",
                                                 window=self.window if kind == "sliding_window" else None,
                                                 spans=[[sp for sp in s.spans if sp[1] > a and sp[0] < b]
@@ -162,6 +164,20 @@ def test_input_side_marks_only_the_soft_tokens_as_hf_does(model):
         assert views == ([1, 1] if kw is None else [3]) and len(seq.spans) == sum(views)
         assert all(b - a == 16 for a, b in seq.spans)
     assert seq.prompt.images[0].tiles == (1, 2)
+
+
+def test_anatomy_lays_out_each_view_as_a_pooled_grid(path, model):
+    """The anatomy of a pan-and-scan request: the processor's soft tokens are the image tokens, each of the image's
+    three views a 4x4 grid in prompt order (view 0 the whole image), 1-D positions."""
+    with Engine(EngineConfig(model=path, device="cpu", dtype="float32", num_blocks=32)) as engine:
+        a = engine.anatomy(Request(messages=PANORAMA, mm_processor_kwargs={"do_pan_and_scan": True}))
+    seq = Seq(model, PANORAMA, {"do_pan_and_scan": True})
+    assert [int(t.type == "image") for t in a.tokens] == seq.types and a.images_as == "fixed"
+    cells = [(t.image_index, t.tile, t.grid_row, t.grid_col) for t in a.tokens if t.type == "image"]
+    assert cells == [(0, v, r, c) for v in range(3) for r in range(4) for c in range(4)]
+    assert all(t.position == (t.index,) * 3 for t in a.tokens)
+    (image,) = a.images
+    assert (image.tiles, image.tokens_per_tile, image.num_tokens, image.merge_size) == ((1, 2), 16, 48, 2)
 
 
 def test_vision_half_equals_hf(model, hf):
@@ -246,6 +262,26 @@ def test_prefix_hit_inside_an_image_span(model, hf):
     assert gap(got, hf_logprobs(hf, second)[-1]) < TOL
     with pytest.raises(ValueError, match="inside the bidirectional span"):  # a chunk may not end inside one
         step(model, Paged(model.decoder), [(Seq(model, IMAGE_CHAT), 0, hit)])
+
+
+def test_softcapping_settings_are_read_as_hf_reads_them(tmp_path):
+    """Gemma3ForConditionalGeneration applies neither attn_logit_softcapping nor final_logit_softcapping (transformers
+    5.x passes no softcap to its attention, and only Gemma3ForCausalLM caps logits): set, they change nothing here
+    either."""
+    path = make_gemma3_checkpoint(str(tmp_path / "capped"), seed=6, attn_logit_softcapping=1.0,
+                                  final_logit_softcapping=0.5)
+    model = LoadedModel(EngineConfig(model=path, device="cpu", dtype="float32"))
+    hf = Gemma3ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    seq = Seq(model, TEXT_CHAT)
+    got = step(model, Paged(model.decoder), [(seq, 0, len(seq.ids))])[0]
+    assert gap(got, hf_logprobs(hf, seq)[-1]) < TOL
+
+
+def test_a_bad_pan_and_scan_knob_is_refused(model):
+    with pytest.raises(ValueError, match="'do_pan_and_scan' must be true or false"):
+        Seq(model, PANORAMA, {"do_pan_and_scan": "yes"})
+    with pytest.raises(ValueError, match="allowed: do_pan_and_scan"):
+        Seq(model, PANORAMA, {"max_patches": 2})
 
 
 @pytest.mark.parametrize("rope", [{"rope_type": "default", "rope_theta": 1e6},

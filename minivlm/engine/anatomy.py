@@ -43,7 +43,7 @@ class ImageAnatomy:
     patch_size: int = 0
     merge_size: int = 0
     settings: tuple = ()              # processor settings that shaped its tokens (they enter key C)
-    tiles: tuple[int, int] | None = None  # tiled families: (rows, cols) of crops; None when not split (or Qwen)
+    tiles: tuple[int, int] | None = None  # tiled families, Gemma 3: (rows, cols) of crops; None when not split
     thumbnail: bool = False           # a global view / thumbnail follows the crops
     tile_size: int = 0                # tiled families: a crop's side in px, as the vision tower sees it
     tokens_per_tile: int = 0
@@ -76,7 +76,7 @@ class Anatomy:
     strategy: str                     # the engine's own strategy (the key its cache uses)
     rope_delta: int                   # decode position = sequence length + rope_delta
     notes: list[str] = field(default_factory=list)
-    images_as: str = "patches"        # how the family turns an image into tokens: patches | tiles | none
+    images_as: str = "patches"        # how the family turns an image into tokens: patches | tiles | fixed | none
     mrope: bool = True                # 3-axis M-RoPE positions (else 1-D)
 
 
@@ -136,13 +136,35 @@ def tiled_images(engine, seq, sizes) -> tuple[list[ImageAnatomy], dict]:
     return images, owner
 
 
+def fixed_images(engine, seq, sizes) -> tuple[list[ImageAnatomy], dict]:
+    """Gemma 3: each image one view at the tower's size, then (pan-and-scan) its crops, each a view of its own of
+    mm_tokens_per_image tokens (the patch grid average-pooled); each image token's (image, row, col, view) on its
+    view's token grid, view 0 the whole image."""
+    cfg = engine.hf_config
+    size, patch, per_view = engine.processor.image_processor.size.height, cfg.vision_config.patch_size, \
+        cfg.mm_tokens_per_image
+    side = int(round(per_view ** 0.5))
+    pool = size // patch // side  # patches per token, along each side
+    images, owner = [], {}
+    for k, (im, original) in enumerate(zip(seq.images, sizes)):
+        images.append(ImageAnatomy(original, (size, size), None, im.pixel_rows * (size // patch) ** 2, im.num_tokens,
+                                   im.content_hash, im.start, patch, pool, im.settings, im.tiles, False, size,
+                                   per_view, im.end))
+        placeholders = [i for i in range(im.start, im.end) if seq.token_types[i]]  # text between the views
+        for j, i in enumerate(placeholders):
+            owner[i] = (k, j % per_view // side, j % side, j // per_view)
+    return images, owner
+
+
+IMAGE_LAYOUTS = {"patches": qwen_images, "tiles": tiled_images, "fixed": fixed_images}
+
+
 def build_anatomy(engine, request: Request) -> Anatomy:
     """Render `request` through the engine (no model run) and lay out its tokens, images, blocks and keys."""
     seq = engine.make_sequence(request, SamplingParams(max_tokens=1))
     model, bs, family = engine.model, engine.config.block_size, engine.model.family
     sizes = original_sizes(request, seq) if seq.images else []
-    images, owner = (qwen_images if family.images == "patches" else tiled_images)(engine, seq, sizes) \
-        if seq.images else ([], {})
+    images, owner = IMAGE_LAYOUTS[family.images](engine, seq, sizes) if seq.images else ([], {})
     positions = seq.prompt_positions.T.tolist()
     texts = token_texts(engine.tokenizer, seq.token_ids)
     tokens = [TokenInfo(i, t, text, "image" if kind else "text", *owner.get(i, (None, None, None, None))[:3],

@@ -24,8 +24,8 @@ class ImageInfo:
     settings: tuple                   # processor settings that shaped its tokens (pixels, tiling, patch, merge)
     notes: list[str] = field(default_factory=list)
     end: int = 0                      # one past its last placeholder (tile markers in between belong to it)
-    pixel_rows: int = 0               # rows of the prompt's pixel_values it owns (patches or tiles)
-    tiles: tuple[int, int] | None = None   # tiled families: (rows, cols) of crops; None when not split
+    pixel_rows: int = 0               # rows of the prompt's pixel_values it owns (patches, tiles or views)
+    tiles: tuple[int, int] | None = None   # tiled families, Gemma 3: (rows, cols) of crops; None when not split
     thumbnail: bool = False           # a global view / thumbnail follows its crops
     kind: str = "image"               # "image" or "video" (a video's grid has t > 1 frame pairs)
     video: object = None              # a video's VideoFacts: fps, sampled frames, timestamps (minivlm.inputs.video_patches)
@@ -44,7 +44,7 @@ class Prompt:
     """A request rendered by the processor."""
     token_ids: list[int]
     token_types: list[int]            # 0 text, 1 image or video placeholder
-    pixel_values: torch.Tensor | None  # Qwen: [patches, dim]; tiled families: [tiles, 3, H, W]
+    pixel_values: torch.Tensor | None  # Qwen: [patches, dim]; tiled: [tiles, 3, H, W]; Gemma 3: [views, 3, H, W]
     images: list[ImageInfo]
     pixel_mask: torch.Tensor | None = None  # SmolVLM: [tiles, H, W], which pixels of a padded tile are real
 
