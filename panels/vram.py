@@ -1,7 +1,9 @@
 """VRAM budget tab: minivlm.budget.estimate for a model, a device (one GPU or several, tensor parallel) and a workload:
 the plan per GPU as a stacked bar, the workload's KV demand against the pool, why it does not fit in words, which
 GPUs would fit it, the matrix VLMs on 16 / 24 / 48 / 80 GB GPUs, and what this engine really allocated
-(memory_report)."""
+(memory_report). A hybrid model (Qwen3.5, Gemma 3) shows its KV-cache groups row by row and how many more requests
+it fits than a model of its dimensions whose every layer were full attention (chunked prefill: a sliding request
+holds its window plus one step's chunk)."""
 import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
@@ -29,8 +31,8 @@ EXAMPLE_72B = ("Qwen2.5-VL-72B-Instruct", 4, 32768, 8)  # model, images per requ
 GIB = 2 ** 30
 # Picker titles per model_type, in the order the families are listed.
 FAMILY_TITLES = {"qwen3_vl": "Qwen3-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen2_vl": "Qwen2-VL", "smolvlm": "SmolVLM2",
-                 "idefics3": "Idefics3", "internvl": "InternVL3.5", "qwen3": "Qwen3 (text)",
-                 "qwen2": "Qwen2.5 (text)"}
+                 "idefics3": "Idefics3", "internvl": "InternVL3.5", "qwen3_5": "Qwen3.5 (hybrid)",
+                 "gemma3": "Gemma 3 (hybrid)", "qwen3": "Qwen3 (text)", "qwen2": "Qwen2.5 (text)"}
 
 
 def preset_choices(lang: str = EN) -> list[tuple[str, str]]:
@@ -133,6 +135,7 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         dtype = gr.Dropdown(["bfloat16", "float16", "float32", "int8", "int4"], value="bfloat16", label=L("vram.dtype"))
         kv_dtype = gr.Dropdown(["auto", "bfloat16", "float16", "float32", "fp8"], value="auto", label=L("vram.kv_dtype"))
         block_size = gr.Dropdown([8, 16, 32, 64], value=16, label=L("vram.block_size"))
+        chunk = gr.Number(0, label=L("vram.chunk"), precision=0, minimum=0, elem_id="vram-chunk")
         example = gr.Button(L("vram.example"), elem_id="vram-example-72b")
     with gr.Row():  # a video workload: its frames are the image size above
         n_videos = gr.Slider(0, 4, value=0, step=1, label=L("vram.videos"), elem_id="vram-videos")
@@ -143,7 +146,7 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
     figure = gr.Plot(label=L("vram.plot"), elem_id="vram-plot")
     # no header breaks inside a word (gradio sizes an "auto" column by its cells; one letter a line on a phone)
     gpus = gr.Dataframe(label=L("vram.gpus"), wrap=True, max_height=520, elem_id="vram-gpus",
-                        column_widths=header_widths(gpu_table([]).columns, {0: "auto", 1: "auto", 4: "55%"}))
+                        column_widths=header_widths(gpu_table([]).columns, {0: "auto", 1: "auto", 5: "50%"}))
     matrix = gr.Dataframe(label=L("vram.matrix"), wrap=True, elem_id="vram-matrix")
     versus = gr.Dataframe(label=L("vram.versus"), elem_id="vram-engine")
     # fixed item and GiB columns (a phone scrolls the table sideways), the formulas wrap in the rest
@@ -151,22 +154,24 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
                              elem_id="vram-breakdown")
 
     def workload(model_name, utilization, image_width, image_height, images_per_request, context_length,
-                 concurrent_requests, weights_dtype, kv_cache_dtype, block_size) -> tuple:
+                 concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk=0) -> tuple:
         config = holder.get().hf_config if model_name == THIS_ENGINE else model_name
         images = int(images_per_request) if model_name is None or model_shape(config).has_vision else 0  # text-only
+        step = int(chunk or 0)  # chunked prefill's tokens per step; 0: off (a prefill is one step)
         return config, dict(dtype=weights_dtype, kv_dtype=kv_cache_dtype, max_model_len=int(context_length or 0),
                             num_seqs=int(concurrent_requests), images_per_request=images,
                             image_size=(int(image_width or 0), int(image_height or 0)),
-                            gpu_memory_utilization=float(utilization), block_size=int(block_size))
+                            gpu_memory_utilization=float(utilization), block_size=int(block_size),
+                            **(dict(enable_chunked_prefill=True, max_num_batched_tokens=step) if step > 0 else {}))
 
     @gpu
     def calculate(model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
                   images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
-                  gpus=1, request: gr.Request = None):
+                  gpus=1, chunk=0, request: gr.Request = None):
         lang = lang_of(request)
         report = holder.get().memory_report()  # inside the GPU function: on ZeroGPU the device exists only here
         config, work = workload(model_name, utilization, image_width, image_height, images_per_request,
-                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size)
+                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk)
         where = {"device_memory_gb": float(custom_memory_gib or 0)} if device_name == CUSTOM else {"device": device_name}
         multi = device_name != CUSTOM and devices[device_name].get("gpus", 1) > 1  # the preset fixes the count
         try:
@@ -184,18 +189,18 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         return headline(est, shown, int(concurrent_requests), lang), fig, comparison(est, report, lang), table
 
     def plan(model_name, utilization, image_width, image_height, images_per_request, context_length,
-             concurrent_requests, weights_dtype, kv_cache_dtype, block_size, request: gr.Request = None):
+             concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk=0, request: gr.Request = None):
         config, work = workload(model_name, utilization, image_width, image_height, images_per_request,
-                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size)
+                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk)
         try:
             return gpu_table(gpus_needed(config, **work), lang_of(request))
         except ValueError as e:
             raise gr.Error(localize_error(e, lang_of(request)))
 
     def matrix_plan(utilization, image_width, image_height, images_per_request, context_length, concurrent_requests,
-                    weights_dtype, kv_cache_dtype, block_size, request: gr.Request = None):
+                    weights_dtype, kv_cache_dtype, block_size, chunk=0, request: gr.Request = None):
         _, work = workload(None, utilization, image_width, image_height, images_per_request, context_length,
-                           concurrent_requests, weights_dtype, kv_cache_dtype, block_size)
+                           concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk)
         try:
             return matrix_table(plan_matrix(**work), lang_of(request))
         except ValueError as e:
@@ -203,12 +208,12 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
 
     def video_row(model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
                   images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
-                  gpus, videos, seconds, sampled_fps, request: gr.Request = None):
+                  gpus, chunk, videos, seconds, sampled_fps, request: gr.Request = None):
         """The workload above plus `videos` videos of `seconds` at `fps` per request, counted as the engine would."""
         if not videos:
             return ""
         config, work = workload(model_name, utilization, image_width, image_height, images_per_request,
-                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size)
+                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk)
         where = {"device_memory_gb": float(custom_memory_gib or 0)} if device_name == CUSTOM else \
             {"device": device_name}
         multi = device_name != CUSTOM and devices[device_name].get("gpus", 1) > 1
@@ -226,13 +231,13 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
                 + "".join(f"<br>{x}" for x in limit_sentences(est, lang)))
 
     def load(model_name, device_name, custom_memory_gib, utilization, image_width, image_height, images_per_request,
-             context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size, gpus,
+             context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size, gpus, chunk=0,
              request: gr.Request = None):
         values = (model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
                   images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
-                  gpus)
-        return (*calculate(*values, request=request), plan(values[0], *values[3:12], request=request),
-                matrix_plan(*values[3:12], request=request))
+                  gpus, chunk)
+        return (*calculate(*values, request=request), plan(values[0], *values[3:12], chunk, request=request),
+                matrix_plan(*values[3:12], chunk, request=request))
 
     def on_device(device_name, n_gpus):
         count = devices.get(device_name, {}).get("gpus", 1)
@@ -253,14 +258,15 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
     device.change(on_device, [device, tp], tp, api_name=False, queue=False)
     tp.change(on_gpus, [device, tp], device, api_name=False, queue=False)
     example.click(the_72b_question, None, [model, images, context, seqs, device, tp], api_name=False)
-    inputs = [model, device, memory_gb, util, width, height, images, context, seqs, dtype, kv_dtype, block_size, tp]
+    inputs = [model, device, memory_gb, util, width, height, images, context, seqs, dtype, kv_dtype, block_size, tp,
+              chunk]
     outputs = [summary, figure, versus, breakdown]
     gr.on([c.change for c in inputs], calculate, inputs, outputs, api_name="vram", concurrency_id="vram",
           concurrency_limit=1, show_progress="hidden")
     video_inputs = inputs + [n_videos, video_s, video_fps]
     gr.on([c.change for c in video_inputs], video_row, video_inputs, video_summary, api_name="vram_video",
           concurrency_id="vram", show_progress="hidden")
-    plan_inputs = [model, util, width, height, images, context, seqs, dtype, kv_dtype, block_size]
+    plan_inputs = [model, util, width, height, images, context, seqs, dtype, kv_dtype, block_size, chunk]
     gr.on([c.change for c in plan_inputs], plan, plan_inputs, gpus, api_name="vram_gpus", concurrency_id="vram",
           show_progress="hidden")
     gr.on([c.change for c in plan_inputs[1:]], matrix_plan, plan_inputs[1:], matrix, api_name="vram_matrix",
@@ -268,11 +274,11 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
     if switch is not None:  # the whole tab again, in the chosen language
         def relang(chosen, model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
                    images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
-                   gpus, videos, seconds, sampled_fps, request: gr.Request):
+                   gpus, chunk, videos, seconds, sampled_fps, request: gr.Request):
             LANGUAGES.set(request, chosen)
             values = (model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
                       images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype,
-                      block_size, gpus)
+                      block_size, gpus, chunk)
             return (gr.update(choices=preset_choices(chosen)), gr.update(choices=device_choices(devices, chosen)),
                     *load(*values, request=request), video_row(*values, videos, seconds, sampled_fps, request=request))
         switch.change(relang, [switch, *video_inputs], [model, device, *outputs, gpus, matrix, video_summary],

@@ -1,5 +1,6 @@
-"""The VRAM tab's words and tables: the verdict (fits, or every limit it hits), the estimate against this engine,
-the fewest GPUs per device, and the matrix of VLMs on common GPUs, in the page's language (pure functions)."""
+"""The VRAM tab's words and tables: the verdict (fits, or every limit it hits; a hybrid model's requests against a
+model whose every layer were full attention), the estimate against this engine, the fewest GPUs per device, and the
+matrix of VLMs on common GPUs, in the page's language (pure functions)."""
 import pandas as pd
 
 from minivlm.budget.planner import MATRIX_GPUS
@@ -8,6 +9,8 @@ from panels.i18n import EN, t
 from panels.i18n.budget import limit_sentences, limit_words
 
 GIB = 2 ** 30
+GROUP_WORDS = {"full_attention": "vram.group.full_attention", "sliding_window": "vram.group.sliding_window",
+               "recurrent": "vram.group.recurrent"}  # a KV-cache group's layers in words
 
 
 def matrix_cell(est, lang: str = EN) -> str:
@@ -49,9 +52,24 @@ def gpu_table(plans, lang: str = EN) -> pd.DataFrame:
         why = "; ".join(limit_sentences(e, lang)) if e is not None and lang != EN else p.reason
         rows.append((p.device, f"{p.gpus} × {p.device}" if p.gpus else t(lang, "vram.none_up_to"),
                      _fmt(e.weights_bytes / GIB) if e else "n/a", _fmt(e.workload_concurrency) if e else "n/a",
-                     "" if p.gpus else why))
+                     more_than_full(e), "" if p.gpus else why))
     return pd.DataFrame(rows, columns=[t(lang, f"col.{c}") for c in ("gpu", "fewest", "weights_gpu", "at_once",
-                                                                      "why_not")])
+                                                                      "vs_full", "why_not")])
+
+
+def more_than_full(est) -> str:
+    """A hybrid model's requests at once beyond a model of its dimensions whose every layer were full attention
+    ("+1,234 (×4.2)"); "—" for a model that is all full attention."""
+    if est is None or not est.hybrid:
+        return "—"
+    n, full = est.workload_concurrency, est.full_attention_concurrency
+    return f"{n - full:+,}" + (f" (×{n / full:.1f})" if full else "")
+
+
+def group_words(est, lang: str) -> str:
+    """A hybrid model's layers by group: "6 full-attention + 18 recurrent layers"."""
+    return " + ".join(t(lang, GROUP_WORDS[g.shape.kind], n=len(g.shape.layers), window=g.shape.window)
+                      for g in est.kv_groups.groups)
 
 
 def headline(est, device: str, n_seqs: int, lang: str = EN) -> str:
@@ -64,12 +82,14 @@ def headline(est, device: str, n_seqs: int, lang: str = EN) -> str:
     pool = t(lang, "vram.pool", blocks=f"{est.num_blocks:,}", tokens=f"{est.kv_pool_tokens:,}",
              concurrency=f"{est.max_concurrency:.2f}", max_len=f"{est.max_model_len:,}")
     workload = t(lang, "vram.workload", tokens=f"{est.needed_tokens_per_request:,}", images=images)
+    hybrid = t(lang, "vram.hybrid", groups=group_words(est, lang), n=f"{est.workload_concurrency:,}",
+               full=f"{est.full_attention_concurrency:,}", more=more_than_full(est)) if est.hybrid else ""
     if est.fits:
         return t(lang, "vram.fits", pool=pool, workload=workload, n=f"{est.workload_concurrency:,}", asked=n_seqs,
-                 device=device, gpus=gpus)
+                 device=device, gpus=gpus) + hybrid
     # a verdict says one thing: what stops it, never a concurrency that the limits below contradict
     return (t(lang, "vram.no_fit", device=device, gpus=gpus, pool=pool, workload=workload, asked=n_seqs)
-            + "".join(f"\n- **{limit}**" for limit in limit_sentences(est, lang)))
+            + "".join(f"\n- **{limit}**" for limit in limit_sentences(est, lang)) + hybrid)
 
 
 def _fmt(v) -> str:
