@@ -28,6 +28,19 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
+class OffsetRMSNorm(nn.Module):
+    """RMSNorm whose weight is stored as an offset from 1 (Gemma 3, Qwen3.5): x * rsqrt(mean(x²) + eps) * (1 + weight),
+    all in fp32, cast back at the end (HF's order)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (F.rms_norm(x.float(), x.shape[-1:], eps=self.eps) * (1.0 + self.weight.float())).to(x.dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg, qk_norm: bool, qkv_bias: bool, o_bias: bool):
         super().__init__()
@@ -50,14 +63,17 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg):
+    """The gated MLP: down(act(gate(x)) * up(x)), gate and up as one matrix product (SiLU; Gemma: GeLU-tanh)."""
+
+    def __init__(self, cfg, act=F.silu):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act = act
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -112,17 +128,7 @@ class Decoder(nn.Module):
     def load_weights(self, state: dict, tied: bool, device, dtype):
         """Copy checkpoint tensors in (strictly, after fusing q/k/v and gate/up), re-tie the embeddings, rebuild the
         rotary tables on device."""
-        state = fuse_projections(state)
-        expected = set(self.state_dict()) - {"rotary.inv_freq", "rotary.axis"}
-        missing = expected - set(state) - ({"lm_head.weight"} if tied else set())
-        unexpected = set(state) - expected
-        if missing or unexpected:
-            raise ValueError(f"checkpoint does not match its config: missing {sorted(missing)[:5]}, "
-                             f"unexpected {sorted(unexpected)[:5]}")
-        self.to(dtype).to_empty(device=device)  # cast while still on meta: weights are allocated once, in dtype
-        self.load_state_dict(state, strict=False, assign=False)
-        if tied:
-            self.lm_head.weight = self.embed_tokens.weight
+        load_strictly(self, fuse_projections(state), tied, device, dtype)
         self.rotary = MRotaryEmbedding(*self.rope_args).to(device)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,6 +151,21 @@ class Decoder(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+
+def load_strictly(decoder: nn.Module, state: dict, tied: bool, device, dtype):
+    """A decoder built on the meta device gets the checkpoint's tensors (already in the engine's names): every one it
+    expects and no other (the rotary tables are made, not loaded), in dtype on device, embeddings re-tied."""
+    expected = {k for k in decoder.state_dict() if not k.startswith("rotary.")}
+    missing = expected - set(state) - ({"lm_head.weight"} if tied else set())
+    unexpected = set(state) - expected
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match its config: missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}")
+    decoder.to(dtype).to_empty(device=device)  # cast while still on meta: weights are allocated once, in dtype
+    decoder.load_state_dict(state, strict=False, assign=False)
+    if tied:
+        decoder.lm_head.weight = decoder.embed_tokens.weight
 
 
 def fuse_projections(state: dict) -> dict:

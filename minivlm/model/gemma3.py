@@ -10,23 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivlm.model.cache_spec import CacheSpec
-from minivlm.model.decoder import fuse_projections
+from minivlm.model.decoder import MLP, OffsetRMSNorm, fuse_projections, load_strictly
 from minivlm.model.rope import apply_rope
 
 SPEC_KIND = {"sliding_attention": "sliding_window", "full_attention": "full_attention"}  # HF's layer type -> ours
 ROPE_TYPES = ("default", "linear")
-
-
-class GemmaRMSNorm(nn.Module):
-    """x * rsqrt(mean(x²) + eps) * (1 + weight), in fp32, cast back at the end (HF's Gemma3RMSNorm)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (F.rms_norm(x.float(), x.shape[-1:], eps=self.eps) * (1.0 + self.weight.float())).to(x.dtype)
 
 
 class ScaledEmbedding(nn.Embedding):
@@ -48,8 +36,8 @@ class Gemma3Attention(nn.Module):
         bias = bool(cfg.attention_bias)
         self.qkv_proj = nn.Linear(cfg.hidden_size, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
-        self.q_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.q_norm = OffsetRMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = OffsetRMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.query_pre_attn_scalar ** -0.5
 
     def forward(self, x, cos, sin, kv_cache, meta):
@@ -60,15 +48,8 @@ class Gemma3Attention(nn.Module):
         return self.o_proj(o.reshape(T, -1))
 
 
-class Gemma3MLP(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
 
 
 class Gemma3Layer(nn.Module):
@@ -77,12 +58,12 @@ class Gemma3Layer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.self_attn = Gemma3Attention(cfg)
-        self.mlp = Gemma3MLP(cfg)
+        self.mlp = MLP(cfg, act=gelu_tanh)
         eps = cfg.rms_norm_eps
-        self.input_layernorm = GemmaRMSNorm(cfg.hidden_size, eps)
-        self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, eps)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, eps)
+        self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
+        self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
+        self.pre_feedforward_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
+        self.post_feedforward_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
 
     def forward(self, x, cos, sin, kv_cache, meta):
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta))
@@ -135,7 +116,7 @@ class Gemma3Decoder(nn.Module):
                             for kind in self.kinds]
         self.embed_tokens = ScaledEmbedding(text_cfg.vocab_size, text_cfg.hidden_size)
         self.layers = nn.ModuleList(Gemma3Layer(text_cfg) for _ in self.kinds)
-        self.norm = GemmaRMSNorm(text_cfg.hidden_size, text_cfg.rms_norm_eps)
+        self.norm = OffsetRMSNorm(text_cfg.hidden_size, text_cfg.rms_norm_eps)
         self.lm_head = nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
         if tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -144,17 +125,7 @@ class Gemma3Decoder(nn.Module):
     def load_weights(self, state: dict, tied: bool, device, dtype):
         """Copy checkpoint tensors in (strictly, after fusing q/k/v and gate/up), re-tie the embeddings, make the
         two RoPEs' frequencies on device."""
-        state = fuse_projections(state)
-        expected = set(self.state_dict())
-        missing = expected - set(state) - ({"lm_head.weight"} if tied else set())
-        unexpected = set(state) - expected
-        if missing or unexpected:
-            raise ValueError(f"checkpoint does not match its config: missing {sorted(missing)[:5]}, "
-                             f"unexpected {sorted(unexpected)[:5]}")
-        self.to(dtype).to_empty(device=device)  # cast while still on meta: weights are allocated once, in dtype
-        self.load_state_dict(state, strict=False, assign=False)
-        if tied:
-            self.lm_head.weight = self.embed_tokens.weight
+        load_strictly(self, fuse_projections(state), tied, device, dtype)
         hf_kind = {v: k for k, v in SPEC_KIND.items()}
         self.inv_freq = {kind: inverse_frequencies(self.cfg, hf_kind[kind]).to(device) for kind in set(self.kinds)}
 

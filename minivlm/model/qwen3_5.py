@@ -15,25 +15,13 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (torch_chunk_gated_delt
 
 from minivlm.model.attention import AttentionMetadata
 from minivlm.model.cache_spec import CacheSpec, StateMetadata
-from minivlm.model.decoder import MLP, fuse_projections
+from minivlm.model.decoder import MLP, OffsetRMSNorm, fuse_projections, load_strictly
 from minivlm.model.rope import MRotaryEmbedding, apply_rope
 
 IGNORED = re.compile(r"^mtp\.")  # the multi-token-prediction head: transformers skips it on load (not used to decode)
 STATE_DTYPE = torch.float32  # the delta rule returns an fp32 state (HF's cache keeps it so); conv inputs fit exactly
 # the DeltaNet's four input projections, run as one matrix product (split back in this order)
 IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
-
-
-class ZeroCenteredRMSNorm(nn.Module):
-    """Qwen3.5's RMSNorm: the weight is stored as an offset from 1, applied in fp32, then cast (HF's order)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (F.rms_norm(x.float(), x.shape[-1:], eps=self.eps) * (1.0 + self.weight.float())).to(x.dtype)
 
 
 class GatedRMSNorm(nn.Module):
@@ -59,8 +47,8 @@ class GatedAttention(nn.Module):
         # q_proj's rows are [query, gate] per head; k and v follow: fused into one matrix at load
         self.qkv_proj = nn.Linear(cfg.hidden_size, (2 * self.heads + 2 * self.kv_heads) * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
-        self.q_norm = ZeroCenteredRMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.k_norm = ZeroCenteredRMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.q_norm = OffsetRMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = OffsetRMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata):
         T, h, kv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
@@ -162,8 +150,8 @@ class HybridLayer(nn.Module):
         else:
             self.self_attn = GatedAttention(cfg)
         self.mlp = MLP(cfg)
-        self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, cache, attention: AttentionMetadata, rows: StateRows):
         h = self.input_layernorm(x)
@@ -189,7 +177,7 @@ class Qwen3_5Decoder(nn.Module):
             raise ValueError(f"Qwen3.5 layer types {sorted(unknown)} are not supported")
         self.embed_tokens = nn.Embedding(text_cfg.vocab_size, text_cfg.hidden_size)
         self.layers = nn.ModuleList(HybridLayer(text_cfg, kind) for kind in kinds)
-        self.norm = ZeroCenteredRMSNorm(text_cfg.hidden_size, text_cfg.rms_norm_eps)
+        self.norm = OffsetRMSNorm(text_cfg.hidden_size, text_cfg.rms_norm_eps)
         self.lm_head = nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
         if tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -210,16 +198,7 @@ class Qwen3_5Decoder(nn.Module):
         """Copy checkpoint tensors in (strictly, after fusing projections; the mtp.* head skipped as transformers
         skips it), re-tie the embeddings, rebuild the rotary tables on device."""
         state = fuse_in_proj(fuse_projections({k: v for k, v in state.items() if not IGNORED.match(k)}))
-        expected = set(self.state_dict()) - {"rotary.inv_freq", "rotary.axis"}
-        missing = expected - set(state) - ({"lm_head.weight"} if tied else set())
-        unexpected = set(state) - expected
-        if missing or unexpected:
-            raise ValueError(f"checkpoint does not match its config: missing {sorted(missing)[:5]}, "
-                             f"unexpected {sorted(unexpected)[:5]}")
-        self.to(dtype).to_empty(device=device)  # cast while still on meta: weights are allocated once, in dtype
-        self.load_state_dict(state, strict=False, assign=False)
-        if tied:
-            self.lm_head.weight = self.embed_tokens.weight
+        load_strictly(self, state, tied, device, dtype)
         self.rotary = MRotaryEmbedding(*self.rope_args).to(device)
 
     def forward(self, embeds, positions, kv_caches, metas: dict, deepstack=None,
