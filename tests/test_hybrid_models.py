@@ -158,3 +158,43 @@ def test_the_step_through_says_why_a_block_left_the_window_or_a_state_was_saved(
     assert not any("{" in describe_in(ev, ZH) for ev in events)
     wanted = "window moved on" if family == "gemma3" else "recurrent state after"
     assert any(wanted in s for s in sentences), sentences[:20]
+
+
+def test_generation_config_fills_only_what_a_request_leaves_unset(checkpoints, tmp_path):
+    """A published checkpoint's generation_config.json (do_sample, temperature, top_k, top_p) gives the API's
+    defaults: a request without temperature samples with them, temperature=0 stays greedy."""
+    import json
+    import shutil
+
+    import openai
+
+    import app as app_module
+    from panels.holder import EngineHolder
+    from tests.app_server import free_port
+    path = str(tmp_path / "qwen3_5")
+    shutil.copytree(checkpoints["qwen3_5"], path)
+    with open(f"{path}/generation_config.json") as f:
+        gen = json.load(f)
+    gen.update(do_sample=True, temperature=0.6, top_k=20, top_p=0.95)
+    with open(f"{path}/generation_config.json", "w") as f:
+        json.dump(gen, f)
+    holder = EngineHolder(EngineConfig(model=path, device="cpu", dtype="float32", num_blocks=64))
+    holder.load()
+    port = free_port()
+    demo = app_module.serve(holder, port=port, block=False)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=120)
+        messages = [{"role": "user", "content": "Tell me about squares."}]
+
+        def text(**kw):
+            r = client.chat.completions.create(model=path, messages=messages, max_tokens=12, **kw)
+            return r.choices[0].message.content
+        e, request = holder.engine, Request(messages=messages)
+        greedy = e.generate(request, SamplingParams(max_tokens=12)).text
+        sampled = e.generate(request, SamplingParams(max_tokens=12, temperature=0.6, top_k=20, top_p=0.95,
+                                                     seed=7)).text
+        assert text(temperature=0) == greedy
+        assert text(seed=7) == sampled != greedy
+    finally:
+        demo.close()
+        holder.engine.close()
