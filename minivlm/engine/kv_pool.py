@@ -12,20 +12,31 @@ from minivlm.model.cache_spec import KINDS
 log = logging.getLogger("minivlm")
 
 
+def budget_estimate(config: EngineConfig, model: LoadedModel):
+    """minivlm.budget's plan for this engine: the memory budget after weights and activations, split into KV blocks
+    (and, for a hybrid model, into its KV-cache groups: est.kv_groups)."""
+    from minivlm.budget import estimate
+    device, weights = model.device, model.weights_bytes()
+    return estimate(model.hf_config, dtype=model.dtype_name, kv_dtype=model.dtype_name,
+                    max_model_len=config.max_model_len, num_seqs=config.max_num_seqs,
+                    max_num_batched_tokens=config.max_num_batched_tokens, block_size=config.block_size,
+                    gpu_memory_utilization=1.0 if device.type == "cpu" else config.gpu_memory_utilization,
+                    device_memory_bytes=free_memory_bytes(device, config.cpu_memory_budget_bytes)
+                    + (weights if device.type != "cpu" else 0), weights_bytes=weights,  # CPU: a budget already
+                    enable_chunked_prefill=config.enable_chunked_prefill, state_checkpoints=config.state_checkpoints)
+
+
+def no_room(device, weights: int) -> ValueError:
+    return ValueError(f"no memory left for the KV cache on {device} after {weights / 2**30:.2f} GiB of weights; "
+                      f"raise gpu_memory_utilization or pass num_blocks")
+
+
 def derive_num_blocks(config: EngineConfig, model: LoadedModel) -> int:
     """KV blocks that fit the memory budget (the same formula as minivlm.budget), capped at what
     max_num_seqs requests of max_model_len tokens could ever use."""
-    from minivlm.budget import estimate
-    device, weights = model.device, model.weights_bytes()
-    est = estimate(model.hf_config, dtype=model.dtype_name, kv_dtype=model.dtype_name,
-                   max_model_len=config.max_model_len, num_seqs=config.max_num_seqs,
-                   max_num_batched_tokens=config.max_num_batched_tokens, block_size=config.block_size,
-                   gpu_memory_utilization=1.0 if device.type == "cpu" else config.gpu_memory_utilization,
-                   device_memory_bytes=free_memory_bytes(device, config.cpu_memory_budget_bytes)
-                   + (weights if device.type != "cpu" else 0), weights_bytes=weights)  # CPU: a budget already
+    est = budget_estimate(config, model)
     if est.num_blocks < 1:
-        raise ValueError(f"no memory left for the KV cache on {device} after {weights / 2**30:.2f} GiB of weights; "
-                         f"raise gpu_memory_utilization or pass num_blocks")
+        raise no_room(model.device, model.weights_bytes())
     return min(est.num_blocks, config.max_num_seqs * -(-config.max_model_len // config.block_size))
 
 
@@ -62,10 +73,11 @@ class KVPool:
             layers[spec.kind].append(i)
         layers = {k: idx for k, idx in layers.items() if idx}
         first = {kind: self.specs[idx[0]] for kind, idx in layers.items()}
-        count = self._sizes(first)
+        sizes = self._sizes()
         self.layer_caches = [None] * len(self.specs)
         for kind, idx in layers.items():
-            spec, n = first[kind], count[kind]
+            spec, size = first[kind], sizes.group(kind)
+            n = size.slots if kind == "recurrent" else size.blocks
             if kind == "recurrent":
                 tensors = [torch.zeros(len(idx), n, *shape, dtype=spec.state_dtype or model.dtype, device=model.device)
                            for shape in spec.state_shapes]
@@ -82,21 +94,21 @@ class KVPool:
         self.kv_cache, self.num_blocks = full.tensors[0], full.size
         self.kv_bytes_per_token = sum(first[k].bytes_per_token(model.dtype) * len(layers[k])
                                       for k in ("full_attention",) if k in layers)
-        self.max_concurrency = self.num_blocks * config.block_size / config.max_model_len
+        self.max_concurrency = sizes.max_concurrency
 
-    def _sizes(self, first: dict) -> dict[str, int]:
-        """Blocks or slots per group (TODO: from the memory budget, as budget/kv_groups.py)."""
-        c = self.config
-        full = c.num_blocks or 256
-        chunk = c.max_num_batched_tokens if c.enable_chunked_prefill else c.max_model_len
-        out = {"full_attention": full}
-        if "sliding_window" in first:
-            w = first["sliding_window"].window
-            out["sliding_window"] = min(full, c.max_num_seqs * (-(-(w - 1 + chunk) // c.block_size) + 1))
-        if "recurrent" in first:
-            out["recurrent"] = c.max_num_seqs + (c.state_checkpoints if c.state_checkpoints is not None
-                                                 else 2 * c.max_num_seqs)
-        return out
+    def _sizes(self):
+        """Blocks or slots per group (budget/kv_groups.py's rule, the VRAM calculator's too): num_blocks pins the
+        full-attention group, else the memory budget sizes every group."""
+        from minivlm.budget.kv_groups import groups_from_specs, size_groups
+        c, m = self.config, self.model
+        if not c.num_blocks:
+            sizes = budget_estimate(c, m).kv_groups
+            if sizes.full_blocks < 1:
+                raise no_room(m.device, m.weights_bytes())
+            return sizes
+        return size_groups(groups_from_specs(self.specs), m.dtype_name, None, c.block_size, c.max_num_seqs,
+                           c.max_num_batched_tokens, c.enable_chunked_prefill, c.max_model_len, c.state_checkpoints,
+                           num_blocks=c.num_blocks)
 
     def memory_report(self) -> MemoryReport:
         """What is allocated now: weights, the pool (0 once released), and the device's peak where it can tell."""
