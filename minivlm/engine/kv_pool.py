@@ -60,9 +60,11 @@ class KVPool:
                                         dtype=model.dtype, device=model.device)
             self.layer_caches = [(self.kv_cache[0, i], self.kv_cache[1, i]) for i in range(layers)]
         tokens = self.num_blocks * config.block_size
-        log.info("minivlm: %s on %s (%s) | KV cache: %d blocks x %d = %d tokens | max concurrency %.2fx at %d tokens",
+        groups = "".join(f" | {g.kind} (layers {len(g.layers)}{f', window {g.window}' if g.window else ''}): {g.size} "
+                         f"{'slots' if g.kind == 'recurrent' else 'blocks'}" for g in self.groups.values())
+        log.info("minivlm: %s on %s (%s) | KV cache: %d blocks x %d = %d tokens | max concurrency %.2fx at %d tokens%s",
                  model.model_type, model.device, model.dtype_name, self.num_blocks, config.block_size, tokens,
-                 tokens / config.max_model_len, config.max_model_len)
+                 self.max_concurrency if self.groups else tokens / config.max_model_len, config.max_model_len, groups)
 
     def _build_groups(self):
         """One tensor per group: attention groups [2, layers, blocks, block_size, kv_heads, head_dim], the recurrent
