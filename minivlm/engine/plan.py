@@ -44,6 +44,17 @@ class ScheduledRequest:
     def num_tokens(self) -> int:
         return self.end - self.start
 
+    def group_fields(self) -> dict:
+        """A hybrid model's other groups in the `scheduled` event, so a replay knows them: the recurrent state's slot
+        (and the checkpoint it resumes from), the sliding table given at admission (later steps' allocated / freed
+        events change it; 0 stands for a block out of the window)."""
+        out = {"state_slot": self.state_slot} if self.state_slot >= 0 else {}
+        if self.restore_from >= 0:
+            out["restore_from"] = self.restore_from
+        if self.admitted and self.sliding_table:
+            out["sliding_table"] = list(self.sliding_table)
+        return out
+
 
 @dataclass(frozen=True)
 class Preemption:
@@ -142,7 +153,7 @@ class StepPlan:
         return [{"request_id": r.request_id, "kind": r.kind, "start": r.start, "end": r.end, "sample": r.sample,
                  "admitted": r.admitted, "hits": [h.block_id for h in r.hits], "new_blocks": list(r.new_blocks),
                  "published": [b for b, _ in r.publishes], "slots": [r.slots[0], r.slots[-1]] if r.slots else [],
-                 "encode": r.encode} for r in self.requests]
+                 "encode": r.encode, **r.group_fields()} for r in self.requests]
 
 
 @dataclass
