@@ -21,9 +21,10 @@ from minivlm.budget.vision_tokens import (FAMILY_PROCESSOR, ImagePlan, image_pla
 from minivlm.budget.weights import DTYPE_BYTES, dtype_name, kv_bytes_per_token
 
 __all__ = ["BudgetItem", "DEFAULT_OVERHEAD_BYTES", "DTYPE_BYTES", "Estimate", "FAMILY_PROCESSOR", "GpuPlan",
-           "GroupShape", "GroupSizes", "ImagePlan", "ModelShape", "PRESET_DIR", "QWEN_VL", "SUPPORTED", "TEXT_ONLY", "TILED", "TiledImage",
-           "device_memory", "device_presets", "dtype_name", "estimate", "gpus_needed", "groups_from_specs",
-           "hf_config", "image_plan", "image_processor_settings", "internvl_tiles", "kv_bytes_per_token",
-           "layer_groups", "load_device_preset", "load_model_preset", "model_preset_names", "model_shape",
-           "parameter_count", "prefill_peak", "size_groups", "smart_resize", "smolvlm_tiles", "text_params", "tiled_processor_settings", "tiled_vision_peak",
-           "vision_params", "vision_peak", "vision_tokens"]
+           "GroupShape", "GroupSizes", "ImagePlan", "ModelShape", "PRESET_DIR", "QWEN_VL", "SUPPORTED", "TEXT_ONLY",
+           "TILED", "TiledImage", "device_memory", "device_presets", "dtype_name", "estimate", "gpus_needed",
+           "groups_from_specs", "hf_config", "image_plan", "image_processor_settings", "internvl_tiles",
+           "kv_bytes_per_token", "layer_groups", "load_device_preset", "load_model_preset", "model_preset_names",
+           "model_shape", "parameter_count", "prefill_peak", "size_groups", "smart_resize", "smolvlm_tiles",
+           "text_params", "tiled_processor_settings", "tiled_vision_peak", "vision_params", "vision_peak",
+           "vision_tokens"]

@@ -1,9 +1,10 @@
 """Exact parameter counts per GPU, read off a config (no weights, no model instantiation).
 
 The decoders (Qwen2, Qwen3, Llama layouts; the hybrid Qwen3.5 and Gemma 3, whose layers differ by kind) and the
-Qwen-VL towers are here, the tiled towers (SmolVLM, InternVL, Gemma 3's SigLIP) in params_tiled.py. Each count mirrors one module of transformers' modeling code, split over tp GPUs as
-tensor_parallel.py says; the tests check the totals against models built on the meta device (whole and sharded)
-and against the tensors stored in real checkpoints.
+Qwen-VL towers are here, the tiled towers (SmolVLM, InternVL, Gemma 3's SigLIP) in params_tiled.py. Each count
+mirrors one module of transformers' modeling code, split over tp GPUs as tensor_parallel.py says; the tests check
+the totals against models built on the meta device (whole and sharded) and against the tensors stored in real
+checkpoints.
 """
 from dataclasses import dataclass
 

@@ -1,9 +1,9 @@
 """Parameter counts of the tiled vision towers and their projectors, per GPU.
 
 SmolVLM / Idefics3: a SigLIP ViT (modeling_smolvlm's SmolVLMVisionTransformer) and a bias-free Linear after the
-scale x scale pixel shuffle. Gemma 3: transformers' SiglipVisionModel on one 896-px image and its projector
-(modeling_gemma3's Gemma3MultiModalProjector: average pooling, an RMSNorm, one bias-free projection matrix). InternVL: InternViT (modeling_internvl's InternVLVisionModel: CLS token, layer scales)
-and a LayerNorm -> Linear -> GELU -> Linear projector. With tensor parallelism the ViT splits like the Qwen towers
+scale x scale pixel shuffle. InternVL: InternViT (modeling_internvl's InternVLVisionModel: CLS token, layer scales)
+and a LayerNorm -> Linear -> GELU -> Linear projector. Gemma 3: transformers' SiglipVisionModel on one 896-px image
+and its projector (modeling_gemma3's Gemma3MultiModalProjector: average pooling, an RMSNorm, one bias-free matrix). With tensor parallelism the ViT splits like the Qwen towers
 (column q/k/v and fc1, row out-projection and fc2, when heads and MLP width divide); the projectors are replicated,
 as vLLM builds them from ReplicatedLinear.
 """
