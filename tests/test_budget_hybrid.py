@@ -1,6 +1,7 @@
 """The calculator's hybrid memory (minivlm/budget/kv_groups.py, hybrid_kv.py) against hand-computed bytes, the caches
 transformers really fills, models built on the meta device, the engine's own decoders, and the engine's real
 allocation; and the families that are not hybrid keep exactly today's figures."""
+import importlib
 import math
 
 import pytest
@@ -211,16 +212,6 @@ def test_published_kv_facts_of_the_presets():
 
 
 # ---- the engine's real allocation -------------------------------------------------------------------------------
-def engine_sizes_groups_by_budget() -> bool:
-    """Whether the engine's pool (engine/kv_pool.py) sizes a hybrid model's groups with budget/kv_groups.size_groups
-    (its first landing sized them from num_blocks only, with a TODO to use the budget)."""
-    import inspect
-
-    from minivlm.engine import kv_pool
-    return "size_groups" in inspect.getsource(kv_pool)
-
-
-ENGINE_SIZES_GROUPS_BY_BUDGET = engine_sizes_groups_by_budget()
 MAKERS = {"qwen3_5": ("tools.make_checkpoint_qwen3_5", "make_qwen3_5_checkpoint"),
           "gemma3": ("tools.make_checkpoint_gemma3", "make_gemma3_checkpoint")}
 
@@ -228,7 +219,7 @@ MAKERS = {"qwen3_5": ("tools.make_checkpoint_qwen3_5", "make_qwen3_5_checkpoint"
 @pytest.fixture(scope="module", params=sorted(MAKERS))
 def hybrid_checkpoint(request, tmp_path_factory):
     module, maker = MAKERS[request.param]
-    make = getattr(pytest.importorskip(module), maker)
+    make = getattr(importlib.import_module(module), maker)
     return make(str(tmp_path_factory.mktemp(request.param)))
 
 
@@ -253,8 +244,6 @@ def test_engine_pools_equal_size_groups_for_given_blocks(hybrid_checkpoint):
     assert report.kv_cache_bytes == sizes.total_bytes and report.num_blocks == 40 == sizes.full_blocks
 
 
-@pytest.mark.skipif(not ENGINE_SIZES_GROUPS_BY_BUDGET, reason="the engine does not size hybrid pools from the "
-                    "budget yet (engine/kv_pool.py: KVPool._sizes does not call budget.kv_groups.size_groups)")
 def test_calculator_equals_the_engines_real_allocation(hybrid_checkpoint):
     """num_blocks=None: the engine sizes every group from its memory budget, and estimate() with the same budget and
     settings says the same blocks, slots, bytes, tokens and concurrency (the budget is set so that it binds)."""
