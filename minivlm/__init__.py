@@ -11,7 +11,7 @@ from minivlm.engine import Engine  # noqa: E402
 from minivlm.engine.handle import RequestHandle  # noqa: E402
 from minivlm.engine.step_result import RequestFailed  # noqa: E402
 from minivlm.engine.outputs import CacheHit, Output, StreamEvent  # noqa: E402
-from minivlm.engine.request import Request, SamplingParams  # noqa: E402
+from minivlm.engine.request import Request, SamplingParams, StructuredOutputsParams  # noqa: E402
 from minivlm.engine.outputs import BlockInfo, KVSnapshot, MemoryReport  # noqa: E402
 from minivlm.device import available_devices  # noqa: E402
 from minivlm.loader import resolve_model_dir  # noqa: E402
@@ -19,6 +19,6 @@ from minivlm.inputs.images import load_image  # noqa: E402
 from minivlm.inputs.prompt import split_images  # noqa: E402
 from minivlm.refusals import EngineClosed, Refused  # noqa: E402
 
-__all__ = ["Engine", "EngineConfig", "Request", "SamplingParams", "Output", "CacheHit", "StreamEvent",
+__all__ = ["Engine", "EngineConfig", "Request", "SamplingParams", "StructuredOutputsParams", "Output", "CacheHit", "StreamEvent",
            "KVSnapshot", "BlockInfo", "MemoryReport", "RequestFailed", "available_devices", "resolve_model_dir",
            "load_image", "split_images", "Refused", "EngineClosed", "RequestHandle"]

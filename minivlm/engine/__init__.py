@@ -86,13 +86,14 @@ class Engine:
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(requests)
         if len(plist) != len(requests):
             raise ValueError(f"{len(requests)} requests but {len(plist)} SamplingParams")
-        return [self.make_sequence(r, p) for r, p in zip(requests, plist)]  # all validated before any is queued
+        # all validated before any is queued; a request with n > 1 is n sequences, one per choice
+        return [seq for r, p in zip(requests, plist) for seq in self.intake.make_choices(r, p)]
 
     def submit(self, request: Request, params: SamplingParams | None = None, snapshots: bool = False) -> RequestHandle:
         """Validate and queue one request; returns its RequestHandle (`for ev in handle` or `async for ev in
         handle`: a StreamEvent per step that advanced it; its error raised where it is read). A refusal raises here,
         before anything is queued. Closing the handle (or leaving `with handle:`) aborts the request."""
-        return self._submit([self.make_sequence(request, params or SamplingParams())], snapshots)
+        return self._submit(self.intake.make_choices(request, params or SamplingParams()), snapshots)
 
     def _submit(self, seqs: list[Sequence], snapshots: bool) -> RequestHandle:
         return self.loop.submit(RequestHandle(self.loop, seqs, snapshots))
@@ -103,7 +104,12 @@ class Engine:
         seqs = self._make_sequences([requests] if single else list(requests), params)
         with self._submit(seqs, snapshots=False) as handle:
             outputs = {seq.seq_id: ev.output for seq, ev in handle.pairs() if ev.finished}
-        return outputs[seqs[0].seq_id] if single else [outputs[s.seq_id] for s in seqs]
+        firsts = []
+        for s in seqs:  # n > 1: the first choice's Output lists every choice of its request (choices[0] is itself)
+            if s.choice_index == 0:
+                firsts.append(outputs[s.seq_id])
+            firsts[-1].choices.append(outputs[s.seq_id])
+        return firsts[0] if single else firsts
 
     def stream(self, request: Request, params: SamplingParams | None = None, snapshots: bool = True):
         """Yield a StreamEvent per scheduler step that advanced this request; closing the generator aborts it."""

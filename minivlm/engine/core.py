@@ -238,9 +238,19 @@ class EngineCore:
                     self.block_manager.unpublish(seq, seq.num_computed)
                 self.block_manager.ran(seq)  # a state it saved becomes a checkpoint
                 self._written.pop(r.seq_id, None)
+                if r.allowed is not None and r.seq_id in out.sampled:
+                    self._constrained(seq, r.allowed, out.sampled[r.seq_id][0])
             return [(seq, ev) for r in plan if r.seq_id in out.sampled and (seq := self.live.get(r.seq_id))
                     for ev in self._isolate("advance", [seq], lambda b: [self._advance(b[0], *out.sampled[r.seq_id])],
                                             res)[1]]
+
+    def _constrained(self, seq: Sequence, allowed, token: int):
+        """The step-through's line for a grammar-constrained step: how many tokens the grammar allowed, which won."""
+        from minivlm.engine.structured_output import allowed_ids
+        vocab = self.model.text_config.vocab_size
+        ids = allowed_ids(allowed, vocab).tolist()
+        self.events.emit("constrained", seq.request_id, allowed=len(ids), vocab=vocab, token=token,
+                         text=self.model.tokenizer.decode([token]), allowed_ids=ids if len(ids) <= 32 else None)
 
     def _images_taken(self, plan: StepPlan, out: StepOutcome):
         """The encoder cache's book after the encode stage: outputs the plan encoded that the runner does not hold
@@ -282,7 +292,7 @@ class EngineCore:
         self._release_images(seq)  # encoder-output references, pixels, vision thread's job (issue #39 item 4)
         self.requests.finish(seq, reason)
         out = self.outputs.output(seq, reason)
-        return StreamEvent(seq.request_id, "", out.text, True, None, out)
+        return StreamEvent(seq.request_id, "", out.text, True, None, out, index=seq.choice_index)
 
     def fail(self, seq: Sequence, stage: str, error: BaseException, res: StepResult | None = None):
         """Take a faulted request out (its newest blocks were never written, so they are unpublished); the

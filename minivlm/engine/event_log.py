@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 KINDS = ("arrived", "scheduled", "cache_lookup", "allocated", "BlockStored", "freed", "BlockRemoved",
-         "AllBlocksCleared", "preempted", "finished", "vision_encoded", "state_saved", "state_evicted")
+         "AllBlocksCleared", "preempted", "finished", "vision_encoded", "state_saved", "state_evicted",
+         "constrained")
 
 
 @dataclass

@@ -10,7 +10,7 @@ import torch
 from minivlm.config import EngineConfig
 from minivlm.loader import LoadedModel
 from minivlm.model.rope import mrope_positions
-from minivlm.inputs.prompt import build_prompt
+from minivlm.inputs.prompt import Prompt, build_prompt
 from minivlm.engine.encoder_cache import ImageInputs
 from minivlm.engine.prefix_keys import extend_keys
 from minivlm.engine.request import Request, SamplingParams
@@ -31,6 +31,7 @@ class Intake:
         # Sequence -> its ImageInputs until the core admits it (EngineCore.image_inputs); weak: a sequence made and
         # never submitted takes its pixels with it
         self.image_inputs = image_inputs if image_inputs is not None else weakref.WeakKeyDictionary()
+        self._grammars = None
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.config.block_size)
@@ -59,17 +60,54 @@ class Intake:
             positions, delta = mrope_positions(prompt.token_types, grids, model.merge, t_scales)
         else:  # 1-D RoPE: one counter, the same on all three axes; generated token i sits at i
             positions, delta = torch.arange(n).expand(3, -1), 0
+        self.check_logit_bias(params)
+        return self.choice(request, prompt, params, positions, delta, 0)
+
+    def make_choices(self, request: Request, params: SamplingParams) -> list[Sequence]:
+        """The request's n choices (SamplingParams.n): rendered once, each a sequence of its own with its own RNG
+        (seed + i when seeded) and grammar state; the prefix cache shares their prompt's blocks."""
+        first = self.make_sequence(request, params)
+        pixels = self.image_inputs.get(first)
+        prompt = Prompt(first.token_ids[:first.num_prompt_tokens], first.token_types[:first.num_prompt_tokens], None,
+                        first.images)
+        return [first] + [self.choice(request, prompt, params, first.prompt_positions, first.rope_delta, i, pixels)
+                          for i in range(1, params.n)]
+
+    def choice(self, request: Request, prompt: Prompt, params: SamplingParams, positions, delta: int, index: int,
+               pixels: ImageInputs | None = None) -> Sequence:
+        """Choice `index` of a rendered request: its RNG, grammar state, block keys and pixels."""
+        cfg, model = self.config, self.model
         generator = None
         if params.temperature > 0:
-            seed = params.seed if params.seed is not None else cfg.seed * 1_000_003 + next(self.seed_counter)
+            seed = params.seed + index if params.seed is not None else \
+                cfg.seed * 1_000_003 + next(self.seed_counter)
             generator = torch.Generator().manual_seed(seed)
         seq = Sequence(request, prompt, params, positions, delta, generator)
+        seq.choice_index = index
+        if params.structured_outputs is not None:  # compiled here, on the caller's thread, never in the step loop
+            seq.matcher = self.grammars().matcher(params.structured_outputs)
         extend_keys(seq, cfg.block_size, cfg.cache_strategy, model.model_id, model.dtype_name)
         seq.vision_keys = self.vision_keys(seq)
-        if prompt.pixel_values is not None:
+        if pixels is not None:
+            self.image_inputs[seq] = pixels  # the same pixels: whichever choice the tower runs for first encodes them
+        elif prompt.pixel_values is not None:
             self.image_inputs[seq] = ImageInputs(tuple(prompt.images), seq.vision_keys, prompt.pixel_values,
                                                  prompt.pixel_mask)
         return seq
+
+    def grammars(self):
+        """The engine's grammar compiler, made on first use (llguidance is imported only when a request asks)."""
+        if self._grammars is None:
+            from minivlm.engine.structured_output import GrammarCompiler
+            self._grammars = GrammarCompiler(self.model.tokenizer, self.model.text_config.vocab_size)
+        return self._grammars
+
+    def check_logit_bias(self, params: SamplingParams):
+        vocab = self.model.text_config.vocab_size
+        bad = [t for t in params.logit_bias or () if t >= vocab]
+        if bad:
+            raise Refused("invalid_value", "logit_bias names token {token}; the vocabulary has {vocab} tokens",
+                          param="logit_bias", token=bad[0], vocab=vocab)
 
     def vision_keys(self, seq: Sequence) -> tuple[str, ...]:
         """Each image's encoder-cache key, under the request's cache salt: differently salted requests never share

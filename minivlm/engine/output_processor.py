@@ -76,8 +76,12 @@ class OutputProcessor:
         if logprobs is not None:
             seq.logprobs.append(logprobs)
         p, reason = seq.params, None
+        if seq.matcher is not None and token not in self.eos_ids:
+            seq.matcher.advance(token)
         if not p.ignore_eos and token in self.eos_ids:
             reason = "stop"
+        elif seq.matcher is not None and seq.matcher.finished():
+            reason = "stop"  # the grammar is complete: the answer is valid as it stands
         elif seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
             reason = "length"
         detok = seq.detokenizer
@@ -88,9 +92,10 @@ class OutputProcessor:
             reason = "stop" if detok.stopped else reason
         delta = detok.delta(finished=reason is not None)
         return StreamEvent(seq.request_id, delta, detok.text[:detok.sent], False, None, token_ids=[token],
-                           logprobs=None if logprobs is None else [logprobs]), reason
+                           logprobs=None if logprobs is None else [logprobs], index=seq.choice_index), reason
 
     @staticmethod
     def output(seq, reason: str) -> Output:
         return Output(seq.request_id, seq.detokenizer.text, seq.output_ids, reason, seq.num_prompt_tokens,
-                      seq.num_cached_tokens, list(seq.cache_hits), seq.logprobs, [n for im in seq.images for n in im.notes])
+                      seq.num_cached_tokens, list(seq.cache_hits), seq.logprobs, [n for im in seq.images for n in im.notes],
+                      seq.choice_index)

@@ -25,6 +25,8 @@ class Output:
     cache_hits: list[CacheHit] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None
     notes: list[str] = field(default_factory=list)  # what was done to the input, e.g. "converted CMYK image to RGB"
+    index: int = 0                       # which of the request's n choices (SamplingParams.n)
+    choices: list["Output"] = field(default_factory=list)  # generate(): every choice of the request, this one first
 
 
 @dataclass
@@ -39,6 +41,7 @@ class StreamEvent:
     output: Output | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None
+    index: int = 0                       # which of the request's n choices it belongs to
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,10 @@ class ScheduledRequest:
     restore_from: int = -1                 # a checkpoint slot copied into state_slot before the forward (a prefix hit)
     save_to: int = -1                      # a slot state_slot is copied into after the forward (a checkpoint)
     spans: tuple[tuple[int, int], ...] = ()  # image token ranges that attend both ways (Gemma 3), overlapping the step
+    # how its logits are shaped before sampling (when `sample`)
+    allowed: torch.Tensor | None = None    # structured outputs: the grammar's bitmask of the tokens it may sample
+    history: tuple[int, ...] = ()          # penalties: the tokens they count (prompt + answer; answer from num_prompt)
+    num_prompt: int = 0
 
     @property
     def num_tokens(self) -> int:

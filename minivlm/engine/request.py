@@ -43,9 +43,39 @@ class RequestStatus(enum.Enum):
         return next(s for s in cls if s.finished and s.value == reason)
 
 
+MAX_N = 16  # choices one request may ask for (each is a request of its own inside the engine)
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Constrain the answer (vLLM's names), exactly one of: a JSON Schema (dict or JSON text), any JSON object, a
+    regex, a choice among strings, or an EBNF grammar in the `root ::= ...` form (engine/structured_output.py)."""
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self):
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] * bool(self.json_object)
+        if len(given) != 1:
+            raise Refused("invalid_value", "structured_outputs takes exactly one of json, json_object, regex, choice, "
+                          "grammar; got {given}", param="structured_outputs", given=", ".join(given) or "none")
+        for name, kinds in (("regex", str), ("grammar", str), ("json", (dict, str))):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), kinds):
+                raise _bad(f"structured_outputs.{name}", "a string" if kinds is str else "a JSON Schema (dict or "
+                           "JSON text)", getattr(self, name))
+        if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
+                                        or not all(isinstance(c, str) and c for c in self.choice)):
+            raise _bad("structured_outputs.choice", "a non-empty list of non-empty strings", self.choice)
+
+
 @dataclass
 class SamplingParams:
-    """How to pick tokens: temperature 0 is greedy; logprobs=k reports the top-k (plus the sampled token)."""
+    """How to pick tokens: temperature 0 is greedy; logprobs=k reports the top-k (plus the sampled token); n
+    choices; OpenAI's presence / frequency penalties and logit_bias, vLLM's repetition_penalty; structured_outputs
+    constrains the answer to a grammar."""
     max_tokens: int = 64
     temperature: float = 0.0
     top_p: float = 1.0
@@ -54,8 +84,32 @@ class SamplingParams:
     stop: list[str] | str | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    n: int = 1
+    presence_penalty: float = 0.0     # subtracted once from every token the answer already holds
+    frequency_penalty: float = 0.0    # subtracted per occurrence in the answer
+    repetition_penalty: float = 1.0   # vLLM's: divides positive logits (multiplies negative) of prompt + answer tokens
+    logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
+            raise _bad("n", f"an integer in [1, {MAX_N}]", self.n)
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not -2 <= v <= 2:
+                raise _bad(name, "a number in [-2, 2]", v)
+        if not isinstance(self.repetition_penalty, (int, float)) or not 0 < self.repetition_penalty <= 10:
+            raise _bad("repetition_penalty", "a number in (0, 10]", self.repetition_penalty)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    isinstance(k, int) and k >= 0 and isinstance(v, (int, float)) and -100 <= v <= 100
+                    for k, v in self.logit_bias.items()):
+                raise _bad("logit_bias", "a map of token ids to numbers in [-100, 100]", self.logit_bias)
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise _bad("structured_outputs", "a StructuredOutputsParams", self.structured_outputs)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:

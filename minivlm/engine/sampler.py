@@ -2,6 +2,7 @@
 (one sort, one softmax each), each drawn with its request's own generator."""
 import torch
 
+from minivlm.engine.logits_shaping import shape_logits
 from minivlm.engine.request import SamplingParams
 
 
@@ -19,12 +20,16 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list) -> tuple[list[int], torch.Tensor | None]:
-    """logits [B, vocab] -> (token per row, raw log-softmax [B, vocab] for logprobs, or None if nobody asked)."""
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list,
+           reqs=None) -> tuple[list[int], torch.Tensor | None]:
+    """logits [B, vocab] -> (token per row, raw log-softmax [B, vocab] for logprobs, or None if nobody asked). reqs
+    (the plan's rows): their logit bias, penalties and grammar masks shape the logits first (logprobs stay the
+    model's own, as vLLM reports them by default)."""
     logits = logits.float()
     wanted = any(p.logprobs is not None for p in params)  # skip a [B, vocab] pass on most decode steps
     logprobs = torch.log_softmax(logits, dim=-1) if wanted else None
+    if reqs is not None and any(r.allowed is not None or r.history or r.params.logit_bias for r in reqs):
+        logits = shape_logits(logits.clone(), reqs)
     tokens = logits.argmax(dim=-1).tolist()  # greedy rows keep this
     hot = [i for i, p in enumerate(params) if p.temperature > 0]
     if hot:

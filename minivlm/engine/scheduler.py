@@ -78,7 +78,7 @@ class Scheduler:
                                 tuple(p.get("hits", ())), tuple(p.get("new", ())), tuple(p["publishes"]),
                                 p.get("admitted", False), params=seq.params if sample else None,
                                 generator=seq.generator if sample else None, **self._inputs(seq, start, end),
-                                **self.bm.group_inputs(seq, start, end))
+                                **self.bm.group_inputs(seq, start, end), **(self._shaping(seq) if sample else {}))
 
     def _inputs(self, seq: Sequence, start: int, end: int) -> dict:
         """What the runner needs of seq's tokens [start, end): ids, positions, slots, where its image tokens are and
@@ -91,6 +91,17 @@ class Scheduler:
                 "slots": tuple(table[t // bs] * bs + t % bs for t in range(start, end)), "image_at": image_at,
                 "image_rows": tuple((seq.vision_keys[i], a, n) for i, a, n in seq.image_rows(start, end))
                 if image_at else (), "encode": job is not None and bool(job.todo)}
+
+    @staticmethod
+    def _shaping(seq: Sequence) -> dict:
+        """What shapes a sampling request's logits: its grammar's mask now (the matcher has every token so far), the
+        tokens its penalties count."""
+        p, out = seq.params, {}
+        if seq.matcher is not None:
+            out["allowed"] = seq.matcher.allowed()
+        if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0:
+            out.update(history=tuple(seq.token_ids), num_prompt=seq.num_prompt_tokens)
+        return out
 
     def encode_job(self, seq: Sequence) -> EncodeJob | None:
         """seq's images, taken by its first chunk with image tokens (EncoderCacheManager.take: hits and misses);

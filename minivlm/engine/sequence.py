@@ -77,6 +77,8 @@ class Sequence:
         self.cache_hits: list[CacheHit] = []
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.detokenizer = None                     # the output path's per-request text state
+        self.matcher = None                         # structured outputs: its grammar's state (engine/structured_output.py)
+        self.choice_index = 0                       # n > 1: which of the request's choices this is
         self._status: RequestStatus | None = None  # None until the engine admits it (lifecycle.py writes it)
         self.sink = None                            # the submitting caller's RequestHandle (thread-safe)
         self.wants_snapshot = False                 # attach a KVSnapshot to this request's events

@@ -37,13 +37,14 @@ class PatchProjection(nn.Linear):
 
 def load_module(cls, config, state_dict: dict, device, dtype) -> nn.Module:
     """transformers' module `cls` built from `config` (no random init: the checkpoint overwrites it), its weights
-    loaded strictly, on device in dtype, in eval mode."""
+    loaded strictly, on device in dtype, in eval mode. Built in dtype as from_pretrained builds it: buffers made in
+    fp32 on purpose (the ViT rotary's inv_freq) stay fp32; a cast after would round them (#40.9: bf16 drift)."""
     with no_init_weights():
-        module = cls._from_config(config)
+        module = cls._from_config(config, dtype=dtype)
     missing, unexpected = module.load_state_dict(state_dict, strict=False)
     if missing or unexpected:
         raise ValueError(f"vision weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    return module.to(device=device, dtype=dtype).eval()
+    return module.to(device=device).eval()
 
 
 class VisionTower:

@@ -165,6 +165,8 @@ def describe(ev: EngineEvent) -> str:
     if ev.kind == "state_saved":
         return (f"{rid}'s recurrent state after {f['token']} tokens saved in slot {f['slot']} (checkpoint under key "
                 f"{f['block_hash'][:8]}…): a later request with this prefix resumes there")
+    if ev.kind == "constrained":
+        return f"{rid}'s grammar allowed {f['allowed']} of {f['vocab']} tokens; it chose {f['text']!r} (token {f['token']})"
     if ev.kind == "state_evicted":
         return f"state checkpoint in slot {f['slot']} evicted: key {f['block_hash'][:8]}… forgotten"
     if ev.kind == "AllBlocksCleared":

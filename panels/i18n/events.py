@@ -58,6 +58,9 @@ def describe_in(ev, lang: str) -> str:
         return t(lang, "ev.evicted", sw=sw, blocks=_blocks(lang, f["block_ids"]), key=f["block_hashes"][0][:8])
     if ev.kind == "state_saved":
         return t(lang, "ev.state_saved", rid=rid, tokens=f["token"], slot=f["slot"], key=f["block_hash"][:8])
+    if ev.kind == "constrained":
+        return t(lang, "ev.constrained", rid=rid, allowed=f["allowed"], vocab=f["vocab"], text=repr(f["text"]),
+                 token=f["token"])
     if ev.kind == "state_evicted":
         return t(lang, "ev.state_evicted", slot=f["slot"], key=f["block_hash"][:8])
     if ev.kind == "AllBlocksCleared":

@@ -20,6 +20,8 @@ MESSAGES = {
     "ev.state_saved": ("{rid}'s recurrent state after {tokens} tokens saved in slot {slot} (checkpoint under key "
                        "{key}…): a later request with this prefix resumes there",
                        "{rid} 在 {tokens} 个 token 之后的循环状态存入槽位 {slot}（检查点，键 {key}…）：之后前缀相同的请求从这里继续"),
+    "ev.constrained": ("{rid}'s grammar allowed {allowed} of {vocab} tokens; it chose {text} (token {token})",
+                       "{rid} 的语法允许 {vocab} 个 token 中的 {allowed} 个；它选了 {text}（token {token}）"),
     "ev.state_evicted": ("state checkpoint in slot {slot} evicted: key {key}… forgotten",
                          "槽位 {slot} 中的状态检查点被驱逐：键 {key}… 被遗忘"),
     "ev.no_new_block": ("{rid} needed no new block", "{rid} 不需要新块"),

@@ -1,0 +1,34 @@
+"""What a request's SamplingParams do to its logits before a token is chosen, for the whole batch at once: OpenAI's
+logit_bias, presence and frequency penalties (over the answer's tokens), vLLM's repetition_penalty (over prompt and
+answer), then the grammar's mask (structured outputs: disallowed tokens to -inf, last, so nothing can undo it)."""
+import torch
+
+
+def shape_logits(logits: torch.Tensor, reqs) -> torch.Tensor:
+    """logits [B, vocab] (fp32, a copy the caller may change), reqs: the plan's sampling requests in row order
+    (their .params, .allowed, .history, .num_prompt). Rows that ask for nothing are left as they are."""
+    vocab = logits.shape[-1]
+    for i, r in enumerate(reqs):
+        p = r.params
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), device=logits.device)
+            logits[i, ids] += torch.tensor(list(p.logit_bias.values()), device=logits.device)
+        if r.history:
+            penalize(logits[i], torch.tensor(r.history, device=logits.device), r.num_prompt, p, vocab)
+    masked = [i for i, r in enumerate(reqs) if r.allowed is not None]
+    if masked:
+        from minivlm.engine.structured_output import apply_bitmasks
+        apply_bitmasks(logits, masked, [reqs[i].allowed for i in masked])
+    return logits
+
+
+def penalize(row: torch.Tensor, history: torch.Tensor, num_prompt: int, p, vocab: int):
+    """One row, in place: repetition (vLLM: every token seen in prompt or answer, positive logits divided, negative
+    multiplied), then frequency (times its count in the answer) and presence (once if in the answer) subtracted."""
+    if p.repetition_penalty != 1.0:
+        seen = torch.zeros(vocab, dtype=torch.bool, device=row.device)
+        seen[history] = True
+        row[seen] = torch.where(row[seen] > 0, row[seen] / p.repetition_penalty, row[seen] * p.repetition_penalty)
+    if p.frequency_penalty or p.presence_penalty:
+        counts = torch.bincount(history[num_prompt:], minlength=vocab)[:vocab].to(row.dtype)
+        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)

@@ -1,0 +1,134 @@
+"""Structured outputs: a request's JSON schema, regex, choice or grammar becomes a matcher that, at every step,
+says which tokens may come next (a bitmask over the vocabulary), so the answer is valid by construction. The
+grammar engine is llguidance (vLLM's `guidance` backend; a Rust wheel with no Python dependencies, where xgrammar's
+Linux wheel pulls triton): compiled on the caller's thread at intake (never in the step loop), cached by key, each
+compile and each mask held to a stated budget (BUDGET), a bad grammar refused naming the field."""
+import json
+import threading
+from collections import OrderedDict
+
+import llguidance
+import llguidance.hf
+import llguidance.torch as lltorch
+import torch
+
+from minivlm.refusals import Refused
+
+# what one grammar may cost (llguidance's own limits): the lexer's work per token and at the start, its states and the
+# grammar's size; past them the matcher stops with an error instead of stalling the step loop
+BUDGET = llguidance.LLParserLimits(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_lexer_states=50_000,
+                                   max_grammar_size=200_000, step_max_items=50_000)
+MAX_SOURCE_CHARS = 100_000  # a schema, regex or grammar longer than this is refused before it is compiled
+CACHE_SIZE = 64             # compiled grammars kept (a key is the kind and its text)
+
+
+def source(so) -> tuple[str, str, str]:
+    """(llguidance format, text, the field at fault) of a StructuredOutputsParams. JSON is compact (no free
+    whitespace between tokens, vLLM's disable_any_whitespace; with free whitespace a small model writes newlines
+    until max_tokens)."""
+    if so.json is not None or so.json_object:
+        schema = {"type": "object"} if so.json_object else so.json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise Refused("invalid_value", "structured_outputs.json is not valid JSON: {error}",
+                              param="structured_outputs.json", error=str(e)) from None
+        if not isinstance(schema, dict):
+            raise Refused("invalid_value", "structured_outputs.json must be a JSON Schema object",
+                          param="structured_outputs.json")
+        schema = {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ",
+                                           "key_separator": ": ", **schema.get("x-guidance", {})}}
+        return "json_schema", json.dumps(schema), "json_object" if so.json_object else "json"
+    if so.regex is not None:
+        return "regex", so.regex, "regex"
+    if so.choice is not None:
+        return "choice", json.dumps(so.choice), "choice"
+    return "gbnf", so.grammar, "grammar"
+
+
+class GrammarCompiler:
+    """One per engine: the tokenizer as llguidance sees it, and the compiled grammars by key."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
+        self.vocab_size = vocab_size
+        self.cache: OrderedDict[tuple, str] = OrderedDict()
+        self.lock = threading.Lock()  # callers' threads compile concurrently
+
+    def grammar(self, so) -> str:
+        """The compiled grammar of a request's StructuredOutputsParams (cached), or Refused naming the field."""
+        fmt, text, field = source(so)
+        if len(text) > MAX_SOURCE_CHARS:
+            raise Refused("invalid_value", "structured_outputs.{field} is {n} characters; the limit is {limit}",
+                          param=f"structured_outputs.{field}", field=field, n=len(text), limit=MAX_SOURCE_CHARS)
+        key = (fmt, text)
+        with self.lock:
+            if key in self.cache:
+                self.cache.move_to_end(key)
+                return self.cache[key]
+        try:
+            grammar = llguidance.grammar_from(fmt, text)
+            error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+        except Exception as e:  # llguidance raises its own kinds for a grammar it cannot convert
+            error, messages = True, [str(e)]
+        if error:
+            raise Refused("invalid_value", "structured_outputs.{field} does not compile: {error}",
+                          param=f"structured_outputs.{field}", field=field, error=" ".join(messages)[:500])
+        with self.lock:
+            self.cache[key] = grammar
+            while len(self.cache) > CACHE_SIZE:
+                self.cache.popitem(last=False)
+        return grammar
+
+    def matcher(self, so) -> "Matcher":
+        """A fresh matcher for one request, checked to compute its first mask within the budget."""
+        m = Matcher(llguidance.LLMatcher(self.tokenizer, self.grammar(so), limits=BUDGET), self.vocab_size)
+        m.allowed()  # the lexer's first states are built here, on the caller's thread
+        if m.error():
+            fmt, _, field = source(so)
+            raise Refused("invalid_value", "structured_outputs.{field} is too complex: {error}",
+                          param=f"structured_outputs.{field}", field=field, error=m.error()[:500])
+        return m
+
+
+class Matcher:
+    """One request's grammar state: the tokens it allows next, advanced by each token the request samples."""
+
+    def __init__(self, matcher, vocab_size: int):
+        self.m, self.vocab_size = matcher, vocab_size
+        self.bitmask = lltorch.allocate_token_bitmask(1, vocab_size)
+
+    def allowed(self) -> torch.Tensor:
+        """The next token's bitmask [words] (int32, bit i of word i // 32 = token i allowed)."""
+        lltorch.fill_next_token_bitmask(self.m, self.bitmask, 0)
+        return self.bitmask[0].clone()
+
+    def advance(self, token: int):
+        if not self.m.consume_token(token):
+            raise RuntimeError(f"token {token} broke the grammar: {self.m.get_error()}")
+
+    def finished(self) -> bool:
+        """The grammar can take no more tokens: the answer is complete."""
+        return self.m.is_stopped()
+
+    def error(self) -> str:
+        return self.m.get_error() if self.m.is_error() else ""
+
+    def copy(self) -> "Matcher":
+        return Matcher(self.m.deep_copy(), self.vocab_size)
+
+
+def apply_bitmasks(logits: torch.Tensor, rows: list[int], masks: list[torch.Tensor]):
+    """Disallowed tokens of the constrained rows to -inf, in place, in one call over the batch."""
+    if not rows:
+        return
+    full = torch.full((logits.shape[0], masks[0].shape[0]), -1, dtype=torch.int32)  # -1: every bit set, all allowed
+    full[rows] = torch.stack(masks)
+    lltorch.apply_token_bitmask_inplace(logits, full.to(logits.device))
+
+
+def allowed_ids(mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The token ids a bitmask allows (the step-through: "allowed 14 of 662 tokens")."""
+    bits = ((mask.to(torch.int64) & 0xFFFFFFFF)[:, None] >> torch.arange(32)) & 1
+    return bits.flatten()[:vocab_size].nonzero().flatten()

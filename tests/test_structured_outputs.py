@@ -1,0 +1,129 @@
+"""Structured outputs, n, penalties and logit_bias in the engine (#42), against independent truths: the grammar library's
+own matcher says, step by step, which tokens a grammar allows (and the engine reports exactly that many); answers
+validate against their JSON Schema with `jsonschema`; penalties change logits by the hand-computed amounts; the n
+choices of a request share the prompt's block ids; a bad grammar is refused naming the field and the engine serves on."""
+import json
+import os
+
+import jsonschema
+import llguidance
+import llguidance.hf
+import pytest
+import torch
+from PIL import Image
+
+from minivlm import Engine, EngineConfig, Request, SamplingParams, StructuredOutputsParams as SO
+from minivlm.engine.logits_shaping import shape_logits
+from minivlm.refusals import Refused
+from panels.holder import EXAMPLES_DIR
+
+PICTURE = Image.open(os.path.join(EXAMPLES_DIR, "three_shapes.png"))
+SHAPES = {"type": "object", "additionalProperties": False, "required": ["shapes", "count"],
+          "properties": {"count": {"type": "integer", "minimum": 0, "maximum": 9},
+                         "shapes": {"type": "array", "maxItems": 3, "items": {
+                             "type": "object", "additionalProperties": False, "required": ["colour", "shape"],
+                             "properties": {"colour": {"enum": ["red", "blue", "green", "yellow"]},
+                                            "shape": {"enum": ["circle", "square", "triangle"]},
+                                            "where": {"type": "object", "properties": {"x": {"type": "integer"}}}}}}}}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(EngineConfig(device="cpu", num_blocks=128)) as e:
+        yield e
+
+
+def ask(engine, so, n_tokens=40, **kw):
+    return engine.generate(Request(prompt="What shapes are in the picture?", images=[PICTURE]),
+                           SamplingParams(max_tokens=n_tokens, structured_outputs=so, **kw))
+
+
+def test_every_step_allows_what_the_grammar_librarys_own_matcher_allows(engine):
+    grammar = 'root ::= "The " colour " " shape "."\ncolour ::= "red" | "blue" | "green"\nshape ::= "circle" | "square"'
+    since = engine.snapshot().last_event_seq
+    out = ask(engine, SO(grammar=grammar))
+    assert out.finish_reason == "stop" and out.text.startswith("The ") and out.text.endswith(".")
+    steps = [ev for ev in engine.events(since) if ev.kind == "constrained"]
+    assert [ev.token for ev in steps] == out.token_ids
+    tok = llguidance.hf.from_tokenizer(engine.tokenizer, n_vocab=engine.hf_config.text_config.vocab_size)
+    truth = llguidance.LLMatcher(tok, llguidance.grammar_from("gbnf", grammar))
+    for ev in steps:  # a matcher of the library's own, fed the same tokens, computing its own mask
+        mask = truth.compute_bitmask()
+        allowed = [t for t in range(tok.vocab_size) if mask[t // 8] >> (t % 8) & 1]
+        assert ev.allowed_ids == allowed and ev.allowed == len(allowed)
+        assert truth.validate_tokens([ev.token]) == 1  # and the chosen token is one the grammar can take
+        assert truth.consume_token(ev.token)
+
+
+def test_json_schema_answers_validate_and_json_has_no_free_whitespace(engine):
+    out = ask(engine, SO(json=SHAPES), n_tokens=80)
+    answer = json.loads(out.text)
+    jsonschema.validate(answer, SHAPES)
+    assert "\n" not in out.text
+    assert out.finish_reason == "stop"
+    for so, check in ((SO(choice=["red", "blue", "green"]), lambda t: t in ("red", "blue", "green")),
+                      (SO(regex=r"(red|blue) (circle|square)"), lambda t: t.split()[0] in ("red", "blue")),
+                      (SO(json=json.dumps({"type": "object", "properties": {"n": {"type": "integer", "maximum": 99}},
+                                           "required": ["n"], "additionalProperties": False})),
+                       lambda t: isinstance(json.loads(t)["n"], int))):
+        out = ask(engine, so)
+        assert out.finish_reason == "stop" and check(out.text), out.text
+
+
+@pytest.mark.parametrize("so, field", [(dict(json={"type": "object", "properties": {"a": {"type": "no-such-type"}}}),
+                                        "structured_outputs.json"),
+                                       (dict(regex="[a-z"), "structured_outputs.regex"),
+                                       (dict(grammar="root ::= undefined_rule"), "structured_outputs.grammar"),
+                                       (dict(json="{not json"), "structured_outputs.json")])
+def test_a_bad_grammar_is_refused_naming_the_field_and_the_engine_serves_on(engine, so, field):
+    with pytest.raises(Refused) as e:
+        ask(engine, SO(**so))
+    assert e.value.param == field
+    assert ask(engine, SO(choice=["yes", "no"])).text in ("yes", "no")
+
+
+def test_penalties_and_bias_change_logits_by_the_hand_computed_amounts():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, 1.0]])
+
+    class Row:  # a plan row: its params and the tokens its penalties count
+        def __init__(self, params, history=(), num_prompt=0):
+            self.params, self.allowed, self.history, self.num_prompt = params, None, history, num_prompt
+    p = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=2.0, logit_bias={4: -3.0})
+    # prompt [1, 0]; answer [3, 3, 2]: repetition on 0, 1, 2, 3; frequency 2x on 3, 1x on 2; presence on 2, 3
+    got = shape_logits(logits.clone(), [Row(p, (1, 0, 3, 3, 2), 2)])
+    want = torch.tensor([[2.0 / 2, -1.0 * 2, 0.5 / 2 - 0.25 - 0.5, 3.0 / 2 - 0.5 - 0.5, 1.0 - 3.0]])
+    assert torch.allclose(got, want)
+
+
+def test_logit_bias_changes_the_first_token(engine):
+    plain = ask(engine, None, n_tokens=3)
+    blue = engine.tokenizer.convert_tokens_to_ids("blue")
+    assert plain.token_ids[0] != blue
+    assert ask(engine, None, n_tokens=3, logit_bias={blue: 100}).token_ids[0] == blue
+    with pytest.raises(Refused) as e:
+        ask(engine, None, logit_bias={10 ** 7: 1})
+    assert e.value.param == "logit_bias"
+
+
+def test_n_choices_share_the_prompts_blocks_and_each_has_its_own_seed(engine):
+    engine.reset_prefix_cache()
+    request = Request(prompt="Describe the picture.", images=[PICTURE])
+    params = SamplingParams(max_tokens=8, n=3, temperature=1.5, seed=11)
+    engine.pause()
+    try:
+        handle = engine.submit(request, params)
+        engine.step()  # the step that admits all three
+        snap = engine.snapshot()
+    finally:
+        engine.resume()
+    outs = {}
+    for ev in handle:
+        if ev.finished:
+            outs[ev.index] = ev.output
+    tables = [snap.block_tables[rid] for rid in handle.request_ids]
+    full = (len(engine.make_sequence(request, params)) - 1) // 16  # the prompt's full blocks
+    assert full >= 2 and tables[0][:full] == tables[1][:full] == tables[2][:full]  # one prompt, three branches
+    assert len({t[-1] for t in tables}) == 3  # each its own last block
+    assert sorted(outs) == [0, 1, 2]
+    alone = engine.generate(request, SamplingParams(max_tokens=8, temperature=1.5, seed=12))
+    assert outs[1].token_ids == alone.token_ids  # choice i draws with seed + i
