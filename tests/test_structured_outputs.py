@@ -127,3 +127,27 @@ def test_n_choices_share_the_prompts_blocks_and_each_has_its_own_seed(engine):
     assert sorted(outs) == [0, 1, 2]
     alone = engine.generate(request, SamplingParams(max_tokens=8, temperature=1.5, seed=12))
     assert outs[1].token_ids == alone.token_ids  # choice i draws with seed + i
+
+
+def test_grammars_hold_through_chunked_prefill_and_preemption(engine):
+    """The matcher follows its request: chunked prefill and preemption (recompute) change no token of a constrained
+    batch."""
+    so = SO(json=SHAPES)
+    reqs = [Request(prompt=q, images=[PICTURE]) for q in ("What shapes are in the picture?", "Describe the picture.",
+                                                          "List the shapes.")]
+    params = SamplingParams(max_tokens=40, structured_outputs=so)
+    reference = [o.token_ids for o in engine.generate(reqs, params)]
+    prompts = [len(engine.make_sequence(r, params)) for r in reqs]
+    small = engine.isolated(num_blocks=-(-(max(prompts) + 40) // 16))  # one request fits, three must take turns
+    chunked = engine.isolated(enable_chunked_prefill=True, max_num_batched_tokens=16, num_blocks=128)
+    try:
+        for e in (small, chunked):
+            outs = e.generate(reqs, params)
+            assert [o.token_ids for o in outs] == reference
+            for o in outs:
+                if o.finish_reason == "stop":
+                    jsonschema.validate(json.loads(o.text), SHAPES)
+        assert small.snapshot().num_preemptions > 0
+    finally:
+        small.close()
+        chunked.close()
