@@ -10,21 +10,30 @@ MAX_LOG_STEPS = 40  # the log shows the newest steps; the JSONL download has all
 
 
 def sentences(events, lang: str = EN) -> list[str]:
-    """The step's decisions other than what it ran, one sentence each; a request's run of stored blocks is one."""
+    """The step's decisions other than what it ran, one sentence each; a request's run of stored blocks of one
+    KV-cache group is one (a hybrid model stores each block in its sliding-window group, then in the full one)."""
     out, i = [], 0
     while i < len(events):
         ev, j = events[i], i + 1
         if ev.kind == "BlockStored":
-            while j < len(events) and events[j].kind == "BlockStored" and events[j].request_id == ev.request_id:
+            while j < len(events) and events[j].kind == "BlockStored" and events[j].request_id == ev.request_id \
+                    and events[j].fields.get("group") == ev.fields.get("group"):
                 j += 1
             if j - i > 1:
-                out.append(stored_run(events[i:j], lang))
+                out.append(sliding_run(events[i:j], lang) if ev.fields.get("group") else stored_run(events[i:j], lang))
                 i = j
                 continue
         if ev.kind != "scheduled":
             out.append(describe_in(ev, lang))
         i = j
     return out
+
+
+def sliding_run(events, lang: str = EN) -> str:
+    """A request's run of blocks stored in the sliding-window group, in one sentence."""
+    return t(lang, "groups.stored_run", rid=events[0].request_id, blocks=", ".join(str(b) for e in events
+                                                                                  for b in e.block_ids),
+             keys=", ".join(e.block_hashes[0][:8] + "…" for e in events))
 
 
 def decision_log(events, until_step: int | None = None, max_steps: int = MAX_LOG_STEPS, lang: str = EN) -> str:
@@ -60,9 +69,15 @@ def budget_line(b: dict, lang: str = EN) -> str:
 def run_counters(events) -> dict[str, int]:
     """Counts of this run's decisions (only the events given: one run's)."""
     count = {"arrived": 0, "finished": 0, "preempted": 0, "prefill steps": 0, "decode steps": 0, "mixed steps": 0,
-             "blocks reused": 0, "false hits": 0, "blocks stored": 0, "blocks evicted": 0}
+             "blocks reused": 0, "false hits": 0, "blocks stored": 0, "blocks evicted": 0, "left the window": 0,
+             "states saved": 0, "states evicted": 0}
     for ev in events:
-        if ev.kind in ("arrived", "finished", "preempted"):
+        if ev.fields.get("group"):  # a hybrid model's other groups: the block counters are the full group's (the map's)
+            if ev.kind == "freed" and ev.fields.get("window"):
+                count["left the window"] += len(ev.block_ids)
+            elif ev.kind in ("state_saved", "state_evicted"):
+                count[f"states {ev.kind[6:]}"] += 1
+        elif ev.kind in ("arrived", "finished", "preempted"):
             count[ev.kind] += 1
         elif ev.kind == "scheduled":
             count[f"{ev.step_kind} steps"] += 1
@@ -79,11 +94,20 @@ def run_counters(events) -> dict[str, int]:
 def run_line(events, lang: str = EN) -> str:
     """This run's counters in one markdown line, said to be per run."""
     c = run_counters(events)
-    return t(lang, "kv.run_line", arrived=c["arrived"], finished=c["finished"], steps=len(by_step(events)),
+    line = t(lang, "kv.run_line", arrived=c["arrived"], finished=c["finished"], steps=len(by_step(events)),
              prefill=c["prefill steps"], decode=c["decode steps"],
              mixed=t(lang, "kv.run_mixed", n=c["mixed steps"]) if c["mixed steps"] else "",
              preempted=c["preempted"], reused=c["blocks reused"], false=c["false hits"], stored=c["blocks stored"],
              evicted=c["blocks evicted"])
+    sliding = any(e.fields.get("group") and e.kind in ("allocated", "freed") for e in events)
+    recurrent = any(e.kind in ("state_saved", "state_evicted") for e in events)
+    parts = ([t(lang, "groups.run_sliding", n=c["left the window"], s="s" if c["left the window"] != 1 else "")]
+             if sliding else []) + ([t(lang, "groups.run_recurrent", saved=c["states saved"],
+                                       s="s" if c["states saved"] != 1 else "", evicted=c["states evicted"])]
+                                    if recurrent else [])
+    if parts:  # a hybrid model: what its other groups did
+        line += "<br>" + t(lang, "groups.run_line", parts=t(lang, "plan.sep").join(parts))
+    return line
 
 
 def frame_line(snap, shows: str, lang: str = EN) -> str:

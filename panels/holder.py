@@ -26,15 +26,48 @@ OPERATOR_TOKEN_ENV = "MINIVLM_ADMIN_TOKEN"  # on a shared deployment, whoever kn
 
 
 def status_line(engine: Engine, lang: str = EN) -> str:
-    """vLLM-style start-up line: model, device, dtype, KV cache size in tokens, max concurrency."""
+    """vLLM-style start-up line: model, device, dtype, KV cache size in tokens, max concurrency; for a hybrid model
+    also what each KV-cache group holds."""
     rep, cfg = engine.memory_report(), engine.config
     return t(lang, "header.status_line", model=os.path.basename(cfg.model.rstrip('/')) or cfg.model,
              model_type=engine.hf_config.model_type, device=rep.device, dtype=rep.dtype,
              weights_mib=f"{rep.weights_bytes / 2**20:,.1f}", blocks=f"{rep.num_blocks:,}", block_size=rep.block_size,
              tokens=f"{rep.kv_cache_tokens:,}", kv_mib=f"{rep.kv_cache_bytes / 2**20:,.1f}",
+             groups=groups_part(rep.groups, cfg.max_num_seqs, lang),
              max_len=f"{cfg.max_model_len:,}", concurrency=f"{rep.max_concurrency:.2f}", strategy=cfg.cache_strategy,
              attention=localize_status(engine.attention_backend, lang),
              linear=localize_status(engine.linear_backend, lang), decode=localize_status(engine.decode_backend, lang))
+
+
+def layer_ranges(layers: list[int]) -> str:
+    """Decoder layer indices as runs: [0, 1, 2, 4, 5, 6] -> "0–2, 4–6"."""
+    runs: list[list[int]] = []
+    for i in sorted(layers):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(f"{a}–{b}" if b > a + 1 else f"{a}, {b}" if b > a else str(a) for a, b in runs)
+
+
+def groups_part(groups: list[dict], max_num_seqs: int, lang: str = EN) -> str:
+    """What each KV-cache group of a hybrid model holds (memory_report().groups), for the status line; "" for a model
+    whose every layer attends fully (one group: its line says it all)."""
+    if len(groups) < 2:
+        return ""
+    parts = []
+    for g in groups:
+        common = dict(layers=layer_ranges(g["layers"]), s="s" if len(g["layers"]) > 1 else "", size=f"{g['size']:,}",
+                      mib=f"{g['bytes'] / 2**20:,.1f}")
+        if g["kind"] == "recurrent":  # one running slot per request, the rest keep prefix-cache checkpoints
+            running = min(max_num_seqs, g["size"])
+            parts.append(t(lang, "header.group_recurrent", running=f"{running:,}",
+                           checkpoints=f"{g['size'] - running:,}", **common))
+        elif g["kind"] == "sliding_window":
+            parts.append(t(lang, "header.group_sliding", window=f"{g['window']:,}", **common))
+        else:
+            parts.append(t(lang, "header.group_full", **common))
+    return t(lang, "header.groups", groups=t(lang, "plan.sep").join(parts))
 
 
 class EngineHolder:

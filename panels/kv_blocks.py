@@ -10,7 +10,7 @@ import gradio as gr
 from minivlm import Request, SamplingParams
 
 from panels.access import refusal
-from panels import prefix_tree
+from panels import group_views, prefix_tree
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
 from panels.i18n import LANGUAGES, L, lang_of, t
 from panels.kv_run import POLL_S, SHARED_LAUNCH_BLOCKS, Runs, live_view, view
@@ -86,6 +86,12 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         with gr.Column(scale=2):
             gr.Markdown(L("kv.log_heading"))
             decisions = gr.Markdown(elem_id="kv-decisions", label=L("kv.log"), max_height=520, container=True)
+    pinned = gr.State(None)  # the replayed step, or None: live
+
+    def groups_view_of(request):  # a hybrid model's groups, of the engine the map shows, at the map's step
+        run = runs.get(session_of(request))
+        return run, run.engine if run else holder.get(), holder.shared
+    group_views.attach(groups_view_of, block_map, pinned)
     # a shared deployment's visitor sees the tree of their own engine only (None before their first run)
     prefix_tree.attach(lambda request: getattr(runs.get(session_of(request)), "engine", None) or
                        (None if holder.shared else holder.get()), block_map)
@@ -103,7 +109,6 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
     with gr.Row():
         download = gr.Button(L("kv.download"), size="sm", elem_id="kv-download")
         events_file = gr.File(label=L("kv.events_file"), elem_id="kv-events-file", visible=False)
-    pinned = gr.State(None)  # the replayed step, or None: live
     seen = gr.State(None)    # (engine, last event seq) the page shows, so an idle poll sends nothing
     timer = gr.Timer(POLL_S)
 

@@ -37,11 +37,11 @@ MESSAGES = {
     "header.all_devices": ("every device kind is available", "所有设备类型都可用"),
     "header.status_line": (
         "**{model}** ({model_type}) on **{device}** ({dtype}) · weights {weights_mib} MiB · KV cache: {blocks} "
-        "blocks × {block_size} = **{tokens} tokens** ({kv_mib} MiB) · maximum concurrency for {max_len} tokens per "
-        "request: **{concurrency}x** · prefix cache: {strategy} · attention: {attention} · matrix products: {linear} · "
-        "decode layers: {decode}",
+        "blocks × {block_size} = **{tokens} tokens** ({kv_mib} MiB){groups} · maximum concurrency for {max_len} "
+        "tokens per request: **{concurrency}x** · prefix cache: {strategy} · attention: {attention} · matrix products: "
+        "{linear} · decode layers: {decode}",
         "**{model}**（{model_type}）运行于 **{device}**（{dtype}）· 权重 {weights_mib} MiB · KV 缓存：{blocks} 块 × "
-        "{block_size} = **{tokens} 个 token**（{kv_mib} MiB）· 每请求 {max_len} 个 token 时的最大并发："
+        "{block_size} = **{tokens} 个 token**（{kv_mib} MiB）{groups}· 每请求 {max_len} 个 token 时的最大并发："
         "**{concurrency}x** · 前缀缓存：{strategy} · 注意力：{attention} · 矩阵乘：{linear} · 解码层：{decode}"),
     "header.shipped": ("{name} (shipped, offline)", "{name}（随附，离线可用）"),
     "header.hub": ("{name} (hub)", "{name}（Hub 下载）"),

@@ -1,0 +1,142 @@
+"""A hybrid model's KV-cache groups at any step, rebuilt from the event log alone, as minivlm.events.replay rebuilds
+the full-attention pool (engine/kv_groups.py explains the groups): so the KV tab's group views, its block map and
+its decision log all come from one source and agree at every replayed step.
+
+    sliding window  a request's table as its admission gave it (the plan's sliding_table), then its sliding
+                    "allocated" events append; each step it is planned from token `start` on, its blocks wholly before
+                    the window of `start` left it (None), as the engine's advance() gives them back; finished /
+                    preempted drop the table
+    recurrent       a request's state slot (the plan's state_slot) until it leaves; the checkpoints from
+                    state_saved / state_evicted, a request's decode checkpoint replacing its previous one (the engine
+                    frees that one without an event), reset_prefix_cache clearing them all
+Pure functions of the events, a template of the groups (names, layers, window, sizes: engine.snapshot().groups) and
+the replay base; unit-tested against the engine's own snapshots (tests/test_group_views.py)."""
+import dataclasses
+
+from minivlm.engine.outputs import GroupInfo, KVSnapshot
+
+
+@dataclasses.dataclass
+class GroupFrame:
+    """The groups after one step, and what the views say beside the tables: where each checkpoint was saved (block
+    key -> tokens before it, the request that saved it) and which checkpoint slot a request resumed from."""
+    step: int
+    groups: list[GroupInfo]
+    saved_at: dict[str, tuple[int, str | None]] = dataclasses.field(default_factory=dict)
+    resumed: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def hybrid(groups: list[GroupInfo]) -> bool:
+    """A model with more than one KV-cache group (Qwen3.5, Gemma 3): the tab draws its groups."""
+    return any(g.kind != "full_attention" for g in groups)
+
+
+class GroupReplay:
+    """The non-full groups rebuilt event by event (see the module docstring); the full group is the replayed map's."""
+
+    def __init__(self, template: list[GroupInfo], block_size: int, base: KVSnapshot | None = None):
+        self.template, self.bs = template, block_size
+        self.index = {i: g for i, g in enumerate(template)}  # events name a group by its place in snap.groups
+        self.sliding = next((g for g in template if g.kind == "sliding_window"), None)
+        self.tables: dict[str, list[int | None]] = {}
+        self.slots: dict[str, int] = {}
+        self.resumed: dict[str, int] = {}
+        self.prompt: dict[str, int] = {}
+        self.latest: dict[str, str] = {}   # request -> key of its moving decode checkpoint
+        self.step = base.step if base is not None else 0
+        base_groups = base.groups if base is not None else []
+        self.checkpoints: dict[str, int] = dict(next((g.checkpoints for g in base_groups if g.kind == "recurrent"), {}))
+        self.saved_at: dict[str, tuple[int, str | None]] = {}
+
+    def first_needed(self, start: int) -> int:
+        """The first block a query at `start` may read (engine/sliding_window.py)."""
+        return max(0, start - self.sliding.window + 1) // self.bs
+
+    def boundary(self, rid: str) -> int:
+        """The prompt's last block boundary: a checkpoint past it is the request's moving decode checkpoint."""
+        return (self.prompt.get(rid, 0) - 1) // self.bs * self.bs
+
+    def apply(self, ev):
+        rid, f, kind = ev.request_id, ev.fields, ev.kind
+        self.step = ev.step
+        group = self.index.get(f.get("group")) if f.get("group") else None
+        if kind == "arrived":
+            self.prompt[rid] = f["num_prompt_tokens"]
+        elif kind == "scheduled":
+            for r in f["plan"]:
+                self._planned(r)
+        elif group is not None and group.kind == "sliding_window" and kind == "allocated" and rid in self.tables:
+            self.tables[rid] += f["block_ids"]  # a running request's (an admission's are in its plan's table)
+        elif kind == "state_saved":
+            key = f["block_hash"]
+            if f["token"] > self.boundary(rid):  # its decode checkpoint moved on: the previous one was freed
+                old = self.latest.pop(rid, None)
+                self.checkpoints.pop(old, None)
+                self.latest[rid] = key
+            self.checkpoints[key] = f["slot"]
+            self.saved_at[key] = (f["token"], rid)
+        elif kind == "state_evicted":
+            self.checkpoints.pop(f["block_hash"], None)
+        elif kind == "AllBlocksCleared":
+            self.checkpoints.clear()
+            self.latest.clear()
+        elif kind in ("preempted", "finished") and rid is not None:
+            for held in (self.tables, self.slots, self.latest, self.resumed):
+                held.pop(rid, None)
+
+    def _planned(self, r: dict):
+        rid = r["request_id"]
+        if "state_slot" in r:
+            self.slots[rid] = r["state_slot"]
+        if "restore_from" in r:
+            self.resumed[rid] = r["restore_from"]
+        if self.sliding is None:
+            return
+        if "sliding_table" in r:
+            self.tables[rid] = list(r["sliding_table"])
+        if rid in self.tables:  # computing from `start` on, its blocks before the window left it (a "freed" event
+            first = self.first_needed(r["start"])  # names only those nobody else holds, so the rule, not the event)
+            self.tables[rid] = [None if i < first else b for i, b in enumerate(self.tables[rid])]
+
+    def frame(self, full: KVSnapshot) -> GroupFrame:
+        """The groups now; `full` is the replayed full-attention pool of the same step."""
+        holders = set(full.running) | set(full.waiting)
+        out = []
+        for g in self.template:
+            if g.kind == "full_attention":
+                free = sum(b.ref_count == 0 for b in full.blocks)
+                out.append(dataclasses.replace(g, free=free, block_tables={r: list(t) for r, t in
+                                                                           full.block_tables.items()}))
+            elif g.kind == "sliding_window":
+                tables = {r: list(t) for r, t in self.tables.items() if r in holders}
+                held = {b for t in tables.values() for b in t if b is not None}
+                out.append(dataclasses.replace(g, free=g.size - len(held), block_tables=tables, checkpoints={}))
+            else:
+                slots = {r: [s] for r, s in self.slots.items() if r in holders}
+                out.append(dataclasses.replace(g, free=g.size - len(slots) - len(self.checkpoints),
+                                               block_tables=slots, checkpoints=dict(self.checkpoints)))
+        resumed = {r: s for r, s in self.resumed.items() if r in holders}
+        return GroupFrame(full.step, out, dict(self.saved_at), resumed)
+
+
+def group_frame(events, template: list[GroupInfo], full: KVSnapshot, block_size: int,
+                base: KVSnapshot | None = None) -> GroupFrame:
+    """The groups after `full.step` (the replayed full-attention pool of that step), from the events after `base`."""
+    state = GroupReplay(template, block_size, base)
+    for ev in events:
+        if ev.step > full.step:
+            break
+        state.apply(ev)
+    return state.frame(full)
+
+
+def live_frame(snap: KVSnapshot, events=()) -> GroupFrame:
+    """The engine's own groups now (engine.snapshot()), with what `events` (the run's) say of its checkpoints and of
+    the checkpoint each running request resumed from."""
+    saved = {e.fields["block_hash"]: (e.fields["token"], e.request_id) for e in events if e.kind == "state_saved"}
+    resumed = {}
+    for e in events:
+        if e.kind == "scheduled":
+            resumed.update({r["request_id"]: r["restore_from"] for r in e.fields["plan"] if "restore_from" in r})
+    holders = set(snap.running) | set(snap.waiting)
+    return GroupFrame(snap.step, list(snap.groups), saved, {r: s for r, s in resumed.items() if r in holders})
