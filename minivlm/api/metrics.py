@@ -51,6 +51,8 @@ class RequestCounts:
                 self.counts["source:local_compute"] += prompt - ev.num_cached_tokens
             elif ev.kind == "scheduled":  # a prefill chunk that does not end its prompt samples nothing
                 self.counts["generation_tokens"] += len(ev.fields.get("sampling", ev.request_ids))
+            elif ev.kind == "speculated":  # accepted guesses: tokens beyond the one its step samples anyway
+                self.counts["generation_tokens"] += ev.accepted
             elif ev.kind == "finished":
                 self.counts[f"success:{ev.finish_reason}"] += 1
             self.since = ev.seq
@@ -122,6 +124,7 @@ class EngineCollector:
             c.add_metric(name + [source], total[f"source:{source}"])
         yield c
         yield from kv_events_metrics(engine, labels, name)
+        yield from spec_decode_metrics(engine, labels, name)
         yield from encoder_cache_metrics(engine, labels, name)
         c = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
                                 labels=labels + ["finished_reason"])
@@ -145,6 +148,24 @@ def encoder_cache_metrics(engine, labels, name):
                           "encoder cache holds, in use or cached.", labels=labels)
     g.add_metric(name, stats["used"])
     yield g
+
+
+def spec_decode_metrics(engine, labels, name):
+    """vLLM's speculative-decoding counters, when the engine speculates (engine/speculative.py): speculating steps of
+    a request (drafts), guessed tokens, accepted ones, and accepted ones per draft position."""
+    stats = engine.spec_decode_stats() if hasattr(engine, "spec_decode_stats") else None
+    if stats is None:
+        return
+    for key, doc in (("num_drafts", "Speculating steps of a request."), ("num_draft_tokens", "Draft tokens proposed."),
+                     ("num_accepted_tokens", "Draft tokens accepted.")):
+        c = CounterMetricFamily(f"vllm:spec_decode_{key}", doc, labels=labels)
+        c.add_metric(name, getattr(stats, key))
+        yield c
+    c = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by their position "
+                            "in the draft.", labels=labels + ["position"])
+    for pos, n in enumerate(stats.accepted_per_pos):
+        c.add_metric(name + [str(pos)], n)
+    yield c
 
 
 def kv_events_metrics(engine, labels, name):
