@@ -1,6 +1,7 @@
 """Anatomy tab: how one request becomes tokens, M-RoPE positions, KV blocks and prefix-cache keys, drawn from
 engine.anatomy (the engine's own processor, position and key code; no model run). A second image (or the same
 one at another max_pixels) is compared key by key."""
+import functools
 import os
 import time
 
@@ -11,6 +12,7 @@ from minivlm.inputs.image_limits import processor_pixels
 from minivlm import load_image, split_images
 
 from panels.anatomy_figures import grid_figure, rope_figure, token_strip_figure
+from panels.anatomy_fixed import fixed_cells, fixed_grid_figure
 from panels.anatomy_keys import keys_html
 from panels.anatomy_tiles import cell_tiles, positions_figure, tiled_grid_figure
 from panels.anatomy_video import frame_strip_figure, video_rope_figure, with_video_frames
@@ -28,8 +30,11 @@ TRACK = 4  # the size slider ends at 4x the processor's default, so the default 
 
 def pixel_range(engine) -> tuple[int, int, int, int]:
     """(slider min, max, step, default) for the family's size knob: Qwen's max_pixels, SmolVLM's longest edge
-    before tiling, InternVL's max crops (a text model has none: a placeholder range)."""
+    before tiling, InternVL's max crops, Gemma 3's pan-and-scan off / on (a text model has none: a placeholder
+    range)."""
     ip, family = getattr(engine.processor, "image_processor", None), engine.family
+    if family.images == "fixed":
+        return 0, 1, 1, 0
     if family.images == "patches":
         unit = (ip.patch_size * ip.merge_size) ** 2  # one merged token's pixels
         default = int(ip.size.longest_edge)  # steps of one token; a linear track where the default is visible
@@ -52,6 +57,8 @@ def knob_label(engine) -> str:
     if family.images == "patches":
         ip = engine.processor.image_processor
         return f"max_pixels (one step = one token = {(ip.patch_size * ip.merge_size) ** 2} px)"
+    if family.images == "fixed":
+        return t(EN, "anat.fixed_knob")
     return "max_patches (crops)" if family.tiling == "crops" else "size: longest edge before tiling (px)"
 
 
@@ -66,6 +73,8 @@ def pixels_kwargs(engine, value) -> dict | None:
         return {"max_pixels": value, "min_pixels": min(low, value)}
     if family.tiling == "crops":
         return {"max_patches": value, "min_patches": min(engine.processor.image_processor.min_patches, value)}
+    if family.images == "fixed":
+        return {"do_pan_and_scan": bool(value)}
     if family.images == "tiles":
         return {"size": {"longest_edge": value}}
     return None
@@ -96,13 +105,19 @@ def render(engine, request: Request, images: list, other: Request | None = None,
     frames = {}
     if any(im.kind == "video" for im in a.images):  # a video: its first sampled frame stands for it in the strip
         images, frames = with_video_frames(request.to_messages(), a, images)
-    tiled = a.images_as == "tiles"
-    grid = (tiled_grid_figure(images, a.images) if tiled else grid_figure(images, a.images, lang)) if a.images \
-        else None
+    cells = cell_tiles
+    if a.images_as == "fixed":  # Gemma 3: each view a fixed grid of soft tokens (the crops cut by its processor)
+        ip = engine.processor.image_processor
+        cells = functools.partial(fixed_cells, ip)
+        grid = fixed_grid_figure(ip, images, a.images, lang) if a.images else None
+    elif a.images_as == "tiles":
+        grid = tiled_grid_figure(images, a.images) if a.images else None
+    else:
+        grid = grid_figure(images, a.images, lang) if a.images else None
     rope = rope_figure(a, lang) if a.mrope else positions_figure(a)
     if frames:  # panels 1 and 2 show the video: its frame pairs, and positions where t moves
         grid, rope = frame_strip_figure(a, frames), video_rope_figure(a)
-    figures = (grid, token_strip_figure(a, images, cell_tiles, lang), rope, keys_html(a, b, lang=lang))
+    figures = (grid, token_strip_figure(a, images, cells, lang), rope, keys_html(a, b, lang=lang))
     return describe(a, time.perf_counter() - start, lang), *figures
 
 

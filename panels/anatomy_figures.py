@@ -146,7 +146,7 @@ def token_strip_figure(anatomy, images: list[Image.Image], tiled_cells=None, lan
     num_rows = -(-max(n, 1) // per_row)
     width = per_row * cell + (nblocks_row - 1) * BLOCK_GAP + 4
     canvas = np.full((STRIP_TOP + num_rows * (cell + ROW_GAP), width, 3), 255, np.uint8)
-    cut = tiled_cells if anatomy.images_as == "tiles" else cell_tiles
+    cut = tiled_cells if anatomy.images_as in ("tiles", "fixed") else cell_tiles
     tiles = [cut(im, info, cell) for im, info in zip(images, anatomy.images)]
 
     def origin(i):  # top-left pixel of token slot i

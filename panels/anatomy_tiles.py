@@ -93,8 +93,11 @@ def positions_figure(anatomy) -> go.Figure:
         z = np.array([t.position[0] for t in toks]).reshape(views, info.tokens_per_tile)
         fig.add_trace(go.Heatmap(z=z, y=list(range(y0, y0 + views)), colorscale="Viridis", showscale=False, xgap=1,
                                  ygap=1, hovertemplate="position %{z}<br>token %{x} of the view<extra></extra>"))
-        names = [f"img {k + 1} crop {v + 1}" for v in range(views - 1)] + [f"img {k + 1} global"] if info.tiles \
-            else [f"img {k + 1}"]
+        if anatomy.images_as == "fixed":  # Gemma 3: the whole image first, then its pan-and-scan crops
+            names = [f"img {k + 1}"] + [f"img {k + 1} crop {v}" for v in range(1, views)]
+        else:
+            names = [f"img {k + 1} crop {v + 1}" for v in range(views - 1)] + [f"img {k + 1} global"] \
+                if info.tiles else [f"img {k + 1}"]
         labels += names
         y0 += views
         spans.append(f"image {k + 1}: positions {toks[0].position[0]}–{toks[-1].position[0]}")
