@@ -19,6 +19,7 @@ from panels.i18n.errors import localize_error
 from panels.sessions import collect_before_an_engine
 from panels.anatomy_figures import needs_width
 from panels.page import header_widths
+from panels import inspector_hybrid
 
 STRATEGIES = ("A", "B", "C")
 RESIZES = {"processor default": None, "max 160×160 px": 160 * 160, "max 112×112 px": 112 * 112,
@@ -141,15 +142,17 @@ def drift_meaning(diff: float, lang: str = EN) -> str:
     return t(lang, "insp.rounding" if diff < ROUNDING else "insp.not_this")
 
 
-def results_table(results: dict, cold, lang: str = EN) -> pd.DataFrame:
-    """One row per strategy: hit counts, the answers, and the drift from a cold run."""
+def results_table(results: dict, cold, lang: str = EN, kinds: list[str] = ()) -> pd.DataFrame:
+    """One row per strategy: hit counts, the answers, and the drift from a cold run; on a hybrid model (`kinds`: its
+    KV-cache groups) the meaning also says what else the hit restored."""
     rows = []
     for name, (second, first) in results.items():
         false = sum(h.false_hit for h in second.cache_hits)
         hits = len(second.cache_hits)
         rows.append([name, hits, hits - false, false, second.num_cached_tokens, first.text.strip(),
                      second.text.strip(), cold.text.strip(), f"{max_logprob_diff(second, cold):.4g}",
-                     drift_meaning(max_logprob_diff(second, cold), lang)])
+                     drift_meaning(max_logprob_diff(second, cold), lang)
+                     + inspector_hybrid.group_meaning(second, kinds, lang)])
     return pd.DataFrame(rows, columns=RESULT_COLUMNS if lang == EN else [t(lang, f"insp.col.{c}") for c in COLUMN_IDS])
 
 
@@ -170,10 +173,12 @@ def build(holder: EngineHolder):
     with gr.Row():
         preset_buttons = [gr.Button(L(f"preset.{name}"), size="sm", elem_id=f"preset-{i}") for i, name in enumerate(PRESETS)]
         video_button = gr.Button(L(f"preset.{VIDEO_PRESET[0]}"), size="sm", elem_id="preset-video")
+        hybrid_button = gr.Button(L(f"preset.{inspector_hybrid.PRESET[0]}"), size="sm", elem_id="preset-hybrid")
         run = gr.Button(L("insp.run"), variant="primary", elem_id="insp-run")
     results = gr.Dataframe(label=L("insp.results"), elem_id="insp-results", wrap=True,
                            column_widths=header_widths(RESULT_COLUMNS, {len(RESULT_COLUMNS) - 1: "auto"}))
     blocks = gr.Plot(label=L("insp.blocks"), elem_id="insp-blocks")
+    hybrid_note = gr.Markdown(elem_id="insp-hybrid-note", visible=False)
 
     @gpu
     def inspect(image_1, image_2, prompt, prompt_2, resize_1, resize_2, max_tokens, request: gr.Request = None):
@@ -195,7 +200,23 @@ def build(holder: EngineHolder):
             out, cold = run_pair(engine, ((image_1, prompt, kw[0]), second), int(max_tokens))
         except ValueError as e:
             raise refusal(localize_error(e, lang))
-        return results_table(out, cold, lang), hits_figure(out, engine.config.block_size, lang)
+        return results_table(out, cold, lang, inspector_hybrid.group_kinds(engine)), \
+            hits_figure(out, engine.config.block_size, lang)
+
+    @gpu
+    def inspect_hybrid(max_tokens, request: gr.Request = None):
+        """The hybrid preset: key A fooled on a hybrid model (the served one, or a random Qwen3.5)."""
+        lang = lang_of(request)
+        _, first, second, question = inspector_hybrid.PRESET
+        try:
+            engine, made = inspector_hybrid.hybrid_engine(holder.get())
+            out, cold = run_pair(engine, ((_example(first), question, None), (_example(second), question, None)),
+                                 int(max_tokens))
+        except ValueError as e:
+            raise refusal(localize_error(e, lang))
+        return results_table(out, cold, lang, inspector_hybrid.group_kinds(engine)), \
+            hits_figure(out, engine.config.block_size, lang), \
+            gr.update(value=inspector_hybrid.note(engine, made, out, lang), visible=True)
 
     @gpu
     def inspect_video(max_tokens, request: gr.Request = None):
@@ -212,6 +233,10 @@ def build(holder: EngineHolder):
 
     video_button.click(inspect_video, [max_tokens], [results, blocks], api_name="inspect_video",
                        concurrency_id="inspect")
+    hybrid_button.click(inspect_hybrid, [max_tokens], [results, blocks, hybrid_note], api_name="inspect_hybrid",
+                        concurrency_id="inspect")
+    for button in (run, video_button, *preset_buttons):  # the hybrid note speaks of the hybrid preset's run only
+        button.click(lambda: gr.update(visible=False), None, hybrid_note, api_name=False, queue=False)
     inputs = [img1, img2, prompt, prompt2, resize1, resize2, max_tokens]
     run.click(inspect, inputs, [results, blocks], api_name="inspect", concurrency_id="inspect", concurrency_limit=1)
     for button, (a, b, p1, p2, r1, r2) in zip(preset_buttons, PRESETS.values()):
