@@ -58,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kv-events-config", default=None, metavar="JSON",
                    help="publish KV-cache events as vLLM does, e.g. '{\"enable_kv_cache_events\": true, "
                         "\"publisher\": \"zmq\", \"topic\": \"kv-events\"}' (docs/KV_EVENTS.md)")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="speculative decoding as vLLM takes it, e.g. '{\"method\": \"ngram\", "
+                        "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 1}'")
     p.add_argument("--watch-kv-events", default=None, metavar="tcp://host:port[#topic]",
                    help="draw the prefix tree of an external KV-event publisher (vLLM, SGLang, minivlm) in the KV tab")
     p.add_argument("--watch-kv-replay", default=None, metavar="tcp://host:port",
@@ -146,7 +149,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         enable_chunked_prefill=args.enable_chunked_prefill,
                         max_num_batched_tokens=args.max_num_batched_tokens, async_vision=args.async_vision,
                         max_step_slowdown=args.max_step_slowdown, enforce_eager=args.enforce_eager,
-                        kv_events=args.kv_events_config)
+                        kv_events=args.kv_events_config, speculative_config=args.speculative_config)
 
 
 def fail(message: str, code: int = 2):

@@ -1,5 +1,6 @@
 """EngineConfig: every knob of the engine in one dataclass, validated up front with clear messages."""
 import os
+import json
 from dataclasses import dataclass
 
 from minivlm.kv_events.config import KVEventsConfig, kv_events_config
@@ -11,6 +12,44 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # chunked prefill's default: mixed steps at most 1.3x a decode step's median. The goal is p99 ITL <= 2x steady, and a
 # step's own spread (p99 / p50 about 1.3-1.4 on 2 CPU cores) multiplies it: 1.3 x 1.4 < 2 (bench/RESULTS.md, round 8)
 DEFAULT_STEP_SLOWDOWN = 1.3
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's names: EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+    "prompt_lookup_max": 4, "prompt_lookup_min": 1})."""
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+
+    @classmethod
+    def parse(cls, value) -> "SpeculativeConfig | None":
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"EngineConfig.speculative_config is not JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"EngineConfig.speculative_config must be a dict, got {type(value).__name__}")
+        unknown = set(value) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"EngineConfig.speculative_config: unknown field(s) {sorted(unknown)}; minivlm takes "
+                             f"{sorted(cls.__dataclass_fields__)}")
+        cfg = cls(**value)
+        if cfg.method != "ngram":
+            raise ValueError(f"speculative_config.method {cfg.method!r} is not supported: minivlm speculates with "
+                             f"'ngram' (prompt lookup; no draft model)")
+        for name, lo, hi in (("num_speculative_tokens", 1, 16), ("prompt_lookup_max", 1, 32),
+                             ("prompt_lookup_min", 1, 32)):
+            v = getattr(cfg, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ValueError(f"speculative_config.{name} must be an integer in [{lo}, {hi}], got {v!r}")
+        if cfg.prompt_lookup_min > cfg.prompt_lookup_max:
+            raise ValueError("speculative_config.prompt_lookup_min must be <= prompt_lookup_max")
+        return cfg
 
 
 @dataclass
@@ -38,6 +77,7 @@ class EngineConfig:
     kv_events: KVEventsConfig | dict | str | None = None  # vLLM's --kv-events-config (docs/KV_EVENTS.md)
     enforce_eager: bool = False     # vLLM's name: no fused C decode paths, every layer in PyTorch ops (comparisons)
     state_checkpoints: int | None = None  # recurrent models: saved states the prefix cache may reuse; None: 2 x max_num_seqs
+    speculative_config: dict | str | None = None  # vLLM's: {"method": "ngram", "num_speculative_tokens": 4, ...}
 
     def __post_init__(self):
         def positive_int(name):
@@ -68,6 +108,7 @@ class EngineConfig:
         if not isinstance(self.event_log_size, int) or isinstance(self.event_log_size, bool) or self.event_log_size < 0:
             raise ValueError(f"EngineConfig.event_log_size must be an integer >= 0, got {self.event_log_size!r}")
         self.kv_events = kv_events_config(self.kv_events)
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if self.kv_events is not None and self.kv_events.active and not self.event_log_size:
             raise ValueError("EngineConfig.kv_events publishes from the event log: event_log_size must be > 0")
         for name in ("enable_chunked_prefill", "async_vision", "enforce_eager"):

@@ -173,6 +173,15 @@ class Engine:
         pub = self.core.kv_publisher
         return None if pub is None else {"next_seq": pub.next_seq, **pub.stats}
 
+    def spec_decode_stats(self):
+        """Speculative decoding's counters (a SpecStats: num_drafts, num_draft_tokens, num_accepted_tokens,
+        accepted_per_pos), or None when the engine does not speculate."""
+        if self.config.speculative_config is None:
+            return None
+        with self.loop.lock:
+            s = self.core.speculation.stats
+            return dataclasses.replace(s, accepted_per_pos=list(s.accepted_per_pos))
+
     def encoder_cache_stats(self) -> dict[str, int]:
         """The encoder cache's counters (minivlm.engine.encoder_cache): hits and misses (one per image whose request
         took its images, since the engine started), size and used (embeddings: the bound, and those held now),

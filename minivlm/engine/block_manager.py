@@ -176,6 +176,28 @@ class BlockManager:
             table.append(self._take_free())
             self.events.emit("allocated", seq.request_id, block_ids=table[-1:], **self._group())
 
+    def reserve(self, seq, num_tokens: int):
+        """Blocks for seq's first num_tokens tokens (a speculating request's guesses go past its length)."""
+        table = self.tables[seq.seq_id]
+        while self.blocks_needed(num_tokens) > len(table):
+            table.append(self._take_free())
+            self.events.emit("allocated", seq.request_id, block_ids=table[-1:], **self._group())
+
+    def trim(self, seq) -> list[int]:
+        """Give back the blocks past seq's length (where its rejected guesses were); they held nothing published."""
+        table, extra = self.tables.get(seq.seq_id, []), []
+        while len(table) > self.blocks_needed(len(seq)):
+            b = table.pop()
+            block = self.blocks[b]
+            block.ref_count -= 1
+            self.dirty.add(b)
+            if block.ref_count == 0:
+                self.free.append(b)
+                extra.append(b)
+        if extra:
+            self.events.emit("freed", seq.request_id, block_ids=extra, **self._group())
+        return extra
+
     def reset(self):
         """Forget every cached-but-free block (used blocks keep their content)."""
         for b in self.free:

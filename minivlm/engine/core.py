@@ -2,6 +2,7 @@
 has the runner execute it (images, model, sampling), applies the result in one `update` (the only writer of
 request progress) and builds the snapshot; every stage runs under a guard, so a fault fails exactly the requests
 it touched and the others carry on."""
+import itertools
 import logging
 import time
 import weakref
@@ -26,6 +27,8 @@ from minivlm.engine.scheduler import Scheduler
 from minivlm.engine.sequence import Sequence, writing
 from minivlm.engine.step_result import RequestFailed, StepResult, isolate
 from minivlm.engine.snapshot import SnapshotBuilder, video_spans
+from minivlm.engine.speculative import SpecRecorder
+from minivlm.engine.structured_output import constrained_event
 from minivlm.engine.vision_worker import VisionWorker
 
 log = logging.getLogger("minivlm")
@@ -57,6 +60,7 @@ class EngineCore:
         if self.scheduler.adaptive is not None:  # chunks keep mixed steps within the backend's one fast call
             self.scheduler.adaptive.fast_rows = self.runner.limits.fast_rows
         self.outputs = OutputProcessor(model.tokenizer, model.eos_ids, config.max_model_len)
+        self.speculation = SpecRecorder(self.events)  # speculative decoding's counters and events
         self.step_count = 0
         self.last_plan: StepPlan | None = None   # the plan of the latest step that ran something
         self._written: dict[int, int] = {}       # this step, before its update: seq_id -> tokens whose K/V exist
@@ -156,11 +160,17 @@ class EngineCore:
         out.ran = {r.seq_id for r in ran}
         out.unwritten = self.scheduler.unwritten(ran, self.live) if res.failed else {}  # only a failure unpublishes
         logits = logits if isinstance(logits, torch.Tensor) else torch.stack(logits)
-        row = {r.seq_id: i for i, r in enumerate(ran)}
+        row = dict(zip((r.seq_id for r in ran), itertools.accumulate([r.num_logits for r in ran], initial=0)))
         wanted = [r for r in ran if r.sample and r.seq_id not in out.unwritten]
+        spec = [r for r in wanted if r.draft]  # speculating: its guesses verified on its k + 1 rows
+        if spec:
+            kept, emitted = self._isolate("verification", spec, lambda b: self.runner.verify_drafts(
+                b, [logits[row[r.seq_id]:row[r.seq_id] + r.num_logits] for r in b]), res)
+            out.spec = {r.seq_id: e for r, e in zip(kept, emitted)}
+            wanted = [r for r in wanted if not r.draft]
         if not wanted:
             return out
-        if len(wanted) < len(ran):
+        if len(wanted) < len(ran) or spec:
             logits = logits[torch.tensor([row[r.seq_id] for r in wanted], device=logits.device)]
             row = {r.seq_id: i for i, r in enumerate(wanted)}
         sampled, tokens = self._isolate("sampling", wanted, lambda b: self.runner.sample_tokens(
@@ -238,19 +248,19 @@ class EngineCore:
                     self.block_manager.unpublish(seq, seq.num_computed)
                 self.block_manager.ran(seq)  # a state it saved becomes a checkpoint
                 self._written.pop(r.seq_id, None)
-                if r.allowed is not None and r.seq_id in out.sampled:
-                    self._constrained(seq, r.allowed, out.sampled[r.seq_id][0])
-            return [(seq, ev) for r in plan if r.seq_id in out.sampled and (seq := self.live.get(r.seq_id))
-                    for ev in self._isolate("advance", [seq], lambda b: [self._advance(b[0], *out.sampled[r.seq_id])],
-                                            res)[1]]
+                if r.allowed is not None and r.seq_id in out.sampled:  # the step-through's line for it
+                    constrained_event(self.events, seq, r.allowed, out.sampled[r.seq_id][0], self.model.tokenizer,
+                                      self.model.text_config.vocab_size)
+            return [(seq, ev) for r in plan if (r.seq_id in out.sampled or r.seq_id in out.spec)
+                    and (seq := self.live.get(r.seq_id))
+                    for ev in self._isolate("advance", [seq], lambda b: self._emit(b[0], r, out), res)[1]]
 
-    def _constrained(self, seq: Sequence, allowed, token: int):
-        """The step-through's line for a grammar-constrained step: how many tokens the grammar allowed, which won."""
-        from minivlm.engine.structured_output import allowed_ids
-        vocab = self.model.text_config.vocab_size
-        ids = allowed_ids(allowed, vocab).tolist()
-        self.events.emit("constrained", seq.request_id, allowed=len(ids), vocab=vocab, token=token,
-                         text=self.model.tokenizer.decode([token]), allowed_ids=ids if len(ids) <= 32 else None)
+    def _emit(self, seq: Sequence, r, out: StepOutcome) -> list[StreamEvent]:
+        """The tokens a request's step produced: one sampled, or (speculating) its accepted guesses and the token
+        after them, each once the K/V before it exist; the blocks that held rejected guesses go back."""
+        if r.seq_id in out.sampled:
+            return [self._advance(seq, *out.sampled[r.seq_id])]
+        return self.speculation.emit(seq, r, out.spec[r.seq_id], self._advance, self.block_manager)
 
     def _images_taken(self, plan: StepPlan, out: StepOutcome):
         """The encoder cache's book after the encode stage: outputs the plan encoded that the runner does not hold

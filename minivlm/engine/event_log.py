@@ -10,7 +10,7 @@ from itertools import islice
 
 KINDS = ("arrived", "scheduled", "cache_lookup", "allocated", "BlockStored", "freed", "BlockRemoved",
          "AllBlocksCleared", "preempted", "finished", "vision_encoded", "state_saved", "state_evicted",
-         "constrained")
+         "constrained", "speculated")
 
 
 @dataclass

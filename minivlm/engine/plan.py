@@ -43,16 +43,28 @@ class ScheduledRequest:
     allowed: torch.Tensor | None = None    # structured outputs: the grammar's bitmask of the tokens it may sample
     history: tuple[int, ...] = ()          # penalties: the tokens they count (prompt + answer; answer from num_prompt)
     num_prompt: int = 0
+    # speculative decoding (engine/speculative.py): guesses of the next tokens, computed after [start, end) and
+    # verified by this step's logits at every one of them; slots past `end` hold them until accepted or given back
+    draft: tuple[int, ...] = ()
+    draft_at: int = -1                     # where in its tokens the guess was found
 
     @property
     def num_tokens(self) -> int:
-        return self.end - self.start
+        """Tokens this step computes: its own, and its draft's."""
+        return self.end - self.start + len(self.draft)
+
+    @property
+    def num_logits(self) -> int:
+        """Rows of logits it needs: one, or (speculating) one at its last token and one at each guess."""
+        return 1 + len(self.draft)
 
     def group_fields(self) -> dict:
         """A hybrid model's other groups in the `scheduled` event, so a replay knows them: the recurrent state's slot
         (and the checkpoint it resumes from), the sliding table given at admission (later steps' allocated / freed
         events change it; 0 stands for a block out of the window)."""
         out = {"state_slot": self.state_slot} if self.state_slot >= 0 else {}
+        if self.draft:  # the guesses and the slots that hold them until accepted or given back
+            out.update(draft=list(self.draft), draft_slots=list(self.slots[-len(self.draft):]))
         if self.restore_from >= 0:
             out["restore_from"] = self.restore_from
         if self.admitted and self.sliding_table:
@@ -97,7 +109,7 @@ class StepInputs:
     ctx_lens: list[int]
     image_at: torch.Tensor                # [I] rows of T that hold image placeholders
     image_rows: list[tuple[str, int, int]]  # their encoder-output rows, in runs: (vision key, first row, rows)
-    last: torch.Tensor                    # [B] each request's last row in T (its logits)
+    last: torch.Tensor                    # each request's last row in T (its logits); a speculating one's k + 1 rows
     sliding_slots: torch.Tensor | None = None   # [T] the sliding-window group's slot of each token
     sliding_tables: torch.Tensor | None = None  # [B, max blocks]
     state_slots: torch.Tensor | None = None     # [B] each request's recurrent state slot
@@ -115,9 +127,10 @@ class StepInputs:
             groups["state_slots"] = torch.tensor([r.state_slot for r in reqs])
         return cls(torch.tensor([t for r in reqs for t in r.token_ids]), torch.cat([r.positions for r in reqs], dim=1),
                    torch.tensor([s for r in reqs for s in r.slots]), padded([r.block_table for r in reqs]),
-                   q_lens, [r.end for r in reqs], torch.tensor(at, dtype=torch.long),
+                   q_lens, [r.end + len(r.draft) for r in reqs], torch.tensor(at, dtype=torch.long),
                    [run for r in reqs for run in r.image_rows],
-                   torch.tensor(offsets[1:]) - 1, **groups)
+                   torch.tensor([row for n, r in enumerate(reqs) for row in range(offsets[n + 1] - r.num_logits,
+                                                                               offsets[n + 1])]), **groups)
 
 
 @dataclass(frozen=True, eq=False)
@@ -173,6 +186,7 @@ class StepOutcome:
     ran: set[int] = field(default_factory=set)
     unwritten: dict[int, int] = field(default_factory=dict)
     sampled: dict[int, tuple[int, dict | None]] = field(default_factory=dict)
+    spec: dict[int, list[tuple[int, dict | None]]] = field(default_factory=dict)  # speculating: the tokens it emits
 
 
 def _ids(ids) -> str:

@@ -8,6 +8,7 @@ from minivlm.model.attention import AttentionMetadata
 from minivlm.model.cache_spec import StateMetadata
 from minivlm.engine.plan import EncodeJob, ScheduledRequest, StepPlan
 from minivlm.engine.sampler import sample, top_logprobs
+from minivlm.engine.speculative import verify
 from minivlm.engine.encoder_cache import ImageInputs
 from minivlm.engine.vision_worker import VisionWorker
 
@@ -189,6 +190,19 @@ class ModelRunner:
             for i in self.recurrent:
                 for t in self.kv_caches[i]:
                     t[dst].copy_(t[src])
+
+    @staticmethod
+    @torch.inference_mode()
+    def verify_drafts(reqs: list[ScheduledRequest], logits: list[torch.Tensor]) -> list[list[tuple[int, dict | None]]]:
+        """Per speculating request, from its k + 1 rows of logits: the tokens it emits (accepted guesses, then one
+        more), each with its logprobs (the model's own at that position, as without speculation)."""
+        out = []
+        for r, rows in zip(reqs, logits):
+            tokens = verify(rows, list(r.draft), r.params, r.generator)
+            lps = torch.log_softmax(rows.float(), dim=-1) if r.params.logprobs is not None else None
+            out.append([(t, top_logprobs(lps[j], t, r.params.logprobs) if lps is not None else None)
+                        for j, t in enumerate(tokens)])
+        return out
 
     @staticmethod
     @torch.inference_mode()

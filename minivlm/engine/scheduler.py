@@ -10,6 +10,7 @@ from minivlm.engine.event_log import EventLog
 from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.engine.plan import EncodeJob, Preemption, ScheduledRequest, StepPlan
 from minivlm.engine.sequence import Sequence
+from minivlm.engine.speculative import Speculator
 from minivlm.engine.step_budget import AdaptiveTokenBudget
 from minivlm.inputs.image_layout import runs
 
@@ -38,6 +39,8 @@ class Scheduler:
         self._jobs: dict[int, EncodeJob] = {}  # this step: seq_id -> its images, taken now
         self._in_tower: frozenset[int] = frozenset()  # this step: requests whose images are on the vision thread
         self.whole_spans = False  # Gemma 3: an image's tokens attend both ways, so a chunk never ends inside one
+        self.speculator = Speculator(config.speculative_config, config.max_model_len) \
+            if config.speculative_config is not None else None
 
     waiting = property(lambda self: self.requests.waiting)
     running = property(lambda self: self.requests.running)
@@ -74,21 +77,24 @@ class Scheduler:
         kind = "decode" if seq.num_output_tokens > 0 and start == len(seq) - 1 else \
             "prefill" if end == len(seq) else "chunk"
         sample = end == len(seq)
+        draft = p.get("draft", ())
         return ScheduledRequest(seq.seq_id, seq.request_id, start, end, sample, kind, tuple(self.bm.table(seq)),
                                 tuple(p.get("hits", ())), tuple(p.get("new", ())), tuple(p["publishes"]),
                                 p.get("admitted", False), params=seq.params if sample else None,
-                                generator=seq.generator if sample else None, **self._inputs(seq, start, end),
-                                **self.bm.group_inputs(seq, start, end), **(self._shaping(seq) if sample else {}))
+                                generator=seq.generator if sample else None, **self._inputs(seq, start, end, draft),
+                                **self.bm.group_inputs(seq, start, end), **(self._shaping(seq) if sample else {}),
+                                draft=draft, draft_at=p.get("draft_at", -1))
 
-    def _inputs(self, seq: Sequence, start: int, end: int) -> dict:
-        """What the runner needs of seq's tokens [start, end): ids, positions, slots, where its image tokens are and
-        their rows in the encoder cache's outputs (vision key, first row, rows)."""
-        bs, table = self.bm.block_size, self.bm.table(seq)
+    def _inputs(self, seq: Sequence, start: int, end: int, draft: tuple = ()) -> dict:
+        """What the runner needs of seq's tokens [start, end) and its draft tokens after them: ids, positions, slots,
+        where its image tokens are and their rows in the encoder cache's outputs (vision key, first row, rows)."""
+        bs, table, k = self.bm.block_size, self.bm.table(seq), len(draft)
         image_at = tuple(i for i, t in enumerate(seq.token_types[start:end]) if t) if seq.images else ()
         job = self._jobs.get(seq.seq_id)
         spans = tuple((a, b) for a, b in image_runs(seq) if b > start and a < end) if self.whole_spans else ()
-        return {"token_ids": tuple(seq.token_ids[start:end]), "positions": seq.positions(start, end), "spans": spans,
-                "slots": tuple(table[t // bs] * bs + t % bs for t in range(start, end)), "image_at": image_at,
+        return {"token_ids": tuple(seq.token_ids[start:end]) + draft, "positions": seq.positions(start, end + k),
+                "spans": spans,
+                "slots": tuple(table[t // bs] * bs + t % bs for t in range(start, end + k)), "image_at": image_at,
                 "image_rows": tuple((seq.vision_keys[i], a, n) for i, a, n in seq.image_rows(start, end))
                 if image_at else (), "encode": job is not None and bool(job.todo)}
 
@@ -149,7 +155,7 @@ class Scheduler:
 
     def _count(self, seq: Sequence) -> int:
         p = self._planned[seq.seq_id]
-        return p["end"] - p["start"]
+        return p["end"] - p["start"] + len(p.get("draft", ()))
 
     def _is_decode(self, seq: Sequence) -> bool:
         return seq.num_output_tokens > 0 and self._planned[seq.seq_id]["start"] == len(seq) - 1
@@ -202,8 +208,9 @@ class Scheduler:
                     had = len(self.bm.table(seq))
                     self.bm.append_slot(seq)
                     start = seq.num_computed
+                    draft, at = self.speculator.draft(seq, budget, self.bm) if self.speculator else ((), -1)
                     self._plan(seq, start, budget if budget is not None else len(seq) - start,
-                               new=self.bm.table(seq)[had:])
+                               new=self.bm.table(seq)[had:], draft=draft, draft_at=at)
                     batch.append(seq)
                     if budget is not None:
                         budget -= self._count(seq)
@@ -218,7 +225,7 @@ class Scheduler:
         bs = self.bm.block_size
         end = self._whole_spans(seq, start, min(len(seq), start + max_tokens))
         end = self.bm.advance(seq, start, end)  # the other KV-cache groups' blocks and state slots (kv_groups.py)
-        self.bm.dirty.update(self.bm.table(seq)[start // bs:-(-end // bs)])  # their fill levels change
+        self.bm.dirty.update(self.bm.table(seq)[start // bs:-(-(end + len(decided.get("draft", ()))) // bs)])
         self._planned[seq.seq_id] = {"start": start, "end": end, "publishes": [], **decided}
         self._planned[seq.seq_id]["publishes"] = self.bm.publish(seq, end, start)
 

@@ -132,3 +132,11 @@ def allowed_ids(mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The token ids a bitmask allows (the step-through: "allowed 14 of 662 tokens")."""
     bits = ((mask.to(torch.int64) & 0xFFFFFFFF)[:, None] >> torch.arange(32)) & 1
     return bits.flatten()[:vocab_size].nonzero().flatten()
+
+
+def constrained_event(events, seq, allowed: torch.Tensor, token: int, tokenizer, vocab: int):
+    """The step-through's line for a grammar-constrained step: how many of the vocab's tokens the grammar allowed
+    (their ids when few), which one was chosen."""
+    ids = allowed_ids(allowed, vocab).tolist()
+    events.emit("constrained", seq.request_id, allowed=len(ids), vocab=vocab, token=token,
+                text=tokenizer.decode([token]), allowed_ids=ids if len(ids) <= 32 else None)

@@ -58,6 +58,11 @@ def describe_in(ev, lang: str) -> str:
         return t(lang, "ev.evicted", sw=sw, blocks=_blocks(lang, f["block_ids"]), key=f["block_hashes"][0][:8])
     if ev.kind == "state_saved":
         return t(lang, "ev.state_saved", rid=rid, tokens=f["token"], slot=f["slot"], key=f["block_hash"][:8])
+    if ev.kind == "speculated":
+        where = t(lang, "ev.spec_prompt" if f["in_prompt"] else "ev.spec_answer", at=f["found_at"])
+        back = t(lang, "ev.spec_back", s="s" * (len(f["given_back"]) > 1),
+                 slots=", ".join(map(str, f["given_back"]))) if f["given_back"] else ""
+        return t(lang, "ev.speculated", rid=rid, n=len(f["draft"]), where=where, accepted=f["accepted"], back=back)
     if ev.kind == "constrained":
         return t(lang, "ev.constrained", rid=rid, allowed=f["allowed"], vocab=f["vocab"], text=repr(f["text"]),
                  token=f["token"])

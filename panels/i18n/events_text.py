@@ -20,6 +20,11 @@ MESSAGES = {
     "ev.state_saved": ("{rid}'s recurrent state after {tokens} tokens saved in slot {slot} (checkpoint under key "
                        "{key}…): a later request with this prefix resumes there",
                        "{rid} 在 {tokens} 个 token 之后的循环状态存入槽位 {slot}（检查点，键 {key}…）：之后前缀相同的请求从这里继续"),
+    "ev.speculated": ("{rid} proposed {n} token(s) found at {where}; accepted {accepted}{back}",
+                      "{rid} 提议了 {n} 个 token（在{where}找到）；接受了 {accepted} 个{back}"),
+    "ev.spec_prompt": ("position {at} of the prompt", "提示词的第 {at} 个位置"),
+    "ev.spec_answer": ("position {at} of the answer", "回答的第 {at} 个位置"),
+    "ev.spec_back": ("; slot{s} {slots} given back", "；槽位 {slots} 归还"),
     "ev.constrained": ("{rid}'s grammar allowed {allowed} of {vocab} tokens; it chose {text} (token {token})",
                        "{rid} 的语法允许 {vocab} 个 token 中的 {allowed} 个；它选了 {text}（token {token}）"),
     "ev.state_evicted": ("state checkpoint in slot {slot} evicted: key {key}… forgotten",

@@ -1,0 +1,137 @@
+"""Speculative decoding with n-gram prompt lookup (vLLM's `ngram` method). Decoding reads every weight once per
+token; a cheap proposer guesses the next k tokens and one forward verifies them all, so each accepted guess is a
+token for free. The proposer needs no model: it finds the request's last few tokens earlier in its own tokens
+(prompt and answer) and proposes what followed there, which pays off where an answer copies (reading text back,
+quoting the question). Verification keeps the output exactly what decoding without speculation gives: greedy
+requests accept a guess while it equals the argmax; sampled ones use rejection sampling (the draft's probability is
+1 on its token, so a guess d is kept with probability p(d), else a token is drawn from p without d)."""
+from dataclasses import dataclass, field
+
+import torch
+
+from minivlm.config import SpeculativeConfig
+from minivlm.engine.sampler import filter_top_k_top_p
+
+
+def propose(tokens: list[int], types: list[int], cfg: SpeculativeConfig, k: int) -> tuple[list[int], int]:
+    """Up to k draft tokens for a sequence and where they were found: the longest suffix of n tokens (prompt_lookup_max
+    down to prompt_lookup_min) seen earlier, its most recent earlier occurrence, and the tokens that followed it,
+    stopping at an image or video placeholder (a guess is never a placeholder). ([], -1) when nothing matches."""
+    n_tok = len(tokens)
+    for n in range(min(cfg.prompt_lookup_max, n_tok - 1), cfg.prompt_lookup_min - 1, -1):
+        suffix = tokens[n_tok - n:]
+        if any(types[n_tok - n:]):
+            continue
+        for start in range(n_tok - n - 1, -1, -1):  # most recent earlier occurrence first
+            if tokens[start:start + n] == suffix:
+                follow = start + n
+                draft = []
+                while len(draft) < k and follow < n_tok and not types[follow]:
+                    draft.append(tokens[follow])
+                    follow += 1
+                if draft:
+                    return draft, start + n
+    return [], -1
+
+
+def verify(logits: torch.Tensor, draft: list[int], params, generator) -> list[int]:
+    """The tokens a speculating request emits: logits [k + 1, vocab] at its last token and at each draft. Greedy:
+    the drafts up to the first that is not the argmax, then the argmax there (or after all k). Sampled: rejection
+    sampling against a one-hot draft, then a bonus token after all k."""
+    if params.temperature <= 0:
+        best = logits.argmax(dim=-1).tolist()
+        out = []
+        for j, d in enumerate(draft):
+            out.append(best[j])
+            if best[j] != d:
+                return out
+        return out + [best[len(draft)]]
+    rows = logits.float() / params.temperature
+    k = rows.shape[0]
+    rows = filter_top_k_top_p(rows, torch.full((k,), params.top_k), torch.full((k,), float(params.top_p)))
+    probs = rows.softmax(-1).cpu()
+    out = []
+    for j, d in enumerate(draft):
+        if torch.rand(1, generator=generator).item() < probs[j, d].item():
+            out.append(d)
+            continue
+        residual = probs[j].clone()
+        residual[d] = 0.0
+        out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator).item()))
+        return out
+    return out + [int(torch.multinomial(probs[len(draft)], 1, generator=generator).item())]
+
+
+@dataclass
+class SpecStats:
+    """vLLM's spec_decode counters: drafts (speculating steps of a request), draft tokens, accepted tokens, and the
+    accepted count per draft position."""
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def record(self, proposed: int, accepted: int):
+        self.num_drafts += 1
+        self.num_draft_tokens += proposed
+        self.num_accepted_tokens += accepted
+        while len(self.accepted_per_pos) < proposed:
+            self.accepted_per_pos.append(0)
+        for j in range(accepted):
+            self.accepted_per_pos[j] += 1
+
+
+class Speculator:
+    """The scheduler's side: which decoding requests speculate this step, and their guesses with room for them.
+    A request speculates only where verification keeps its output exact with no more state to roll back than KV
+    slots: no grammar, penalties or logit bias (they reshape the logits verification reads), no recurrent state
+    (a state cannot be rewound), and only as far as its max_tokens, max_model_len, the step's token budget and the
+    free blocks allow."""
+
+    def __init__(self, config: SpeculativeConfig, max_model_len: int):
+        self.config, self.max_model_len = config, max_model_len
+
+    def draft(self, seq, budget: int | None, bm) -> tuple[tuple[int, ...], int]:
+        p = seq.params
+        if (seq.num_output_tokens == 0 or seq.num_computed != len(seq) - 1 or seq.matcher is not None
+                or p.logit_bias or p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+                or getattr(bm, "states", None) is not None or getattr(bm, "sliding", None) is not None):
+            return (), -1
+        k = min(self.config.num_speculative_tokens, p.max_tokens - seq.num_output_tokens - 1,
+                self.max_model_len - len(seq) - 1, budget - 1 if budget is not None else 1 << 30)
+        if k <= 0:
+            return (), -1
+        draft, at = propose(seq.token_ids, seq.token_types, self.config, k)
+        room = (len(bm.table(seq)) + bm.num_free) * bm.block_size - len(seq)  # slots it can hold without preempting
+        draft = draft[:max(0, room)]
+        if draft:
+            bm.reserve(seq, len(seq) + len(draft))
+        return tuple(draft), at
+
+
+class SpecRecorder:
+    """The core's side: the counters (vLLM's spec_decode metrics) and one `speculated` event per speculating step of
+    a request: what it guessed, where the guess was found, how many were accepted, which slots were given back."""
+
+    def __init__(self, events):
+        self.events, self.stats = events, SpecStats()
+
+    def emit(self, seq, r, tokens: list, advance, bm) -> list:
+        """Advance seq by the tokens its verified step emits (accepted guesses, then one more), each once the K/V
+        before it exist (num_computed moves with it: guess j - 1 accepted means its K/V are the request's own);
+        stop where the request finishes; then give back the blocks that held only rejected guesses."""
+        events = []
+        for j, (token, logprobs) in enumerate(tokens):
+            seq.num_computed = r.end + j
+            events.append(advance(seq, token, logprobs))
+            if events[-1].finished:
+                break
+        self.record(seq, r, len(tokens) - 1, bm.trim(seq))
+        return events
+
+    def record(self, seq, r, accepted: int, freed_blocks: list[int]):
+        accepted = min(accepted, len(r.draft))
+        self.stats.record(len(r.draft), accepted)
+        self.events.emit("speculated", seq.request_id, draft=list(r.draft), found_at=r.draft_at,
+                         in_prompt=r.draft_at < seq.num_prompt_tokens, accepted=accepted,
+                         given_back=list(r.slots[len(r.slots) - len(r.draft) + accepted:]), freed_blocks=freed_blocks)
