@@ -46,7 +46,7 @@ class Intake:
                           param=None, type=type(params).__name__)
         cfg, model = self.config, self.model
         prompt = build_prompt(model.family, model.processor, request.to_messages(), request.mm_processor_kwargs,
-                              cfg.max_images_per_request)
+                              cfg.max_images_per_request, request.tools)
         n = len(prompt.token_ids)
         if n >= cfg.max_model_len:
             raise Refused("context_length_exceeded", PROMPT_TOO_LONG, reason="prompt_too_long", n=n,

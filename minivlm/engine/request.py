@@ -133,6 +133,7 @@ class Request:
     cache_salt: str | None = None
     mm_processor_kwargs: dict | None = None
     request_id: str | None = None
+    tools: list[dict] | None = None  # OpenAI tool objects, for a chat template that writes them into the prompt
 
     def __post_init__(self):
         if self.request_id is None:

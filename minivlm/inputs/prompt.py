@@ -11,6 +11,7 @@ from minivlm.inputs.image_layout import image_settings, locate_images, placehold
 from minivlm.inputs.video_prompt import expand_videos, prepare_videos, video_item, video_spans
 from minivlm.refusals import Refused
 
+TOOL_KEYS = ("tool_calls", "tool_call_id")  # what a chat template reads of a tool-calling turn besides content
 TOO_MANY = "too many {kind}s: {n} (this engine allows {limit} per request)"
 
 
@@ -79,20 +80,24 @@ def split_media(messages: list[dict]) -> tuple[list[dict], list, list]:
                 else:
                     items.append(item)
             content = items
-        clean.append({"role": m["role"], "content": content})
+        kept = {k: m[k] for k in TOOL_KEYS if m.get(k) is not None}  # a tool-calling turn, as the template reads it
+        clean.append({"role": m["role"], "content": content, **kept})
     return clean, images, videos
 
 
-def render(processor, clean: list[dict]) -> str:
+def render(processor, clean: list[dict], tools: list[dict] | None = None) -> str:
     try:
-        return processor.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+        return processor.apply_chat_template(clean, tokenize=False, add_generation_prompt=True,
+                                             **({"tools": tools} if tools else {}))
     except Exception as e:
         raise Refused("invalid_value", "messages do not fit the chat template: {why}", reason="chat_template",
                       why=str(e)) from e
 
 
-def build_prompt(family, processor, messages: list[dict], mm_kwargs: dict | None, max_images: int) -> Prompt:
-    """Render messages with the checkpoint's chat template and run the processor on text + images (+ videos)."""
+def build_prompt(family, processor, messages: list[dict], mm_kwargs: dict | None, max_images: int,
+                 tools: list[dict] | None = None) -> Prompt:
+    """Render messages (and tools, for a template that knows them) with the checkpoint's chat template and run the
+    processor on text + images (+ videos)."""
     clean, raw_images, raw_videos = split_media(messages)
     if (raw_images or raw_videos) and family.images == "none":
         raise Refused("invalid_image", "{model} is a text-only model: it takes no images ({n} given)",
@@ -106,7 +111,7 @@ def build_prompt(family, processor, messages: list[dict], mm_kwargs: dict | None
     call_kwargs, settings = image_settings(family, processor, mm_kwargs)
     videos = prepare_videos(getattr(processor, "video_settings", None), raw_videos, family.title)
     loaded = load_images(raw_images, image_limits.processor_pixels(processor, mm_kwargs))
-    text = render(processor, clean)
+    text = render(processor, clean, tools)
     if family.images == "none":
         ids = processor(text, add_special_tokens=False)["input_ids"]
         return Prompt(ids, [0] * len(ids), None, [])
