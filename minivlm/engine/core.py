@@ -25,7 +25,7 @@ from minivlm.engine.prefix_keys import extend_keys
 from minivlm.engine.runner import ModelRunner
 from minivlm.engine.scheduler import Scheduler
 from minivlm.engine.sequence import Sequence, writing
-from minivlm.engine.step_result import RequestFailed, StepResult, isolate
+from minivlm.engine.step_result import RequestFailed, StepResult, all_or_none, isolate
 from minivlm.engine.snapshot import SnapshotBuilder, video_spans
 from minivlm.engine.speculative import SpecRecorder
 from minivlm.engine.structured_output import constrained_event
@@ -153,8 +153,8 @@ class EngineCore:
         if not reqs:
             return out
         run = lambda b: self.runner.forward(plan if len(b) == len(plan.requests) else plan.only(b))  # noqa: E731
-        ran, logits = self._isolate("model run", reqs, run, res) if not self.runner.recurrent \
-            else self._run_all_or_none(reqs, run, res)
+        guard = all_or_none if self.runner.recurrent else isolate  # a recurrent state cannot run twice
+        ran, logits = guard(reqs, run, self._seq, lambda seq, e: self.fail(seq, "model run", e, res))
         if not ran:
             return out
         out.ran = {r.seq_id for r in ran}
@@ -177,16 +177,6 @@ class EngineCore:
             b, logits if len(b) == len(wanted) else logits[[row[r.seq_id] for r in b]]), res)
         out.sampled = {r.seq_id: t for r, t in zip(sampled, tokens)}
         return out
-
-    def _run_all_or_none(self, reqs, run, res: StepResult) -> tuple[list, list]:
-        """A recurrent model's forward advances states in place, layer by layer: after a fault, running a request
-        again alone would advance its state twice, so every request of the failed forward fails."""
-        try:
-            return reqs, run(reqs)
-        except Exception as e:
-            for r in reqs:
-                self.fail(self._seq(r), "model run", e, res)
-            return [], []
 
     def _attach_snapshot(self, wants: list[tuple[Sequence, StreamEvent]], res: StepResult):
         """One snapshot per step, shared by every request that asked for one. If building it raises, the
@@ -256,8 +246,7 @@ class EngineCore:
                     for ev in self._isolate("advance", [seq], lambda b: self._emit(b[0], r, out), res)[1]]
 
     def _emit(self, seq: Sequence, r, out: StepOutcome) -> list[StreamEvent]:
-        """The tokens a request's step produced: one sampled, or (speculating) its accepted guesses and the token
-        after them, each once the K/V before it exist; the blocks that held rejected guesses go back."""
+        """The token its step sampled, or (speculating) its accepted guesses and the token after them."""
         if r.seq_id in out.sampled:
             return [self._advance(seq, *out.sampled[r.seq_id])]
         return self.speculation.emit(seq, r, out.spec[r.seq_id], self._advance, self.block_manager)

@@ -42,3 +42,15 @@ def isolate(items: list, fn, seq_of, fail) -> tuple[list, list]:
         except Exception as e:
             fail(seq_of(item), e)
     return kept, results
+
+
+def all_or_none(items: list, fn, seq_of, fail) -> tuple[list, list]:
+    """fn over the batch; if it raises, every item's request fails (a recurrent model's forward advances states in
+    place, layer by layer: running a request again alone would advance its state twice)."""
+    try:
+        return items, fn(items)
+    except Exception as e:
+        for item in items:
+            if seq_of(item).finish_reason is None:
+                fail(seq_of(item), e)
+        return [], []
