@@ -2,7 +2,8 @@
 says which tokens may come next (a bitmask over the vocabulary), so the answer is valid by construction. The
 grammar engine is llguidance (vLLM's `guidance` backend; a Rust wheel with no Python dependencies, where xgrammar's
 Linux wheel pulls triton): compiled on the caller's thread at intake (never in the step loop), cached by key, each
-compile and each mask held to a stated budget (BUDGET), a bad grammar refused naming the field."""
+compile and each mask held to a stated budget (BUDGET, docs/HTTP_API.md measures it), a bad grammar refused naming the
+field."""
 import json
 import threading
 from collections import OrderedDict
@@ -16,8 +17,8 @@ from minivlm.refusals import Refused
 
 # what one grammar may cost (llguidance's own limits): the lexer's work per token and at the start, its states and the
 # grammar's size; past them the matcher stops with an error instead of stalling the step loop
-BUDGET = llguidance.LLParserLimits(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_lexer_states=50_000,
-                                   max_grammar_size=200_000, step_max_items=50_000)
+BUDGET = llguidance.LLParserLimits(initial_lexer_fuel=200_000, step_lexer_fuel=200_000, max_lexer_states=50_000,
+                                   max_grammar_size=200_000, step_max_items=50_000, verbose_errors=False)
 MAX_SOURCE_CHARS = 100_000  # a schema, regex or grammar longer than this is refused before it is compiled
 CACHE_SIZE = 64             # compiled grammars kept (a key is the kind and its text)
 
@@ -48,16 +49,20 @@ def source(so) -> tuple[str, str, str]:
 
 
 class GrammarCompiler:
-    """One per engine: the tokenizer as llguidance sees it, and the compiled grammars by key."""
+    """One per engine: the tokenizer as llguidance sees it, and each compiled grammar by key, as a matcher at its
+    start that requests copy (a copy shares the compiled lexer and parser tables: n choices compile once)."""
 
     def __init__(self, tokenizer, vocab_size: int):
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
         self.vocab_size = vocab_size
-        self.cache: OrderedDict[tuple, str] = OrderedDict()
+        self.cache: OrderedDict[tuple, llguidance.LLMatcher] = OrderedDict()
         self.lock = threading.Lock()  # callers' threads compile concurrently
 
-    def grammar(self, so) -> str:
-        """The compiled grammar of a request's StructuredOutputsParams (cached), or Refused naming the field."""
+    def compiled(self, so) -> llguidance.LLMatcher:
+        """A request's StructuredOutputsParams compiled (cached), or Refused naming the field. Checked here, on the
+        caller's thread and within BUDGET: it compiles, computes its first mask and takes a first token (on a copy),
+        so a grammar that outgrows the budget only once it moves (a repetition that unrolls a million states, a
+        parser row of thousands of items) is refused before it reaches the step loop."""
         fmt, text, field = source(so)
         if len(text) > MAX_SOURCE_CHARS:
             raise Refused("invalid_value", "structured_outputs.{field} is {n} characters; the limit is {limit}",
@@ -68,28 +73,43 @@ class GrammarCompiler:
                 self.cache.move_to_end(key)
                 return self.cache[key]
         try:
-            grammar = llguidance.grammar_from(fmt, text)
-            error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+            start = llguidance.LLMatcher(self.tokenizer, llguidance.grammar_from(fmt, text), limits=BUDGET)
         except Exception as e:  # llguidance raises its own kinds for a grammar it cannot convert
-            error, messages = True, [str(e)]
-        if error:
+            start, invalid = None, str(e)
+        else:
+            invalid = start.get_error() if start.is_error() else ""
+        if invalid:
             raise Refused("invalid_value", "structured_outputs.{field} does not compile: {error}",
-                          param=f"structured_outputs.{field}", field=field, error=" ".join(messages)[:500])
+                          param=f"structured_outputs.{field}", field=field, error=_said(invalid))
+        complex_ = self._first_step_error(start)
+        if complex_:
+            raise Refused("invalid_value", "structured_outputs.{field} is too complex: {error}",
+                          param=f"structured_outputs.{field}", field=field, error=_said(complex_))
         with self.lock:
-            self.cache[key] = grammar
+            self.cache[key] = start
             while len(self.cache) > CACHE_SIZE:
                 self.cache.popitem(last=False)
-        return grammar
+        return start
+
+    def _first_step_error(self, start: llguidance.LLMatcher) -> str:
+        """The budget error of the first mask or the first token (its lowest allowed one but EOS), if any."""
+        probe = Matcher(start.deep_copy(), self.vocab_size)
+        first = allowed_ids(probe.allowed(), self.vocab_size).tolist()  # the lexer's first states are built here
+        token = next((t for t in first if t != self.tokenizer.eos_token), None)
+        if token is not None and not probe.error():
+            probe.m.consume_token(token)
+        return probe.error()
 
     def matcher(self, so) -> "Matcher":
-        """A fresh matcher for one request, checked to compute its first mask within the budget."""
-        m = Matcher(llguidance.LLMatcher(self.tokenizer, self.grammar(so), limits=BUDGET), self.vocab_size)
-        m.allowed()  # the lexer's first states are built here, on the caller's thread
-        if m.error():
-            fmt, _, field = source(so)
-            raise Refused("invalid_value", "structured_outputs.{field} is too complex: {error}",
-                          param=f"structured_outputs.{field}", field=field, error=m.error()[:500])
-        return m
+        """A fresh matcher for one request (a copy of the compiled grammar at its start)."""
+        start = self.compiled(so)
+        with self.lock:
+            return Matcher(start.deep_copy(), self.vocab_size)
+
+
+def _said(error: str) -> str:
+    """llguidance's error as the refusal quotes it (BUDGET keeps its state dump out: a schema is the caller's)."""
+    return error.replace("<non-verbose/>", "").strip()[:500]
 
 
 class Matcher:
