@@ -148,3 +148,24 @@ def test_the_proposer_finds_the_longest_recent_ngram_and_never_proposes_a_placeh
     assert propose([1, 2, 3], [0, 0, 0], cfg, 2) == ([], -1)
     with pytest.raises(ValueError, match="ngram"):
         SpeculativeConfig.parse({"method": "eagle"})
+
+
+def test_the_step_through_says_what_was_guessed_accepted_and_given_back():
+    from minivlm.engine.plan import describe_plan
+    from minivlm.views.events import describe
+    from panels.i18n import EN, ZH
+    from panels.i18n.events import describe_in, plan_in
+    with engine(speculative_config=SPEC) as e:
+        e.generate(requests()[:1], SamplingParams(max_tokens=40, ignore_eos=True))
+        events = e.events()
+    spec = [ev for ev in events if ev.kind == "speculated"]
+    plans = [ev for ev in events if ev.kind == "scheduled" and any("draft" in r for r in ev.plan)]
+    assert spec and plans
+    for ev in spec:
+        s = describe(ev)
+        assert s == describe_in(ev, EN) and f"proposed {len(ev.draft)} token(s) found at token {ev.found_at}" in s
+        assert (f"accepted {ev.accepted}" in s) and (("given back" in s) == bool(ev.given_back))
+        assert "{" not in describe_in(ev, ZH) and describe_in(ev, ZH) != s
+    for ev in plans:
+        line = describe_plan(ev.step, ev.plan)
+        assert "guessed token(s) in slots" in line and line.endswith(plan_in(ev, EN))

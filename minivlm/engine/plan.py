@@ -199,7 +199,9 @@ def describe_request(r: dict) -> str:
     if r["kind"] == "decode":
         where = f"at slot {r['slots'][0]}" if r["slots"] else ""
         new = f" (new block {_ids(r['new_blocks'])})" if r["new_blocks"] else ""
-        return f"{rid} decode 1 token {where}{new}".rstrip()
+        draft = f" + {len(r['draft'])} guessed token(s) in slots {r['draft_slots'][0]}–{r['draft_slots'][-1]}" \
+            if r.get("draft") else ""
+        return f"{rid} decode 1 token {where}{new}{draft}".rstrip()
     head = f"{rid} {'prefill chunk' if r['kind'] == 'chunk' else 'prefill'} tokens {r['start']}–{r['end'] - 1}"
     parts = [f"{_ids(r['hits'])} (hits)"] if r["hits"] else []
     parts += [f"{_ids(r['new_blocks'])} (new)"] if r["new_blocks"] else []

@@ -166,7 +166,7 @@ def describe(ev: EngineEvent) -> str:
         return (f"{rid}'s recurrent state after {f['token']} tokens saved in slot {f['slot']} (checkpoint under key "
                 f"{f['block_hash'][:8]}…): a later request with this prefix resumes there")
     if ev.kind == "speculated":
-        where = f"position {f['found_at']} of the {'prompt' if f['in_prompt'] else 'answer'}"
+        where = f"token {f['found_at']} ({'in the prompt' if f['in_prompt'] else 'in its answer'})"
         back = f"; slot{'s' * (len(f['given_back']) > 1)} {', '.join(map(str, f['given_back']))} given back" \
             if f["given_back"] else ""
         return f"{rid} proposed {len(f['draft'])} token(s) found at {where}; accepted {f['accepted']}{back}"

@@ -98,6 +98,8 @@ def plan_request(r: dict, lang: str) -> str:
     if r["kind"] == "decode":
         where = t(lang, "plan.at_slot", slot=r["slots"][0]) if r["slots"] else ""
         new = t(lang, "plan.new_block", ids=_ids(r["new_blocks"])) if r["new_blocks"] else ""
+        new += t(lang, "plan.draft", n=len(r["draft"]), first=r["draft_slots"][0], last=r["draft_slots"][-1]) \
+            if r.get("draft") else ""
         return t(lang, "plan.decode", rid=rid, where=where, new=new).rstrip()
     parts = [t(lang, "plan.hits", ids=_ids(r["hits"]))] if r["hits"] else []
     parts += [t(lang, "plan.new", ids=_ids(r["new_blocks"]))] if r["new_blocks"] else []
