@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from bench import (chunked_prefill, events_overhead, hybrid_decode, kv_events_overhead, long_context, memory,
-                   panel_overhead, peer_llamacpp, prefix_cache, single_stream, throughput)
+                   panel_overhead, peer_llamacpp, prefix_cache, single_stream, speculative, throughput)
 from bench.report import machine, markdown_table, text_table
 from bench.workload import (BENCH_MODEL, SMOKE_MODEL, build_checkpoint, hf_generate, load_hf, make_engine,
                             mixed_requests, param_count)
@@ -21,7 +21,7 @@ MEASUREMENTS = {"throughput": throughput.measure, "single_stream": single_stream
                 "prefix_cache": prefix_cache.measure, "memory": memory.measure, "panel": panel_overhead.measure,
                 "events": events_overhead.measure, "chunked_prefill": chunked_prefill.measure,
                 "kv_events": kv_events_overhead.measure, "long_context": long_context.measure,
-                "hybrid_decode": hybrid_decode.measure}
+                "hybrid_decode": hybrid_decode.measure, "speculative": speculative.measure}
 PEERS = {"llamacpp": peer_llamacpp.measure}  # other engines on the same checkpoint: run only when asked (--peer)
 
 

@@ -146,6 +146,7 @@ def test_the_proposer_finds_the_longest_recent_ngram_and_never_proposes_a_placeh
     types[9] = 1  # an image placeholder right after the most recent match: cut there, try the older one
     assert propose(tokens, types, cfg, 3) == ([8, 9, 1], 3)
     assert propose([1, 2, 3], [0, 0, 0], cfg, 2) == ([], -1)
+    assert propose([4, 1, 2, 1, 2], [0] * 5, cfg, 4) == ([1, 2, 1, 2], 3)  # a loop, guessed on past the end
     with pytest.raises(ValueError, match="ngram"):
         SpeculativeConfig.parse({"method": "eagle"})
 

@@ -16,7 +16,9 @@ from minivlm.engine.sampler import filter_top_k_top_p
 def propose(tokens: list[int], types: list[int], cfg: SpeculativeConfig, k: int) -> tuple[list[int], int]:
     """Up to k draft tokens for a sequence and where they were found: the longest suffix of n tokens (prompt_lookup_max
     down to prompt_lookup_min) seen earlier, its most recent earlier occurrence, and the tokens that followed it,
-    stopping at an image or video placeholder (a guess is never a placeholder). ([], -1) when nothing matches."""
+    stopping at an image or video placeholder (a guess is never a placeholder). A match close to the end reads on
+    into its own guesses, so a repeating answer ("a b a b ...") is guessed k tokens ahead. ([], -1) when nothing
+    matches."""
     n_tok = len(tokens)
     for n in range(min(cfg.prompt_lookup_max, n_tok - 1), cfg.prompt_lookup_min - 1, -1):
         suffix = tokens[n_tok - n:]
@@ -26,8 +28,8 @@ def propose(tokens: list[int], types: list[int], cfg: SpeculativeConfig, k: int)
             if tokens[start:start + n] == suffix:
                 follow = start + n
                 draft = []
-                while len(draft) < k and follow < n_tok and not types[follow]:
-                    draft.append(tokens[follow])
+                while len(draft) < k and (follow >= n_tok or not types[follow]):
+                    draft.append(tokens[follow] if follow < n_tok else draft[follow - n_tok])
                     follow += 1
                 if draft:
                     return draft, start + n
