@@ -22,8 +22,8 @@ from tests.hf_reference import hf_model, hf_processor
 NEW_TOKENS = 8
 # engine bf16 error / HF bf16 error vs HF fp32 on 4-layer 3B-dimension checkpoints, 7 seeds x 3 requests: prompt
 # rows 1.000 (the same bits); decode rows' max over the vocabulary 0.88-1.04, mean 0.995-1.010; this checkpoint:
-# prompt 1.000 max / 0.999 mean, decode 1.006 / 0.999. (The max at the chosen token alone, the issue's measure, spread 0.51-1.45 over
-# those runs: too noisy to test.)
+# prompt 1.000 max / 0.999 mean, decode 1.006 / 0.999. (The max at the chosen token alone, the issue's measure,
+# spread 0.51-1.45 over those runs: too noisy to test.)
 MARGIN = 1.15
 
 
