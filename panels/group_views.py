@@ -13,7 +13,7 @@ from panels.holder import layer_ranges
 from panels.i18n import EN, L, lang_of, t
 from panels.plots import natural_key, request_color
 
-INK_DARK, INK_LIGHT = "#111111", "#ffffff"
+INK_DARK, INK_LIGHT = "#000000", "#ffffff"  # black: >= 4.8:1 on every request colour
 CHECKPOINT_BG, FREE_BG = "#b9c3d6", "#eef1f5"  # the block map's cached and free greys
 CELL = ("display:inline-block;min-width:2.2em;padding:2px 4px;margin:1px;border-radius:3px;text-align:center;"
         "font-family:monospace;font-size:12px;line-height:1.5;")
@@ -84,19 +84,26 @@ def recurrent_html(g, frame: GroupFrame, bs: int, lang: str) -> str:
     head = t(lang, "groups.recurrent", s=plural(g.layers), layers=layer_ranges(g.layers), size=g.size,
              running=len(running), checkpoints=len(checkpoint), free=g.free)
     out = [f"<div>{head}</div>", f"<div style='{NOTE}'>{t(lang, 'groups.recurrent_why')}</div>"]
-    cells = []
-    for slot in range(g.size):
+    cells, slot = [], 0
+    while slot < g.size:
+        if slot not in running and slot not in checkpoint:  # a run of free slots is one cell (48 slots on a phone)
+            last = slot
+            while last + 1 < g.size and last + 1 not in running and last + 1 not in checkpoint:
+                last += 1
+            span = f"{slot}–{last}" if last > slot else str(slot)
+            cells.append(cell(f"{span}·{t(lang, 'groups.free_word')}", t(lang, "groups.slot_free", slot=span),
+                              FREE_BG, slot=slot, state="free", last=last))
+            slot = last + 1
+            continue
         if slot in running:
             rid = running[slot]
             cells.append(cell(f"{slot}·{rid}", t(lang, "groups.slot_running", slot=slot, rid=rid), request_color(rid),
                               slot=slot, state="running", holder=rid))
-        elif slot in checkpoint:
+        else:
             short, said = saved_words(checkpoint[slot], frame.saved_at, bs, lang)
             cells.append(cell(f"{slot}·{short}", t(lang, "groups.slot_checkpoint", slot=slot, saved=said),
                               CHECKPOINT_BG, slot=slot, state="checkpoint", key=checkpoint[slot][:16]))
-        else:
-            cells.append(cell(f"{slot}·{t(lang, 'groups.free_word')}", t(lang, "groups.slot_free", slot=slot), FREE_BG,
-                              slot=slot, state="free"))
+        slot += 1
     out.append(f"<div class='kvg-slots' style='{ROW}'>{''.join(cells)}</div>")
     lines = [t(lang, "groups.resumed", rid=rid, slot=g.block_tables[rid][0], source=frame.resumed[rid])
              if rid in frame.resumed else t(lang, "groups.holds", rid=rid, slot=g.block_tables[rid][0])
