@@ -170,3 +170,26 @@ def test_the_step_through_says_what_was_guessed_accepted_and_given_back():
     for ev in plans:
         line = describe_plan(ev.step, ev.plan)
         assert "guessed token(s) in slots" in line and line.endswith(plan_in(ev, EN))
+
+
+def test_metrics_serve_the_counters_and_generation_tokens_count_accepted_guesses():
+    """/metrics's spec_decode counters are the engine's; vllm:generation_tokens counts every token a speculating
+    step emitted (its accepted guesses too), so it equals the answers' length."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from minivlm.api.metrics import EngineCollector, RequestCounts
+    with engine(speculative_config=SPEC) as e:
+        outs = e.generate(requests(), SamplingParams(max_tokens=48, ignore_eos=True))
+        stats = e.spec_decode_stats()
+        counts = RequestCounts()
+        counts.read_events(e, caching=True)
+        registry = CollectorRegistry()
+        registry.register(EngineCollector(lambda: e, lambda _: "m"))
+        text = generate_latest(registry).decode()
+    assert counts.counts["generation_tokens"] == sum(len(o.token_ids) for o in outs) == 4 * 48
+    lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("vllm:spec_decode"))
+    assert float(lines['vllm:spec_decode_num_accepted_tokens_total{model_name="m"}']) == stats.num_accepted_tokens
+    assert float(lines['vllm:spec_decode_num_draft_tokens_total{model_name="m"}']) == stats.num_draft_tokens
+    per_pos = [float(lines[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",position="{p}"}}'])
+               for p in range(len(stats.accepted_per_pos))]
+    assert sum(per_pos) == stats.num_accepted_tokens <= stats.num_draft_tokens
