@@ -58,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kv-events-config", default=None, metavar="JSON",
                    help="publish KV-cache events as vLLM does, e.g. '{\"enable_kv_cache_events\": true, "
                         "\"publisher\": \"zmq\", \"topic\": \"kv-events\"}' (docs/KV_EVENTS.md)")
+    p.add_argument("--quantization", default=None, choices=["int8", "int4"],
+                   help="weight-only quantization of the decoder's linear layers (CPU; int4 needs --dtype bfloat16)")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="speculative decoding as vLLM takes it, e.g. '{\"method\": \"ngram\", "
                         "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 1}'")
@@ -149,7 +151,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         enable_chunked_prefill=args.enable_chunked_prefill,
                         max_num_batched_tokens=args.max_num_batched_tokens, async_vision=args.async_vision,
                         max_step_slowdown=args.max_step_slowdown, enforce_eager=args.enforce_eager,
-                        kv_events=args.kv_events_config, speculative_config=args.speculative_config)
+                        kv_events=args.kv_events_config, speculative_config=args.speculative_config,
+                        quantization=args.quantization)
 
 
 def fail(message: str, code: int = 2):

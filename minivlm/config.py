@@ -78,6 +78,7 @@ class EngineConfig:
     enforce_eager: bool = False     # vLLM's name: no fused C decode paths, every layer in PyTorch ops (comparisons)
     state_checkpoints: int | None = None  # recurrent models: saved states the prefix cache may reuse; None: 2 x max_num_seqs
     speculative_config: dict | str | None = None  # vLLM's: {"method": "ngram", "num_speculative_tokens": 4, ...}
+    quantization: str | None = None  # vLLM's name: "int8" | "int4" weight-only, the decoder's linears (CPU)
 
     def __post_init__(self):
         def positive_int(name):
@@ -109,6 +110,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.event_log_size must be an integer >= 0, got {self.event_log_size!r}")
         self.kv_events = kv_events_config(self.kv_events)
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if self.quantization not in (None, "int8", "int4"):
+            raise ValueError(f"EngineConfig.quantization must be 'int8', 'int4' or None, got {self.quantization!r}")
         if self.kv_events is not None and self.kv_events.active and not self.event_log_size:
             raise ValueError("EngineConfig.kv_events publishes from the event log: event_log_size must be > 0")
         for name in ("enable_chunked_prefill", "async_vision", "enforce_eager"):

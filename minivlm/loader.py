@@ -129,8 +129,12 @@ class LoadedModel:
             self.decoder = decoder_class(self.family)(self.model_type, text_cfg, tied)
         self.decoder.load_weights(text_sd, tied, self.device, self.dtype)
         self.decoder.eval()
-        # the device's linear layers, once (the CPU's kernels start compiling here, while the rest loads)
-        self.linear_backend = backends.prepare_linears(self.decoder, self.device, self.dtype, small_batches=True)
+        self.quantization = config.quantization
+        if config.quantization:  # weight-only int8 / int4 through PyTorch's kernels (model/backends/quantized.py)
+            n = backends.quantized.quantize(self.decoder, config.quantization, self.device, self.dtype)
+            self.linear_backend = backends.Said("engine.linear_quantized", method=config.quantization, n=n)
+        else:  # the device's linear layers, once (the CPU's kernels start compiling here, while the rest loads)
+            self.linear_backend = backends.prepare_linears(self.decoder, self.device, self.dtype, small_batches=True)
         self.vision = self._vision(vision_sd)
         if self.vision is not None:
             backends.prepare_linears(self.vision.module, self.device, self.dtype)
@@ -163,7 +167,8 @@ class LoadedModel:
 
     def weights_bytes(self) -> int:
         params = {id(p): p for p in self.decoder.parameters()}  # tied embeddings count once
-        return sum(p.numel() * p.element_size() for p in params.values()) + (self.vision.num_bytes() if self.vision else 0)
+        return sum(p.numel() * p.element_size() for p in params.values()) + (self.vision.num_bytes() if self.vision else 0) \
+            + backends.quantized.quantized_bytes(self.decoder)
 
     def weight_copies_bytes(self) -> int:
         """The decoder's dense copies of packed weights, kept for gemv.c (CPU fp32 decode of a few sequences)."""

@@ -14,9 +14,10 @@ import importlib
 
 import torch
 
+from minivlm.model.backends import quantized
 from minivlm.model.backends.base import Attention, Backend, Limits, Said
 
-__all__ = ["pick", "prepare_linears", "Attention", "Backend", "Limits", "Said"]
+__all__ = ["pick", "prepare_linears", "quantized", "Attention", "Backend", "Limits", "Said"]
 ATTENTION = ("cpu_kernels", "flash", "flex")  # best first
 
 
@@ -42,8 +43,10 @@ def pick(model, config, kv_caches) -> Backend:
         reasons += [got] if got else []
     else:
         attention = Attention(reasons[0] if reasons else "")
-    if cpu_fp32(model.device, model.dtype):
+    if cpu_fp32(model.device, model.dtype) and not getattr(model, "quantization", None):
         return _module("cpu_kernels").backend(model, config, attention)
+    if getattr(model, "quantization", None):  # the fused C step reads fp32 weights; quantized ones run PyTorch's ops
+        return Backend(attention, Said("engine.decode_torch", why=Said("engine.decode_quantized")))
     return Backend(attention, Said("engine.decode_torch", why=Said("engine.decode_not_cpu")))
 
 

@@ -31,6 +31,8 @@ WORDS = {
     "engine.linear_gemv": "gemv.c for decode batches of 1-{rows}, oneDNN (prepacked) above{threads}",
     "engine.linear_onednn": "oneDNN (prepacked); gemv.c off: {why}",
     "engine.linear_default": "PyTorch's default (nn.Linear)",
+    "engine.linear_quantized": "{method} weights (PyTorch's weight-only kernel) in {n} layers",
+    "engine.decode_quantized": "the fused C paths read fp32 weights",
 }
 
 

@@ -1,0 +1,99 @@
+"""Weight-only quantization (vLLM's `quantization="int8"` / `"int4"`) through PyTorch's own CPU kernels: decode reads
+every weight once per token, so weights 4x (int8) or 8x (int4) smaller than fp32 are fewer bytes to read and a
+model that did not fit in memory does. The decoder's linear layers are quantized at load (the embeddings, the
+lm_head and the vision tower keep their dtype); activations stay in the engine's dtype.
+
+    int8  symmetric, one scale per output channel (max |w| / 127), scales in the activation dtype;
+          torch.ops.aten._weight_int8pack_mm (bf16 or fp32 activations)
+    int4  asymmetric, one scale and zero point per group of GROUP input channels; PyTorch's packed layout,
+          torch.ops.aten._weight_int4pack_mm_for_cpu (bf16 activations only: that kernel takes no other)
+
+Both are the CPU's: on CUDA and MPS the option is refused (PyTorch ships no weight-only int8 CUDA matmul of this
+form; bitsandbytes / torchao would be the way there)."""
+import torch
+from torch import nn
+
+METHODS = ("int8", "int4")
+GROUP = 128  # int4 group size (input channels per scale / zero point): PyTorch's kernel takes 32, 64, 128 or 256
+
+
+class Int8Linear(nn.Module):
+    """y = x @ (q * scale).T + b, with q int8 [out, in] and one scale per output row."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype):
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+        self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scale.to(dtype))
+        self.bias = linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).contiguous(), self.qweight,
+                                               self.scales.to(x.dtype))
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y + self.bias if self.bias is not None else y
+
+    def dequantized(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales.float()[:, None]
+
+
+class Int4Linear(nn.Module):
+    """Group-wise int4: w ≈ (q - 8) · scale + zero per group of GROUP input channels, q in [0, 15]."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype):
+        super().__init__()
+        if dtype != torch.bfloat16:
+            raise ValueError("quantization='int4' needs dtype='bfloat16' (PyTorch's int4 CPU kernel takes bf16 "
+                             "activations only)")
+        w = linear.weight.detach().float()
+        out, inp = w.shape
+        if inp % GROUP:
+            raise ValueError(f"quantization='int4': a layer's {inp} input channels are not a multiple of {GROUP}")
+        g = w.reshape(out, inp // GROUP, GROUP)
+        lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+        scale = ((hi - lo) / 15).clamp(min=1e-12)
+        q = torch.round((g - lo) / scale).clamp(0, 15).to(torch.int32).reshape(out, inp)
+        zero = lo + 8 * scale  # the kernel computes (q - 8) * scale + zero
+        self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+        self.register_buffer("scales_zeros", torch.stack([scale[..., 0], zero[..., 0]], -1).transpose(0, 1)
+                             .contiguous().to(torch.bfloat16))  # [in / GROUP, out, 2]
+        self.bias = linear.bias
+        self.in_features, self.out_features = inp, out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous(),
+                                                       self.qweight, GROUP, self.scales_zeros)
+        y = y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y + self.bias if self.bias is not None else y
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, recovered by multiplying the identity (the layout is PyTorch's)."""
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, GROUP, self.scales_zeros).float().t()
+
+
+def quantize(decoder: nn.Module, method: str, device, dtype: torch.dtype) -> int:
+    """Replace the decoder layers' nn.Linear by their quantized form, in place; returns how many. Embeddings and
+    the lm_head (tied to them in small models) keep the engine's dtype."""
+    if method not in METHODS:
+        raise ValueError(f"quantization must be one of {METHODS} (or None), got {method!r}")
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"quantization={method!r} runs on the CPU (PyTorch's weight-only kernels); on "
+                         f"{torch.device(device).type} load the model unquantized")
+    cls = Int8Linear if method == "int8" else Int4Linear
+    n = 0
+    for layer in decoder.layers:
+        for name, child in list(layer.named_modules()):
+            for attr, sub in list(child.named_children()):
+                if type(sub) is nn.Linear:
+                    setattr(child, attr, cls(sub, dtype))
+                    n += 1
+    return n
+
+
+def quantized_bytes(module: nn.Module) -> int:
+    """Bytes of a module's quantized weights (their int8 / packed int4 buffers and scales)."""
+    return sum(b.numel() * b.element_size() for m in module.modules() if isinstance(m, (Int8Linear, Int4Linear))
+               for b in m.buffers(recurse=False))
