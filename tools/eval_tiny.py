@@ -111,7 +111,7 @@ class EngineBackend:
 
     def __init__(self, model_dir: str, **engine_kwargs):
         from minivlm import Engine, EngineConfig
-        self.engine = Engine(EngineConfig(model=model_dir, device="cpu", dtype="float32", **engine_kwargs))
+        self.engine = Engine(EngineConfig(model=model_dir, device="cpu", **{"dtype": "float32", **engine_kwargs}))
 
     def answer(self, chats, max_tokens: int = MAX_TOKENS):
         """Greedy completions of a list of chats."""
@@ -151,6 +151,8 @@ def main():
     p.add_argument("--renderer", choices=["scenes", "alt"], default="scenes",
                    help="scenes: the training generator; alt: tools/scenes_alt.py, an independent renderer")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quantization", choices=["int8", "int4"], default=None,
+                   help="the engine's weight-only quantization (int4 runs with bf16 activations)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     for model in args.model:
@@ -166,7 +168,10 @@ def report(model: str, args):
     names = [(b, lang) for lang in langs for b in backends]  # columns: each language, each backend
     results = {}
     for backend_name in backends:
-        backend = EngineBackend(model) if backend_name == "engine" else HFBackend(model)
+        quant = {"quantization": args.quantization} if args.quantization else {}
+        if args.quantization == "int4":
+            quant["dtype"] = "bfloat16"
+        backend = EngineBackend(model, **quant) if backend_name == "engine" else HFBackend(model)
         for lang in langs:
             results[backend_name, lang] = evaluate(backend, args.per_type, seed, args.rows, lang=lang,
                                                    renderer=args.renderer)
