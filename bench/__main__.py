@@ -11,7 +11,8 @@ import torch
 import transformers
 
 from bench import (chunked_prefill, events_overhead, hybrid_decode, kv_events_overhead, long_context, memory,
-                   panel_overhead, peer_llamacpp, prefix_cache, single_stream, speculative, throughput)
+                   panel_overhead, peer_llamacpp, prefix_cache, quantized, single_stream, speculative,
+                   structured_decode, throughput)
 from bench.report import machine, markdown_table, text_table
 from bench.workload import (BENCH_MODEL, SMOKE_MODEL, build_checkpoint, hf_generate, load_hf, make_engine,
                             mixed_requests, param_count)
@@ -21,7 +22,8 @@ MEASUREMENTS = {"throughput": throughput.measure, "single_stream": single_stream
                 "prefix_cache": prefix_cache.measure, "memory": memory.measure, "panel": panel_overhead.measure,
                 "events": events_overhead.measure, "chunked_prefill": chunked_prefill.measure,
                 "kv_events": kv_events_overhead.measure, "long_context": long_context.measure,
-                "hybrid_decode": hybrid_decode.measure, "speculative": speculative.measure}
+                "hybrid_decode": hybrid_decode.measure, "speculative": speculative.measure,
+                "structured_decode": structured_decode.measure, "quantized": quantized.measure}
 PEERS = {"llamacpp": peer_llamacpp.measure}  # other engines on the same checkpoint: run only when asked (--peer)
 
 

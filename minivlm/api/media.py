@@ -2,6 +2,7 @@
 domains the operator listed (--allowed-media-domains): by default the server fetches nothing (no SSRF)."""
 import base64
 import binascii
+import json
 import urllib.error
 import urllib.request
 from urllib.parse import urlparse
@@ -100,5 +101,21 @@ def engine_messages(req: ChatCompletionRequest, allowed_domains: list[str]) -> l
                 else:
                     parts.append({"type": "text", "text": part.text})
             content = parts
-        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+        turn = {"role": "system" if m.role == "developer" else m.role, "content": "" if content is None else content}
+        if m.tool_calls:
+            turn["tool_calls"] = [template_call(c, f"messages[{i}].tool_calls[{j}].function.arguments")
+                                  for j, c in enumerate(m.tool_calls)]
+        if m.tool_call_id is not None:
+            turn["tool_call_id"] = m.tool_call_id
+        out.append(turn)
     return out
+
+
+def template_call(tool_call, param: str) -> dict:
+    """A tool call of an earlier turn as chat templates read it: arguments as a dict (vLLM parses them too)."""
+    try:
+        arguments = json.loads(tool_call.function.arguments)
+    except json.JSONDecodeError as e:
+        raise ApiError(400, f"{param} is not JSON ({e})", param=param, code="invalid_value") from None
+    return {"id": tool_call.id, "type": "function",
+            "function": {"name": tool_call.function.name, "arguments": arguments}}

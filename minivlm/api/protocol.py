@@ -72,7 +72,7 @@ class JsonSchema(Strict):
     """response_format.json_schema: the answer is valid against `schema` (always enforced, whatever `strict` says)."""
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
-    schema_: dict[str, Any] | bool = Field(default_factory=dict, alias="schema")
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 

@@ -21,12 +21,15 @@ from huggingface_hub import try_to_load_from_cache
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from minivlm.api import responses as fmt
+from minivlm.api.constraints import check_tools, constraint as read_constraint, renamed
 from minivlm.api.errors import ApiError, from_engine
 from minivlm.api.media import engine_messages
 from minivlm.api.metrics import ApiMetrics, now
 from minivlm.api.protocol import ChatCompletionRequest, parse_request, sampling_params
+from minivlm.api.streaming import finished_output, next_event, stream_events
 from minivlm.config import DEFAULT_MODEL
 from minivlm.engine.request import Request, SamplingParams
+from minivlm.refusals import Refused
 
 log = logging.getLogger("minivlm")
 MAX_BODY_BYTES = 64 * 2**20
@@ -87,15 +90,13 @@ def generation_defaults(engine) -> dict:
     return out
 
 
-async def next_event(handle):
-    """The request's next StreamEvent, awaited on the event loop (the engine's loop thread wakes it; the request
-    has no thread of its own); None once it ended; its error as the API's."""
-    try:
-        return await anext(handle)
-    except StopAsyncIteration:
-        return None
-    except Exception as e:  # a failed step, a stopped loop: only this request fails
-        raise from_engine(e) from None
+def engine_tools(req: ChatCompletionRequest) -> dict:
+    """The request's tools for the chat template (a template that knows tools, e.g. Qwen's, lists them in the
+    prompt and tells the model its <tool_call> format); none for tool_choice none, as vLLM's --exclude-tools-when-
+    tool-choice-none would."""
+    if not req.tools or req.tool_choice == "none":
+        return {}
+    return {"tools": [t.model_dump(exclude_none=True) for t in req.tools]}
 
 
 def default_max_tokens(engine, request: Request) -> int:
@@ -162,17 +163,22 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
         if req.model not in (model, os.path.basename(model.rstrip("/"))):
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {model!r}",
                            param="model", code="model_not_found")
+        constraint = read_constraint(req)
         messages = await run_in_threadpool(engine_messages, req, settings.allowed_media_domains)
-        engine_request = Request(messages=messages, cache_salt=cache_salt(key, req), request_id=label(req))
+        await run_in_threadpool(check_tools, engine, req)  # a compile may take a while: off the event loop
+        engine_request = Request(messages=messages, cache_salt=cache_salt(key, req), request_id=label(req),
+                                 **engine_tools(req))
         try:
             limit = req.max_completion_tokens or req.max_tokens or \
                 await run_in_threadpool(default_max_tokens, engine, engine_request)
-            params = sampling_params(req, generation_defaults(engine), limit)
+            params = sampling_params(req, generation_defaults(engine), limit, constraint.structured)
         except ValueError as e:
             raise from_engine(e) from None
         arrival, created = now(), int(time.time())
-        try:  # rendered and checked off the event loop: a refusal raises here, before anything is queued
+        try:  # rendered, grammar compiled and checked off the event loop: a refusal raises here, before anything runs
             handle = await run_in_threadpool(engine.submit, engine_request, params)
+        except Refused as e:
+            raise renamed(e, constraint.field) from None
         except Exception as e:
             raise from_engine(e) from None
         try:
@@ -181,76 +187,33 @@ def create_router(get_engine: Callable, settings: ApiSettings | None = None) -> 
             handle.close()
             raise
         if req.stream:
-            return StreamingResponse(stream_events(engine, req, model, created, arrival, handle, first),
+            return StreamingResponse(stream_events(engine, req, model, created, arrival, handle, first, constraint,
+                                                   metrics),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         watcher = asyncio.create_task(abort_on_disconnect(request, handle))
         try:
-            ev, times = first, []
-            while ev is not None and not ev.finished:
-                times.append(now())
+            outs, times, ev = [], {}, first
+            while ev is not None:
+                times.setdefault(ev.index, []).append(now())
+                if ev.finished:
+                    outs.append(finished_output(ev))
+                    if len(outs) == req.n:
+                        break
                 ev = await next_event(handle)
         finally:
             handle.close()
             watcher.cancel()
-        out = finished_output(ev)
-        metrics.finished(engine, out, times + [now()], arrival)
-        return JSONResponse(fmt.completion(out, engine, model, created, req.top_logprobs or 0))
+        if len(outs) < req.n:
+            finished_output(None)  # the handle ended before every choice did
+        for out in outs:
+            metrics.finished(engine, out, times[out.index], arrival)
+        return JSONResponse(fmt.completion(outs, engine, model, created, req.top_logprobs or 0, constraint))
 
     async def abort_on_disconnect(request: HttpRequest, handle):
         """A non-streaming client that hangs up stops its request too (streams notice on their next write)."""
         while not await request.is_disconnected():
             await asyncio.sleep(DISCONNECT_POLL_S)
         handle.close()
-
-    def finished_output(ev):
-        if ev is None or ev.output is None or ev.output.finish_reason == "abort":
-            raise ApiError(503, "the engine stopped this request (it was rebuilt or closed); send it again",
-                           "service_unavailable_error", code="engine_rebuilt")
-        return ev.output
-
-    async def stream_events(engine, req, model, created, arrival, handle, ev):
-        """SSE: a role chunk, one chunk per step with new text (and the logprobs of the tokens it completes), a
-        finish chunk (the last text and logprobs, the minivlm field), the usage chunk if asked for, then [DONE].
-        Errors after the start arrive as an error event."""
-        rid, include_usage = ev.request_id, bool(req.stream_options and req.stream_options.include_usage)
-        extra = {"usage": None} if include_usage else {}
-        times, held = [], []  # held: (token, logprobs) of the tokens whose text has not been sent yet
-
-        def hold(ev):
-            held.extend(zip(ev.token_ids, ev.logprobs or [None] * len(ev.token_ids)))
-
-        def text_chunk(ev, finish_reason=None, **more):
-            """The step's new text with the logprobs of the tokens it completes (a stop string may hold text
-            back for a few steps: those tokens' logprobs wait with it)."""
-            hold(ev)
-            lps = fmt.token_logprobs(held, engine.tokenizer, req.top_logprobs or 0) if req.logprobs else None
-            held.clear()
-            return fmt.chunk(rid, model, created, {"content": ev.delta} if ev.delta else {}, finish_reason,
-                             logprobs=lps, **more, **extra)
-
-        try:
-            yield fmt.chunk(rid, model, created, {"role": "assistant", "content": ""}, **extra)
-            while not ev.finished:
-                times.append(now())
-                if ev.delta:
-                    yield text_chunk(ev)
-                else:
-                    hold(ev)
-                ev = await next_event(handle)
-                if ev is None:
-                    break
-            out = finished_output(ev)
-            times.append(now())
-            yield text_chunk(ev, out.finish_reason, **{fmt.EXTENSION: fmt.cache_report(out, engine)})
-            if include_usage:
-                yield fmt.chunk(rid, model, created, None, usage=fmt.usage(out))
-            metrics.finished(engine, out, times, arrival)
-            yield fmt.DONE
-        except ApiError as e:
-            yield fmt.sse_error(e)
-            yield fmt.DONE
-        finally:
-            handle.close()  # also when the client went away: the engine aborts the request
 
     @router.get("/v1/models")
     async def list_models(request: HttpRequest):

@@ -11,6 +11,7 @@ from collections import OrderedDict
 import llguidance
 import llguidance.hf
 import llguidance.torch as lltorch
+import numpy as np
 import torch
 
 from minivlm.refusals import Refused
@@ -117,12 +118,14 @@ class Matcher:
 
     def __init__(self, matcher, vocab_size: int):
         self.m, self.vocab_size = matcher, vocab_size
-        self.bitmask = lltorch.allocate_token_bitmask(1, vocab_size)
+        self.words = (vocab_size + 31) // 32
 
     def allowed(self) -> torch.Tensor:
-        """The next token's bitmask [words] (int32, bit i of word i // 32 = token i allowed)."""
-        lltorch.fill_next_token_bitmask(self.m, self.bitmask, 0)
-        return self.bitmask[0].clone()
+        """The next token's bitmask [words] (int32, bit i of word i // 32 = token i allowed): a fresh tensor for the
+        plan to keep, filled by llguidance in place (no staging row copied out: this runs per request per step)."""
+        mask = torch.empty(self.words, dtype=torch.int32)
+        self.m.unsafe_compute_mask_ptr(mask.data_ptr(), self.words * 4)
+        return mask
 
     def advance(self, token: int):
         if not self.m.consume_token(token):
@@ -140,23 +143,55 @@ class Matcher:
 
 
 def apply_bitmasks(logits: torch.Tensor, rows: list[int], masks: list[torch.Tensor]):
-    """Disallowed tokens of the constrained rows to -inf, in place, in one call over the batch."""
+    """Disallowed tokens of the constrained rows to -inf, in place, in one call over the batch. On the CPU numpy
+    unpacks the bits and fills in one pass: llguidance's kernel is torch.compile'd, and its generated kernel with its
+    OpenMP pool (like torch's row gather and scatter) took milliseconds a step on a busy 2-core machine, more than a
+    small model's whole decode step (bench/structured_decode.py); on an accelerator llguidance's kernel runs."""
     if not rows:
         return
-    full = torch.full((logits.shape[0], masks[0].shape[0]), -1, dtype=torch.int32)  # -1: every bit set, all allowed
-    full[rows] = torch.stack(masks)
-    lltorch.apply_token_bitmask_inplace(logits, full.to(logits.device))
+    if logits.device.type != "cpu":
+        full = torch.full((logits.shape[0], masks[0].shape[0]), -1, dtype=torch.int32)  # -1: all allowed
+        full[rows] = torch.stack(masks)
+        lltorch.apply_token_bitmask_inplace(logits, full.to(logits.device))
+        return
+    words = np.full((logits.shape[0], masks[0].shape[0]), -1, dtype=np.int32)  # -1: every bit set, all allowed
+    words[rows] = torch.stack(masks).numpy()
+    allowed = np.unpackbits(words.view(np.uint8), axis=1, count=logits.shape[1], bitorder="little")  # past the
+    np.copyto(logits.numpy(), -np.inf, where=allowed == 0)  # mask's width: 0, never allowed; one pass, no indexing
 
 
 def allowed_ids(mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The token ids a bitmask allows (the step-through: "allowed 14 of 662 tokens")."""
-    bits = ((mask.to(torch.int64) & 0xFFFFFFFF)[:, None] >> torch.arange(32)) & 1
-    return bits.flatten()[:vocab_size].nonzero().flatten()
+    """The token ids a bitmask allows (the step-through: "allowed 14 of 662 tokens"). numpy unpacks the words'
+    bytes (little-endian: bit i of the mask is bit i % 8 of byte i // 8)."""
+    bits = np.unpackbits(mask.numpy().view(np.uint8), count=vocab_size, bitorder="little")
+    return torch.from_numpy(np.flatnonzero(bits))
+
+
+def allowed_count(mask: torch.Tensor, vocab_size: int) -> int:
+    """How many tokens a bitmask allows: a popcount of its words, never a pass over the vocabulary (a real model's
+    150k tokens would cost milliseconds per request per step)."""
+    words = mask.numpy().view(np.uint32)[:(vocab_size + 31) // 32]
+    beyond = int(words[-1]) >> (vocab_size % 32) if vocab_size % 32 else 0  # bits past the vocab, if any are set
+    return int(np.bitwise_count(words).sum()) - beyond.bit_count()
+
+
+def few_allowed_ids(mask: torch.Tensor, vocab_size: int) -> list[int]:
+    """allowed_ids for a mask that allows few tokens: the set bits of its nonzero words, lowest first."""
+    words, ids = mask.numpy().view(np.uint32), []
+    for w in np.flatnonzero(words).tolist():
+        bits = int(words[w])
+        while bits:
+            low = bits & -bits
+            if (token := w * 32 + low.bit_length() - 1) < vocab_size:
+                ids.append(token)
+            bits ^= low
+    return ids
 
 
 def constrained_event(events, seq, allowed: torch.Tensor, token: int, tokenizer, vocab: int):
     """The step-through's line for a grammar-constrained step: how many of the vocab's tokens the grammar allowed
     (their ids when few), which one was chosen."""
-    ids = allowed_ids(allowed, vocab).tolist()
-    events.emit("constrained", seq.request_id, allowed=len(ids), vocab=vocab, token=token,
-                text=tokenizer.decode([token]), allowed_ids=ids if len(ids) <= 32 else None)
+    count = allowed_count(allowed, vocab)
+    ids = few_allowed_ids(allowed, vocab) if count <= 32 else None
+    events.emit("constrained", seq.request_id, allowed=count, vocab=vocab, token=token,
+                text=tokenizer.decode([token]), allowed_ids=ids)
