@@ -142,17 +142,15 @@ def drift_meaning(diff: float, lang: str = EN) -> str:
     return t(lang, "insp.rounding" if diff < ROUNDING else "insp.not_this")
 
 
-def results_table(results: dict, cold, lang: str = EN, kinds: list[str] = ()) -> pd.DataFrame:
-    """One row per strategy: hit counts, the answers, and the drift from a cold run; on a hybrid model (`kinds`: its
-    KV-cache groups) the meaning also says what else the hit restored."""
+def results_table(results: dict, cold, lang: str = EN) -> pd.DataFrame:
+    """One row per strategy: hit counts, the answers, and the drift from a cold run."""
     rows = []
     for name, (second, first) in results.items():
         false = sum(h.false_hit for h in second.cache_hits)
         hits = len(second.cache_hits)
         rows.append([name, hits, hits - false, false, second.num_cached_tokens, first.text.strip(),
                      second.text.strip(), cold.text.strip(), f"{max_logprob_diff(second, cold):.4g}",
-                     drift_meaning(max_logprob_diff(second, cold), lang)
-                     + inspector_hybrid.group_meaning(second, kinds, lang)])
+                     drift_meaning(max_logprob_diff(second, cold), lang)])
     return pd.DataFrame(rows, columns=RESULT_COLUMNS if lang == EN else [t(lang, f"insp.col.{c}") for c in COLUMN_IDS])
 
 
@@ -200,8 +198,7 @@ def build(holder: EngineHolder):
             out, cold = run_pair(engine, ((image_1, prompt, kw[0]), second), int(max_tokens))
         except ValueError as e:
             raise refusal(localize_error(e, lang))
-        return results_table(out, cold, lang, inspector_hybrid.group_kinds(engine)), \
-            hits_figure(out, engine.config.block_size, lang)
+        return results_table(out, cold, lang), hits_figure(out, engine.config.block_size, lang)
 
     @gpu
     def inspect_hybrid(max_tokens, request: gr.Request = None):
@@ -214,8 +211,7 @@ def build(holder: EngineHolder):
                                  int(max_tokens))
         except ValueError as e:
             raise refusal(localize_error(e, lang))
-        return results_table(out, cold, lang, inspector_hybrid.group_kinds(engine)), \
-            hits_figure(out, engine.config.block_size, lang), \
+        return results_table(out, cold, lang), hits_figure(out, engine.config.block_size, lang), \
             gr.update(value=inspector_hybrid.note(engine, made, out, lang), visible=True)
 
     @gpu
@@ -238,6 +234,9 @@ def build(holder: EngineHolder):
     for button in (run, video_button, *preset_buttons):  # the hybrid note speaks of the hybrid preset's run only
         button.click(lambda: gr.update(visible=False), None, hybrid_note, api_name=False, queue=False)
     inputs = [img1, img2, prompt, prompt2, resize1, resize2, max_tokens]
+    _, first, second, question = inspector_hybrid.PRESET  # the page shows the pair the hybrid preset runs
+    hybrid_button.click(lambda: (_example(first), _example(second), question, "", "processor default",
+                                 "processor default"), None, inputs[:-1], api_name=False, queue=False)
     run.click(inspect, inputs, [results, blocks], api_name="inspect", concurrency_id="inspect", concurrency_limit=1)
     for button, (a, b, p1, p2, r1, r2) in zip(preset_buttons, PRESETS.values()):
         def fill(a=a, b=b, p1=p1, p2=p2, r1=r1, r2=r2):

@@ -15,6 +15,9 @@ from panels.i18n import EN, t
 
 PRESET = ("Hybrid model: same text, different image", "red_circle.png", "blue_circle.png", "What color is the shape?")
 CHECKPOINT = os.path.join(tempfile.gettempdir(), "minivlm-random-qwen3_5")
+# a group kind -> (how a hit restores it, what the hit restored): the note's words
+RESTORES = {"recurrent": ("insp.what_state", "insp.restored_state"),
+            "sliding_window": ("insp.what_window", "insp.restored_window")}
 _lock = threading.Lock()
 _made: dict[str, Engine] = {}
 
@@ -49,22 +52,16 @@ def hybrid_engine(served: Engine) -> tuple[Engine, bool]:
         return _made["qwen3_5"], True
 
 
-def group_meaning(second, kinds: list[str], lang: str = EN) -> str:
-    """What a hit restored besides the full-attention K/V, on a hybrid model ("" on a plain one or with no hit)."""
-    n, false = second.num_cached_tokens, any(h.false_hit for h in second.cache_hits)
-    words = []
-    if n and "recurrent" in kinds:
-        words.append(t(lang, "insp.state_false" if false else "insp.state_true", n=n))
-    if n and "sliding_window" in kinds:
-        words.append(t(lang, "insp.window_false" if false else "insp.window_true", n=n))
-    return "".join(f" · {w}" for w in words)
-
-
 def note(engine: Engine, made: bool, results: dict, lang: str = EN) -> str:
-    """The preset's lesson in a paragraph, with this run's numbers (results: strategy -> (output 2, output 1))."""
+    """The preset's lesson in a paragraph, with this run's numbers and what this model's hit restores besides the
+    full-attention K/V (results: strategy -> (output 2, output 1))."""
     a = results["A"][0]
     false = sum(h.false_hit for h in a.cache_hits)
     where = t(lang, "insp.hybrid_random") if made else t(lang, "insp.hybrid_served", model=engine.family.title)
     missed = [s for s, (second, _) in results.items() if s != "A" and not second.cache_hits]
-    return t(lang, "insp.hybrid_note", where=where, hits=len(a.cache_hits), false=false, n=a.num_cached_tokens,
-             others=", ".join(missed) or "—")
+    kinds = group_kinds(engine)
+    parts = [said for kind, said in RESTORES.items() if kind in kinds]
+    what = t(lang, "plan.sep").join(t(lang, how) for how, _ in parts)
+    restored = "".join(t(lang, which, n=a.num_cached_tokens) for _, which in parts) if a.cache_hits else ""
+    return t(lang, "insp.hybrid_note", where=where, what=what, hits=len(a.cache_hits), false=false,
+             n=a.num_cached_tokens, restored=restored, others=", ".join(missed) or "—")

@@ -177,3 +177,22 @@ def test_a_phone_in_the_dark_reads_the_group_views(served, shots):
         assert found["width"] <= found["screen"] + 2, found["width"]
     finally:
         pg.close()
+
+
+def test_the_inspectors_hybrid_preset_fools_key_a(served, shots):
+    """The served model is hybrid: the preset runs on it (its pair shown in the inputs); row A has false hits
+    (column 3), B and C none, and the note says what this model's hit restored besides K/V."""
+    name, _, _, page = served
+    open_tab(page, "Cache inspector")
+    page.locator("#preset-hybrid").click()
+    page.wait_for_function("+document.querySelector('#insp-results [data-testid=cell-0-3]')?.innerText > 0")
+    false = [page.locator(f"#insp-results [data-testid=cell-{r}-3]").inner_text().strip() for r in range(3)]
+    assert int(false[0]) > 0 and false[1:] == ["0", "0"]
+    note = page.locator("#insp-hybrid-note")
+    note.wait_for()
+    assert "ran on the served" in note.inner_text() and "Under A request 2 hit" in note.inner_text()
+    word = "the recurrent state at token" if name == "qwen3_5" else "the sliding-window blocks before token"
+    assert word in note.inner_text()
+    assert page.locator("#insp-img1 img").count() and page.locator("#insp-img2 img").count()  # the pair it ran
+    page.wait_for_function("document.querySelector('#insp-blocks .js-plotly-plot')?.data?.length > 0")
+    page.screenshot(path=os.path.join(shots, f"hybrid_inspector_{name}.png"), full_page=True)

@@ -66,8 +66,9 @@ def test_the_status_line_says_what_each_group_holds(family, engines):
     assert f"KV-cache groups: full attention (layer{'s' if len(full) > 1 else ''} {layer_ranges(full)}): 32 blocks " \
            f"({mib['full_attention']} MiB)" in line
     if family == "qwen3_5":  # one running slot per request + 2 x max_num_seqs checkpoints (EngineConfig's default)
-        assert f"recurrent state (layers {layer_ranges(layers_of(e, 'linear_attention'))}): {3 * SEQS} slots = {SEQS} " \
-               f"running + {2 * SEQS} checkpoints ({mib['recurrent']} MiB)" in line
+        recurrent = layer_ranges(layers_of(e, "linear_attention"))
+        assert f"recurrent state (layers {recurrent}): {3 * SEQS} slots = {SEQS} running + {2 * SEQS} checkpoints " \
+               f"({mib['recurrent']} MiB)" in line
     else:
         window = e.hf_config.text_config.sliding_window
         sliding = e.memory_report().groups[1]["size"]
@@ -89,7 +90,7 @@ def test_replayed_groups_equal_the_engines_snapshots(family, kw, hybrid_checkpoi
     """Every step of a run (with preemption: 12 blocks; chunked prefill), replayed from the events alone, shows the
     tables, free counts and checkpoints the engine's own snapshot showed then."""
     with make(hybrid_checkpoints[family], **kw) as e:
-        e.generate(demo_requests(1, None), SamplingParams(max_tokens=20, ignore_eos=True))  # cached blocks, a checkpoint
+        e.generate(demo_requests(1, None), SamplingParams(max_tokens=20, ignore_eos=True))  # cached blocks, checkpoints
         base = e.snapshot()
         snaps = {}
         for ev in e.stream_many(demo_requests(6, None), SamplingParams(max_tokens=40, ignore_eos=True), snapshots=True):
@@ -253,11 +254,11 @@ def test_the_inspectors_hybrid_preset_fools_key_a_only(family, engines):
     assert a.num_cached_tokens > 0 and all(h.false_hit for h in a.cache_hits)
     assert max_logprob_diff(a, cold) > ROUNDING
     assert not out["B"][0].cache_hits and not out["C"][0].cache_hits
-    meaning = results_table(out, cold, kinds=inspector_hybrid.group_kinds(e)).iloc[0, -1]
-    word = "recurrent state restored" if family == "qwen3_5" else "sliding-window blocks before"
-    assert f"{word} at token {a.num_cached_tokens}" in meaning or \
-        f"{word} token {a.num_cached_tokens}" in meaning
-    assert "Under **A** request 2 hit" in inspector_hybrid.note(e, made, out)
+    assert results_table(out, cold).iloc[0, -1] == "the reused KV was not this request's"
+    word = "the recurrent state at token" if family == "qwen3_5" else "the sliding-window blocks before token"
+    said = inspector_hybrid.note(e, made, out)
+    assert f"Under **A** request 2 hit {len(a.cache_hits)} blocks ({len(a.cache_hits)} false, " \
+           f"{a.num_cached_tokens} tokens): their K/V and {word} {a.num_cached_tokens} were computed" in said
 
 
 def test_the_hybrid_preset_on_a_dense_model_runs_a_random_qwen3_5(engine):

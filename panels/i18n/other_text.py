@@ -110,29 +110,26 @@ MESSAGES = {
     "preset.Same image, different resize": ("Same image, different resize", "图片相同，缩放不同"),
     "preset.Same image, different tiling": ("Same image, different tiling", "图片相同，切片不同"),
     "preset.Same video, different fps": ("Same video, different fps", "视频相同，帧率不同"),
-    "preset.Hybrid model: same text, different image": ("Hybrid model (Qwen3.5): same text, different image",
-                                                        "混合模型（Qwen3.5）：文字相同，图片不同"),
-    "insp.state_false": ("the recurrent state restored at token {n} is the other image's too",
-                         "在第 {n} 个 token 处恢复的循环状态也是另一张图片的"),
-    "insp.state_true": ("resumed from the recurrent state saved at token {n}", "从第 {n} 个 token 处保存的循环状态继续"),
-    "insp.window_false": ("the sliding-window blocks before token {n} are the other image's too",
-                          "第 {n} 个 token 之前的滑动窗口块也是另一张图片的"),
-    "insp.window_true": ("the sliding window's blocks before token {n} reused", "复用了第 {n} 个 token 之前的滑动窗口块"),
+    "preset.Hybrid model: same text, different image": ("Hybrid model (Qwen3.5, Gemma 3): same text, different "
+                                                        "image", "混合模型（Qwen3.5、Gemma 3）：文字相同，图片不同"),
+    "insp.what_state": ("its recurrent layers resume from the state saved at the hit's last token",
+                        "它的循环层从命中末尾 token 处保存的状态继续"),
+    "insp.what_window": ("its sliding-window layers reuse the blocks of the window before the hit's last token",
+                         "它的滑动窗口层复用命中末尾 token 之前窗口内的块"),
+    "insp.restored_state": (" and the recurrent state at token {n}", "以及第 {n} 个 token 处的循环状态"),
+    "insp.restored_window": (" and the sliding-window blocks before token {n}", "以及第 {n} 个 token 之前的滑动窗口块"),
     "insp.hybrid_random": ("a random-weight Qwen3.5 test checkpoint (the served model has one KV-cache group; its "
                            "answers are noise, its hits and drift are the lesson)",
                            "一个随机权重的 Qwen3.5 测试检查点（所服务的模型只有一个 KV 缓存组；它的回答是噪声，命中和偏差才是"
                            "要点）"),
     "insp.hybrid_served": ("the served {model}", "所服务的 {model}"),
-    "insp.hybrid_note": ("**Hybrid model** · ran on {where}. A hybrid model's prefix hit restores more than K/V: "
-                         "Qwen3.5's recurrent layers resume from the state saved at the hit's last token (Gemma 3's "
-                         "sliding layers reuse the window's blocks before it). Under **A** request 2 hit {hits} blocks "
-                         "({false} false, {n} tokens): the full-attention K/V of those tokens and the state restored "
-                         "there were computed from image 1, and every later token reads them. Missed: {others}: "
-                         "their keys hold the image.",
-                         "**混合模型** · 运行于{where}。混合模型的前缀命中恢复的不只是 K/V：Qwen3.5 的循环层从命中末尾 "
-                         "token 处保存的状态继续（Gemma 3 的滑动窗口层复用它之前窗口内的块）。在 **A** 下请求 2 命中了 "
-                         "{hits} 个块（误命中 {false} 个，{n} 个 token）：这些 token 的全注意力 K/V 和在那里恢复的状态都是"
-                         "由图片 1 算出的，之后每个 token 都会读到它们。未命中：{others}：它们的键包含图片。"),
+    "insp.hybrid_note": ("**Hybrid model** · ran on {where}. A hybrid model's prefix hit restores more than the "
+                         "full-attention K/V: {what}. Under **A** request 2 hit {hits} blocks ({false} false, {n} "
+                         "tokens): their K/V{restored} were computed from image 1, and every later token reads them. "
+                         "Missed: {others}: their keys hold the image.",
+                         "**混合模型** · 运行于{where}。混合模型的前缀命中恢复的不只是全注意力的 K/V：{what}。在 **A** 下"
+                         "请求 2 命中了 {hits} 个块（误命中 {false} 个，{n} 个 token）：它们的 K/V{restored}都是由图片 1 "
+                         "算出的，之后每个 token 都会读到它们。未命中：{others}：它们的键包含图片。"),
     "insp.col.strategy": ("strategy", "策略"), "insp.col.hits": ("hits", "命中"), "insp.col.true": ("true hits", "真命中"),
     "insp.col.false": ("false hits", "误命中"), "insp.col.cached": ("cached tokens", "缓存 token 数"),
     "insp.col.answer1": ("answer · image 1", "回答 · 图片 1"), "insp.col.answer2": ("answer · image 2", "回答 · 图片 2"),
