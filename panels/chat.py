@@ -1,4 +1,5 @@
-"""Chat tab: image + text in, the answer streams out token by token; multi-turn, stop, sampling controls."""
+"""Chat tab: image + text in, the answer streams out token by token; multi-turn, stop, sampling controls, and a
+JSON answer held to a schema (panels/chat_json.py)."""
 import os
 import threading
 import time
@@ -7,6 +8,7 @@ import gradio as gr
 
 from minivlm import Request, SamplingParams
 
+from panels import chat_json
 from panels.access import refusal
 from panels.chat_hints import HINT_TITLE, HINT_TITLES, hint, knows_chinese, trained_questions, trained_summary
 from panels.chat_stream import AnswerStream
@@ -130,6 +132,8 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
             top_k = gr.Slider(0, 100, value=0, step=1, label=L("chat.top_k"))
             seed = gr.Textbox("", label=L("chat.seed"), placeholder=L("chat.seed_placeholder"), elem_id="chat-seed")
             ignore_eos = gr.Checkbox(False, label=L("chat.ignore_eos"), elem_id="chat-ignore-eos")
+    json_schema, preset, parsed, parsed_line = chat_json.build()
+    preset.change(chat_json.more_room, [preset, max_tokens], max_tokens, api_name=False, queue=False)
     gr.Examples([[{"text": q, "files": [os.path.join(EXAMPLES_DIR, f)]}] for f, q in EXAMPLES], inputs=[box],
                 label=L("chat.examples"))
     if knows_chinese(holder.config.model):
@@ -161,11 +165,12 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
             with active_lock:
                 active.pop(session, None)
 
-    def answer(history, session, lang, n_tokens, temp, p, k, seed_text, no_eos, system):
+    def answer(history, session, lang, n_tokens, temp, p, k, seed_text, no_eos, system, schema):
         start = time.perf_counter()
         try:
             params = SamplingParams(max_tokens=int(n_tokens), temperature=float(temp), top_p=float(p), top_k=int(k),
-                                    seed=parse_seed(seed_text, lang), ignore_eos=bool(no_eos))
+                                    seed=parse_seed(seed_text, lang), ignore_eos=bool(no_eos),
+                                    structured_outputs=chat_json.structured(schema, lang))
             messages = to_hf_messages(history, system)
             engine = holder.get()
         except (ValueError, RuntimeError) as e:
@@ -217,7 +222,7 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
     # the handlers' argument names are the API's parameter names (they shadow the widgets of the same name)
     @gpu
     def respond(message, history, max_tokens, temperature, top_p, top_k, seed,
-                ignore_eos, system_prompt, request: gr.Request):
+                ignore_eos, system_prompt, json_schema, request: gr.Request):
         history = list(history or [])
         turn = user_turn(message or {})
         if not turn["content"]:
@@ -227,11 +232,11 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         history.append(turn)
         yield from one_at_a_time(history, request.session_hash if request else None, lang_of(request), max_tokens,
                                  temperature, top_p, top_k, seed, ignore_eos,
-                                 system_prompt)
+                                 system_prompt, json_schema)
 
     @gpu
     def regenerate_last(history, max_tokens, temperature, top_p, top_k, seed,
-                        ignore_eos, system_prompt, request: gr.Request):
+                        ignore_eos, system_prompt, json_schema, request: gr.Request):
         history = list(history or [])
         while history and history[-1]["role"] != "user":  # the last answer (or its error bubble) goes
             history.pop()
@@ -240,7 +245,7 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         for chat, _, line in one_at_a_time(history, request.session_hash if request else None, lang_of(request),
                                            max_tokens,
                                            temperature, top_p, top_k, seed,
-                                           ignore_eos, system_prompt):
+                                           ignore_eos, system_prompt, json_schema):
             yield chat, gr.skip(), line  # whatever is typed in the box stays there
 
     def stop_request(request: gr.Request):
@@ -249,18 +254,24 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         if rid is not None:
             holder.get().abort(rid)
 
-    sampling = [max_tokens, temperature, top_p, top_k, seed, ignore_eos, system_prompt]
+    def show_parsed(history, json_schema, request: gr.Request):
+        return chat_json.parsed(history or [], json_schema, lang_of(request))
+
+    sampling = [max_tokens, temperature, top_p, top_k, seed, ignore_eos, system_prompt, json_schema]
     # "multiple": a second Enter while an answer streams reaches the server and is refused out loud (gradio's
     # default, "once", drops it without a word)
     box.submit(respond, [box, chatbot, *sampling], [chatbot, box, stats], api_name="chat", concurrency_id="chat",
                trigger_mode="multiple",
                concurrency_limit=holder.config.max_num_seqs,
-               api_description="Ask: a message (text and images) after the chat history; streams the answer.")
+               api_description="Ask: a message (text and images) after the chat history; streams the answer.").then(
+        show_parsed, [chatbot, json_schema], [parsed, parsed_line], api_name=False, queue=False)
     regenerate.click(regenerate_last, [chatbot, *sampling], [chatbot, box, stats], api_name="regenerate",
-                     concurrency_id="chat", api_description="Answer the last question of the history again.")
+                     concurrency_id="chat", api_description="Answer the last question of the history again.").then(
+        show_parsed, [chatbot, json_schema], [parsed, parsed_line], api_name=False, queue=False)
     stop.click(stop_request, None, None, api_name="stop", queue=False,
                api_description="Stop this session's answer that is streaming now.")
-    clear.click(lambda: ([], None, ""), None, [chatbot, box, stats], api_name=False, queue=False)
+    clear.click(lambda: ([], None, "", None, ""), None, [chatbot, box, stats, parsed, parsed_line], api_name=False,
+                queue=False)
     if switch is not None:  # the trained questions' note in the chosen language
         def relang(chosen, request: gr.Request):
             LANGUAGES.set(request, chosen)

@@ -67,7 +67,8 @@ class GrammarCompiler:
         fmt, text, field = source(so)
         if len(text) > MAX_SOURCE_CHARS:
             raise Refused("invalid_value", "structured_outputs.{field} is {n} characters; the limit is {limit}",
-                          param=f"structured_outputs.{field}", field=field, n=len(text), limit=MAX_SOURCE_CHARS)
+                          reason="grammar_too_long", param=f"structured_outputs.{field}", field=field, n=len(text),
+                          limit=MAX_SOURCE_CHARS)
         key = (fmt, text)
         with self.lock:
             if key in self.cache:
@@ -81,11 +82,13 @@ class GrammarCompiler:
             invalid = start.get_error() if start.is_error() else ""
         if invalid:
             raise Refused("invalid_value", "structured_outputs.{field} does not compile: {error}",
-                          param=f"structured_outputs.{field}", field=field, error=_said(invalid))
+                          reason="grammar_invalid", param=f"structured_outputs.{field}", field=field,
+                          error=_said(invalid))
         complex_ = self._first_step_error(start)
         if complex_:
             raise Refused("invalid_value", "structured_outputs.{field} is too complex: {error}",
-                          param=f"structured_outputs.{field}", field=field, error=_said(complex_))
+                          reason="grammar_complex", param=f"structured_outputs.{field}", field=field,
+                          error=_said(complex_))
         with self.lock:
             self.cache[key] = start
             while len(self.cache) > CACHE_SIZE:

@@ -59,6 +59,33 @@ MESSAGES = {
     "chat.hint_untrained": ("“{question}” is not one of the questions this model was trained on, so its answer is a "
                             "guess. It knows: {questions}",
                             "“{question}”不是这个模型训练过的问题，所以它的回答只是猜测。它会的问题：{questions}"),
+    "chat.json_answer": ("JSON answer", "JSON 回答"),
+    "chat.json_about": ("Give a JSON Schema and the answer follows it: the engine's grammar (structured outputs) "
+                        "masks every token the schema does not allow, so the answer is valid JSON whatever the model "
+                        "would have written (the tiny model never saw JSON: its JSON is valid, its facts often "
+                        "wrong). JSON takes many tokens on this model's small vocabulary: a preset raises max tokens "
+                        "to 200. Watch the KV blocks tab's step-through: each constrained step says how many tokens "
+                        "the grammar allowed and which one was chosen.",
+                        "给出一个 JSON Schema，回答就会遵循它：引擎的语法约束（结构化输出）会屏蔽 schema 不允许的每个 "
+                        "token，所以无论模型本来会写什么，回答都是合法的 JSON（微型模型从没见过 JSON：它写的 JSON 合法，"
+                        "内容却常常不对）。在这个模型的小词表上 JSON 要用很多 token：选一个预设会把最大 token 数提到 200。"
+                        "在 KV 块页签里单步观察：每个受约束的步骤都会说明语法允许了多少个 token、选中了哪一个。"),
+    "chat.json_preset": ("preset", "预设"),
+    "chat.json_preset.none": ("none: a free answer", "无：自由回答"),
+    "chat.json_preset.shapes": ("the shapes in the picture: a list of colour, shape and position",
+                                "图中的形状：颜色、形状和位置的列表"),
+    "chat.json_preset.one_shape": ("one shape: its colour and kind", "一个形状：颜色和种类"),
+    "chat.json_preset.count": ("how many shapes: a whole number from 0 to 9", "有几个形状：0 到 9 的整数"),
+    "chat.json_preset.yes_no": ("yes or no, and whether it is sure", "是或否，以及是否确定"),
+    "chat.json_schema": ("JSON Schema (empty = a free answer)", "JSON Schema（留空 = 自由回答）"),
+    "chat.json_result": ("the answer, parsed", "解析后的回答"),
+    "chat.json_result_line": ("about the parsed answer", "关于解析后的回答"),
+    "chat.json_parsed": ("✓ The answer parses as JSON and follows the schema: the grammar allowed no other token.",
+                         "✓ 回答可以解析为 JSON，并且符合 schema：语法不允许任何别的 token。"),
+    "chat.json_unfinished": ("The answer stopped at max tokens before its JSON closed: raise max tokens.",
+                             "回答在 JSON 结束之前就达到了最大 token 数：请提高最大 token 数。"),
+    "chat.json_not_json": ("The JSON Schema box does not hold JSON: {error}", "JSON Schema 框里的内容不是 JSON：{error}"),
+    "chat.json_not_object": ("The JSON Schema must be a JSON object.", "JSON Schema 必须是一个 JSON 对象。"),
     "chat.example_aria": ("Example", "示例"),
     "chat.picture_aria": ("picture", "图片"),
     # the engine's refusals, error.<reason> (minivlm.Refused): said again from the refusal's fields; the English is
@@ -117,6 +144,12 @@ MESSAGES = {
     "error.videos_pixels": ("the videos of this request sample {pixels} of frames together, over the {limit} limit per "
                             "request; ask for a lower fps or fewer frames",
                             "这个请求的视频合计采样 {pixels} 的帧，超过了每个请求 {limit} 的上限；请降低 fps 或减少帧数"),
+    "error.grammar_too_long": ("structured_outputs.{field} is {n} characters; the limit is {limit}",
+                               "structured_outputs.{field} 有 {n} 个字符；上限是 {limit}"),
+    "error.grammar_invalid": ("structured_outputs.{field} does not compile: {error}",
+                              "structured_outputs.{field} 无法编译：{error}"),
+    "error.grammar_complex": ("structured_outputs.{field} is too complex: {error}",
+                              "structured_outputs.{field} 太复杂（超出编译预算）：{error}"),
     "error.engine_closed": ("this engine is closed", "这个引擎已关闭（设置栏重建了引擎）"),
     "error.image_name": ("image {n}", "图片 {n}"),  # how a refusal names the n-th image or video of a request
     "error.video_name": ("video {n}", "视频 {n}"),
