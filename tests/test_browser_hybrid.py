@@ -134,7 +134,7 @@ def test_anatomy_draws_with_no_error(served, shots, tmp_path):
     assert not errors_on_page(page), errors_on_page(page)
     grid = page.evaluate(f"{PLOT.format('anat-grid')}.layout.title.text")
     if name == "gemma3":  # one view of 16 soft tokens; then pan-and-scan on a long image: the whole + 2 crops
-        assert "1 view of 64×64 px" in grid and "16 soft tokens between" in grid
+        assert "1 view of 64×64 px" in grid and "= 16 soft tokens" in grid and "&lt;start_of_image&gt;" in grid
         page.locator("#anat-pixels input[type=number]").fill("1")
         page.locator("#anat-pixels input[type=number]").press("Enter")
         page.locator("#anat-img1 input[type=file]").set_input_files(wide_scene(str(tmp_path / "wide.png")))
