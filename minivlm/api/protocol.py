@@ -116,8 +116,8 @@ class StreamOptions(Strict):
 
 
 class ChatCompletionRequest(Strict):
-    """The fields of POST /v1/chat/completions that minivlm implements (plus vLLM's top_k, ignore_eos and
-    cache_salt)."""
+    """The fields of POST /v1/chat/completions that minivlm implements (plus vLLM's top_k, ignore_eos, cache_salt,
+    repetition_penalty, structured_outputs and mm_processor_kwargs)."""
     model: str
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
