@@ -55,7 +55,7 @@ def fixed_grid_figure(image_processor, images: list[Image.Image], infos: list, l
         side = int(round(info.tokens_per_tile ** 0.5))
         per_side = info.tile_size // info.patch_size
         shown = views(image_processor, im, info)
-        size = GRID_DISPLAY // 2 if len(shown) == 1 else max(96, GRID_DISPLAY // len(shown))
+        size = max(96, GRID_DISPLAY // len(shown))  # the views side by side as wide as one Qwen image
         for v, view in enumerate(shown):
             px = np.array(Image.fromarray(view).resize((size, size), Image.NEAREST))
             _lines(px, size / per_side, PATCH_LINE)

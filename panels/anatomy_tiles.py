@@ -4,7 +4,8 @@ import numpy as np
 import plotly.graph_objects as go
 from PIL import Image
 
-from panels.anatomy_figures import GRID_DISPLAY, IMAGE_GAP, MERGE_LINE, PATCH_LINE, TITLE, TOP_MARGIN, raster_figure
+from panels.anatomy_figures import (GRID_DISPLAY, IMAGE_GAP, MERGE_LINE, PATCH_LINE, TITLE, TOP_MARGIN, needs_width,
+                                    raster_figure)
 
 CROP_LINE = (220, 38, 38)
 
@@ -107,4 +108,4 @@ def positions_figure(anatomy) -> go.Figure:
                       title=dict(TITLE, text=(
                           f"1-D RoPE: every token, image or marker, takes the next position ({'; '.join(spans)})"
                           f"<br><sup>the markers between crops count too; generated token i sits at i</sup>")))
-    return fig
+    return needs_width(fig, 0)  # its title whole on a phone (the figure scrolls sideways)

@@ -3,8 +3,9 @@ window), each served from a random-weight checkpoint saved by transformers. The 
 group holds; a chat with a picture is answered; the KV tab's launcher fills the block map and, under it, the group
 views of the same step (Gemma 3: the sliding tables with blocks that left the window; Qwen3.5: who holds which state
 slot and the checkpoints), what they draw equal to the engine's own groups replayed at that step, the decision log
-saying the group events; Anatomy draws with no error (Gemma 3 also with pan-and-scan crops); on a phone in the dark
-theme the group views read at WCAG contrast and the page stays as wide as the screen. Screenshots: hybrid_*.png."""
+saying the group events; Anatomy draws with no error (Gemma 3 also with pan-and-scan crops); the inspector's hybrid
+preset fools key A only; on a phone in the dark theme the group views and Anatomy read at WCAG contrast and the page
+stays as wide as the screen. Screenshots: hybrid_*.png."""
 import io
 import os
 import re
@@ -19,7 +20,7 @@ from tests.app_server import app_in_process, browser_page
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, shots  # noqa: F401
 from tests.test_browser_header_models import errors_on_page
 from tests.test_browser_matrix import send
-from tests.test_browser_readable import MIN_CONTRAST, contrast, drawn_behind, settle
+from tests.test_browser_readable import MIN_CONTRAST, SCOPES, contrast, drawn_behind, measure, settle, show_anatomy
 from tests.test_browser_ui import launch_and_wait, new_page, open_tab
 
 pytestmark = pytest.mark.browser
@@ -175,6 +176,10 @@ def test_a_phone_in_the_dark_reads_the_group_views(served, shots):
                 faint.append(f"{word['text']} ({ratio:.2f}:1)")
         assert len(found["words"]) > 10 and not faint, faint
         assert found["width"] <= found["screen"] + 2, found["width"]
+        pg.set_viewport_size({"width": 390, "height": 900})
+        show_anatomy(pg)  # its figures' words, measured as tests/test_browser_readable.py measures every tab's
+        settle(pg, SCOPES["anatomy"])
+        assert measure(pg, SCOPES["anatomy"], shots, f"hybrid_phone_dark_anatomy_{name}") == {}
     finally:
         pg.close()
 

@@ -53,21 +53,21 @@ MESSAGES = {
                         "图片 1 从 {start} 开始{tail}<br><sup>之后生成的第 i 个 token 在三个轴上的位置都是 {offset}"
                         "（rope delta）</sup>"),
     # Gemma 3's fixed image kind (panels/anatomy_fixed.py)
-    "anat.fixed_note": ("image {k}: {ow}×{oh} px → {views} view{s} of {size}×{size} px: {cut}<br>each view {patches}×"
+    "anat.fixed_note": ("image {k}: {ow}×{oh} px → {views} view{s} of {size}×{size} px{cut}<br>each: {patches}×"
                         "{patches} patches of {patch} px, pooled {pool}×{pool} → {side}×{side} = {per} soft tokens · "
                         "{views} × {per} = {n}",
-                        "图片 {k}：{ow}×{oh} 像素 → {views} 个 {size}×{size} 像素的视图：{cut}<br>每个视图 {patches}×"
-                        "{patches} 个 {patch} 像素的图块，{pool}×{pool} 池化 → {side}×{side} = {per} 个软 token · "
-                        "{views} × {per} = {n}"),
-    "anat.fixed_off": ("the whole image, squashed (do_pan_and_scan off)", "整张图片被压成正方形（do_pan_and_scan 关闭）"),
-    "anat.fixed_not_cut": ("the whole image, not cut (a crop needs ratio {ratio} and {least} px)",
-                           "整张图片，没有切（裁剪需要长宽比 {ratio}、至少 {least} 像素）"),
-    "anat.fixed_crops": ("the whole image, then {n} pan-and-scan crops ({rows}×{cols})",
-                         "整张图片，然后是 {n} 个 pan-and-scan 裁剪块（{rows}×{cols}）"),
-    "anat.fixed_legend": ("<br><sup>white: patches · yellow: pooled groups (one = one soft token, each view's between "
-                          "&lt;start_of_image&gt; and &lt;end_of_image&gt;) · red: a crop</sup>",
-                          "<br><sup>白线：图块边界 · 黄线：池化组（一组 = 一个软 token；一个视图的 token 位于 "
-                          "&lt;start_of_image&gt; 与 &lt;end_of_image&gt; 之间）· 红框：裁剪块</sup>"),
+                        "图片 {k}：{ow}×{oh} 像素 → {views} 个 {size}×{size} 像素的视图{cut}<br>每个：{patches}×{patches} "
+                        "个 {patch} 像素的图块，{pool}×{pool} 池化 → {side}×{side} = {per} 个软 token · {views} × {per} "
+                        "= {n}"),
+    "anat.fixed_off": (" (whole, squashed; pan-and-scan off)", "（整张压扁；pan-and-scan 关闭）"),
+    "anat.fixed_not_cut": (" (whole; not cut: a crop needs ratio {ratio}, {least} px)",
+                           "（整张；没有切：裁剪需要长宽比 {ratio}、{least} 像素）"),
+    "anat.fixed_crops": (": the whole, then {n} pan-and-scan crops ({rows}×{cols})",
+                         "：整张，然后是 {n} 个 pan-and-scan 裁剪块（{rows}×{cols}）"),
+    "anat.fixed_legend": ("<br><sup>white: patches · yellow: pooled groups = soft tokens (each view's between "
+                          "&lt;start_of_image&gt; and &lt;end_of_image&gt;) · red: crops</sup>",
+                          "<br><sup>白线：图块 · 黄线：池化组 = 软 token（每个视图的位于 &lt;start_of_image&gt; 与 "
+                          "&lt;end_of_image&gt; 之间）· 红框：裁剪块</sup>"),
     "anat.fixed_knob": ("do_pan_and_scan: 0 off, 1 on (a long image is also cut into crops)",
                         "do_pan_and_scan：0 关，1 开（长图片还会被切成裁剪块）"),
     "keys.what.A": ("token ids only", "只有 token id"), "keys.what.B": ("+ image content hash", "+ 图像内容哈希"),
