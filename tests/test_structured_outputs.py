@@ -151,3 +151,18 @@ def test_grammars_hold_through_chunked_prefill_and_preemption(engine):
     finally:
         small.close()
         chunked.close()
+
+
+def test_a_grammar_that_gives_out_mid_answer_is_the_clients_400_not_a_500(engine):
+    """A matcher that can no longer take a token (its budget spent mid-answer) refuses, naming structured_outputs,
+    and the HTTP API answers that failed request as the 400 it would have been at intake."""
+    from minivlm.api.errors import from_engine
+    from minivlm.engine.step_result import RequestFailed
+    m = engine.intake.grammars().matcher(SO(choice=["red", "blue"]))
+    red = engine.tokenizer.convert_tokens_to_ids("red")
+    m.advance(red)
+    with pytest.raises(Refused) as e:
+        m.advance(red)  # the grammar is complete: no token may follow
+    assert e.value.param == "structured_outputs"
+    api = from_engine(RequestFailed("req-1", "advance", e.value))
+    assert api.status == 400 and api.param == "structured_outputs"

@@ -22,6 +22,9 @@ class ApiError(Exception):
 def from_engine(error: Exception) -> ApiError:
     """An exception raised by the engine for one request, as an API error (the engine keeps serving): a refusal is
     a 400 with its own code and param (never read from its wording), a closed engine a 503, anything else a 500."""
+    cause = getattr(error, "cause", None)  # a request that failed mid-answer because of its own input (a grammar
+    if isinstance(cause, Refused):         # that ran out of budget) is the client's error, said as at intake
+        error = cause
     if isinstance(error, Refused):
         return ApiError(400, str(error), param=error.param, code=error.code)
     if isinstance(error, ValueError):  # a value the engine checks without a refusal's code (SamplingParams)

@@ -12,7 +12,7 @@ class RequestFailed(RuntimeError):
 
     def __init__(self, request_id: str, stage: str, cause: BaseException):
         super().__init__(f"request {request_id} failed during {stage}: {type(cause).__name__}: {cause}")
-        self.request_id, self.stage = request_id, stage
+        self.request_id, self.stage, self.cause = request_id, stage, cause
 
 
 @dataclass

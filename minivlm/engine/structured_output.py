@@ -122,6 +122,7 @@ class Matcher:
     def __init__(self, matcher, vocab_size: int):
         self.m, self.vocab_size = matcher, vocab_size
         self.words = (vocab_size + 31) // 32
+        self.consumed = 0  # tokens it has taken
 
     def allowed(self) -> torch.Tensor:
         """The next token's bitmask [words] (int32, bit i of word i // 32 = token i allowed): a fresh tensor for the
@@ -131,8 +132,11 @@ class Matcher:
         return mask
 
     def advance(self, token: int):
-        if not self.m.consume_token(token):
-            raise RuntimeError(f"token {token} broke the grammar: {self.m.get_error()}")
+        if not self.m.consume_token(token):  # the grammar ran past its budget mid-answer (else the mask forbade it)
+            raise Refused("invalid_value", "structured_outputs: the grammar stopped within its budget after {n} "
+                          "tokens ({error}); simplify the schema, regex or grammar", param="structured_outputs",
+                          n=self.consumed, error=(self.m.get_error() or "a token it did not allow")[:200])
+        self.consumed += 1
 
     def finished(self) -> bool:
         """The grammar can take no more tokens: the answer is complete."""
