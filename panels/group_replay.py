@@ -24,6 +24,7 @@ class GroupFrame:
     groups: list[GroupInfo]
     saved_at: dict[str, tuple[int, str | None]] = dataclasses.field(default_factory=dict)
     resumed: dict[str, int] = dataclasses.field(default_factory=dict)
+    counts_only: bool = False   # a shared deployment's visitor before their own run: how many, never who or which
 
 
 def hybrid(groups: list[GroupInfo]) -> bool:

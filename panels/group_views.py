@@ -3,7 +3,6 @@ full-attention group's: the sliding-window group's table per request (blocks tha
 window said) and the recurrent group's state slots (which request holds which slot, which hold checkpoints and where
 each was saved). HTML, so a phone wraps the cells instead of scrolling; drawn from the same frame as the map: the live
 engine, or the replayed step (panels/group_replay.py). A model whose every layer attends fully shows nothing here."""
-import dataclasses
 import html
 
 import gradio as gr
@@ -48,11 +47,14 @@ def plural(layers: list[int]) -> str:
     return "s" if len(layers) > 1 else ""
 
 
-def sliding_html(g, bs: int, lang: str) -> str:
+def sliding_head(g, lang: str) -> str:
     held = len({b for table in g.block_tables.values() for b in table if b is not None})
-    head = t(lang, "groups.sliding", s=plural(g.layers), layers=layer_ranges(g.layers), window=g.window, size=g.size,
+    return t(lang, "groups.sliding", s=plural(g.layers), layers=layer_ranges(g.layers), window=g.window, size=g.size,
              held=held, free=g.free)
-    out = [f"<div>{head}</div>",
+
+
+def sliding_html(g, bs: int, lang: str) -> str:
+    out = [f"<div>{sliding_head(g, lang)}</div>",
            f"<div style='{NOTE}'>{t(lang, 'groups.sliding_why', window=g.window)}</div>"]
     for rid in sorted(g.block_tables, key=natural_key):
         cells = []
@@ -78,12 +80,15 @@ def saved_words(key: str, saved_at: dict, bs: int, lang: str) -> tuple[str, str]
     return t(lang, "groups.tokens_short", n=tokens), said
 
 
+def recurrent_head(g, lang: str) -> str:
+    return t(lang, "groups.recurrent", s=plural(g.layers), layers=layer_ranges(g.layers), size=g.size,
+             running=len(g.block_tables), checkpoints=len(g.checkpoints), free=g.free)
+
+
 def recurrent_html(g, frame: GroupFrame, bs: int, lang: str) -> str:
     running = {table[0]: rid for rid, table in g.block_tables.items()}
     checkpoint = {slot: key for key, slot in g.checkpoints.items()}
-    head = t(lang, "groups.recurrent", s=plural(g.layers), layers=layer_ranges(g.layers), size=g.size,
-             running=len(running), checkpoints=len(checkpoint), free=g.free)
-    out = [f"<div>{head}</div>", f"<div style='{NOTE}'>{t(lang, 'groups.recurrent_why')}</div>"]
+    out = [f"<div>{recurrent_head(g, lang)}</div>", f"<div style='{NOTE}'>{t(lang, 'groups.recurrent_why')}</div>"]
     cells, slot = [], 0
     while slot < g.size:
         if slot not in running and slot not in checkpoint:  # a run of free slots is one cell (48 slots on a phone)
@@ -124,9 +129,9 @@ def groups_html(frame: GroupFrame, bs: int, shows: str, lang: str = EN) -> str:
             body = t(lang, "groups.full", s=plural(g.layers), layers=layer_ranges(g.layers), size=g.size, bs=bs,
                      used=used)
         elif g.kind == "sliding_window":
-            body = sliding_html(g, bs, lang)
+            body = sliding_head(g, lang) if frame.counts_only else sliding_html(g, bs, lang)
         else:
-            body = recurrent_html(g, frame, bs, lang)
+            body = recurrent_head(g, lang) if frame.counts_only else recurrent_html(g, frame, bs, lang)
         parts.append(f"<div class='kvg-group' data-group='{g.kind}' style='margin:6px 0 10px'>{body}</div>")
     return f"<div id='kv-groups-body'>{''.join(parts)}</div>"
 
@@ -172,8 +177,7 @@ def frame_for(run, engine, at, totals_only: bool = False) -> GroupFrame | None:
         depth = chain_tokens(engine.prefix_tree(), engine.config.block_size)
         frame.saved_at.update({k: (depth[k], None) for k in unknown if k in depth})
     if totals_only and run is None:
-        frame.groups = [dataclasses.replace(g, block_tables={}, checkpoints={}) for g in frame.groups]
-        frame.saved_at, frame.resumed = {}, {}
+        frame.counts_only, frame.saved_at, frame.resumed = True, {}, {}
     return frame
 
 

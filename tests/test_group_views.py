@@ -20,7 +20,7 @@ from panels.anatomy_fixed import views
 from panels.cache_inspector import ROUNDING, _example, results_table, run_pair
 from panels.decisions import decision_log, run_line
 from panels.group_replay import group_frame
-from panels.group_views import groups_html
+from panels.group_views import frame_for, groups_html
 from panels.holder import layer_ranges, status_line
 from panels.i18n import ZH
 from panels.kv_blocks import demo_requests
@@ -265,3 +265,23 @@ def test_the_hybrid_preset_on_a_dense_model_runs_a_random_qwen3_5(engine):
     hybrid, made = inspector_hybrid.hybrid_engine(engine)
     assert made and hybrid.model_type == "qwen3_5" and inspector_hybrid.group_kinds(hybrid) == \
         ["full_attention", "recurrent"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_shared_visitor_before_a_run_sees_the_groups_as_counts(family, engines):
+    """A shared deployment's visitor (no run of their own yet): how many blocks / slots are held, never by whom."""
+    e = engines[family]
+    e.pause()
+    handle = e.submit(demo_requests(1, None)[0], SamplingParams(max_tokens=8, ignore_eos=True))
+    try:
+        e.step()
+        frame = frame_for(None, e, None, totals_only=True)
+        page = groups_html(frame, e.config.block_size, "live")
+        group = e.snapshot().groups[1]
+        said = f"{len(group.block_tables)} running" if family == "qwen3_5" else \
+            f"{len({b for t in group.block_tables.values() for b in t if b is not None})} held"
+        assert said in page and not said.startswith("0") and "kvg-cell" not in page and \
+            handle.request_id not in page
+    finally:
+        e.resume()
+        handle.close()
