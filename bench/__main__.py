@@ -35,15 +35,16 @@ class Context:
     hf_processor: object
     repeats: int
     details: dict = field(default_factory=dict)
+    smoke: bool = False  # the tiny test model: measurements that build models of their own build test-size ones
 
 
 def run(model_dir: str, repeats: int, only=None, hf_onednn=False, device="cpu", dtype="float32",
-        log=print, peers=()) -> tuple[list, dict]:
+        log=print, peers=(), smoke: bool = False) -> tuple[list, dict]:
     """Run the measurements (all, or the names in `only`), then the `peers`, on the checkpoint; returns
     (rows, details)."""
     engine = make_engine(model_dir, device, dtype)
     model, processor = load_hf(model_dir, hf_onednn, device, dtype)
-    ctx = Context(engine, model, processor, repeats)
+    ctx = Context(engine, model, processor, repeats, smoke=smoke)
     warm = mixed_requests(2)  # first calls pay one-time costs (allocator, kernels): not measured
     engine.generate(warm, SamplingParams(max_tokens=2, ignore_eos=True))
     hf_generate(model, processor, warm, 2)
@@ -94,7 +95,8 @@ def main(argv=None):
     model_dir = build_checkpoint(args.checkpoint_dir or os.path.join(tempfile.gettempdir(), "minivlm-" + name), spec)
     repeats = args.repeats or (2 if args.quick else 5)
     start = time.perf_counter()
-    rows, details = run(model_dir, repeats, args.only, args.hf_onednn, args.device, args.dtype, peers=args.peer)
+    rows, details = run(model_dir, repeats, args.only, args.hf_onednn, args.device, args.dtype, peers=args.peer,
+                        smoke=args.smoke)
     command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
     baseline = f"HF transformers {transformers.__version__}"
     baseline += " + the engine's oneDNN linears" if args.hf_onednn else ""
