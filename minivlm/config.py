@@ -1,9 +1,8 @@
 """EngineConfig: every knob of the engine in one dataclass, validated up front with clear messages."""
 import os
-import json
 from dataclasses import dataclass
 
-from minivlm.kv_events.config import KVEventsConfig, kv_events_config
+from minivlm.kv_events.config import KVEventsConfig, kv_events_config, settings_dict
 
 DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny-qwen-vl")
 STRATEGIES = ("none", "A", "B", "C")
@@ -27,18 +26,7 @@ class SpeculativeConfig:
     def parse(cls, value) -> "SpeculativeConfig | None":
         if value is None or isinstance(value, cls):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"EngineConfig.speculative_config is not JSON: {e}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"EngineConfig.speculative_config must be a dict, got {type(value).__name__}")
-        unknown = set(value) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"EngineConfig.speculative_config: unknown field(s) {sorted(unknown)}; minivlm takes "
-                             f"{sorted(cls.__dataclass_fields__)}")
-        cfg = cls(**value)
+        cfg = cls(**settings_dict(value, cls, "speculative_config"))
         if cfg.method != "ngram":
             raise ValueError(f"speculative_config.method {cfg.method!r} is not supported: minivlm speculates with "
                              f"'ngram' (prompt lookup; no draft model)")

@@ -57,19 +57,25 @@ class KVEventsConfig:
         return asdict(self)
 
 
-def kv_events_config(value) -> KVEventsConfig | None:
-    """A KVEventsConfig from None, a KVEventsConfig, a dict of vLLM's field names, or its JSON text."""
-    if value is None or isinstance(value, KVEventsConfig):
-        return value
+def settings_dict(value, cls, what: str) -> dict:
+    """A dict of a settings dataclass's fields from a dict or its JSON text (vLLM's --*-config flags), every key
+    one of the dataclass's fields; a bad one raises naming `what`."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise ValueError(f"kv_events: not valid JSON ({e.msg} at char {e.pos}): {value!r}") from None
+            raise ValueError(f"{what}: not valid JSON ({e.msg} at char {e.pos}): {value!r}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"kv_events must be a dict of vLLM's KVEventsConfig fields, got {type(value).__name__}")
-    known = {f.name for f in fields(KVEventsConfig)}
+        raise ValueError(f"{what} must be a dict of {cls.__name__} fields, got {type(value).__name__}")
+    known = {f.name for f in fields(cls)}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise ValueError(f"kv_events: unknown field(s) {unknown}; vLLM's fields are {sorted(known)}")
-    return KVEventsConfig(**value)
+        raise ValueError(f"{what}: unknown field(s) {unknown}; the fields are {sorted(known)}")
+    return value
+
+
+def kv_events_config(value) -> KVEventsConfig | None:
+    """A KVEventsConfig from None, a KVEventsConfig, a dict of vLLM's field names, or its JSON text."""
+    if value is None or isinstance(value, KVEventsConfig):
+        return value
+    return KVEventsConfig(**settings_dict(value, KVEventsConfig, "kv_events"))
