@@ -10,7 +10,7 @@ import torch
 
 from minivlm import Request, SamplingParams
 
-from bench.timing import Row, TokenClock, decode_rate, median, spread
+from bench.timing import Row, TokenClock, median, spread
 from bench.workload import hf_inputs, scene
 
 K = 4

@@ -7,8 +7,8 @@ import numpy as np
 import plotly.graph_objects as go
 from PIL import Image
 
-from panels.anatomy_figures import GRID_DISPLAY, IMAGE_GAP, MERGE_LINE, PATCH_LINE, raster_figure
-from panels.anatomy_tiles import CROP_LINE, _lines
+from panels.anatomy_figures import GRID_DISPLAY, MERGE_LINE, PATCH_LINE, raster_figure
+from panels.anatomy_tiles import CROP_LINE, _lines, side_by_side
 from panels.i18n import EN, t
 
 
@@ -70,10 +70,4 @@ def fixed_grid_figure(image_processor, images: list[Image.Image], infos: list, l
                        size=info.tile_size, cut=cut, patches=per_side, patch=info.patch_size, pool=info.merge_size,
                        side=side, per=info.tokens_per_tile, views=len(shown), s="s" if len(shown) > 1 else "",
                        n=info.num_tokens))
-    height = max(p.shape[0] for p in panels)
-    canvas = np.full((height + 4, sum(p.shape[1] for p in panels) + IMAGE_GAP * (len(panels) - 1), 3), 255, np.uint8)
-    x0 = 0
-    for px in panels:
-        canvas[:px.shape[0], x0:x0 + px.shape[1]] = px
-        x0 += px.shape[1] + IMAGE_GAP
-    return raster_figure(canvas, [], "<br>".join(notes) + t(lang, "anat.fixed_legend"), max_scale=1.25)
+    return raster_figure(side_by_side(panels), [], "<br>".join(notes) + t(lang, "anat.fixed_legend"), max_scale=1.25)

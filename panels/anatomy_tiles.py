@@ -68,12 +68,7 @@ def tiled_grid_figure(images: list[Image.Image], infos: list) -> go.Figure:
                      f"{info.resized_size[1]} · {crops}<br>each view {info.tile_size // info.patch_size}² patches of "
                      f"{info.patch_size} px, pixel-shuffled {info.merge_size}×{info.merge_size} → {side}×{side} = "
                      f"{info.tokens_per_tile} tokens · {views} × {info.tokens_per_tile} = {info.num_tokens} tokens")
-    height = max(p.shape[0] for p in panels)
-    canvas = np.full((height + 4, sum(p.shape[1] for p in panels) + IMAGE_GAP * (len(panels) - 1), 3), 255, np.uint8)
-    x0 = 0
-    for px in panels:
-        canvas[:px.shape[0], x0:x0 + px.shape[1]] = px
-        x0 += px.shape[1] + IMAGE_GAP
+    canvas = side_by_side(panels)
     title = "<br>".join(notes) + ("<br><sup>red: crop edges · white: token cells (one cell = one token) · "
                                   "yellow frame: the global view, its tokens come last</sup>")
     return raster_figure(canvas, [], title, max_scale=1.25)
@@ -109,3 +104,14 @@ def positions_figure(anatomy) -> go.Figure:
                           f"1-D RoPE: every token, image or marker, takes the next position ({'; '.join(spans)})"
                           f"<br><sup>the markers between crops count too; generated token i sits at i</sup>")))
     return needs_width(fig, 0)  # its title whole on a phone (the figure scrolls sideways)
+
+
+def side_by_side(panels: list) -> np.ndarray:
+    """Image panels (H x W x 3 uint8) on one white canvas, left to right, IMAGE_GAP apart."""
+    height = max(p.shape[0] for p in panels)
+    canvas = np.full((height + 4, sum(p.shape[1] for p in panels) + IMAGE_GAP * (len(panels) - 1), 3), 255, np.uint8)
+    x0 = 0
+    for px in panels:
+        canvas[:px.shape[0], x0:x0 + px.shape[1]] = px
+        x0 += px.shape[1] + IMAGE_GAP
+    return canvas

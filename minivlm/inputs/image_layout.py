@@ -188,7 +188,6 @@ def locate_images(family, processor, out, types: list[int], sizes: list[tuple[in
     """Each image's span, pixel rows and tiling, from the processor output (sizes: each image's (w, h))."""
     found = runs(types)
     if family.images == "patches":
-        merge2 = processor.image_processor.merge_size ** 2
         grids = [tuple(g) for g in out["image_grid_thw"].tolist()]
         return [ImageSpan(s, e, e - s, g[0] * g[1] * g[2], g, None, False) for (s, e), g in zip(found, grids)]
     if family.images == "fixed":
