@@ -208,7 +208,8 @@ class Scheduler:
                     had = len(self.bm.table(seq))
                     self.bm.append_slot(seq)
                     start = seq.num_computed
-                    draft, at = self.speculator.draft(seq, budget, self.bm) if self.speculator else ((), -1)
+                    draft, at = self.speculator.draft(seq, budget, self.bm, len(pending)) if self.speculator \
+                        else ((), -1)
                     self._plan(seq, start, budget if budget is not None else len(seq) - start,
                                new=self.bm.table(seq)[had:], draft=draft, draft_at=at)
                     batch.append(seq)

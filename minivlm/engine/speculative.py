@@ -93,7 +93,7 @@ class Speculator:
     def __init__(self, config: SpeculativeConfig, max_model_len: int):
         self.config, self.max_model_len = config, max_model_len
 
-    def draft(self, seq, budget: int | None, bm) -> tuple[tuple[int, ...], int]:
+    def draft(self, seq, budget: int | None, bm, others: int = 0) -> tuple[tuple[int, ...], int]:
         p = seq.params
         if (seq.num_output_tokens == 0 or seq.num_computed != len(seq) - 1 or seq.matcher is not None
                 or p.logit_bias or p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
@@ -104,7 +104,10 @@ class Speculator:
         if k <= 0:
             return (), -1
         draft, at = propose(seq.token_ids, seq.token_types, self.config, k)
-        room = (len(bm.table(seq)) + bm.num_free) * bm.block_size - len(seq)  # slots it can hold without preempting
+        # slots it can hold without anyone being preempted for them: a free block stays for each running request's
+        # next token
+        spare = max(0, bm.num_free - others)
+        room = (len(bm.table(seq)) + spare) * bm.block_size - len(seq)
         draft = draft[:max(0, room)]
         if draft:
             bm.reserve(seq, len(seq) + len(draft))
