@@ -176,7 +176,7 @@ def build(holder: EngineHolder):
     results = gr.Dataframe(label=L("insp.results"), elem_id="insp-results", wrap=True,
                            column_widths=header_widths(RESULT_COLUMNS, {len(RESULT_COLUMNS) - 1: "auto"}))
     blocks = gr.Plot(label=L("insp.blocks"), elem_id="insp-blocks")
-    hybrid_note = gr.Markdown(elem_id="insp-hybrid-note", visible=False)
+    hybrid_note = gr.Markdown(elem_id="insp-hybrid-note", visible=False, label=L("insp.hybrid_note"))
 
     @gpu
     def inspect(image_1, image_2, prompt, prompt_2, resize_1, resize_2, max_tokens, request: gr.Request = None):

@@ -116,7 +116,7 @@ def refused_in_chat(url, files):
 
     def ask_it():
         msg = {"text": "What color is the shape?", "files": uploaded}
-        history, _, stats = call(url, "chat", [msg, [], 4, 0.0, 1.0, 0, "", False, ""])
+        history, _, stats = call(url, "chat", [msg, [], 4, 0.0, 1.0, 0, "", False, "", ""])  # no JSON schema
         assert stats.startswith("refused")
         return history[-1]["content"]
     return ask_it

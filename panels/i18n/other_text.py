@@ -95,6 +95,7 @@ MESSAGES = {
                    " logprob 与冷启动运行相比最多相差浮点舍入：正好为 0，或约 1e-6（缓存运行只计算未缓存的尾部，矩阵乘法形状"
                    "不同，舍入也就不同）；误命中则相差整数量级。最后一列说明属于哪一种。"),
     "insp.img1": ("Image 1", "图片 1"),
+    "insp.hybrid_note": ("what key A's false hit also restored", "键 A 的误命中还恢复了什么"),
     "insp.img2": ("Image 2", "图片 2"),
     "insp.resize1": ("resize / tiling of image 1", "图片 1 的缩放 / 切片"),
     "insp.resize2": ("resize / tiling of image 2", "图片 2 的缩放 / 切片"),
