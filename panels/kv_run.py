@@ -16,7 +16,7 @@ from panels.holder import EngineHolder
 from panels.i18n import EN, t
 from panels.i18n.errors import localize_error
 from panels.paged_vs_contiguous import paging_markdown
-from panels.plots import block_map_figure, block_table
+from panels.plots import block_map_figure, block_table, drafted_blocks
 from panels.sessions import collect_before_an_engine
 from panels.timeline import timeline_figure
 
@@ -266,5 +266,7 @@ def view(run: Run | None, engine, step: int | None, note: str | None = None, tot
     label = t(lang, "kv.slider_run", n=last - run.start_step, first=run.start_step, last=last)
     slider = gr.update(minimum=run.start_step, maximum=max(last, run.start_step + 1), value=snap.step,
                        interactive=True, label=label)
-    return (block_map_figure(snap, lang=lang), block_table(snap, lang), summary, timeline_figure(mine, snap.step, lang),
+    drafts = drafted_blocks(mine, snap.step, snap.block_size, lang)  # speculation: the step's guessed slots
+    return (block_map_figure(snap, lang=lang, drafts=drafts), block_table(snap, lang), summary,
+            timeline_figure(mine, snap.step, lang),
             decision_log(mine, until_step=snap.step, lang=lang), slider)

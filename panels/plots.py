@@ -65,9 +65,26 @@ def kind_word(kind: str, lang: str = EN) -> str:
     return t(lang, f"kind.{kind}") if lang != EN and f"kind.{kind}" in CATALOGUE else kind
 
 
-def block_map_figure(snap, title: str | None = None, lang: str = EN) -> go.Figure:
+def drafted_blocks(events, step: int, block_size: int, lang: str = EN) -> dict[int, str]:
+    """Speculative decoding at `step`: each block that held guessed tokens in that step, with what became of its
+    guessed slots (accepted, or given back), from the step's plan and its `speculated` events."""
+    accepted = {e.request_id: e.accepted for e in events if e.step == step and e.kind == "speculated"}
+    out: dict[int, list[str]] = {}
+    for e in events:
+        if e.step != step or e.kind != "scheduled":
+            continue
+        for r in e.plan:
+            for j, slot in enumerate(r.get("draft_slots", ())):
+                kept = j < accepted.get(r["request_id"], 0)
+                out.setdefault(slot // block_size, []).append(
+                    t(lang, "map.draft_kept" if kept else "map.draft_back", slot=slot, rid=r["request_id"]))
+    return {b: "<br>".join(lines) for b, lines in out.items()}
+
+
+def block_map_figure(snap, title: str | None = None, lang: str = EN, drafts: dict[int, str] | None = None) -> go.Figure:
     """One cell per physical block: coloured by its first owner, cached-but-free and free in two greys,
-    image blocks marked (◇ image tokens only, ◆ image and text), shared blocks labelled with their ref count."""
+    image blocks marked (◇ image tokens only, ◆ image and text), shared blocks labelled with their ref count;
+    drafts (speculative decoding): the blocks that held this step's guessed tokens, starred."""
     cols = grid_columns(snap.num_blocks)
     rows = math.ceil(snap.num_blocks / cols)
     owners = sorted({b.owners[0] for b in snap.blocks if b.ref_count > 0 and b.owners}, key=natural_key)
@@ -107,6 +124,12 @@ def block_map_figure(snap, title: str | None = None, lang: str = EN) -> go.Figur
                              name=t(lang, "map.ref_count"), hoverinfo="skip",
                              textfont=dict(color="white", size=min(11, disc - 3), family="monospace"),
                              marker=dict(symbol="circle", size=disc, color="rgba(20, 20, 20, 0.72)")))
+    if drafts:  # ☆ guessed tokens' slots in this step: accepted, or given back (the hover says which)
+        cells = [block_cell(b, cols) for b in drafts]
+        fig.add_trace(go.Scatter(x=[x + 0.3 for x, _ in cells], y=[y - 0.3 for _, y in cells], mode="markers",
+                                 name=t(lang, "map.drafts"), text=list(drafts.values()),
+                                 hovertemplate="%{text}<extra></extra>",
+                                 marker=dict(symbol="star", size=10, color="#facc15", line=dict(width=1, color="black"))))
     legend = [(r, request_color(r)) for r in owners] + [(t(lang, "map.cached_legend"), CACHED_COLOR),
                                                            (t(lang, "map.free_legend"), FREE_COLOR)]
     for name, color in legend:
@@ -114,7 +137,7 @@ def block_map_figure(snap, title: str | None = None, lang: str = EN) -> go.Figur
                                  marker=dict(symbol="square", size=12, color=color, line=dict(width=1, color="#999"))))
     # the cells fill the width (no empty band on any screen) in rows of a fixed height; the legend flows in rows
     # under them, as many as a phone needs, so no entry is ever cut off
-    legend_rows = math.ceil((len(legend) + 3 + bool(marks["video"][0])) / LEGEND_PER_ROW)
+    legend_rows = math.ceil((len(legend) + 3 + bool(marks["video"][0]) + bool(drafts)) / LEGEND_PER_ROW)
     fig.update_layout(
         title=dict(TITLE, text=title or t(lang, "map.title", step=snap.step, blocks=snap.num_blocks,
                                           block_size=snap.block_size)),

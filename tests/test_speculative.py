@@ -193,3 +193,21 @@ def test_metrics_serve_the_counters_and_generation_tokens_count_accepted_guesses
     per_pos = [float(lines[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",position="{p}"}}'])
                for p in range(len(stats.accepted_per_pos))]
     assert sum(per_pos) == stats.num_accepted_tokens <= stats.num_draft_tokens
+
+
+def test_the_block_map_stars_the_blocks_that_held_guesses_and_says_what_became_of_them():
+    from panels.plots import block_map_figure, drafted_blocks
+    with engine(speculative_config=SPEC) as e:
+        e.generate(requests()[:1], SamplingParams(max_tokens=40, ignore_eos=True))
+        events = e.events()
+        snap = e.snapshot()
+    step = next(ev for ev in events if ev.kind == "speculated" and 0 < ev.accepted < len(ev.draft)).step
+    plan = next(ev for ev in events if ev.kind == "scheduled" and ev.step == step).plan
+    verdict = next(ev for ev in events if ev.kind == "speculated" and ev.step == step)
+    slots = next(r["draft_slots"] for r in plan if "draft" in r)
+    drafts = drafted_blocks(events, step, 16)
+    assert set(drafts) == {s // 16 for s in slots}
+    text = "<br>".join(drafts.values())
+    assert text.count("accepted") == verdict.accepted and text.count("given back") == len(slots) - verdict.accepted
+    fig = block_map_figure(snap, drafts=drafts)
+    assert [tr for tr in fig.data if tr.name == "guessed tokens this step"][0].text == tuple(drafts.values())
