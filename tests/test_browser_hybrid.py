@@ -149,6 +149,7 @@ def test_anatomy_draws_with_no_error(served, shots, tmp_path):
     page.screenshot(path=os.path.join(shots, f"hybrid_anatomy_{name}.png"), full_page=True)
 
 
+@pytest.mark.slow  # ~25 s for both families; the default run's readable test covers the phone and the dark theme
 def test_a_phone_in_the_dark_reads_the_group_views(served, shots):
     name, _, url, page = served
     pg = new_page(page, url, 390, "?__theme=dark")
