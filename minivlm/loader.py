@@ -10,6 +10,7 @@ from transformers import AutoConfig, GenerationConfig
 
 from minivlm import checkpoint_check
 from minivlm.config import EngineConfig
+from minivlm.cpu_dtype import pick_cpu_dtype
 from minivlm.device import pick_device, pick_dtype
 from minivlm.families import get_family
 from minivlm.model import backends
@@ -117,13 +118,17 @@ class LoadedModel:
 
     def __init__(self, config: EngineConfig):
         self.device = pick_device(config.device, config.model)
-        self.dtype = pick_dtype(config.dtype, self.device)
-        self.dtype_name = str(self.dtype).removeprefix("torch.")
         self.model_dir, self.model_type, self.hf_config, self.processor, text_sd, vision_sd = load_checkpoint(config.model)
         self.model_id = config.model
         self.family = get_family(self.model_type)
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)  # a text model's processor is its tokenizer
         self.text_config = text_cfg = getattr(self.hf_config, "text_config", None) or self.hf_config
+        self.dtype_reason = ""  # why dtype="auto" chose what it did on the CPU (the status line), else ""
+        if config.dtype == "auto" and self.device.type == "cpu":  # fp32, or bf16 where this CPU pays (cpu_dtype.py)
+            self.dtype, self.dtype_reason = pick_cpu_dtype(text_cfg, config.quantization)
+        else:
+            self.dtype = pick_dtype(config.dtype, self.device)
+        self.dtype_name = str(self.dtype).removeprefix("torch.")
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False) or getattr(text_cfg, "tie_word_embeddings", False))
         with torch.device("meta"):  # no random init of weights we are about to overwrite
             self.decoder = decoder_class(self.family)(self.model_type, text_cfg, tied)

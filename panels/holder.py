@@ -30,7 +30,8 @@ def status_line(engine: Engine, lang: str = EN) -> str:
     also what each KV-cache group holds."""
     rep, cfg = engine.memory_report(), engine.config
     return t(lang, "header.status_line", model=os.path.basename(cfg.model.rstrip('/')) or cfg.model,
-             model_type=engine.hf_config.model_type, device=rep.device, dtype=rep.dtype,
+             model_type=engine.hf_config.model_type, device=rep.device,
+             dtype=rep.dtype + ("; " + localize_status(engine.dtype_reason, lang) if engine.dtype_reason else ""),
              weights_mib=f"{rep.weights_bytes / 2**20:,.1f}", blocks=f"{rep.num_blocks:,}", block_size=rep.block_size,
              tokens=f"{rep.kv_cache_tokens:,}", kv_mib=f"{rep.kv_cache_bytes / 2**20:,.1f}",
              groups=groups_part(rep.groups, cfg.max_num_seqs, lang),

@@ -45,7 +45,7 @@ def test_int8_engine_stays_close_to_fp32_and_counts_its_bytes():
         fp32_bytes = fp32.memory_report().weights_bytes
         shapes = [m.weight.shape for layer in fp32.core.model.decoder.layers for m in layer.modules()
                   if isinstance(m, nn.Linear)]
-    with Engine(EngineConfig(device="cpu", quantization="int8")) as e:
+    with Engine(EngineConfig(device="cpu", dtype="float32", quantization="int8")) as e:
         outs = e.generate(reqs, params)
         report = e.memory_report()
         assert "int8" in e.linear_backend
@@ -69,3 +69,32 @@ def test_quantization_is_refused_where_pytorchs_kernels_do_not_run():
         quantize(nn.Module(), "int8", "cuda", torch.bfloat16)
     with pytest.raises(ValueError, match="quantization"):
         EngineConfig(quantization="fp8")
+
+
+def test_auto_dtype_on_the_cpu_is_bf16_only_where_it_is_native_and_pays():
+    """dtype="auto" on the CPU: fp32 without AVX512-BF16 / AMX (bf16 is emulated there); with them, bf16 only for a
+    matrix too big for caches and only if the calibration's timed products say bf16 is faster; quantized weights take
+    bf16 activations. Each choice says why."""
+    from types import SimpleNamespace
+
+    from minivlm.cpu_dtype import pick_cpu_dtype
+    big, small = SimpleNamespace(hidden_size=2048, intermediate_size=8192), SimpleNamespace(hidden_size=64)
+    fast_bf16 = lambda out, inp, dtype: 1.0 if dtype == torch.float32 else 0.5  # noqa: E731
+    slow_bf16 = lambda out, inp, dtype: 1.0 if dtype == torch.float32 else 0.95  # noqa: E731
+    dtype, why = pick_cpu_dtype(big, None, flags={"avx2", "avx512f"}, timer=fast_bf16)
+    assert dtype == torch.float32 and why.key == "engine.dtype_no_bf16"
+    dtype, why = pick_cpu_dtype(small, None, flags={"amx_bf16"}, timer=fast_bf16)
+    assert dtype == torch.float32 and why.key == "engine.dtype_small"
+    dtype, why = pick_cpu_dtype(big, None, flags={"amx_bf16", "avx512_bf16"}, timer=fast_bf16)
+    assert dtype == torch.bfloat16 and "amx_bf16" in why and "500.00 ms" in why
+    assert pick_cpu_dtype(big, None, flags={"avx512_bf16"}, timer=slow_bf16)[0] == torch.float32  # < GAIN: not worth it
+    assert pick_cpu_dtype(big, "int4", flags=set())[0] == torch.bfloat16
+
+
+def test_an_auto_int8_engine_runs_bf16_activations_and_says_why():
+    with Engine(EngineConfig(device="cpu", quantization="int8", num_blocks=16)) as e:
+        assert e.model.dtype == torch.bfloat16 and e.dtype_reason.key == "engine.dtype_quantized"
+        assert e.generate(Request(prompt="Describe the picture.", images=[PICTURES[0]]),
+                          SamplingParams(max_tokens=4)).token_ids
+    with Engine(EngineConfig(device="cpu", num_blocks=16)) as e:  # the tiny model: fp32 wherever it runs
+        assert e.model.dtype == torch.float32 and e.dtype_reason.key in ("engine.dtype_no_bf16", "engine.dtype_small")

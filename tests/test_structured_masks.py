@@ -1,11 +1,14 @@
 """The grammar masks' fast paths (engine/structured_output.py) against llguidance's own: the CPU apply (numpy, one
 pass) leaves logits exactly as llguidance's torch kernel does, and the step-through's counts and ids read the same
 tokens as a bit-by-bit reading of the mask, for vocabularies that fill their last word and ones that do not."""
+from types import SimpleNamespace
+
 import llguidance.torch as lltorch
 import pytest
 import torch
 
-from minivlm.engine.structured_output import allowed_count, allowed_ids, apply_bitmasks, few_allowed_ids
+from minivlm.engine.grammar_masks import BatchMasks
+from minivlm.engine.structured_output import allowed_ids, apply_bitmasks, few_allowed_ids
 
 
 def random_masks(n: int, vocab: int, gen) -> list[torch.Tensor]:
@@ -28,7 +31,7 @@ def test_the_cpu_apply_equals_llguidances_kernel(vocab, batch, rows):
     truth = logits.clone()
     lltorch.apply_token_bitmask_inplace(truth, full)
     ours = logits.clone()
-    apply_bitmasks(ours, list(rows), masks)
+    apply_bitmasks(ours, list(rows), torch.stack(masks))
     assert torch.equal(ours, truth)
     assert torch.isinf(ours).any() and not torch.isinf(ours[[r for r in range(batch) if r not in rows]]).any()
 
@@ -40,7 +43,10 @@ def test_counts_and_ids_read_the_masks_bits(vocab):
     for i, m in enumerate(few):  # masks that allow a handful of tokens, as a grammar mostly does
         for t in torch.randint(0, vocab, (i * 5 + 1,), generator=gen).tolist():
             m[t // 32] |= torch.tensor(1 << (t % 32), dtype=torch.int64).to(torch.int32)
-    for m in random_masks(4, vocab, gen) + few:
+    masks = random_masks(4, vocab, gen) + few
+    batch = BatchMasks(list(range(len(masks))), [SimpleNamespace(vocab_size=vocab, words=masks[0].shape[0])] * len(masks))
+    batch.bits.copy_(torch.stack(masks))
+    for m, count in zip(masks, batch.counts().tolist()):
         truth = [t for t in range(vocab) if (int(m[t // 32]) & 0xFFFFFFFF) >> (t % 32) & 1]
         assert allowed_ids(m, vocab).tolist() == truth and few_allowed_ids(m, vocab) == truth
-        assert allowed_count(m, vocab) == len(truth)
+        assert count == len(truth)

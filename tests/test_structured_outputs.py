@@ -87,7 +87,7 @@ def test_penalties_and_bias_change_logits_by_the_hand_computed_amounts():
 
     class Row:  # a plan row: its params and the tokens its penalties count
         def __init__(self, params, history=(), num_prompt=0):
-            self.params, self.allowed, self.history, self.num_prompt = params, None, history, num_prompt
+            self.seq_id, self.params, self.history, self.num_prompt = 0, params, history, num_prompt
     p = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=2.0, logit_bias={4: -3.0})
     # prompt [1, 0]; answer [3, 3, 2]: repetition on 0, 1, 2, 3; frequency 2x on 3, 1x on 2; presence on 2, 3
     got = shape_logits(logits.clone(), [Row(p, (1, 0, 3, 3, 2), 2)])
@@ -166,3 +166,52 @@ def test_a_grammar_that_gives_out_mid_answer_is_the_clients_400_not_a_500(engine
     assert e.value.param == "structured_outputs"
     api = from_engine(RequestFailed("req-1", "advance", e.value))
     assert api.status == 400 and api.param == "structured_outputs"
+
+
+def test_masks_filled_beside_the_forward_give_the_step_thread_fills_tokens_and_counts(engine):
+    """Where a core is free (an accelerator) the masks fill on a worker thread while the forward runs; here both ways
+    run on the same batch and give the same tokens and the same step-through counts."""
+    filler = engine.core.masks
+    reqs = [Request(prompt=q, images=[PICTURE]) for q in ("What shapes are in the picture?", "Describe the picture.")]
+    params = SamplingParams(max_tokens=40, structured_outputs=SO(json=SHAPES))
+    runs, chosen = {}, filler.beside_forward
+    try:
+        for beside in (False, True):
+            filler.beside_forward = beside
+            since = engine.snapshot().last_event_seq
+            outs = engine.generate(reqs, params)
+            counts = [(ev.request_id, ev.allowed, ev.token) for ev in engine.events(since) if ev.kind == "constrained"]
+            runs[beside] = ([o.token_ids for o in outs], counts)
+        assert filler._pool is not None  # the worker thread did the filling
+    finally:
+        filler.beside_forward = chosen
+    assert runs[True][0] == runs[False][0]
+    assert [c[1:] for c in runs[True][1]] == [c[1:] for c in runs[False][1]] and len(runs[True][1]) >= 2 * 10
+
+
+@pytest.mark.parametrize("beside", [False, True])
+def test_a_matcher_that_faults_fails_its_request_alone(engine, monkeypatch, beside):
+    """A grammar whose mask raises fails that request; the other constrained request of the same batch finishes."""
+    from minivlm.engine import structured_output
+    grammars, made = engine.intake.grammars(), []
+    real_matcher, real_fill = grammars.matcher, structured_output.Matcher.fill
+
+    def matcher(so):
+        made.append(real_matcher(so))
+        return made[-1]
+
+    def fill(self, row):
+        if made and self is made[0]:
+            raise RuntimeError("the first request's grammar broke")
+        return real_fill(self, row)
+    monkeypatch.setattr(grammars, "matcher", matcher)
+    monkeypatch.setattr(structured_output.Matcher, "fill", fill)
+    monkeypatch.setattr(engine.core.masks, "beside_forward", beside)
+    params = SamplingParams(max_tokens=20, structured_outputs=SO(choice=["red circle", "blue square"]))
+    handles = [engine.submit(Request(prompt=q, images=[PICTURE]), params) for q in ("Describe.", "List the shapes.")]
+    from minivlm.engine.step_result import RequestFailed
+    with pytest.raises(RequestFailed, match="failed during sampling: RuntimeError: the first request's grammar broke"):
+        list(handles[0])
+    ok = list(handles[1])
+    assert ok[-1].output.finish_reason == "stop" and ok[-1].output.text in ("red circle", "blue square")
+    assert engine.generate(Request(prompt="Describe."), SamplingParams(max_tokens=4)).token_ids  # serving on

@@ -49,6 +49,7 @@ class Engine:
     # which backend runs, in words (str subclasses with a message id and fields: panels/i18n translates by the id)
     attention_backend = property(lambda self: self.core.runner.backend.describe()["attention"])
     linear_backend = property(lambda self: self.model.linear_backend)  # the decoder's matrix products
+    dtype_reason = property(lambda self: self.model.dtype_reason)  # why dtype="auto" chose it on the CPU ("" if set)
     decode_backend = property(lambda self: self.core.runner.backend.describe()["decode"])
     processor = property(lambda self: self.model.processor)
     tokenizer = property(lambda self: self.model.tokenizer)

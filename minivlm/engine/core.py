@@ -2,12 +2,10 @@
 has the runner execute it (images, model, sampling), applies the result in one `update` (the only writer of
 request progress) and builds the snapshot; every stage runs under a guard, so a fault fails exactly the requests
 it touched and the others carry on."""
-import itertools
+import functools
 import logging
 import time
 import weakref
-
-import torch
 
 from minivlm.engine.block_manager import BlockManager
 from minivlm.engine.encoder_cache import encoder_cache_size
@@ -20,15 +18,17 @@ from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.loader import LoadedModel
 from minivlm.engine.output_processor import OutputProcessor
 from minivlm.engine.outputs import KVSnapshot, StreamEvent
+from minivlm.engine.execute import execute
+from minivlm.engine.grammar_masks import MaskFiller, spare_core
 from minivlm.engine.plan import StepOutcome, StepPlan
 from minivlm.engine.prefix_keys import extend_keys
 from minivlm.engine.runner import ModelRunner
 from minivlm.engine.scheduler import Scheduler
 from minivlm.engine.sequence import Sequence, writing
-from minivlm.engine.step_result import RequestFailed, StepResult, all_or_none, isolate
+from minivlm.engine.step_result import RequestFailed, StepResult, isolate
 from minivlm.engine.snapshot import SnapshotBuilder, video_spans
 from minivlm.engine.speculative import SpecRecorder
-from minivlm.engine.structured_output import constrained_event
+from minivlm.engine.structured_output import constrained_events
 from minivlm.engine.vision_worker import VisionWorker
 
 log = logging.getLogger("minivlm")
@@ -54,6 +54,9 @@ class EngineCore:
         self.vision_worker = VisionWorker(model.vision, sliced=config.max_step_slowdown is not None) \
             if config.async_vision and model.vision is not None else None
         self.runner = ModelRunner(model, self.pool.layer_caches, config, self.vision_worker)  # picks the backend, once
+        self.masks = MaskFiller(beside_forward=spare_core(self.runner.device.type))  # structured outputs' masks
+        # a token's text, for the step-through's line on every constrained step (decoding it each time cost more)
+        self._token_text = functools.lru_cache(maxsize=4096)(lambda token: model.tokenizer.decode([token]))
         # Sequence -> its pixels (ImageInputs), left by intake on a caller's thread; handed to the runner on admission
         self.image_inputs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._step_time: tuple[int, float] = (0, 0.0)  # the latest step: (decode tokens, seconds), for tower_slice
@@ -118,7 +121,7 @@ class EngineCore:
         if plan.requests:
             self.last_plan = plan
         start = self.clock()
-        out = self.execute(plan, res)
+        out = execute(self, plan, res)  # images, model, sampling (engine/execute.py)
         if not any(j.todo for j in plan.encodes) and len(out.ran) == len(plan):  # whole, no tower: a clean measurement
             self.scheduler.observe(plan, self.clock() - start)
         events = self.update(plan, out, res)
@@ -133,50 +136,6 @@ class EngineCore:
         if worker is None or not worker.sliced or not worker.slices.pending():
             return 0.0
         return self.scheduler.adaptive.left_after(*self._step_time)
-
-    def _alive(self, reqs) -> list:
-        return [r for r in reqs if r.seq_id in self.live]
-
-    def execute(self, plan: StepPlan, res: StepResult) -> StepOutcome:
-        """Have the runner run exactly the plan: free the encoder outputs it frees, encode its images, the forward
-        for its requests, sampling for those whose prefill completes. A stage that raises is retried one request at
-        a time (plan.only: the same items, fewer of them); the requests that fail alone are failed. Nothing here
-        re-plans: a request whose forward read K/V that were never written (a block it hit lost its publisher in
-        this step) samples nothing, and update rewinds it."""
-        out = StepOutcome()
-        self.runner.free_encoder_outputs(plan.free_encoder_keys)
-        jobs, took = self._isolate("vision encode", self._alive(plan.encodes), self.runner.encode_images, res) \
-            if plan.encodes else ([], [])
-        out.encoded = {j.seq_id: t for j, t in zip(jobs, took)}
-        out.lost = tuple({j.keys[i] for j in plan.encodes for i in j.todo} - set(self.runner.encoder_cache))
-        reqs = self._alive(plan)
-        if not reqs:
-            return out
-        run = lambda b: self.runner.forward(plan if len(b) == len(plan.requests) else plan.only(b))  # noqa: E731
-        guard = all_or_none if self.runner.recurrent else isolate  # a recurrent state cannot run twice
-        ran, logits = guard(reqs, run, self._seq, lambda seq, e: self.fail(seq, "model run", e, res))
-        if not ran:
-            return out
-        out.ran = {r.seq_id for r in ran}
-        out.unwritten = self.scheduler.unwritten(ran, self.live) if res.failed else {}  # only a failure unpublishes
-        logits = logits if isinstance(logits, torch.Tensor) else torch.stack(logits)
-        row = dict(zip((r.seq_id for r in ran), itertools.accumulate([r.num_logits for r in ran], initial=0)))
-        wanted = [r for r in ran if r.sample and r.seq_id not in out.unwritten]
-        spec = [r for r in wanted if r.draft]  # speculating: its guesses verified on its k + 1 rows
-        if spec:
-            kept, emitted = self._isolate("verification", spec, lambda b: self.runner.verify_drafts(
-                b, [logits[row[r.seq_id]:row[r.seq_id] + r.num_logits] for r in b]), res)
-            out.spec = {r.seq_id: e for r, e in zip(kept, emitted)}
-            wanted = [r for r in wanted if not r.draft]
-        if not wanted:
-            return out
-        if len(wanted) < len(ran) or spec:
-            logits = logits[torch.tensor([row[r.seq_id] for r in wanted], device=logits.device)]
-            row = {r.seq_id: i for i, r in enumerate(wanted)}
-        sampled, tokens = self._isolate("sampling", wanted, lambda b: self.runner.sample_tokens(
-            b, logits if len(b) == len(wanted) else logits[[row[r.seq_id] for r in b]]), res)
-        out.sampled = {r.seq_id: t for r, t in zip(sampled, tokens)}
-        return out
 
     def _attach_snapshot(self, wants: list[tuple[Sequence, StreamEvent]], res: StepResult):
         """One snapshot per step, shared by every request that asked for one. If building it raises, the
@@ -238,9 +197,8 @@ class EngineCore:
                     self.block_manager.unpublish(seq, seq.num_computed)
                 self.block_manager.ran(seq)  # a state it saved becomes a checkpoint
                 self._written.pop(r.seq_id, None)
-                if r.allowed is not None and r.seq_id in out.sampled:  # the step-through's line for it
-                    constrained_event(self.events, seq, r.allowed, out.sampled[r.seq_id][0], self.model.tokenizer,
-                                      self.model.text_config.vocab_size)
+            if out.masks is not None:  # the step-through's line for each grammar-constrained request
+                constrained_events(self.events, out.masks, out.sampled, self.live, self._token_text)
             return [(seq, ev) for r in plan if (r.seq_id in out.sampled or r.seq_id in out.spec)
                     and (seq := self.live.get(r.seq_id))
                     for ev in self._isolate("advance", [seq], lambda b: self._emit(b[0], r, out), res)[1]]
@@ -322,6 +280,7 @@ class EngineCore:
         """Drop the KV pool now, not whenever the engine is collected."""
         self.pool.release()
         self.runner.release()
+        self.masks.close()
         if self.kv_publisher is not None:
             self.kv_publisher.close()  # frees its endpoint for the engine that replaces this one
         if self.vision_worker is not None:

@@ -4,9 +4,10 @@ answer), then the grammar's mask (structured outputs: disallowed tokens to -inf,
 import torch
 
 
-def shape_logits(logits: torch.Tensor, reqs) -> torch.Tensor:
+def shape_logits(logits: torch.Tensor, reqs, masks=None) -> torch.Tensor:
     """logits [B, vocab] (fp32, a copy the caller may change), reqs: the plan's sampling requests in row order
-    (their .params, .allowed, .history, .num_prompt). Rows that ask for nothing are left as they are."""
+    (their .seq_id, .params, .history, .num_prompt); masks: the step's grammar masks (grammar_masks.BatchMasks, filled)
+    or None. Rows that ask for nothing are left as they are."""
     vocab = logits.shape[-1]
     for i, r in enumerate(reqs):
         p = r.params
@@ -15,10 +16,11 @@ def shape_logits(logits: torch.Tensor, reqs) -> torch.Tensor:
             logits[i, ids] += torch.tensor(list(p.logit_bias.values()), device=logits.device)
         if r.history:
             penalize(logits[i], torch.tensor(r.history, device=logits.device), r.num_prompt, p, vocab)
-    masked = [i for i, r in enumerate(reqs) if r.allowed is not None]
+    masked = [i for i, r in enumerate(reqs) if masks is not None and r.seq_id in masks.row]
     if masked:
         from minivlm.engine.structured_output import apply_bitmasks
-        apply_bitmasks(logits, masked, [reqs[i].allowed for i in masked])
+        at = [masks.row[reqs[i].seq_id] for i in masked]
+        apply_bitmasks(logits, masked, masks.bits if at == list(range(len(masks.row))) else masks.bits[at])
     return logits
 
 

@@ -40,7 +40,7 @@ class ScheduledRequest:
     save_to: int = -1                      # a slot state_slot is copied into after the forward (a checkpoint)
     spans: tuple[tuple[int, int], ...] = ()  # image token ranges that attend both ways (Gemma 3), overlapping the step
     # how its logits are shaped before sampling (when `sample`)
-    allowed: torch.Tensor | None = None    # structured outputs: the grammar's bitmask of the tokens it may sample
+    grammar: object | None = None          # structured outputs: its matcher (the mask is filled beside the forward)
     history: tuple[int, ...] = ()          # penalties: the tokens they count (prompt + answer; answer from num_prompt)
     num_prompt: int = 0
     # speculative decoding (engine/speculative.py): guesses of the next tokens, computed after [start, end) and
@@ -187,6 +187,7 @@ class StepOutcome:
     unwritten: dict[int, int] = field(default_factory=dict)
     sampled: dict[int, tuple[int, dict | None]] = field(default_factory=dict)
     spec: dict[int, list[tuple[int, dict | None]]] = field(default_factory=dict)  # speculating: the tokens it emits
+    masks: object | None = None  # the grammar masks its sampling applied (engine/grammar_masks.BatchMasks)
 
 
 def _ids(ids) -> str:

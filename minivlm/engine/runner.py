@@ -206,8 +206,9 @@ class ModelRunner:
 
     @staticmethod
     @torch.inference_mode()
-    def sample_tokens(reqs: list[ScheduledRequest], logits: torch.Tensor) -> list[tuple[int, dict | None]]:
-        """(next token, {token: logprob} or None) per request [B rows of logits], by its SamplingParams and RNG."""
-        tokens, logprobs = sample(logits, [r.params for r in reqs], [r.generator for r in reqs], reqs)
+    def sample_tokens(reqs: list[ScheduledRequest], logits: torch.Tensor, masks=None) -> list[tuple[int, dict | None]]:
+        """(next token, {token: logprob} or None) per request [B rows of logits], by its SamplingParams and RNG, within
+        its grammar's mask (masks: the step's, filled) if it has one."""
+        tokens, logprobs = sample(logits, [r.params for r in reqs], [r.generator for r in reqs], reqs, masks)
         return [(tok, top_logprobs(logprobs[i], tok, r.params.logprobs) if r.params.logprobs is not None else None)
                 for i, (r, tok) in enumerate(zip(reqs, tokens))]

@@ -21,15 +21,15 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list,
-           reqs=None) -> tuple[list[int], torch.Tensor | None]:
+           reqs=None, masks=None) -> tuple[list[int], torch.Tensor | None]:
     """logits [B, vocab] -> (token per row, raw log-softmax [B, vocab] for logprobs, or None if nobody asked). reqs
-    (the plan's rows): their logit bias, penalties and grammar masks shape the logits first (logprobs stay the
-    model's own, as vLLM reports them by default)."""
+    (the plan's rows): their logit bias, penalties and grammar masks (masks, filled) shape the logits first (logprobs
+    stay the model's own, as vLLM reports them by default)."""
     logits = logits.float()
     wanted = any(p.logprobs is not None for p in params)  # skip a [B, vocab] pass on most decode steps
     logprobs = torch.log_softmax(logits, dim=-1) if wanted else None
-    if reqs is not None and any(r.allowed is not None or r.history or r.params.logit_bias for r in reqs):
-        logits = shape_logits(logits.clone(), reqs)
+    if reqs is not None and (masks is not None or any(r.history or r.params.logit_bias for r in reqs)):
+        logits = shape_logits(logits.clone(), reqs, masks)
     tokens = logits.argmax(dim=-1).tolist()  # greedy rows keep this
     hot = [i for i, p in enumerate(params) if p.temperature > 0]
     if hot:

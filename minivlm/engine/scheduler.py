@@ -100,11 +100,11 @@ class Scheduler:
 
     @staticmethod
     def _shaping(seq: Sequence) -> dict:
-        """What shapes a sampling request's logits: its grammar's mask now (the matcher has every token so far), the
-        tokens its penalties count."""
+        """What shapes a sampling request's logits: its grammar (whose mask is filled while the forward runs: the
+        matcher has every token so far), the tokens its penalties count."""
         p, out = seq.params, {}
         if seq.matcher is not None:
-            out["allowed"] = seq.matcher.allowed()
+            out["grammar"] = seq.matcher
         if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0:
             out.update(history=tuple(seq.token_ids), num_prompt=seq.num_prompt_tokens)
         return out

@@ -125,11 +125,15 @@ class Matcher:
         self.consumed = 0  # tokens it has taken
 
     def allowed(self) -> torch.Tensor:
-        """The next token's bitmask [words] (int32, bit i of word i // 32 = token i allowed): a fresh tensor for the
-        plan to keep, filled by llguidance in place (no staging row copied out: this runs per request per step)."""
+        """The next token's bitmask [words] (int32, bit i of word i // 32 = token i allowed), a fresh tensor."""
         mask = torch.empty(self.words, dtype=torch.int32)
-        self.m.unsafe_compute_mask_ptr(mask.data_ptr(), self.words * 4)
+        self.fill(mask)
         return mask
+
+    def fill(self, row: torch.Tensor):
+        """The next token's bitmask into row (a contiguous [words] int32 tensor), in place: llguidance writes it
+        directly, with the GIL released (engine/grammar_masks.py may run this beside the forward)."""
+        self.m.unsafe_compute_mask_ptr(row.data_ptr(), self.words * 4)
 
     def advance(self, token: int):
         if not self.m.consume_token(token):  # the grammar ran past its budget mid-answer (else the mask forbade it)
@@ -149,20 +153,23 @@ class Matcher:
         return Matcher(self.m.deep_copy(), self.vocab_size)
 
 
-def apply_bitmasks(logits: torch.Tensor, rows: list[int], masks: list[torch.Tensor]):
-    """Disallowed tokens of the constrained rows to -inf, in place, in one call over the batch. On the CPU numpy
-    unpacks the bits and fills in one pass: llguidance's kernel is torch.compile'd, and its generated kernel with its
-    OpenMP pool (like torch's row gather and scatter) took milliseconds a step on a busy 2-core machine, more than a
-    small model's whole decode step (bench/structured_decode.py); on an accelerator llguidance's kernel runs."""
+def apply_bitmasks(logits: torch.Tensor, rows: list[int], bits: torch.Tensor):
+    """Disallowed tokens of the constrained rows to -inf, in place, in one call over the batch: bits [len(rows),
+    words] holds the masks of logits' rows `rows`. On the CPU numpy unpacks the bits and fills in one pass:
+    llguidance's kernel is torch.compile'd, and its generated kernel with its OpenMP pool (like torch's row gather and
+    scatter) took milliseconds a step on a busy 2-core machine, more than a small model's whole decode step
+    (bench/structured_decode.py); on an accelerator llguidance's kernel runs."""
     if not rows:
         return
     if logits.device.type != "cpu":
-        full = torch.full((logits.shape[0], masks[0].shape[0]), -1, dtype=torch.int32)  # -1: all allowed
-        full[rows] = torch.stack(masks)
+        full = torch.full((logits.shape[0], bits.shape[1]), -1, dtype=torch.int32)  # -1: all allowed
+        full[rows] = bits
         lltorch.apply_token_bitmask_inplace(logits, full.to(logits.device))
         return
-    words = np.full((logits.shape[0], masks[0].shape[0]), -1, dtype=np.int32)  # -1: every bit set, all allowed
-    words[rows] = torch.stack(masks).numpy()
+    words = bits.numpy()
+    if rows != list(range(logits.shape[0])):  # some rows unconstrained: every bit of theirs set
+        words = np.full((logits.shape[0], bits.shape[1]), -1, dtype=np.int32)
+        words[rows] = bits.numpy()
     allowed = np.unpackbits(words.view(np.uint8), axis=1, count=logits.shape[1], bitorder="little")  # past the
     np.copyto(logits.numpy(), -np.inf, where=allowed == 0)  # mask's width: 0, never allowed; one pass, no indexing
 
@@ -174,31 +181,23 @@ def allowed_ids(mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(np.flatnonzero(bits))
 
 
-def allowed_count(mask: torch.Tensor, vocab_size: int) -> int:
-    """How many tokens a bitmask allows: a popcount of its words, never a pass over the vocabulary (a real model's
-    150k tokens would cost milliseconds per request per step)."""
-    words = mask.numpy().view(np.uint32)[:(vocab_size + 31) // 32]
-    beyond = int(words[-1]) >> (vocab_size % 32) if vocab_size % 32 else 0  # bits past the vocab, if any are set
-    return int(np.bitwise_count(words).sum()) - beyond.bit_count()
-
-
 def few_allowed_ids(mask: torch.Tensor, vocab_size: int) -> list[int]:
-    """allowed_ids for a mask that allows few tokens: the set bits of its nonzero words, lowest first."""
-    words, ids = mask.numpy().view(np.uint32), []
-    for w in np.flatnonzero(words).tolist():
-        bits = int(words[w])
-        while bits:
-            low = bits & -bits
-            if (token := w * 32 + low.bit_length() - 1) < vocab_size:
-                ids.append(token)
-            bits ^= low
-    return ids
+    """allowed_ids for a mask that allows few tokens: only its nonzero words unpacked, lowest first."""
+    words = mask.numpy().view(np.uint32)
+    nonzero = np.flatnonzero(words)
+    bits = np.unpackbits(words[nonzero].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
+    ids = (nonzero[:, None] * 32 + np.arange(32))[bits.astype(bool)]
+    return ids[ids < vocab_size].tolist()
 
 
-def constrained_event(events, seq, allowed: torch.Tensor, token: int, tokenizer, vocab: int):
-    """The step-through's line for a grammar-constrained step: how many of the vocab's tokens the grammar allowed
-    (their ids when few), which one was chosen."""
-    count = allowed_count(allowed, vocab)
-    ids = few_allowed_ids(allowed, vocab) if count <= 32 else None
-    events.emit("constrained", seq.request_id, allowed=count, vocab=vocab, token=token,
-                text=tokenizer.decode([token]), allowed_ids=ids)
+def constrained_events(events, masks, sampled: dict, seqs: dict, token_text):
+    """The step-through's lines for a step's grammar-constrained requests: how many of the vocab's tokens each
+    grammar allowed (their ids when few: the bits of the mask's nonzero words), which one was chosen. masks: the
+    step's BatchMasks; sampled: seq_id -> (token, logprobs); token_text: a token id's text."""
+    vocab = masks.vocab_size
+    for (seq_id, i), count in zip(masks.row.items(), masks.counts().tolist()):
+        if seq_id in sampled and (seq := seqs.get(seq_id)) is not None:
+            token = sampled[seq_id][0]
+            ids = few_allowed_ids(masks.bits[i], vocab) if count <= 32 else None
+            events.emit("constrained", seq.request_id, allowed=count, vocab=vocab, token=token, text=token_text(token),
+                        allowed_ids=ids)

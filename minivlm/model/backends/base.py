@@ -33,6 +33,10 @@ WORDS = {
     "engine.linear_default": "PyTorch's default (nn.Linear)",
     "engine.linear_quantized": "{method} weights (PyTorch's weight-only kernel) in {n} layers",
     "engine.decode_quantized": "the fused C paths read fp32 weights",
+    "engine.dtype_no_bf16": "auto: this CPU has no native bf16 (AVX512-BF16 / AMX)",
+    "engine.dtype_small": "auto: the largest matrix ({mib} MiB in fp32) fits in caches, bf16 would not pay",
+    "engine.dtype_calibrated": "auto: {flag}; calibrated at load, the largest matrix in bf16 {bf16} ms, fp32 {fp32} ms",
+    "engine.dtype_quantized": "auto: {method} weights run fastest with bf16 activations",
 }
 
 
