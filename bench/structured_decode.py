@@ -143,7 +143,7 @@ def measure(ctx, batch: int = 8) -> list[Row]:
                             f"the whole constrained step (also each token's advance, the step-through's event) "
                             f"{held * 1e3:.2f} ms, {held / free - 1:+.0%}",
                             spread=spread(times["grammar"], times["free"], "s")))
-            rows.append(Row(f"same, masks filled {where(not chosen)} instead", mask_other * 1e3, mask * 1e3, "ms",
+            rows.append(Row(f"same ({name}), the masks filled the other way", mask_other * 1e3, mask * 1e3, "ms",
                             mask_other / mask, "context", None,
                             f"filled {where(not chosen)}: handed over {q['hand'] * 1e3:.3f} ms + waited "
                             f"{q['wait'] * 1e3:.3f} ms + applied {q['apply'] * 1e3:.3f} ms; forward "

@@ -37,7 +37,9 @@ def status_line(engine: Engine, lang: str = EN) -> str:
              groups=groups_part(rep.groups, cfg.max_num_seqs, lang),
              max_len=f"{cfg.max_model_len:,}", concurrency=f"{rep.max_concurrency:.2f}", strategy=cfg.cache_strategy,
              attention=localize_status(engine.attention_backend, lang),
-             linear=localize_status(engine.linear_backend, lang), decode=localize_status(engine.decode_backend, lang))
+             linear=localize_status(engine.linear_backend, lang),
+             decode=localize_status(engine.decode_backend, lang) + (
+                 "; " + localize_status(engine.calibration, lang) if engine.calibration else ""))
 
 
 def layer_ranges(layers: list[int]) -> str:

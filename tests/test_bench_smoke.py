@@ -26,10 +26,12 @@ METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-o
            "hybrid decode vs HF generate: Qwen3.5", "hybrid decode vs HF generate: Gemma 3",
            "speculative decode, copy-heavy (its answer repeats): on vs off", "speculative decode, no n-gram found: on vs off",
            "HF prompt lookup, text request: on vs off",
-           "grammar mask per decode step, batch 8, tiny model (regex)",
-           "grammar mask per decode step, batch 8, tiny model (json)",
+           "grammar mask per decode step, batch 8, tiny model (regex)", "same (regex), the masks filled the other way",
+           "grammar mask per decode step, batch 8, tiny model (json)", "same (json), the masks filled the other way",
            "single-stream decode, bf16 vs fp32", "single-stream decode, int8, bf16 activations vs fp32",
-           "single-stream decode, int8, fp32 activations vs fp32"]
+           "single-stream decode, int8, fp32 activations vs fp32",
+           "one busy process: single-stream decode vs HF generate",
+           "one busy process: engine on the free cores vs its thread count fixed"]
 
 
 def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
@@ -61,7 +63,7 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
                         "panel_overhead", "events_overhead", "chunked_prefill", "kv_events_overhead",
                         "long_context_8", "long_context_1", "hybrid_qwen3_5", "hybrid_gemma3",
                         "speculative copy-heavy (its answer repeats)", "speculative no n-gram found", "speculative hf",
-                        "structured_decode", "quantized"}
+                        "structured_decode", "quantized", "busy_machine"}
     assert all(r.same == "1/1" for r in rows if r.metric.startswith(("hybrid decode", "speculative decode, copy")))
     # Long context: 1,536-token prompts, the same greedy tokens as HF's batch; decode steps were timed and counted.
     long_rows = [r for r in rows if r.metric.startswith("long context") and "throughput" in r.metric]

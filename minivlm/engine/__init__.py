@@ -51,6 +51,7 @@ class Engine:
     linear_backend = property(lambda self: self.model.linear_backend)  # the decoder's matrix products
     dtype_reason = property(lambda self: self.model.dtype_reason)  # why dtype="auto" chose it on the CPU ("" if set)
     decode_backend = property(lambda self: self.core.runner.backend.describe()["decode"])
+    calibration = property(lambda self: self.core.runner.backend.calibration)  # the CPU step's timed choice, or ""
     processor = property(lambda self: self.model.processor)
     tokenizer = property(lambda self: self.model.tokenizer)
 

@@ -8,6 +8,7 @@ import time
 import weakref
 
 from minivlm.engine.block_manager import BlockManager
+from minivlm.engine.busy_threads import BusyThreads
 from minivlm.engine.encoder_cache import encoder_cache_size
 from minivlm.config import EngineConfig
 from minivlm.engine.event_log import EventLog
@@ -55,6 +56,7 @@ class EngineCore:
             if config.async_vision and model.vision is not None else None
         self.runner = ModelRunner(model, self.pool.layer_caches, config, self.vision_worker)  # picks the backend, once
         self.masks = MaskFiller(beside_forward=spare_core(self.runner.device.type))  # structured outputs' masks
+        self.busy = BusyThreads() if model.device.type == "cpu" else None  # fewer threads while others hold cores
         # a token's text, for the step-through's line on every constrained step (decoding it each time cost more)
         self._token_text = functools.lru_cache(maxsize=4096)(lambda token: model.tokenizer.decode([token]))
         # Sequence -> its pixels (ImageInputs), left by intake on a caller's thread; handed to the runner on admission
@@ -104,6 +106,8 @@ class EngineCore:
             self.kv_publisher.after_step(self)  # this step's block events, one batch, queued for the sender
         if self.after_step is not None:
             self.after_step(self)
+        if self.busy is not None:
+            self.busy.after_step()
         return res
 
     def _only_encoding(self) -> bool:
@@ -281,6 +285,8 @@ class EngineCore:
         self.pool.release()
         self.runner.release()
         self.masks.close()
+        if self.busy is not None:
+            self.busy.close()
         if self.kv_publisher is not None:
             self.kv_publisher.close()  # frees its endpoint for the engine that replaces this one
         if self.vision_worker is not None:

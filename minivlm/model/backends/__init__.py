@@ -44,7 +44,10 @@ def pick(model, config, kv_caches) -> Backend:
     else:
         attention = Attention(reasons[0] if reasons else "")
     if cpu_fp32(model.device, model.dtype) and not getattr(model, "quantization", None):
-        return _module("cpu_kernels").backend(model, config, attention)
+        kernels = _module("cpu_kernels").backend(model, config, attention)
+        if config.enforce_eager or type(kernels) is Backend:  # asked for PyTorch's ops, or the C step is off
+            return kernels
+        return _module("calibrate").choose(kernels, model.decoder, kv_caches, config.block_size)
     if getattr(model, "quantization", None):  # the fused C step reads fp32 weights; quantized ones run PyTorch's ops
         return Backend(attention, Said("engine.decode_torch", why=Said("engine.decode_quantized")))
     return Backend(attention, Said("engine.decode_torch", why=Said("engine.decode_not_cpu")))

@@ -33,6 +33,12 @@ WORDS = {
     "engine.linear_default": "PyTorch's default (nn.Linear)",
     "engine.linear_quantized": "{method} weights (PyTorch's weight-only kernel) in {n} layers",
     "engine.decode_quantized": "the fused C paths read fp32 weights",
+    "engine.decode_calibrated": "calibrated at load, a decode step: C kernels {c} ms, PyTorch ops with oneDNN linears "
+                                "{onednn} ms{mkl}",
+    "engine.calibration_small": "not calibrated: {mib} MiB of linear weights, a step is overhead",
+    "engine.calibrated_mkl_ms": ", with nn.Linear (MKL) {ms} ms",
+    "engine.calibrated_onednn": "PyTorch ops with oneDNN linears",
+    "engine.calibrated_mkl": "PyTorch ops with nn.Linear (MKL)",
     "engine.dtype_no_bf16": "auto: this CPU has no native bf16 (AVX512-BF16 / AMX)",
     "engine.dtype_small": "auto: the largest matrix ({mib} MiB in fp32) fits in caches, bf16 would not pay",
     "engine.dtype_calibrated": "auto: {flag}; calibrated at load, the largest matrix in bf16 {bf16} ms, fp32 {fp32} ms",
@@ -78,6 +84,7 @@ class Backend:
     """How an engine runs a step: the reference runs the decoder layer by layer in PyTorch ops. `decode` says how,
     in words (and why no faster step serves)."""
     limits = Limits()
+    calibration: Said | str = ""  # the CPU fp32 step's choice at load, timed (calibrate.py), or why not timed
 
     def __init__(self, attention: Attention, decode: Said):
         self.attention, self.decode = attention, decode

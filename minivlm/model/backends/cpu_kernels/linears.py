@@ -7,6 +7,7 @@ dtypes, CUDA, MPS) the model keeps plain nn.Linear (backends.prepare_linears dec
 import platform
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from minivlm.model.backends.cpu_kernels import gemv
@@ -20,6 +21,7 @@ class FastLinear(nn.Linear):
     """nn.Linear whose fp32 CPU inference runs oneDNN (prepacked weights after pack()), and gemv.c for inputs of at
     most `small_rows` rows where a dense weight is at hand (the weight itself, or a `dense` copy kept by pack)."""
     small_rows = 0  # gemv.MAX_ROWS where prepare() found gemv.c built
+    plain = False   # PyTorch's own F.linear (MKL) on the dense weight: where a calibration found it faster
 
     def pack(self, keep_dense: bool = False):
         """Store the weight in oneDNN's blocked layout: the same numbers (lossless, the same bytes), laid out in
@@ -31,6 +33,8 @@ class FastLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dense = getattr(self, "dense", None) if self.weight.is_mkldnn else self.weight
+        if self.plain:
+            return F.linear(x, dense, self.bias)
         if dense is not None and x.numel() <= self.small_rows * x.shape[-1] and x.is_cpu and \
                 x.dtype == dense.dtype == torch.float32 and dense.is_contiguous() and not torch.is_grad_enabled():
             return gemv.linear(x, dense, self.bias)
@@ -70,3 +74,20 @@ def prepare(module: nn.Module, small_batches: bool = False, gemv_why: str | None
     for m in packed:
         m.pack(keep_dense=small_batches and gemv_why is None)
     return gemv_why
+
+
+def plain_ready(module: nn.Module) -> bool:
+    """Whether every FastLinear of module has a dense weight at hand for plain F.linear (gemv.c's copies kept)."""
+    fast = [m for m in module.modules() if isinstance(m, FastLinear)]
+    return bool(fast) and all(not m.weight.is_mkldnn or getattr(m, "dense", None) is not None for m in fast)
+
+
+def set_plain(module: nn.Module, on: bool, free_packed: bool = False):
+    """Run module's FastLinears as plain F.linear (on) or as prepared; free_packed: for good, the dense weight
+    becomes the weight and the packed copy is freed."""
+    for m in module.modules():
+        if isinstance(m, FastLinear):
+            m.plain = on
+            if free_packed and m.weight.is_mkldnn:
+                m.weight = nn.Parameter(m.dense, requires_grad=False)
+                del m.dense

@@ -1,0 +1,73 @@
+"""The CPU fp32 step, chosen at load by a few timed decode steps of this model on this CPU: the C kernels
+(decode_layer.c / decode_ops.c with gemv.c), or PyTorch's own ops with oneDNN's prepacked linears, or PyTorch's ops
+with plain nn.Linear (MKL), as HF runs. The C kernels were tuned on one AMD Zen 5; on an Intel Xeon with AMX they ran
+0.71x HF `generate` (issue #44), where MKL and oneDNN are tuned for the CPU: the engine should never be slower than
+PyTorch is on its CPU, so it measures instead of assuming. A candidate replaces the C step only if it is faster by
+MARGIN (the C step is the tested default; a calibration is a few steps on a machine that may be busy). A small
+model is not timed: its step is overhead, where the C step's one call beats hundreds of ops by far.
+
+The timed steps decode one token at CONTEXT over blocks 0.. of the pool, which is empty at load: what they write
+there is never read, since every request writes its K/V before attending to them."""
+import os
+import time
+
+import torch
+
+from minivlm.model.attention import AttentionMetadata
+from minivlm.model.backends.base import Backend, Said
+from minivlm.model.backends.cpu_kernels import linears
+
+CONTEXT = 64     # tokens of context in a timed step (a short chat's decode)
+WARM, TIMED = 1, 3
+MARGIN = 1.15    # another step must be this much faster than the C step to replace it
+MIN_BYTES = 64 * 2**20  # fp32 linear weights below this: a step is overhead, which the C step's few calls win
+SWITCH = "MINIVLM_CALIBRATE"  # 0: keep the C step without timing
+
+
+def step_seconds(backend, decoder, kv_caches, block_size: int) -> float:
+    """Median seconds of one decode step (one sequence, CONTEXT tokens) through backend."""
+    blocks = torch.arange(-(-CONTEXT // block_size))[None]
+    meta = AttentionMetadata.build(torch.tensor([CONTEXT - 1]), [1], [CONTEXT], blocks, block_size, "cpu",
+                                   backend.attention)
+    embeds = decoder.embed_tokens(torch.tensor([0]))
+    positions, last = torch.full((3, 1), CONTEXT - 1), torch.tensor([0])
+    times = []
+    with torch.inference_mode():
+        for i in range(WARM + TIMED):
+            t = time.perf_counter()
+            backend.forward(decoder, embeds, positions, kv_caches, meta, None, last)
+            if i >= WARM:
+                times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def choose(kernels: Backend, decoder, kv_caches, block_size: int, timer=step_seconds) -> Backend:
+    """The fastest of the C step and PyTorch's (oneDNN, then MKL linears) on this CPU; its `calibration` says the
+    times (the status line shows them after the decode path).
+    Choosing MKL turns the decoder's linears into plain ones (their packed copies freed)."""
+    if os.environ.get(SWITCH, "1") == "0":
+        return kernels
+    weights = sum(m.weight.numel() * 4 for m in decoder.modules() if isinstance(m, torch.nn.Linear))
+    if weights < MIN_BYTES:
+        kernels.calibration = Said("engine.calibration_small", mib=f"{weights / 2**20:.0f}")
+        return kernels
+    torch_ops = Backend(kernels.attention, Said("engine.decode_torch", why=Said("engine.calibrated_onednn")))
+    times = {"c": timer(kernels, decoder, kv_caches, block_size),
+             "onednn": timer(torch_ops, decoder, kv_caches, block_size)}
+    plain = linears.plain_ready(decoder)
+    if plain:
+        linears.set_plain(decoder, True)
+        times["mkl"] = timer(torch_ops, decoder, kv_caches, block_size)
+        linears.set_plain(decoder, False)
+    best = min(times, key=times.get)
+    if times["c"] <= MARGIN * times[best]:
+        best = "c"
+    ms = {k: f"{v * 1e3:.2f}" for k, v in times.items()}
+    said = Said("engine.decode_calibrated", c=ms["c"], onednn=ms["onednn"],
+                mkl=Said("engine.calibrated_mkl_ms", ms=ms["mkl"]) if "mkl" in ms else "")
+    chosen = kernels if best == "c" else torch_ops
+    if best == "mkl":
+        linears.set_plain(decoder, True, free_packed=True)
+        torch_ops.decode = Said("engine.decode_torch", why=Said("engine.calibrated_mkl"))
+    chosen.calibration = said
+    return chosen
