@@ -59,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="publish KV-cache events as vLLM does, e.g. '{\"enable_kv_cache_events\": true, "
                         "\"publisher\": \"zmq\", \"topic\": \"kv-events\"}' (docs/KV_EVENTS.md)")
     p.add_argument("--quantization", default=None, choices=["int8", "int4"],
-                   help="weight-only quantization of the decoder's linear layers (CPU; int4 needs --dtype bfloat16)")
+                   help="weight-only quantization of the decoder's linear layers (CPU, PyTorch's int8 / int4 kernels)")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="speculative decoding as vLLM takes it, e.g. '{\"method\": \"ngram\", "
                         "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 1}'")

@@ -2,8 +2,9 @@
 calibration on the model's own largest matrix shows the halved bytes pay. A decode step reads every weight once, so
 on a CPU whose oneDNN multiplies bf16 in hardware bf16 reads half the bytes for the same work; without those
 instructions bf16 is emulated and slower (bench/RESULTS.md, session 16: 0.71x fp32 on an AMD EPYC without them).
-Quantized weights (int8 / int4) take bf16 activations: PyTorch's weight-only kernels are fast with them only (int8
-with fp32 activations ran 0.37x fp32 there). The choice and its reason are the status line's."""
+Quantized weights (int8 / int4) run in fp32: their products take bf16 inputs inside (PyTorch's weight-only kernels
+are fast with them only), and the layers' small ops and attention run the fused C kernels, which are fp32's. The
+choice and its reason are the status line's."""
 import time
 
 import torch
@@ -51,7 +52,7 @@ def pick_cpu_dtype(text_config, quantization: str | None, flags: set[str] | None
                    timer=time_product) -> tuple[torch.dtype, Said]:
     """The CPU's dtype for dtype="auto", and why in words."""
     if quantization:
-        return torch.bfloat16, Said("engine.dtype_quantized", method=quantization)
+        return torch.float32, Said("engine.dtype_quantized", method=quantization)
     flag = native_bf16(cpu_flags() if flags is None else flags)
     if flag is None:
         return torch.float32, Said("engine.dtype_no_bf16")

@@ -138,6 +138,7 @@ class LoadedModel:
         if config.quantization:  # weight-only int8 / int4 through PyTorch's kernels (model/backends/quantized.py)
             n = backends.quantized.quantize(self.decoder, config.quantization, self.device, self.dtype)
             self.linear_backend = backends.Said("engine.linear_quantized", method=config.quantization, n=n)
+            backends.prepare_linears(self.decoder, self.device, self.dtype, small_batches=True)  # the rest: lm_head
         else:  # the device's linear layers, once (the CPU's kernels start compiling here, while the rest loads)
             self.linear_backend = backends.prepare_linears(self.decoder, self.device, self.dtype, small_batches=True)
         self.vision = self._vision(vision_sd)

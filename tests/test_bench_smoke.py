@@ -28,8 +28,8 @@ METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-o
            "HF prompt lookup, text request: on vs off",
            "grammar mask per decode step, batch 8, tiny model (regex)", "same (regex), the masks filled the other way",
            "grammar mask per decode step, batch 8, tiny model (json)", "same (json), the masks filled the other way",
-           "single-stream decode, bf16 vs fp32", "single-stream decode, int8, bf16 activations vs fp32",
-           "single-stream decode, int8, fp32 activations vs fp32",
+           "single-stream decode, bf16 vs fp32", "single-stream decode, int8 vs fp32",
+           "single-stream decode, int8, bf16 engine vs fp32",
            "one busy process: single-stream decode vs HF generate",
            "one busy process: engine on the free cores vs its thread count fixed"]
 

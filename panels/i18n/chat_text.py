@@ -180,7 +180,7 @@ MESSAGES = {
     "engine.decode_not_cpu": ("the fused C paths are for the CPU in fp32", "融合的 C 路径只用于 CPU 上的 fp32"),
     "engine.linear_quantized": ("{method} weights (PyTorch's weight-only kernel) in {n} layers",
                                 "{method} 权重（PyTorch 的仅权重量化内核），共 {n} 层"),
-    "engine.decode_quantized": ("the fused C paths read fp32 weights", "融合的 C 路径读取 fp32 权重"),
+    "engine.decode_quantized": ("the fused C paths run in fp32", "融合的 C 路径以 fp32 运行"),
     "engine.decode_calibrated": ("calibrated at load, a decode step: C kernels {c} ms, PyTorch ops with oneDNN linears "
                                  "{onednn} ms{mkl}",
                                  "加载时校准，一个解码步：C 内核 {c} ms，PyTorch 算子 + oneDNN 线性层 {onednn} ms{mkl}"),
@@ -195,8 +195,9 @@ MESSAGES = {
                            "auto：最大的矩阵（fp32 下 {mib} MiB）放得进缓存，bf16 不划算"),
     "engine.dtype_calibrated": ("auto: {flag}; calibrated at load, the largest matrix in bf16 {bf16} ms, fp32 {fp32} ms",
                                 "auto：{flag}；加载时校准，最大的矩阵 bf16 用 {bf16} ms，fp32 用 {fp32} ms"),
-    "engine.dtype_quantized": ("auto: {method} weights run fastest with bf16 activations",
-                               "auto：{method} 权重配 bf16 激活最快"),
+    "engine.dtype_quantized": ("auto: {method} weights run fastest in fp32 with the fused C ops (their products take "
+                               "bf16 inputs)",
+                               "auto：{method} 权重在 fp32 下配融合 C 算子最快（矩阵乘的输入为 bf16）"),
     "engine.why_hybrid": (" (a hybrid model: each KV-cache group's layers read their own pool)",
                           "（混合模型：每个 KV 缓存组的层读自己的池）"),
     "engine.decode_hybrid": ("the fused C paths are for models whose layers all attend fully",

@@ -43,12 +43,12 @@ def pick(model, config, kv_caches) -> Backend:
         reasons += [got] if got else []
     else:
         attention = Attention(reasons[0] if reasons else "")
-    if cpu_fp32(model.device, model.dtype) and not getattr(model, "quantization", None):
+    if cpu_fp32(model.device, model.dtype):  # quantized: the fused small ops around PyTorch's int8 / int4 products
         kernels = _module("cpu_kernels").backend(model, config, attention)
-        if config.enforce_eager or type(kernels) is Backend:  # asked for PyTorch's ops, or the C step is off
-            return kernels
+        if config.enforce_eager or type(kernels) is Backend or getattr(model, "quantization", None):
+            return kernels  # asked for PyTorch's ops, or the C step is off, or nothing dense to time it against
         return _module("calibrate").choose(kernels, model.decoder, kv_caches, config.block_size)
-    if getattr(model, "quantization", None):  # the fused C step reads fp32 weights; quantized ones run PyTorch's ops
+    if getattr(model, "quantization", None):  # the fused C paths run in fp32; a bf16 engine runs PyTorch's ops
         return Backend(attention, Said("engine.decode_torch", why=Said("engine.decode_quantized")))
     return Backend(attention, Said("engine.decode_torch", why=Said("engine.decode_not_cpu")))
 

@@ -32,7 +32,7 @@ WORDS = {
     "engine.linear_onednn": "oneDNN (prepacked); gemv.c off: {why}",
     "engine.linear_default": "PyTorch's default (nn.Linear)",
     "engine.linear_quantized": "{method} weights (PyTorch's weight-only kernel) in {n} layers",
-    "engine.decode_quantized": "the fused C paths read fp32 weights",
+    "engine.decode_quantized": "the fused C paths run in fp32",
     "engine.decode_calibrated": "calibrated at load, a decode step: C kernels {c} ms, PyTorch ops with oneDNN linears "
                                 "{onednn} ms{mkl}",
     "engine.calibration_small": "not calibrated: {mib} MiB of linear weights, a step is overhead",
@@ -42,7 +42,8 @@ WORDS = {
     "engine.dtype_no_bf16": "auto: this CPU has no native bf16 (AVX512-BF16 / AMX)",
     "engine.dtype_small": "auto: the largest matrix ({mib} MiB in fp32) fits in caches, bf16 would not pay",
     "engine.dtype_calibrated": "auto: {flag}; calibrated at load, the largest matrix in bf16 {bf16} ms, fp32 {fp32} ms",
-    "engine.dtype_quantized": "auto: {method} weights run fastest with bf16 activations",
+    "engine.dtype_quantized": "auto: {method} weights run fastest in fp32 with the fused C ops (their products take "
+                              "bf16 inputs)",
 }
 
 

@@ -1,12 +1,15 @@
 """Weight-only quantization (vLLM's `quantization="int8"` / `"int4"`) through PyTorch's own CPU kernels: decode reads
 every weight once per token, so weights 4x (int8) or 8x (int4) smaller than fp32 are fewer bytes to read and a
 model that did not fit in memory does. The decoder's linear layers are quantized at load (the embeddings, the
-lm_head and the vision tower keep their dtype); activations stay in the engine's dtype.
+lm_head and the vision tower keep their dtype). Activations stay in the engine's dtype, except that each product
+takes its input in bf16: PyTorch's int8 kernel ran 2.8x slower with fp32 inputs (bench/RESULTS.md, session 16), and
+its int4 kernel takes no other. In an fp32 engine the layers' small ops then run the fused C kernels around these
+products (decode_ops.c; attention over the pool in place), which PyTorch's ops cost more than the products here.
 
-    int8  symmetric, one scale per output channel (max |w| / 127), scales in the activation dtype;
-          torch.ops.aten._weight_int8pack_mm (bf16 or fp32 activations)
+    int8  symmetric, one scale per output channel (max |w| / 127), scales in bf16;
+          torch.ops.aten._weight_int8pack_mm
     int4  asymmetric, one scale and zero point per group of GROUP input channels; PyTorch's packed layout,
-          torch.ops.aten._weight_int4pack_mm_for_cpu (bf16 activations only: that kernel takes no other)
+          torch.ops.aten._weight_int4pack_mm_for_cpu
 
 Both are the CPU's: on CUDA and MPS the option is refused (PyTorch ships no weight-only int8 CUDA matmul of this
 form; bitsandbytes / torchao would be the way there)."""
@@ -18,21 +21,21 @@ GROUP = 128  # int4 group size (input channels per scale / zero point): PyTorch'
 
 
 class Int8Linear(nn.Module):
-    """y = x @ (q * scale).T + b, with q int8 [out, in] and one scale per output row."""
+    """y = x @ (q * scale).T + b, with q int8 [out, in] and one scale per output row; x enters in bf16."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
         super().__init__()
         w = linear.weight.detach().float()
-        scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
-        self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
-        self.register_buffer("scales", scale.to(dtype))
+        scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).to(torch.bfloat16)  # rounded first: q is against it
+        self.register_buffer("qweight", torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scale)
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).contiguous(), self.qweight,
-                                               self.scales.to(x.dtype))
-        y = y.reshape(*x.shape[:-1], self.out_features)
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous(),
+                                               self.qweight, self.scales)
+        y = y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         return y + self.bias if self.bias is not None else y
 
     def dequantized(self) -> torch.Tensor:
@@ -44,9 +47,6 @@ class Int4Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
         super().__init__()
-        if dtype != torch.bfloat16:
-            raise ValueError("quantization='int4' needs dtype='bfloat16' (PyTorch's int4 CPU kernel takes bf16 "
-                             "activations only)")
         w = linear.weight.detach().float()
         out, inp = w.shape
         if inp % GROUP:

@@ -48,8 +48,12 @@ class DecodeStep:
 
 
 def _dense(linear) -> torch.Tensor | None:
-    """The plain [out, in] weight gemv.c reads: the dense copy beside a packed weight (linears.py), or the weight."""
-    w = getattr(linear, "dense", None) if linear.weight.is_mkldnn else linear.weight
+    """The plain [out, in] weight gemv.c reads: the dense copy beside a packed weight (linears.py), or the weight;
+    None for a quantized layer (no fp32 weight)."""
+    weight = getattr(linear, "weight", None)
+    if weight is None:
+        return None
+    w = getattr(linear, "dense", None) if weight.is_mkldnn else weight
     return w if w is not None and w.is_contiguous() and w.dtype == torch.float32 else None
 
 
