@@ -271,3 +271,41 @@ def test_auto_reads_qwens_tool_calls_as_transformers_own_parser_does_also_stream
     assert "".join(p.get("content", "") for p in pieces) == (content or "")
     assert [(p["function"]["name"], p["function"]["arguments"]) for d in pieces for p in d.get("tool_calls", [])] == \
         [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+
+QWEN3_5_TEMPLATE = next(v for k, v in _RESPONSE_TEMPLATE_FALLBACKS.items() if "qwen3_5" in k)
+XML_ANSWERS = [  # what Qwen3.5 (and Qwen3-Coder) write: the XML form inside <tool_call>
+    'Let me count.\n<tool_call>\n<function=count_shapes>\n<parameter=n>\n3\n</parameter>\n<parameter=colour>\nred\n'
+    '</parameter>\n<parameter=where>\n{"x": 1, "y": [2]}\n</parameter>\n<parameter=exact>\ntrue\n</parameter>\n'
+    '</function>\n</tool_call>',
+    '<tool_call>\n<function=report_shapes>\n<parameter=shapes>\n[{"colour": "blue", "shape": "square"}]\n</parameter>\n'
+    '<parameter=note>\nnull\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=count_shapes>\n'
+    '<parameter=n>\n1.5\n</parameter>\n</function>\n</tool_call>',
+]
+XML_SCHEMAS = {"count_shapes": {"type": "object", "properties": {"n": {"type": "number"}, "colour": {"type": "string"},
+                                                                  "where": {"type": "object"},
+                                                                  "exact": {"type": "boolean"}}},
+               "report_shapes": {"type": "object", "properties": {"shapes": {"type": "array"},
+                                                                   "note": {"type": "string"}}}}
+
+
+@pytest.mark.parametrize("answer", XML_ANSWERS)
+def test_auto_reads_qwen3_5s_xml_tool_calls_as_transformers_parser_splits_them_typed_by_the_schema(answer):
+    """transformers' own Qwen3.5 response parser splits the XML into names and string values; the calls hold the same
+    names and values, each typed by its parameter's schema (vLLM's qwen3_coder rules), also streamed."""
+    from minivlm.api.tool_calls import typed
+    truth = AutoTokenizer.from_pretrained(APP_MODEL or DEFAULT_MODEL).parse_response(
+        answer, QWEN3_5_TEMPLATE, prefix="<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    content, calls = hermes_calls(answer, XML_SCHEMAS)
+    want = [(c["function"]["name"], {k: typed(v, XML_SCHEMAS[c["function"]["name"]]["properties"][k])
+                                     for k, v in c["function"]["arguments"].items()}) for c in truth["tool_calls"]]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == want
+    assert (content or "").strip() == (truth.get("content") or "").strip()
+    first = json.loads(calls[0]["function"]["arguments"])
+    assert first in ({"n": 3, "colour": "red", "where": {"x": 1, "y": [2]}, "exact": True},
+                     {"shapes": [{"colour": "blue", "shape": "square"}], "note": None})
+    stream, pieces = ToolCallStream("auto", schemas=XML_SCHEMAS), []
+    for end in range(len(answer) + 1):
+        pieces.append(stream.update(answer[:end], final=end == len(answer)))
+    assert [(p["function"]["name"], p["function"]["arguments"]) for d in pieces for p in d.get("tool_calls", [])] == \
+        [(c["function"]["name"], c["function"]["arguments"]) for c in calls]

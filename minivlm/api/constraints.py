@@ -21,6 +21,7 @@ class Constraint:
     tool_mode: str = "none"            # none | auto | required | named: how the answer is read back
     function: str | None = None        # named: the function every call is to
     parallel: bool = True              # parallel_tool_calls
+    schemas: dict | None = None        # auto: each tool's parameters (they type a call written in Qwen's XML form)
 
 
 def tool_params(tool) -> dict:
@@ -86,7 +87,8 @@ def constraint(req: ChatCompletionRequest) -> Constraint:
         i = names.index(choice.function.name)
         return Constraint(StructuredOutputsParams(json=tool_params(tools[i])), f"tools[{i}].function.parameters",
                           mode, choice.function.name, parallel)
-    return Constraint(structured, field, mode, parallel=parallel)
+    schemas = {t.function.name: tool_params(t) for t in tools} if mode == "auto" else None
+    return Constraint(structured, field, mode, parallel=parallel, schemas=schemas)
 
 
 def check_tools(engine, req: ChatCompletionRequest):

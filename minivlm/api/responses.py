@@ -59,7 +59,7 @@ def finish_reason(reason: str, mode: str, called: bool) -> str:
 
 
 def choice(out, constraint, tokenizer, top_logprobs: int) -> dict:
-    msg = message(out.text, constraint.tool_mode, constraint.function, constraint.parallel)
+    msg = message(out.text, constraint.tool_mode, constraint.function, constraint.parallel, constraint.schemas)
     return {"index": out.index, "message": msg, "logprobs": logprobs(out, tokenizer, top_logprobs),
             "finish_reason": finish_reason(out.finish_reason, constraint.tool_mode, "tool_calls" in msg)}
 

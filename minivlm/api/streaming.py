@@ -34,7 +34,7 @@ class ChoiceStream:
     def __init__(self, index: int, constraint, tokenizer, top_logprobs: int | None):
         self.index, self.constraint, self.tokenizer, self.top = index, constraint, tokenizer, top_logprobs
         self.tools = None if constraint.tool_mode == "none" else \
-            ToolCallStream(constraint.tool_mode, constraint.function, constraint.parallel)
+            ToolCallStream(constraint.tool_mode, constraint.function, constraint.parallel, constraint.schemas)
         self.held, self.times = [], []
 
     def step(self, ev) -> dict | None:

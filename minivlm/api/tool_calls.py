@@ -1,16 +1,20 @@
 """Tool calls read back from the text a model wrote, as OpenAI's `message.tool_calls`, whole or as the growing text
 streams. Three forms: a named function (the whole answer is its JSON arguments), `required` (a JSON array of
-{"name", "parameters"}, the form vLLM constrains it to) and `auto`, the model's own format: Qwen's (Hermes')
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks after any text, read as vLLM's hermes parser reads
-them (the text before the first block is the content; a block that is not JSON with a name makes the whole answer
-plain content). Arguments are the model's own JSON text where it wrote them whole, so a streamed call adds up to
-the same string as the non-streamed one."""
+{"name", "parameters"}, the form vLLM constrains it to) and `auto`, the model's own format, in `<tool_call>` blocks
+after any text: Qwen2.5's and Qwen3's (Hermes') JSON `{"name": ..., "arguments": {...}}`, read as vLLM's hermes
+parser reads it, or Qwen3.5's and Qwen3-Coder's XML `<function=NAME><parameter=P>value</parameter></function>`,
+read as vLLM's qwen3_coder parser reads it (each value typed by the tool's parameter schema). The text before the
+first block is the content; a block that parses as neither makes the whole answer plain content. Arguments are the
+model's own JSON text where it wrote them whole, so a streamed call adds up to the same string as the non-streamed
+one."""
 import json
 import re
 import uuid
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 BLOCKS = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)  # an unclosed last block counts too
+XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
+XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
 _decoder = json.JSONDecoder()
 
 
@@ -22,23 +26,68 @@ def call(name: str, arguments: str, id: str | None = None) -> dict:
     return {"id": id or call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def hermes_calls(text: str) -> tuple[str | None, list[dict]]:
-    """(content, calls) of an `auto` answer: the text before the first <tool_call> block and each block's call;
-    no block, or a block that does not parse, leaves the whole text as content."""
+def hermes_calls(text: str, schemas: dict | None = None) -> tuple[str | None, list[dict]]:
+    """(content, calls) of an `auto` answer: the text before the first <tool_call> block and each block's call
+    (JSON, or XML typed by schemas: tool name -> its parameters' JSON Schema); no block, or a block that parses as
+    neither, leaves the whole text as content."""
     start = text.find(TOOL_OPEN)
     if start < 0:
         return text, []
     calls = []
     for closed, unclosed in BLOCKS.findall(text[start:]):
-        try:
-            obj = json.loads(closed or unclosed)
-            name, args = obj["name"], obj.get("arguments", {})
-            if not isinstance(name, str) or not isinstance(obj, dict):
-                raise TypeError
-            calls.append(call(name, args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)))
-        except (ValueError, KeyError, TypeError):
+        block = closed or unclosed
+        parsed = xml_call(block, schemas or {}) if block.lstrip().startswith("<function=") else json_call(block)
+        if parsed is None:
             return text, []
+        calls.append(parsed)
     return text[:start] or None, calls
+
+
+def json_call(block: str) -> dict | None:
+    try:
+        obj = json.loads(block)
+        name, args = obj["name"], obj.get("arguments", {})
+        if not isinstance(name, str):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return call(name, args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+
+
+def xml_call(block: str, schemas: dict) -> dict | None:
+    """<function=NAME> with its <parameter=P> values (one newline trimmed each side), typed by NAME's schema."""
+    m = XML_FUNCTION.match(block)
+    if m is None:
+        return None
+    name, body = m.group(1).strip(), m.group(2)
+    properties = (schemas.get(name) or {}).get("properties", {})
+    args = {}
+    for key, value in XML_PARAMETER.findall(body):
+        value = value[1:] if value.startswith("\n") else value
+        args[key.strip()] = typed(value[:-1] if value.endswith("\n") else value, properties.get(key.strip(), {}))
+    return call(name, json.dumps(args, ensure_ascii=False))
+
+
+def typed(value: str, schema: dict):
+    """A parameter's text as its schema's type: strings as written; integers, numbers, booleans, objects and arrays
+    parsed (vLLM's qwen3_coder rules); "null" is None; a value that does not parse stays a string."""
+    kind = schema.get("type", "string") if isinstance(schema, dict) else "string"
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    if value.strip().lower() == "null":
+        return None
+    try:
+        if kind == "integer":
+            return int(value)
+        if kind == "number":
+            number = float(value)
+            return int(number) if number.is_integer() and "." not in value and "e" not in value.lower() else number
+        if kind == "boolean":
+            return {"true": True, "false": False}[value.strip().lower()]
+        if kind in ("object", "array"):
+            return json.loads(value)
+    except (ValueError, KeyError):
+        pass
+    return value
 
 
 def value_end(text: str, start: int) -> int | None:
@@ -91,15 +140,17 @@ def required_calls(text: str) -> list[dict]:
     return [call(name, args) for name, args, _ in required_progress(text)]
 
 
-def message(text: str, mode: str, function: str | None = None, parallel: bool = True) -> dict:
-    """The assistant message of a finished answer: content, and tool_calls when the mode reads any."""
+def message(text: str, mode: str, function: str | None = None, parallel: bool = True,
+            schemas: dict | None = None) -> dict:
+    """The assistant message of a finished answer: content, and tool_calls when the mode reads any (schemas: each
+    tool's parameters, which type `auto`'s XML values)."""
     content, calls = text, []
     if mode == "named":
         content, calls = None, [call(function, text)]
     elif mode == "required":
         content, calls = None, required_calls(text)
     elif mode == "auto":
-        content, calls = hermes_calls(text)
+        content, calls = hermes_calls(text, schemas)
     out = {"role": "assistant", "content": content, "refusal": None}
     if calls:
         out["tool_calls"] = calls if parallel else calls[:1]
@@ -110,8 +161,8 @@ class ToolCallStream:
     """One choice's tool calls as its text grows: update(text) returns the new part as an OpenAI delta (content
     and/or tool_calls entries, each naming its call by index); {} when there is nothing new to send yet."""
 
-    def __init__(self, mode: str, function: str | None = None, parallel: bool = True):
-        self.mode, self.function, self.parallel = mode, function, parallel
+    def __init__(self, mode: str, function: str | None = None, parallel: bool = True, schemas: dict | None = None):
+        self.mode, self.function, self.parallel, self.schemas = mode, function, parallel, schemas
         self.sent_args: list[int] = []  # per call announced: how much of its arguments was sent
         self.sent_content = 0
         self.called = False
@@ -147,7 +198,7 @@ class ToolCallStream:
                                          if text.endswith(TOOL_OPEN[:k])), 0)
             return self._content(text[:len(text) - keep])
         closed = text[:text.rfind(TOOL_CLOSE) + len(TOOL_CLOSE)] if TOOL_CLOSE in text[start:] else text[:start]
-        _, calls = hermes_calls(text if final else closed)
+        _, calls = hermes_calls(text if final else closed, self.schemas)
         if final and not calls:  # a block that does not parse: the rest is content after all
             return self._content(text)
         delta = self._content(text[:start])
