@@ -152,7 +152,7 @@ def main():
                    help="scenes: the training generator; alt: tools/scenes_alt.py, an independent renderer")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quantization", choices=["int8", "int4"], default=None,
-                   help="the engine's weight-only quantization (with bf16 activations, as dtype=auto runs it)")
+                   help="the engine's weight-only quantization (run as dtype=auto runs it)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     for model in args.model:
@@ -168,8 +168,8 @@ def report(model: str, args):
     names = [(b, lang) for lang in langs for b in backends]  # columns: each language, each backend
     results = {}
     for backend_name in backends:
-        # quantized weights run with bf16 activations, as dtype="auto" gives them (cpu_dtype.py)
-        quant = {"quantization": args.quantization, "dtype": "bfloat16"} if args.quantization else {}
+        # quantized weights run as dtype="auto" runs them (cpu_dtype.py: fp32, the products' inputs in bf16)
+        quant = {"quantization": args.quantization, "dtype": "auto"} if args.quantization else {}
         backend = EngineBackend(model, **quant) if backend_name == "engine" else HFBackend(model)
         for lang in langs:
             results[backend_name, lang] = evaluate(backend, args.per_type, seed, args.rows, lang=lang,
