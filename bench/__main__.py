@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 
-from bench import (chunked_prefill, events_overhead, hybrid_decode, kv_events_overhead, long_context, memory,
-                   panel_overhead, peer_llamacpp, prefix_cache, quantized, single_stream, speculative,
+from bench import (busy_machine, chunked_prefill, events_overhead, hybrid_decode, kv_events_overhead, long_context,
+                   memory, panel_overhead, peer_llamacpp, prefix_cache, quantized, single_stream, speculative,
                    structured_decode, throughput)
 from bench.report import machine, markdown_table, text_table
 from bench.workload import (BENCH_MODEL, SMOKE_MODEL, build_checkpoint, hf_generate, load_hf, make_engine,
@@ -23,7 +23,8 @@ MEASUREMENTS = {"throughput": throughput.measure, "single_stream": single_stream
                 "events": events_overhead.measure, "chunked_prefill": chunked_prefill.measure,
                 "kv_events": kv_events_overhead.measure, "long_context": long_context.measure,
                 "hybrid_decode": hybrid_decode.measure, "speculative": speculative.measure,
-                "structured_decode": structured_decode.measure, "quantized": quantized.measure}
+                "structured_decode": structured_decode.measure, "quantized": quantized.measure,
+                "busy_machine": busy_machine.measure}
 PEERS = {"llamacpp": peer_llamacpp.measure}  # other engines on the same checkpoint: run only when asked (--peer)
 
 
@@ -71,7 +72,8 @@ def main(argv=None):
                     help="run only these measurements (none if no name is given: the --peer rows only)")
     ap.add_argument("--peer", action="append", default=[], choices=list(PEERS),
                     help="add rows against another engine (llamacpp: builds llama.cpp and converts the checkpoint "
-                         "to GGUF on first use, cached in .cache/llamacpp/)")
+                         "to GGUF on first use, cached in .cache/llamacpp/; then fp32/bf16/int8/int4 against "
+                         "f32/f16/Q8_0/Q4_K_M on a ~340M checkpoint built beside the bench one, quiet and busy)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"], help="engine and HF device")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="both sides")
     ap.add_argument("--hf-onednn", action="store_true",
@@ -103,6 +105,8 @@ def main(argv=None):
     header = (f"model: random Qwen2.5-VL architecture, {param_count(model_dir) / 1e6:.1f}M parameters, "
               f"{args.dtype} on {args.device}; baseline: {baseline}\n"
               f"machine: {machine()}\ncommand: {command} (repeats {repeats}, {time.perf_counter() - start:.0f}s)")
+    if "llamacpp" in args.peer:  # the precision rows run on their own checkpoint; their kernels hang on CPU flags
+        header += peer_llamacpp.header_lines(details)
     print(header + "\n\n" + text_table(rows))
     if args.markdown:
         with open(args.markdown, "w") as f:

@@ -94,26 +94,55 @@ def convert_command(model_dir: str, outfile: str, outtype: str, mmproj: bool) ->
             *(["--mmproj"] if mmproj else [])]
 
 
-def ensure_gguf(model_dir: str, outtype: str, cache=CACHE_DIR, log=print) -> tuple[str, str]:
-    """(text model, mmproj) GGUF files of the checkpoint in `outtype`, converted once into the cache (keyed by
-    the checkpoint's config and weights size, so a changed checkpoint converts again)."""
+def gguf_dir(model_dir: str, cache=CACHE_DIR) -> str:
+    """The cache folder of one checkpoint's GGUF files, keyed by its config and weights size (a changed checkpoint
+    converts again)."""
     with open(os.path.join(model_dir, "config.json"), "rb") as f:
         key = hashlib.sha256(f.read()).hexdigest()[:12]
     key += "-" + str(sum(os.path.getsize(os.path.join(model_dir, n)) for n in os.listdir(model_dir)
                          if n.endswith(".safetensors")))
     out_dir = os.path.join(cache, "gguf", f"{os.path.basename(os.path.normpath(model_dir))}-{key}")
     os.makedirs(out_dir, exist_ok=True)
-    paths = (os.path.join(out_dir, f"model-{outtype}.gguf"), os.path.join(out_dir, f"mmproj-{outtype}.gguf"))
+    return out_dir
+
+
+def ensure_gguf(model_dir: str, outtype: str, cache=CACHE_DIR, log=print, mmproj_type: str = None) -> tuple[str, str]:
+    """(text model, mmproj) GGUF files of the checkpoint, the text model in `outtype` and the mmproj in
+    `mmproj_type` (default the same), converted once into the cache."""
+    out_dir = gguf_dir(model_dir, cache)
+    mmproj_type = mmproj_type or outtype
+    paths = (os.path.join(out_dir, f"model-{outtype}.gguf"), os.path.join(out_dir, f"mmproj-{mmproj_type}.gguf"))
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for path, mmproj in zip(paths, (False, True)):
+    for path, kind, mmproj in zip(paths, (outtype, mmproj_type), (False, True)):
         if not os.path.exists(path):
             log(f"[llamacpp] converting {model_dir} to {path} with convert_hf_to_gguf.py")
-            done = subprocess.run(convert_command(model_dir, path + ".part", outtype, mmproj), cwd=repo,
+            done = subprocess.run(convert_command(model_dir, path + ".part", kind, mmproj), cwd=repo,
                                   capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"convert_hf_to_gguf failed for {path}:\n{done.stderr[-2000:]}")
             os.replace(path + ".part", path)
     return paths
+
+
+def quantize_command(binary: str, source: str, out: str, qtype: str, threads: int) -> list:
+    return [binary, source, out, qtype.upper(), str(threads)]
+
+
+def ensure_quantized(model_dir: str, qtype: str, quantize_binary: str, cache=CACHE_DIR, log=print,
+                     threads: int = 2) -> tuple[str, str]:
+    """(text model, mmproj) with the text model in a llama.cpp-only type (e.g. q4_k_m, which the converter cannot
+    write) made by llama-quantize from the f32 GGUF; the mmproj stays f16 (the vision tower is prefill only)."""
+    source, _ = ensure_gguf(model_dir, "f32", cache, log)
+    _, mmproj = ensure_gguf(model_dir, "f16", cache, log)
+    path = os.path.join(gguf_dir(model_dir, cache), f"model-{qtype}.gguf")
+    if not os.path.exists(path):
+        log(f"[llamacpp] quantizing {source} to {qtype} with llama-quantize")
+        done = subprocess.run(quantize_command(quantize_binary, source, path + ".part", qtype, threads),
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"llama-quantize failed for {path}:\n{(done.stdout + done.stderr)[-2000:]}")
+        os.replace(path + ".part", path)
+    return path, mmproj
 
 
 def main(argv=None):

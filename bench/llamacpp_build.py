@@ -15,7 +15,9 @@ import tempfile
 
 SDIST_VERSION = "0.3.36"
 CACHE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "llamacpp")
-TARGETS = ("llama-server",)  # one server answers both peer rows: single stream (-np 1) and the batch (-np 16 -cb)
+# One server answers every peer row (single stream -np 1, the batch -np 16 -cb); llama-quantize makes Q4_K_M,
+# which the converter cannot write (its --outtype stops at q8_0).
+TARGETS = ("llama-server", "llama-quantize")
 # Release, CPU only; no network features (OpenSSL, prebuilt web UI) and nothing the bench does not run.
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF",
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF",

@@ -46,16 +46,23 @@ def png_base64(image) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def completion_body(prompt: str, images: list, new_tokens: int) -> dict:
-    """Greedy, EOS ignored, exactly `new_tokens` tokens, token ids returned, no prompt cache."""
-    return {"prompt": {"prompt_string": prompt, "multimodal_data": [png_base64(im) for im in images]},
+def completion_body(prompt: str, images: list, new_tokens: int, logprobs: bool = False) -> dict:
+    """Greedy, EOS ignored, exactly `new_tokens` tokens, token ids returned, no prompt cache; with logprobs, each
+    token's log-probability from the raw logits (n_probs 1, not post-sampling: top_k 1 would make it 0)."""
+    body = {"prompt": {"prompt_string": prompt, "multimodal_data": [png_base64(im) for im in images]},
             "n_predict": new_tokens, "ignore_eos": True, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
             "return_tokens": True, "stream": False}
+    return {**body, "n_probs": 1, "post_sampling_probs": False} if logprobs else body
 
 
-def request_body(processor, request, new_tokens: int) -> dict:
+def request_body(processor, request, new_tokens: int, logprobs: bool = False) -> dict:
     """The /completion body for one engine Request: same prompt text and images, `new_tokens` greedy tokens."""
-    return completion_body(llama_prompt(processor, request), request.images, new_tokens)
+    return completion_body(llama_prompt(processor, request), request.images, new_tokens, logprobs)
+
+
+def chunk_logprobs(chunk: dict) -> list[float]:
+    """The chosen tokens' log-probabilities in one streamed chunk (empty when none were asked for)."""
+    return [p["logprob"] for p in chunk.get("completion_probabilities", [])]
 
 
 class LlamaServer:
@@ -111,8 +118,9 @@ class LlamaServer:
             raise RuntimeError(f"llama-server /completion {reply.status_code}: {reply.text[:300]}")
         return reply.json()
 
-    def stream(self, body: dict) -> tuple[list[float], list[int], dict]:
-        """One streamed request: the arrival time of each token, the token ids, and the final chunk (timings)."""
+    def stream(self, body: dict, logprobs: list = None) -> tuple[list[float], list[int], dict]:
+        """One streamed request: the arrival time of each token, the token ids, and the final chunk (timings);
+        each token's log-probability is appended to `logprobs` when given (the body must ask for them)."""
         times, tokens, last = [], [], {}
         with httpx.stream("POST", self.url + "/completion", json={**body, "stream": True}, timeout=600) as r:
             if r.status_code != 200:
@@ -124,6 +132,8 @@ class LlamaServer:
                 if last.get("tokens"):
                     times.append(time.perf_counter())
                     tokens += last["tokens"]
+                if logprobs is not None:
+                    logprobs += chunk_logprobs(last)
         return times, tokens, last
 
     def complete_all(self, bodies: list[dict]) -> list[dict]:
@@ -137,4 +147,4 @@ def start(binary: str, model: str, mmproj: str, threads: int, slots: int, log_di
     port = free_port()
     name = os.path.basename(model).replace(".gguf", "")
     return LlamaServer(server_command(binary, model, mmproj, port, threads, slots), port,
-                       os.path.join(log_dir, f"llama-server-{name}.log"))
+                       os.path.join(log_dir, f"llama-server-{name}-np{slots}.log"))

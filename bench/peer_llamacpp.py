@@ -9,6 +9,8 @@ the vision tower in the same type); llama.cpp is built from the source the llama
   their images, against `Engine.generate` on the same requests (wall time, prefill included on both sides).
 The weights are random: llama.cpp's greedy tokens are compared with the engine's (not with HF's) and a
 difference is expected where two logits are close; the note counts the matches and the prompt lengths.
+Then the precision rows on a ~340M checkpoint (bench/peer_quantized.py): fp32/bf16/int8/int4 against
+f32/f16/Q8_0/Q4_K_M, quiet and beside one busy core.
 """
 import os
 from contextlib import ExitStack
@@ -17,7 +19,7 @@ import torch
 
 from minivlm import Request, SamplingParams
 
-from bench import llamacpp_build, llamacpp_server
+from bench import llamacpp_build, llamacpp_server, peer_quantized
 from bench.gguf_convert import ensure_gguf
 from bench.llamacpp_server import request_body
 from bench.single_stream import engine_rate
@@ -54,7 +56,13 @@ def measure(ctx, model_dir: str, new_tokens: int = 64, batch_size: int = 16, bat
         warm = uniform_requests(2, seed=99)  # first image requests pay one-time costs (graph set-up): not timed
         for server in servers.values():
             server.complete_all([request_body(ctx.hf_processor, r, 2) for r in warm])
-        return single_stream_rows(ctx, servers, new_tokens) + batch_rows(ctx, servers, batch_size, batch_tokens)
+        rows = single_stream_rows(ctx, servers, new_tokens) + batch_rows(ctx, servers, batch_size, batch_tokens)
+    return rows + peer_quantized.measure(ctx, model_dir, log=log)  # after the servers above stopped (memory)
+
+
+def header_lines(details: dict) -> str:
+    """What the peer adds to the bench header (the precision rows' checkpoint, the CPU's SIMD flags)."""
+    return peer_quantized.header_lines(details)
 
 
 def single_stream_rows(ctx, servers: dict, new_tokens: int) -> list[Row]:

@@ -14,6 +14,10 @@ from minivlm.model import backends
 # are in the layers, like the real models).
 BENCH_MODEL = dict(hidden=768, layers=8, heads=12, kv_heads=2, head_dim=64, intermediate=2560,
                    vision_depth=4, vision_hidden=384, vision_heads=6, tie=True)
+# The llama.cpp peer's quantized rows (issue #44): ~340M parameters, the shape of a real small model (28-layer
+# 1024-wide GQA decoder, 3072 MLP; a small ViT), big enough that its Q8_0 GGUF (~360 MB) is far past the CPU cache.
+PEER_MODEL = dict(hidden=1024, layers=28, heads=16, kv_heads=4, head_dim=64, intermediate=3072,
+                  vision_depth=4, vision_hidden=384, vision_heads=6, tie=True)
 # The test-suite smoke run: the same code path on a model that loads in a second.
 SMOKE_MODEL = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128,
                    vision_depth=2, vision_hidden=32, vision_heads=2, tie=True)

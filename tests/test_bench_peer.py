@@ -6,8 +6,10 @@ import os
 
 import pytest
 
-from bench import llamacpp_build, llamacpp_server
-from bench.gguf_convert import convert_command
+import torch
+
+from bench import llamacpp_build, llamacpp_server, peer_quantized
+from bench.gguf_convert import convert_command, quantize_command
 from bench.workload import SMOKE_MODEL, build_checkpoint, scene
 from minivlm import Request
 
@@ -25,16 +27,18 @@ def test_build_is_release_cpu_only_and_reused_only_when_flags_match(tmp_path):
     configure = llamacpp_build.configure_command(str(tmp_path))
     assert "-DCMAKE_BUILD_TYPE=Release" in configure and "-DGGML_CUDA=OFF" in configure
     assert configure[configure.index("-S") + 1].endswith("vendor/llama.cpp")
-    assert llamacpp_build.build_command(2, str(tmp_path))[-2:] == ["--target", "llama-server"]
+    assert llamacpp_build.build_command(2, str(tmp_path))[-3:] == ["--target", "llama-server", "llama-quantize"]
     assert not llamacpp_build.is_built(str(tmp_path))
-    binary = llamacpp_build.binary("llama-server", str(tmp_path))
-    os.makedirs(os.path.dirname(binary))
-    open(binary, "w").close()
+    os.makedirs(os.path.dirname(llamacpp_build.binary("llama-server", str(tmp_path))))
+    for target in llamacpp_build.TARGETS:
+        open(llamacpp_build.binary(target, str(tmp_path)), "w").close()
     stamp = tmp_path / "build" / "minivlm-stamp.json"
     stamp.write_text('{"sdist": "llama-cpp-python==0.0.1"}')
     assert not llamacpp_build.is_built(str(tmp_path))  # built from another sdist: rebuild
     stamp.write_text(__import__("json").dumps(llamacpp_build.stamp()))
     assert llamacpp_build.is_built(str(tmp_path))
+    os.remove(llamacpp_build.binary("llama-quantize", str(tmp_path)))
+    assert not llamacpp_build.is_built(str(tmp_path))  # a build from before Q4_K_M: build the quantizer too
 
 
 def test_server_command_batches_on_the_same_threads():
@@ -44,6 +48,61 @@ def test_server_command_batches_on_the_same_threads():
     assert cmd[cmd.index("--mmproj") + 1] == "mm.gguf" and cmd[cmd.index("--cache-ram") + 1] == "0"
     assert convert_command("ckpt", "out.gguf", "f16", mmproj=True)[-5:] == [
         "--outfile", "out.gguf", "--outtype", "f16", "--mmproj"]
+    assert quantize_command("llama-quantize", "m-f32.gguf", "m-q4.gguf", "q4_k_m", 2) == [
+        "llama-quantize", "m-f32.gguf", "m-q4.gguf", "Q4_K_M", "2"]
+
+
+def test_peer_model_is_about_340m_and_its_pairs_cover_each_precision():
+    from bench.workload import PEER_MODEL
+    from tools.make_checkpoint import build_tokenizer, tiny_config
+    from transformers import Qwen2_5_VLForConditionalGeneration
+    with torch.device("meta"):  # parameters counted without allocating them
+        model = Qwen2_5_VLForConditionalGeneration(tiny_config("qwen2_5_vl", build_tokenizer(), **PEER_MODEL))
+    params = sum(p.numel() for p in model.parameters())
+    assert 320e6 < params < 370e6 and PEER_MODEL["kv_heads"] < PEER_MODEL["heads"]  # GQA
+    text = params - sum(p.numel() for p in model.model.visual.parameters())
+    assert 330e6 < text * 34 / 32 < 390e6  # Q8_0: 34 bytes per 32 weights, ~360 MB
+    for spec in (PEER_MODEL, peer_quantized.SMOKE_PEER_MODEL):  # Q4_K blocks are 256 wide: no fallback type
+        assert spec["hidden"] % 256 == 0 and spec["intermediate"] % 256 == 0
+    assert [q for _, _, q, _ in peer_quantized.PAIRS] == ["f32", "f16", "q8_0", "q4_k_m"]
+    assert [g for *_, g in peer_quantized.PAIRS] == [None, None, 1.0, None]  # the goal row: int8 vs Q8_0
+
+
+def test_cpu_flags_name_the_simd_features_present_and_absent(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("model name\t: Some CPU\nflags\t\t: fpu avx2 fma avx512f avx512_bf16 amx_tile\n")
+    have, absent = peer_quantized.cpu_flags(str(info)).split("; absent: ")
+    assert have.split() == ["avx2", "fma", "avx512f", "avx512_bf16", "amx_tile"]
+    assert "avx512_vnni" in absent.split() and "amx_int8" in absent.split()
+    assert "unknown" in peer_quantized.cpu_flags(str(tmp_path / "missing"))
+
+
+def test_llama_logprobs_are_read_per_chunk_and_compared_while_tokens_agree():
+    body = llamacpp_server.completion_body("p", [], 4, logprobs=True)
+    assert body["n_probs"] == 1 and body["post_sampling_probs"] is False  # raw logits: top_k 1 would give 0
+    assert "n_probs" not in llamacpp_server.completion_body("p", [], 4)
+    chunk = {"tokens": [5], "completion_probabilities": [{"id": 5, "logprob": -0.25, "top_logprobs": []}]}
+    assert llamacpp_server.chunk_logprobs(chunk) == [-0.25] and llamacpp_server.chunk_logprobs({}) == []
+    ref = peer_quantized.llama_output([1, 2, 3, 4], [-0.1, -0.2, -0.3, -0.4])
+    out = peer_quantized.llama_output([1, 2, 9, 4], [-0.15, -0.1, -5.0, -0.4])
+    same, worst = peer_quantized.compare(out, ref)
+    assert same == 2 and abs(worst - 0.1) < 1e-9  # the differing third token's logprob is not counted
+    no_probs = peer_quantized.llama_output([1, 2, 9], [])
+    assert peer_quantized.compare(no_probs, ref) == (2, None)
+    assert peer_quantized.fmt_worst(0, 0.0).startswith("n/a")  # nothing equal: no logprob to compare
+
+
+def test_busy_row_keeps_the_quiet_ratio_goal():
+    quiet = {"engine": {"int8": [10.0]}, "llama": {"q8_0": [8.0]}, "load": [0.2, 0.4]}
+    busy = {"engine": {"int8": [6.0]}, "llama": {"q8_0": [5.0]}, "load": [1.1, 1.3]}
+    row = peer_quantized.busy_row("340M", "int8", "q8_0", quiet, busy)
+    assert row.ratio == 1.2 and row.goal == ">= 1.00x (0.8 x quiet)" and row.passed  # 1.2 >= 0.8 * 1.25
+    assert "engine keeps 60%" in row.note and "llama.cpp keeps 62%" in row.note and "keeps 96%" in row.note
+    assert "load average 1.1–1.3 (quiet 0.2–0.4" in row.note
+    assert "%" not in row.goal  # the table prints the ratio as x, not as a percentage
+    with peer_quantized.busy_core() as proc:
+        assert proc.poll() is None
+    assert proc.poll() is not None  # killed after the timed part
 
 
 def test_llama_prompt_is_the_engines_chat_prompt_with_a_media_marker(smoke_dir):
@@ -111,10 +170,16 @@ def test_peer_rows_end_to_end_on_the_smoke_model(tmp_path):
     from bench.__main__ import main
     rows, details = main(["--smoke", "--repeats", "1", "--threads", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
                           "--only", "--peer", "llamacpp"])
+    label = details["peer_llamacpp_precision"]["label"]
+    pairs = [f"{label} single-stream decode, engine {n} vs llama.cpp {q.upper()}"
+             for n, _, q, _ in peer_quantized.PAIRS]
     assert [r.metric for r in rows] == [
         "single-stream decode vs llama.cpp f32", "single-stream decode vs llama.cpp f16",
-        "uniform: throughput vs llama-server -np 16 -cb f32", "uniform: throughput vs llama-server -np 16 -cb f16"]
+        "uniform: throughput vs llama-server -np 16 -cb f32", "uniform: throughput vs llama-server -np 16 -cb f16",
+        *pairs, *[p + ", one busy core" for p in pairs]]
     assert all(r.engine > 0 and r.baseline > 0 for r in rows)
+    assert "no logprobs returned" not in rows[6].note  # llama-server sent per-token logprobs (Q8_0 vs f32)
+    assert rows[6].goal == ">= 1.0x" and rows[-1].goal.endswith("(0.8 x quiet)")
     # both sides were given the same prompts: llama.cpp counts as many prompt tokens (text + image) as the engine
     batch = details["peer_llamacpp_batch"]
     assert batch["prompt_tokens"]["f32"] == batch["prompt_tokens"]["engine"]

@@ -49,8 +49,9 @@ def test_int8_engine_stays_close_to_fp32_and_counts_its_bytes():
         outs = e.generate(reqs, params)
         report = e.memory_report()
         assert "int8" in e.linear_backend
-    # each decoder linear: fp32 weights (4 bytes) become int8 (1 byte) plus one bf16 scale per output channel
-    assert report.weights_bytes == fp32_bytes - sum(o * i * 4 - o * i - o * 2 for o, i in shapes)
+    # each decoder linear: fp32 weights (4 bytes) become int8 (1 byte) plus a scale per output channel, in bf16 for
+    # PyTorch's kernel and in fp32 for gemv_int8.c
+    assert report.weights_bytes == fp32_bytes - sum(o * i * 4 - o * i - o * 2 - o * 4 for o, i in shapes)
     assert report.weights_bytes < fp32_bytes
     same = worst = 0
     total = 0
@@ -99,3 +100,40 @@ def test_an_auto_int8_engine_runs_the_fused_c_ops_in_fp32_and_says_why():
                           SamplingParams(max_tokens=4)).token_ids
     with Engine(EngineConfig(device="cpu", num_blocks=16)) as e:  # the tiny model: fp32 wherever it runs
         assert e.model.dtype == torch.float32 and e.dtype_reason.key in ("engine.dtype_no_bf16", "engine.dtype_small")
+
+
+@pytest.mark.parametrize("rows, in_features", [(1, 2 * GROUP), (3, 100), (16, 777), (5, 8)])
+def test_gemv_int8_equals_the_dequantized_product(rows, in_features):
+    """gemv_int8.c (decode rows of an int8 layer): the fp32 product with the dequantized weights, for widths that
+    fill its vectors and ones that leave a tail, one row to sixteen."""
+    from minivlm.model.backends.cpu_kernels import gemv_int8
+    if gemv_int8.KERNELS.get() is None:
+        pytest.skip(f"gemv_int8.c did not build: {gemv_int8.KERNELS.error}")
+    torch.manual_seed(rows)
+    linear = nn.Linear(in_features, 37, bias=True)
+    q8 = Int8Linear(linear, torch.float32)
+    x = torch.randn(rows, in_features)
+    want = (x.double() @ q8.dequantized().double().t() + linear.bias.double()).float()
+    got = gemv_int8.linear(x, q8.qweight, q8.scales_f32, linear.bias)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    q8.small_rows = 16
+    assert torch.equal(q8(x), got)  # the layer sends decode rows there once the calibration chose it
+
+
+@pytest.mark.parametrize("gemv_ms, torch_ms, rows", [(1.0, 2.0, 16), (2.0, 1.0, 0)])
+def test_an_int8_engine_times_both_kernels_at_load_and_keeps_the_faster(monkeypatch, gemv_ms, torch_ms, rows):
+    from minivlm.model.backends import calibrate
+    from minivlm.model.backends.cpu_kernels import gemv_int8
+    if gemv_int8.KERNELS.get() is None:
+        pytest.skip("gemv_int8.c did not build")
+
+    def timer(backend, decoder, kv_caches, block_size):
+        used = next(m for m in decoder.modules() if isinstance(m, Int8Linear)).small_rows
+        return (gemv_ms if used else torch_ms) / 1e3
+    monkeypatch.setattr(calibrate.choose_int8, "__defaults__", (timer,))
+    with Engine(EngineConfig(device="cpu", quantization="int8", num_blocks=16)) as e:
+        layers = [m for m in e.model.decoder.modules() if isinstance(m, Int8Linear)]
+        assert layers and all(m.small_rows == rows for m in layers)
+        assert f"gemv_int8.c {gemv_ms:.2f} ms" in e.calibration and f"int8 kernel {torch_ms:.2f} ms" in e.calibration
+        assert e.generate(Request(prompt="Describe the picture.", images=[PICTURES[0]]),
+                          SamplingParams(max_tokens=4)).token_ids

@@ -45,8 +45,12 @@ def pick(model, config, kv_caches) -> Backend:
         attention = Attention(reasons[0] if reasons else "")
     if cpu_fp32(model.device, model.dtype):  # quantized: the fused small ops around PyTorch's int8 / int4 products
         kernels = _module("cpu_kernels").backend(model, config, attention)
-        if config.enforce_eager or type(kernels) is Backend or getattr(model, "quantization", None):
-            return kernels  # asked for PyTorch's ops, or the C step is off, or nothing dense to time it against
+        if config.enforce_eager or type(kernels) is Backend:
+            return kernels  # asked for PyTorch's ops, or the C step is off
+        if getattr(model, "quantization", None) == "int8":  # which int8 kernel runs decode rows
+            return _module("calibrate").choose_int8(kernels, model.decoder, kv_caches, config.block_size)
+        if getattr(model, "quantization", None):
+            return kernels
         return _module("calibrate").choose(kernels, model.decoder, kv_caches, config.block_size)
     if getattr(model, "quantization", None):  # the fused C paths run in fp32; a bf16 engine runs PyTorch's ops
         return Backend(attention, Said("engine.decode_torch", why=Said("engine.decode_quantized")))

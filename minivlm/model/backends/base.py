@@ -35,6 +35,8 @@ WORDS = {
     "engine.decode_quantized": "the fused C paths run in fp32",
     "engine.decode_calibrated": "calibrated at load, a decode step: C kernels {c} ms, PyTorch ops with oneDNN linears "
                                 "{onednn} ms{mkl}",
+    "engine.calibrated_int8": "calibrated at load, a decode step: int8 rows through gemv_int8.c {gemv} ms, "
+                              "PyTorch's int8 kernel {torch} ms",
     "engine.calibration_small": "not calibrated: {mib} MiB of linear weights, a step is overhead",
     "engine.calibrated_mkl_ms": ", with nn.Linear (MKL) {ms} ms",
     "engine.calibrated_onednn": "PyTorch ops with oneDNN linears",

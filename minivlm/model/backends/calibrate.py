@@ -71,3 +71,24 @@ def choose(kernels: Backend, decoder, kv_caches, block_size: int, timer=step_sec
         torch_ops.decode = Said("engine.decode_torch", why=Said("engine.calibrated_mkl"))
     chosen.calibration = said
     return chosen
+
+
+def choose_int8(kernels: Backend, decoder, kv_caches, block_size: int, timer=step_seconds) -> Backend:
+    """Quantized int8 weights in an fp32 engine: decode rows through gemv_int8.c or PyTorch's int8 kernel, whichever
+    a timed step says is faster (gemv_int8.c needs its build); the backend's `calibration` says the times."""
+    from minivlm.model.backends.cpu_kernels import gemv, gemv_int8
+    from minivlm.model.backends.quantized import Int8Linear
+    if os.environ.get(SWITCH, "1") == "0" or gemv_int8.KERNELS.get() is None:
+        return kernels
+    layers, times = [m for m in decoder.modules() if isinstance(m, Int8Linear)], {}
+
+    def use(rows: int):
+        for m in layers:
+            m.small_rows = rows
+    for rows in (gemv.MAX_ROWS, 0):
+        use(rows)
+        times[rows] = timer(kernels, decoder, kv_caches, block_size)
+    use(min(times, key=times.get))
+    kernels.calibration = Said("engine.calibrated_int8", gemv=f"{times[gemv.MAX_ROWS] * 1e3:.2f}",
+                               torch=f"{times[0] * 1e3:.2f}")
+    return kernels

@@ -7,7 +7,8 @@ its int4 kernel takes no other. In an fp32 engine the layers' small ops then run
 products (decode_ops.c; attention over the pool in place), which PyTorch's ops cost more than the products here.
 
     int8  symmetric, one scale per output channel (max |w| / 127), scales in bf16;
-          torch.ops.aten._weight_int8pack_mm
+          torch.ops.aten._weight_int8pack_mm, or for decode rows gemv_int8.c where the load's calibration finds it
+          faster (it read 19.5 GB/s from memory where PyTorch's kernel read 13.4, on the 348M bench model's layers)
     int4  asymmetric, one scale and zero point per group of GROUP input channels; PyTorch's packed layout,
           torch.ops.aten._weight_int4pack_mm_for_cpu
 
@@ -16,12 +17,17 @@ form; bitsandbytes / torchao would be the way there)."""
 import torch
 from torch import nn
 
+from minivlm.model.backends.cpu_kernels import gemv_int8
+
 METHODS = ("int8", "int4")
 GROUP = 128  # int4 group size (input channels per scale / zero point): PyTorch's kernel takes 32, 64, 128 or 256
 
 
 class Int8Linear(nn.Module):
-    """y = x @ (q * scale).T + b, with q int8 [out, in] and one scale per output row; x enters in bf16."""
+    """y = x @ (q * scale).T + b, with q int8 [out, in] and one scale per output row. fp32 inputs of at most
+    `small_rows` rows run gemv_int8.c (a decode step; the calibration at load sets it where that is faster), the
+    rest PyTorch's kernel, which takes x in bf16."""
+    small_rows = 0
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
         super().__init__()
@@ -29,10 +35,13 @@ class Int8Linear(nn.Module):
         scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).to(torch.bfloat16)  # rounded first: q is against it
         self.register_buffer("qweight", torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scales", scale)
+        self.register_buffer("scales_f32", scale.float(), persistent=False)  # the same numbers, for gemv_int8.c
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and x.numel() <= self.small_rows * self.in_features:
+            return gemv_int8.linear(x, self.qweight, self.scales_f32, self.bias)
         y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous(),
                                                self.qweight, self.scales)
         y = y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)

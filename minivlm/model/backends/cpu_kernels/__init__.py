@@ -9,13 +9,13 @@ import os
 import torch
 
 from minivlm.model.backends.base import Attention, Backend, Limits, Said
-from minivlm.model.backends.cpu_kernels import decode_layer, decode_ops, gemv, linears, paged_cpu
+from minivlm.model.backends.cpu_kernels import decode_layer, decode_ops, gemv, gemv_int8, linears, paged_cpu
 from minivlm.model.backends.in_place import InPlaceAttention
 
 
 def start():
     """Build every kernel on background threads (the loader: they compile while the weights load)."""
-    for kernels in (gemv.KERNELS, paged_cpu.KERNELS, decode_ops.KERNELS, decode_layer.KERNELS):
+    for kernels in (gemv.KERNELS, gemv_int8.KERNELS, paged_cpu.KERNELS, decode_ops.KERNELS, decode_layer.KERNELS):
         kernels.start()
 
 

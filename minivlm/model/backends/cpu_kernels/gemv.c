@@ -8,17 +8,25 @@
    oneDNN's prepacked GEMM in bench.decode_linears (RESULTS.md, rounds 5 and 7). Built by gemv.py. */
 #include "simd.h"
 
+#ifndef GEMV_W  /* the weights' element type and how a vector of them is read: fp32 here; gemv_int8.c includes this
+                   file with int8 weights, each vector of VW bytes widened to floats as it is loaded */
+#define GEMV_W float
+#define GEMV_LOAD(p) (*(const vec *)(p))
+#endif
+
 #if VW == 16
 #define NR 6   /* weight rows a tile: 4 x 6 = 24 sums of the 32 registers (4x5 and 4x4 measured no faster) */
 #else
 #define NR 3   /* 4 x 3 sums + 3 weight vectors + 1 x vector: all 16 registers */
 #endif
 
-#define PREFETCH_AHEAD 64  /* floats past the same k in the next NR weight rows: a cache line or more ahead */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 64  /* weights past the same k in the next NR weight rows: a cache line or more ahead */
+#endif
 
 /* y[a, b] = x[a, :] . w[b, :] (+ bias[b]) for MR rows of x and N rows of w (row strides `in` and `out`). */
 #define TILE_(MR, N)                                                                                              \
-    static inline void tile_##MR##x##N(const float *x, const float *w, const float *bias, float *y, int64_t out,  \
+    static inline void tile_##MR##x##N(const float *x, const GEMV_W *w, const float *bias, float *y, int64_t out, \
                                        int64_t in) {                                                              \
         vec acc[MR][N];                                                                                           \
         for (int a = 0; a < MR; a++)                                                                              \
@@ -27,7 +35,7 @@
         for (; k + VW <= in; k += VW) {                                                                           \
             vec wv[N];                                                                                            \
             for (int b = 0; b < N; b++) {                                                                         \
-                wv[b] = *(const vec *)(w + b * in + k);                                                           \
+                wv[b] = GEMV_LOAD(w + b * in + k);                                                                \
                 if (MR > 2) IN_REGISTER(wv[b]);  /* one load, not MR (fewer rows: folded loads measured no slower) */\
                 __builtin_prefetch(w + (N + b) * in + k + PREFETCH_AHEAD, 0, 0);                                  \
             }                                                                                                     \
@@ -50,9 +58,10 @@ TILE(4, NR) TILE(3, NR) TILE(2, NR) TILE(1, NR) TILE(4, 1) TILE(1, 1)
 
 /* Weight rows [o, o + n) (n <= NR) against all x rows: y[:, o:o + n]. While the tiles of the x rows run, these
    weight rows stay in the cache. */
-static inline void gemv_block(const float *x, const float *w, const float *bias, float *y, int64_t rows,
+static inline void gemv_block(const float *x, const GEMV_W *w, const float *bias, float *y, int64_t rows,
                               int64_t out, int64_t in, int64_t o, int64_t n) {
-    const float *wo = w + o * in, *bo = bias ? bias + o : 0;
+    const GEMV_W *wo = w + o * in;
+    const float *bo = bias ? bias + o : 0;
     int64_t m = 0;
     if (n == NR) {
         for (; m + 4 <= rows; m += 4) TILE_OF(4, NR)(x + m * in, wo, bo, y + m * out + o, out, in);
@@ -63,7 +72,8 @@ static inline void gemv_block(const float *x, const float *w, const float *bias,
         }
     } else {  /* the last weight rows, fewer than NR */
         for (int64_t b = o; b < o + n; b++) {
-            const float *wb = w + b * in, *bb = bias ? bias + b : 0;
+            const GEMV_W *wb = w + b * in;
+            const float *bb = bias ? bias + b : 0;
             for (m = 0; m + 4 <= rows; m += 4) tile_4x1(x + m * in, wb, bb, y + m * out + b, out, in);
             for (; m < rows; m++) tile_1x1(x + m * in, wb, bb, y + m * out + b, out, in);
         }
@@ -72,7 +82,7 @@ static inline void gemv_block(const float *x, const float *w, const float *bias,
 
 /* A thread's share, inside a team already running (decode_layer.c runs a whole step in one team); no barrier at the
    end: the caller says when the team waits. */
-static void gemv_team(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out,
+static void gemv_team(const float *x, const GEMV_W *w, const float *bias, float *y, int64_t rows, int64_t out,
                       int64_t in) {
     const int64_t blocks = (out + NR - 1) / NR;
 #pragma omp for schedule(static) nowait
@@ -80,8 +90,10 @@ static void gemv_team(const float *x, const float *w, const float *bias, float *
         gemv_block(x, w, bias, y, rows, out, in, NR * ob, out - NR * ob < NR ? out - NR * ob : NR);
 }
 
+#ifndef GEMV_INT8
 void gemv_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out, int64_t in,
               int threads) {
 #pragma omp parallel num_threads(threads)
     gemv_team(x, w, bias, y, rows, out, in);
 }
+#endif
