@@ -1,8 +1,10 @@
 """13. Speed that survives a busy machine (#44 item 4): single-stream decode with one other process spinning on a
 core beside it (as a browser, Gradio's threads or a test run do in real use), against the same quiet. The engine
 runs on the cores the rest of the machine leaves free (engine/busy_threads.py); the same engine with its thread
-count fixed shows what that saves, and HF `generate` (fixed threads, as PyTorch runs by default) is the baseline.
-Runs alternate; the busy process starts before and stops after each busy set."""
+count fixed shows what that saves, and HF `generate` (fixed threads, as PyTorch runs by default) is context: its
+step is Python-bound on one core, so a second core taken costs it little. The goal against a peer that is
+bandwidth-bound like the engine (llama.cpp keeping 80 % of the quiet ratio) is peer_quantized.py's. Runs alternate;
+the busy process starts before and stops after each busy set."""
 import multiprocessing
 import time
 from contextlib import contextmanager
@@ -70,12 +72,12 @@ def measure(ctx, new_tokens: int = 64) -> list[Row]:
     kept = busy_ratio / quiet_ratio
     return [
         Row("one busy process: single-stream decode vs HF generate", b["engine"], b["hf"], "tok/s", busy_ratio,
-            ">= 80% of the quiet ratio", kept >= 0.8,
+            "context", None,
             f"quiet: engine {q['engine']:.1f}, HF {q['hf']:.1f} tok/s ({quiet_ratio:.2f}x); busy, the engine keeps "
             f"{kept:.0%} of its quiet ratio, {b['engine'] / q['engine']:.0%} of its quiet speed on {threads} "
             f"thread(s) (HF {b['hf'] / q['hf']:.0%} of its own)", spread=spread(busy["engine"], busy["hf"], "tok/s")),
         Row("one busy process: engine on the free cores vs its thread count fixed", b["engine"], b["fixed"], "tok/s",
-            b["engine"] / b["fixed"], "context", None,
+            b["engine"] / b["fixed"], ">= 1.0x", b["engine"] >= b["fixed"],
             f"fixed: torch's {ctx.engine.core.busy.max_threads if ctx.engine.core.busy else '?'} threads whatever "
             f"else runs", spread=spread(busy["engine"], busy["fixed"], "tok/s")),
     ]

@@ -95,7 +95,7 @@ def test_auto_dtype_on_the_cpu_is_bf16_only_where_it_is_native_and_pays():
 def test_an_auto_int8_engine_runs_the_fused_c_ops_in_fp32_and_says_why():
     with Engine(EngineConfig(device="cpu", quantization="int8", num_blocks=16)) as e:
         assert e.model.dtype == torch.float32 and e.dtype_reason.key == "engine.dtype_quantized"
-        assert e.decode_backend.startswith("fused small ops (decode_ops.c)") and "in-place paged decode" in e.attention_backend
+        assert e.decode_backend.startswith(("one C call", "fused small ops")) and "in-place paged decode" in e.attention_backend
         assert e.generate(Request(prompt="Describe the picture.", images=[PICTURES[0]]),
                           SamplingParams(max_tokens=4)).token_ids
     with Engine(EngineConfig(device="cpu", num_blocks=16)) as e:  # the tiny model: fp32 wherever it runs
@@ -122,18 +122,40 @@ def test_gemv_int8_equals_the_dequantized_product(rows, in_features):
 
 @pytest.mark.parametrize("gemv_ms, torch_ms, rows", [(1.0, 2.0, 16), (2.0, 1.0, 0)])
 def test_an_int8_engine_times_both_kernels_at_load_and_keeps_the_faster(monkeypatch, gemv_ms, torch_ms, rows):
+    """The C step over int8 weights (one call, decode_layer_int8.c) against the fused ops layer by layer around
+    PyTorch's int8 kernel: the faster runs, and either gives the tokens the other does."""
     from minivlm.model.backends import calibrate
     from minivlm.model.backends.cpu_kernels import gemv_int8
     if gemv_int8.KERNELS.get() is None:
         pytest.skip("gemv_int8.c did not build")
 
     def timer(backend, decoder, kv_caches, block_size):
-        used = next(m for m in decoder.modules() if isinstance(m, Int8Linear)).small_rows
-        return (gemv_ms if used else torch_ms) / 1e3
+        return (gemv_ms if backend.one_call else torch_ms) / 1e3
     monkeypatch.setattr(calibrate.choose_int8, "__defaults__", (timer,))
+    request = Request(prompt="Describe the picture.", images=[PICTURES[0]])
     with Engine(EngineConfig(device="cpu", quantization="int8", num_blocks=16)) as e:
         layers = [m for m in e.model.decoder.modules() if isinstance(m, Int8Linear)]
         assert layers and all(m.small_rows == rows for m in layers)
-        assert f"gemv_int8.c {gemv_ms:.2f} ms" in e.calibration and f"int8 kernel {torch_ms:.2f} ms" in e.calibration
-        assert e.generate(Request(prompt="Describe the picture.", images=[PICTURES[0]]),
-                          SamplingParams(max_tokens=4)).token_ids
+        assert e.core.runner.backend.one_call == (rows == 16)
+        assert f"int8 weights {gemv_ms:.2f} ms" in e.calibration and f"int8 kernel {torch_ms:.2f} ms" in e.calibration
+        assert len(e.generate(request, SamplingParams(max_tokens=12, ignore_eos=True)).token_ids) == 12
+
+
+def test_the_one_call_int8_step_gives_the_layer_by_layer_tokens_and_logprobs(monkeypatch):
+    """decode_layer_int8.c against the same int8 layers run one op at a time (gemv_int8.c, the same arithmetic)."""
+    from minivlm.model.backends.cpu_kernels import decode_layer
+    if decode_layer.KERNELS_INT8.get() is None:
+        pytest.skip("decode_layer_int8.c did not build")
+    reqs = [Request(prompt=q, images=[p]) for q, p in zip(("Describe the picture.", "How many shapes are there?"),
+                                                          PICTURES)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=0)
+    with Engine(EngineConfig(device="cpu", quantization="int8", num_blocks=32)) as e:
+        assert e.core.runner.backend.one_call and "decode_layer.c" in e.decode_backend
+        one_call = e.generate(reqs, params)
+    monkeypatch.setenv("MINIVLM_DECODE_LAYER", "0")
+    with Engine(EngineConfig(device="cpu", quantization="int8", num_blocks=32)) as e:
+        assert not e.core.runner.backend.one_call
+        layered = e.generate(reqs, params)
+    for a, b in zip(one_call, layered):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x[t] - y[t]) for x, y, t in zip(a.logprobs, b.logprobs, a.token_ids)) < 1e-4

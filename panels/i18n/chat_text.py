@@ -184,9 +184,10 @@ MESSAGES = {
     "engine.decode_calibrated": ("calibrated at load, a decode step: C kernels {c} ms, PyTorch ops with oneDNN linears "
                                  "{onednn} ms{mkl}",
                                  "加载时校准，一个解码步：C 内核 {c} ms，PyTorch 算子 + oneDNN 线性层 {onednn} ms{mkl}"),
-    "engine.calibrated_int8": ("calibrated at load, a decode step: int8 rows through gemv_int8.c {gemv} ms, "
-                               "PyTorch's int8 kernel {torch} ms",
-                               "加载时校准，一个解码步：int8 行走 gemv_int8.c {gemv} ms，PyTorch 的 int8 内核 {torch} ms"),
+    "engine.calibrated_int8": ("calibrated at load, a decode step: the C kernels over int8 weights {gemv} ms, "
+                               "layer by layer with PyTorch's int8 kernel {torch} ms",
+                               "加载时校准，一个解码步：int8 权重上的 C 内核 {gemv} ms，逐层用 PyTorch 的 int8 内核 {torch} ms"),
+    "engine.calibrated_torch_int8": ("PyTorch's int8 kernel was faster at load", "加载时 PyTorch 的 int8 内核更快"),
     "engine.calibration_small": ("not calibrated: {mib} MiB of linear weights, a step is overhead",
                                  "未校准：线性层权重只有 {mib} MiB，一步的时间主要是开销"),
     "engine.calibrated_mkl_ms": (", with nn.Linear (MKL) {ms} ms", "，PyTorch 算子 + nn.Linear（MKL）{ms} ms"),

@@ -35,8 +35,9 @@ WORDS = {
     "engine.decode_quantized": "the fused C paths run in fp32",
     "engine.decode_calibrated": "calibrated at load, a decode step: C kernels {c} ms, PyTorch ops with oneDNN linears "
                                 "{onednn} ms{mkl}",
-    "engine.calibrated_int8": "calibrated at load, a decode step: int8 rows through gemv_int8.c {gemv} ms, "
-                              "PyTorch's int8 kernel {torch} ms",
+    "engine.calibrated_int8": "calibrated at load, a decode step: the C kernels over int8 weights {gemv} ms, "
+                              "layer by layer with PyTorch's int8 kernel {torch} ms",
+    "engine.calibrated_torch_int8": "PyTorch's int8 kernel was faster at load",
     "engine.calibration_small": "not calibrated: {mib} MiB of linear weights, a step is overhead",
     "engine.calibrated_mkl_ms": ", with nn.Linear (MKL) {ms} ms",
     "engine.calibrated_onednn": "PyTorch ops with oneDNN linears",

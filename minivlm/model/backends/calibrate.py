@@ -74,21 +74,24 @@ def choose(kernels: Backend, decoder, kv_caches, block_size: int, timer=step_sec
 
 
 def choose_int8(kernels: Backend, decoder, kv_caches, block_size: int, timer=step_seconds) -> Backend:
-    """Quantized int8 weights in an fp32 engine: decode rows through gemv_int8.c or PyTorch's int8 kernel, whichever
-    a timed step says is faster (gemv_int8.c needs its build); the backend's `calibration` says the times."""
-    from minivlm.model.backends.cpu_kernels import gemv, gemv_int8
+    """Quantized int8 weights in an fp32 engine: the C step over them (decode_layer_int8.c in one call, or gemv_int8.c
+    layer by layer where that is off) or the fused ops layer by layer around PyTorch's int8 kernel, whichever a timed
+    step says is faster by MARGIN; the backend's `calibration` says the times."""
+    from minivlm.model.backends.cpu_kernels import CpuKernels, gemv, gemv_int8
     from minivlm.model.backends.quantized import Int8Linear
     if os.environ.get(SWITCH, "1") == "0" or gemv_int8.KERNELS.get() is None:
         return kernels
-    layers, times = [m for m in decoder.modules() if isinstance(m, Int8Linear)], {}
+    layers = [m for m in decoder.modules() if isinstance(m, Int8Linear)]
 
-    def use(rows: int):
+    def use(rows: int):  # decode rows of the layer-by-layer path: gemv_int8.c (MAX_ROWS) or PyTorch's kernel (0)
         for m in layers:
             m.small_rows = rows
-    for rows in (gemv.MAX_ROWS, 0):
-        use(rows)
-        times[rows] = timer(kernels, decoder, kv_caches, block_size)
-    use(min(times, key=times.get))
-    kernels.calibration = Said("engine.calibrated_int8", gemv=f"{times[gemv.MAX_ROWS] * 1e3:.2f}",
-                               torch=f"{times[0] * 1e3:.2f}")
-    return kernels
+    use(gemv.MAX_ROWS)
+    ours = timer(kernels, decoder, kv_caches, block_size)
+    theirs_backend = CpuKernels(kernels.attention, Said("engine.calibrated_torch_int8"))
+    use(0)
+    theirs = timer(theirs_backend, decoder, kv_caches, block_size)
+    chosen = kernels if ours <= MARGIN * theirs else theirs_backend
+    use(gemv.MAX_ROWS if chosen is kernels else 0)
+    chosen.calibration = Said("engine.calibrated_int8", gemv=f"{ours * 1e3:.2f}", torch=f"{theirs * 1e3:.2f}")
+    return chosen

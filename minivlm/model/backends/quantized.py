@@ -7,8 +7,9 @@ its int4 kernel takes no other. In an fp32 engine the layers' small ops then run
 products (decode_ops.c; attention over the pool in place), which PyTorch's ops cost more than the products here.
 
     int8  symmetric, one scale per output channel (max |w| / 127), scales in bf16;
-          torch.ops.aten._weight_int8pack_mm, or for decode rows gemv_int8.c where the load's calibration finds it
-          faster (it read 19.5 GB/s from memory where PyTorch's kernel read 13.4, on the 348M bench model's layers)
+          torch.ops.aten._weight_int8pack_mm, or for decode steps the C kernels over int8 weights (decode_layer_int8.c
+          in one call, gemv_int8.c layer by layer) where the load's calibration finds them faster (they read 19.5 GB/s
+          from memory where PyTorch's kernel read 13.4, on the 348M bench model's layers)
     int4  asymmetric, one scale and zero point per group of GROUP input channels; PyTorch's packed layout,
           torch.ops.aten._weight_int4pack_mm_for_cpu
 

@@ -15,7 +15,8 @@ from minivlm.model.backends.in_place import InPlaceAttention
 
 def start():
     """Build every kernel on background threads (the loader: they compile while the weights load)."""
-    for kernels in (gemv.KERNELS, gemv_int8.KERNELS, paged_cpu.KERNELS, decode_ops.KERNELS, decode_layer.KERNELS):
+    for kernels in (gemv.KERNELS, gemv_int8.KERNELS, paged_cpu.KERNELS, decode_ops.KERNELS, decode_layer.KERNELS,
+                    decode_layer.KERNELS_INT8):
         kernels.start()
 
 
@@ -73,6 +74,8 @@ def backend(model, config, attention: Attention) -> Backend:
         why = off("MINIVLM_PAGED_CPU", paged_cpu.KERNELS) or "the attention is not paged_decode.c"
     if why is None and any(decode_layer.layer_struct(layer) is None for layer in model.decoder.layers):
         why = Said("engine.no_dense_weights")
+    if why is None and decode_layer.kernels_of(model.decoder.layers) is decode_layer.KERNELS_INT8:
+        why = off("MINIVLM_DECODE_LAYER", decode_layer.KERNELS_INT8)  # int8 layers: their own build
     return CpuKernels(attention, why)
 
 

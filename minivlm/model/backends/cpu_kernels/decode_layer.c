@@ -14,6 +14,9 @@
 #define omp_get_num_threads() 1
 #define omp_get_thread_num() 0
 #endif
+#ifndef DECODE_LAYERS  /* decode_layer_int8.c includes this file with int8 weights (int8_weights.h) */
+#define DECODE_LAYERS decode_layers_f32
+#endif
 #include "team_barrier.c"
 #include "gemv.c"
 #include "paged_decode.c"
@@ -21,9 +24,14 @@
 
 typedef struct {  /* a layer's weights (dense [out, in]) and shape; set once per layer by decode_layer.py */
     const float *input_norm, *post_norm, *q_norm, *k_norm;  /* q_norm and k_norm NULL where the family has none */
-    const float *qkv, *qkv_bias, *o, *o_bias, *gate_up, *down;  /* biases NULL where absent */
+    const GEMV_W *qkv;
+    const float *qkv_bias;
+    const GEMV_W *o;
+    const float *o_bias;  /* biases NULL where absent */
+    const GEMV_W *gate_up, *down;
     int64_t hidden, heads, kv_heads, head_dim, intermediate;
     float eps, qk_eps, scale;
+    const float *qkv_scale, *o_scale, *gate_up_scale, *down_scale;  /* int8 weights' per-row scales; NULL for fp32 */
 } Layer;
 
 /* x += delta (rows x n), then out = its norm: every thread on its own copy, so nobody waits. */
@@ -56,14 +64,14 @@ static void attention_team(const Layer *L, float *qkv, int64_t width, const floa
 }
 
 /* gate_up's rows j and intermediate + j computed by the same thread, so SiLU(gate) * up follows at once. */
-static void gate_up_silu_team(const float *h, const float *w, float *gu, float *act, int64_t rows, int64_t inter,
-                              int64_t n) {
+static void gate_up_silu_team(const float *h, const GEMV_W *w, const float *scale, float *gu, float *act,
+                              int64_t rows, int64_t inter, int64_t n) {
     const int64_t blocks = (inter + NR - 1) / NR;
 #pragma omp for schedule(static) nowait
     for (int64_t ob = 0; ob < blocks; ob++) {
         const int64_t o = NR * ob, cnt = inter - o < NR ? inter - o : NR;
-        gemv_block(h, w, 0, gu, rows, 2 * inter, n, o, cnt);
-        gemv_block(h, w, 0, gu, rows, 2 * inter, n, inter + o, cnt);
+        gemv_block(h, w, scale, 0, gu, rows, 2 * inter, n, o, cnt);
+        gemv_block(h, w, scale, 0, gu, rows, 2 * inter, n, inter + o, cnt);
         for (int64_t t = 0; t < rows; t++) {
             const float *g = gu + t * 2 * inter + o, *u = g + inter;
             for (int64_t i = 0; i < cnt; i++) act[t * inter + o + i] = g[i] / (1.f + expf(-g[i])) * u[i];
@@ -75,7 +83,7 @@ static void gate_up_silu_team(const float *h, const float *w, float *gu, float *
    k_caches / v_caches: each layer's pool; tables / lens: each row's (a chunk's tokens each have their own).
    lm_head [vocab, hidden] (+ bias, or NULL): logits [n_last, vocab] of the rows `last` (each sequence's last token)
    in the same team, which saves waking it once more for them; NULL: no logits. */
-void decode_layers_f32(const Layer *layers, int64_t n_layers, float *x, int64_t rows, const float *cos,
+void DECODE_LAYERS(const Layer *layers, int64_t n_layers, float *x, int64_t rows, const float *cos,
                        const float *sin, float *const *k_caches, float *const *v_caches, int64_t block_size,
                        const int64_t *slots, const int64_t *tables, int64_t table_width, const int64_t *lens,
                        const int64_t *seq_ends, int64_t seqs, const float *final_norm, float final_eps,
@@ -97,26 +105,28 @@ void decode_layers_f32(const Layer *layers, int64_t n_layers, float *x, int64_t 
         add_norm_rows(xs, 0, L0->input_norm, h, rows, n, L0->eps);
         for (int64_t l = 0; l < n_layers; l++) {
             const Layer *L = layers + l;
-            gemv_team(h, L->qkv, L->qkv_bias, qkv, rows, width, n);
+            gemv_team(h, L->qkv, L->qkv_scale, L->qkv_bias, qkv, rows, width, n);
             WAIT();
             attention_team(L, qkv, width, cos, sin, k_caches[l], v_caches[l], slots, tables, table_width, lens, attn,
                            seq_ends, seqs, block_size);
             WAIT();
-            gemv_team(attn, L->o, L->o_bias, o_out, rows, n, L->heads * L->head_dim);
+            gemv_team(attn, L->o, L->o_scale, L->o_bias, o_out, rows, n, L->heads * L->head_dim);
             WAIT();
             add_norm_rows(xs, o_out, L->post_norm, h, rows, n, L->eps);  /* x += attention, then its norm */
-            gate_up_silu_team(h, L->gate_up, gu, act, rows, inter, n);
+            gate_up_silu_team(h, L->gate_up, L->gate_up_scale, gu, act, rows, inter, n);
             WAIT();
-            gemv_team(act, L->down, 0, down_out, rows, n, inter);
+            gemv_team(act, L->down, L->down_scale, 0, down_out, rows, n, inter);
             WAIT();
             const int last = l + 1 == n_layers;  /* x += mlp, then the next layer's input norm or the final one */
             add_norm_rows(xs, down_out, last ? final_norm : layers[l + 1].input_norm, h, rows, n,
                           last ? final_eps : layers[l + 1].eps);
         }
+#ifndef GEMV_INT8  /* int8 layers: the fp32 lm_head runs after the call */
         if (lm_head) {  /* each thread gathers the last rows into its own buffer (the residual's, free now) */
             for (int64_t i = 0; i < n_last; i++) memcpy(xs + i * n, h + last[i] * n, n * sizeof(float));
-            gemv_team(xs, lm_head, lm_bias, logits, n_last, vocab, n);
+            gemv_team(xs, lm_head, 0, lm_bias, logits, n_last, vocab, n);
         }
+#endif
         if (omp_get_thread_num() == 0) memcpy(x, h, rows * n * sizeof(float));
     }
 }

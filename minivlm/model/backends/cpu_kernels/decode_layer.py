@@ -15,16 +15,19 @@ from minivlm.model.backends.cpu_kernels.c_build import LazyKernels
 from minivlm.model.backends.in_place import CHUNK_IN_PLACE, token_queries
 
 _p, _i = ctypes.c_void_p, ctypes.c_int64
-KERNELS = LazyKernels(os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_layer.c"),
-                      {"decode_layers_f32": [_p, _i, _p, _i, _p, _p, _p, _p, _i, _p, _p, _i, _p, _p, _i, _p,
-                                             ctypes.c_float, _p, _p, _i, _p, _i, _p, _p, ctypes.c_int]})
+_ARGS = [_p, _i, _p, _i, _p, _p, _p, _p, _i, _p, _p, _i, _p, _p, _i, _p, ctypes.c_float, _p, _p, _i, _p, _i, _p, _p,
+         ctypes.c_int]
+_HERE = os.path.dirname(os.path.abspath(__file__))
+KERNELS = LazyKernels(os.path.join(_HERE, "decode_layer.c"), {"decode_layers_f32": _ARGS})
+KERNELS_INT8 = LazyKernels(os.path.join(_HERE, "decode_layer_int8.c"), {"decode_layers_int8": _ARGS})  # int8 layers
 
 
 class Layer(ctypes.Structure):  # decode_layer.c's Layer, field for field
     _fields_ = [(name, _p) for name in ("input_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_bias", "o",
                                         "o_bias", "gate_up", "down")] + \
                [(name, _i) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")] + \
-               [(name, ctypes.c_float) for name in ("eps", "qk_eps", "scale")]
+               [(name, ctypes.c_float) for name in ("eps", "qk_eps", "scale")] + \
+               [(name, _p) for name in ("qkv_scale", "o_scale", "gate_up_scale", "down_scale")]  # int8 only
 
 
 _ONE_EACH = [torch.arange(1, rows + 1) for rows in range(gemv.MAX_ROWS + 1)]  # a decode step's seq_ends, made once
@@ -61,12 +64,21 @@ def _ptr(t) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _int8(linear) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(int8 [out, in], fp32 scales [out]) of a quantized.Int8Linear, else None."""
+    q, scales = getattr(linear, "qweight", None), getattr(linear, "scales_f32", None)
+    return (q, scales) if q is not None and q.dtype == torch.int8 and scales is not None else None
+
+
 def layer_struct(layer) -> Layer | None:
-    """The layer's weights and shape for the C call, made once (the weights never move after load); None if a
-    matrix has no dense fp32 copy."""
+    """The layer's weights and shape for the C call, made once (the weights never move after load): all four
+    matrices dense fp32 (decode_layers_f32) or all int8 (decode_layers_int8, with their scales); else None."""
     if "_c_layer" not in vars(layer):
         attn, mlp = layer.self_attn, layer.mlp
-        mats = [_dense(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        mats, scales, kind = [_dense(m) for m in linears], [None] * 4, "f32"
+        if any(m is None for m in mats) and all(_int8(m) for m in linears):
+            (mats, scales), kind = zip(*(_int8(m) for m in linears)), "int8"
         c = None
         if all(m is not None for m in mats):
             norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
@@ -74,9 +86,14 @@ def layer_struct(layer) -> Layer | None:
                       *map(_ptr, norms), _ptr(mats[0]), _ptr(attn.qkv_proj.bias), _ptr(mats[1]),
                       _ptr(attn.o_proj.bias), _ptr(mats[2]), _ptr(mats[3]), mats[3].shape[0], attn.heads,
                       attn.kv_heads, attn.head_dim, mats[3].shape[1], layer.input_layernorm.eps,
-                      attn.q_norm.eps if attn.q_norm is not None else 0.0, attn.head_dim ** -0.5)
-        layer._c_layer = c
+                      attn.q_norm.eps if attn.q_norm is not None else 0.0, attn.head_dim ** -0.5, *map(_ptr, scales))
+        layer._c_layer, layer._c_kind = c, kind
     return layer._c_layer
+
+
+def kernels_of(layers) -> LazyKernels:
+    """The build that runs these layers: fp32 or int8 weights."""
+    return KERNELS_INT8 if getattr(layers[0], "_c_kind", "f32") == "int8" else KERNELS
 
 
 def prepare(x: torch.Tensor, meta) -> DecodeStep | None:
@@ -102,21 +119,23 @@ def kernel_variant(*defines: str):
 def run(layers: list, final_norm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches,
         step: DecodeStep, lm_head=None, last: torch.Tensor | None = None, fn=None) -> torch.Tensor:
     """Every layer on x [rows, hidden] (the step's own embeddings), then final_norm (an RMSNorm), in place; each
-    layer's K/V go into its kv_caches entry. Returns x, or with lm_head (a linear layer with a dense fp32 weight)
-    the logits of the rows `last` [n] (in the same call). fn: another build of decode_layers_f32 (kernel_variant)."""
+    layer's K/V go into its kv_caches entry. Returns x, or with lm_head the logits of the rows `last` [n] (in the
+    same call where its weight is dense fp32 and the layers are too). fn: another build of decode_layers_f32
+    (kernel_variant)."""
     structs = (Layer * len(layers))(*(layer._c_layer for layer in layers))
     ks, vs = ((_p * len(layers))(*(kv[j].data_ptr() for kv in kv_caches)) for j in (0, 1))
     scratch = torch.empty(step.scratch_floats(structs[0]))
-    w = _dense(lm_head) if lm_head is not None else None
-    last = last.to(torch.int64).contiguous() if w is not None else None
-    logits = torch.empty(len(last), w.shape[0]) if w is not None else None
-    (fn or KERNELS.get().decode_layers_f32)(structs, len(layers), x.data_ptr(), step.rows, cos.data_ptr(),
-                                            sin.data_ptr(), ks, vs, kv_caches[0][0].shape[1], step.slots.data_ptr(),
-                                            step.tables.data_ptr(), step.tables.shape[1], step.lens.data_ptr(),
-                                            step.seq_ends.data_ptr(), len(step.seq_ends), final_norm.weight.data_ptr(),
-                                            final_norm.eps, _ptr(w), _ptr(getattr(lm_head, "bias", None)),
-                                            0 if w is None else w.shape[0], _ptr(last), 0 if w is None else len(last),
-                                            _ptr(logits), scratch.data_ptr(), step.threads)
-    if lm_head is not None and w is None:  # no dense weight: the logits in PyTorch
+    int8 = kernels_of(layers) is KERNELS_INT8
+    w = _dense(lm_head) if lm_head is not None and not int8 else None  # int8 layers: the fp32 lm_head after the call
+    if fn is None:
+        fn = KERNELS_INT8.get().decode_layers_int8 if int8 else KERNELS.get().decode_layers_f32
+    rows_out = last.to(torch.int64).contiguous() if w is not None else None
+    logits = torch.empty(len(rows_out), w.shape[0]) if w is not None else None
+    fn(structs, len(layers), x.data_ptr(), step.rows, cos.data_ptr(), sin.data_ptr(), ks, vs, kv_caches[0][0].shape[1],
+       step.slots.data_ptr(), step.tables.data_ptr(), step.tables.shape[1], step.lens.data_ptr(),
+       step.seq_ends.data_ptr(), len(step.seq_ends), final_norm.weight.data_ptr(), final_norm.eps, _ptr(w),
+       _ptr(getattr(lm_head, "bias", None)), 0 if w is None else w.shape[0], _ptr(rows_out),
+       0 if w is None else len(rows_out), _ptr(logits), scratch.data_ptr(), step.threads)
+    if lm_head is not None and w is None:  # no dense fp32 weight in the call (int8 layers): the logits in PyTorch
         return lm_head(x[last])
     return x if w is None else logits

@@ -24,10 +24,11 @@
 #define PREFETCH_AHEAD 64  /* weights past the same k in the next NR weight rows: a cache line or more ahead */
 #endif
 
-/* y[a, b] = x[a, :] . w[b, :] (+ bias[b]) for MR rows of x and N rows of w (row strides `in` and `out`). */
+/* y[a, b] = x[a, :] . w[b, :] (* scale[b]) (+ bias[b]) for MR rows of x and N rows of w (row strides `in` and
+   `out`); scale: int8 weights' per-row scale, NULL for fp32. */
 #define TILE_(MR, N)                                                                                              \
-    static inline void tile_##MR##x##N(const float *x, const GEMV_W *w, const float *bias, float *y, int64_t out, \
-                                       int64_t in) {                                                              \
+    static inline void tile_##MR##x##N(const float *x, const GEMV_W *w, const float *scale, const float *bias,    \
+                                       float *y, int64_t out, int64_t in) {                                       \
         vec acc[MR][N];                                                                                           \
         for (int a = 0; a < MR; a++)                                                                              \
             for (int b = 0; b < N; b++) acc[a][b] = (vec){0};                                                     \
@@ -48,7 +49,7 @@
             for (int b = 0; b < N; b++) {                                                                         \
                 float r = hsum(acc[a][b]);                                                                        \
                 for (int64_t j = k; j < in; j++) r += x[a * in + j] * w[b * in + j];                              \
-                y[a * out + b] = r + (bias ? bias[b] : 0.f);                                                      \
+                y[a * out + b] = (scale ? r * scale[b] : r) + (bias ? bias[b] : 0.f);                             \
             }                                                                                                     \
     }
 #define TILE(MR, N) TILE_(MR, N)  /* expands NR before pasting the name */
@@ -58,42 +59,42 @@ TILE(4, NR) TILE(3, NR) TILE(2, NR) TILE(1, NR) TILE(4, 1) TILE(1, 1)
 
 /* Weight rows [o, o + n) (n <= NR) against all x rows: y[:, o:o + n]. While the tiles of the x rows run, these
    weight rows stay in the cache. */
-static inline void gemv_block(const float *x, const GEMV_W *w, const float *bias, float *y, int64_t rows,
-                              int64_t out, int64_t in, int64_t o, int64_t n) {
+static inline void gemv_block(const float *x, const GEMV_W *w, const float *scale, const float *bias, float *y,
+                              int64_t rows, int64_t out, int64_t in, int64_t o, int64_t n) {
     const GEMV_W *wo = w + o * in;
-    const float *bo = bias ? bias + o : 0;
+    const float *so = scale ? scale + o : 0, *bo = bias ? bias + o : 0;
     int64_t m = 0;
     if (n == NR) {
-        for (; m + 4 <= rows; m += 4) TILE_OF(4, NR)(x + m * in, wo, bo, y + m * out + o, out, in);
+        for (; m + 4 <= rows; m += 4) TILE_OF(4, NR)(x + m * in, wo, so, bo, y + m * out + o, out, in);
         switch (rows - m) {
-        case 3: TILE_OF(3, NR)(x + m * in, wo, bo, y + m * out + o, out, in); break;
-        case 2: TILE_OF(2, NR)(x + m * in, wo, bo, y + m * out + o, out, in); break;
-        case 1: TILE_OF(1, NR)(x + m * in, wo, bo, y + m * out + o, out, in); break;
+        case 3: TILE_OF(3, NR)(x + m * in, wo, so, bo, y + m * out + o, out, in); break;
+        case 2: TILE_OF(2, NR)(x + m * in, wo, so, bo, y + m * out + o, out, in); break;
+        case 1: TILE_OF(1, NR)(x + m * in, wo, so, bo, y + m * out + o, out, in); break;
         }
     } else {  /* the last weight rows, fewer than NR */
         for (int64_t b = o; b < o + n; b++) {
             const GEMV_W *wb = w + b * in;
-            const float *bb = bias ? bias + b : 0;
-            for (m = 0; m + 4 <= rows; m += 4) tile_4x1(x + m * in, wb, bb, y + m * out + b, out, in);
-            for (; m < rows; m++) tile_1x1(x + m * in, wb, bb, y + m * out + b, out, in);
+            const float *sb = scale ? scale + b : 0, *bb = bias ? bias + b : 0;
+            for (m = 0; m + 4 <= rows; m += 4) tile_4x1(x + m * in, wb, sb, bb, y + m * out + b, out, in);
+            for (; m < rows; m++) tile_1x1(x + m * in, wb, sb, bb, y + m * out + b, out, in);
         }
     }
 }
 
 /* A thread's share, inside a team already running (decode_layer.c runs a whole step in one team); no barrier at the
    end: the caller says when the team waits. */
-static void gemv_team(const float *x, const GEMV_W *w, const float *bias, float *y, int64_t rows, int64_t out,
-                      int64_t in) {
+static void gemv_team(const float *x, const GEMV_W *w, const float *scale, const float *bias, float *y, int64_t rows,
+                      int64_t out, int64_t in) {
     const int64_t blocks = (out + NR - 1) / NR;
 #pragma omp for schedule(static) nowait
     for (int64_t ob = 0; ob < blocks; ob++)
-        gemv_block(x, w, bias, y, rows, out, in, NR * ob, out - NR * ob < NR ? out - NR * ob : NR);
+        gemv_block(x, w, scale, bias, y, rows, out, in, NR * ob, out - NR * ob < NR ? out - NR * ob : NR);
 }
 
 #ifndef GEMV_INT8
 void gemv_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out, int64_t in,
               int threads) {
 #pragma omp parallel num_threads(threads)
-    gemv_team(x, w, bias, y, rows, out, in);
+    gemv_team(x, w, 0, bias, y, rows, out, in);
 }
 #endif
