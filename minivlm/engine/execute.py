@@ -1,9 +1,9 @@
 """Executing one plan, exactly as written: free the encoder outputs it frees, encode its images, run the forward for
 its requests, verify speculating requests' guesses, sample for those whose prefill completes, within their grammars'
 masks (filled beside the forward where a core is free for it: engine/grammar_masks.py). A stage that raises is
-retried one request at a time (plan.only: the same items, fewer of them); the requests that fail alone are failed. Nothing here re-plans: a request
-whose forward read K/V that were never written (a block it hit lost its publisher in this step) samples nothing, and
-EngineCore.update rewinds it."""
+retried one request at a time (plan.only: the same items, fewer of them); the requests that fail alone are failed.
+Nothing here re-plans: a request whose forward read K/V that were never written (a block it hit lost its publisher
+in this step) samples nothing, and EngineCore.update rewinds it."""
 import itertools
 
 import torch
