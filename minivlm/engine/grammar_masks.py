@@ -5,7 +5,7 @@ When they are filled depends on whether a core is free while the forward runs. O
 that leaves a core to spare) they fill on a worker thread beside the forward, as vLLM overlaps them: a mask needs only
 the tokens taken so far, the forward does not need the mask, and llguidance drops the GIL while it computes. Where
 torch's threads take every core, a fill beside the forward only slows the forward by about what it hides (measured on
-2 cores: the forward 0.1-0.4 ms slower at batch 8, the whole constrained step no faster; bench/structured_decode.py),
+2 cores: the forward 0.3-0.5 ms slower at batch 8, the whole constrained step no faster; bench/structured_decode.py),
 so the masks fill on the step thread when sampling asks for them."""
 import os
 import threading
