@@ -6,6 +6,10 @@ import torch
 from minivlm.families import QWEN_VL
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# engines keep their thread count whatever else the machine runs (a browser, an app server the tests started): outputs
+# compared across runs must not depend on it (oneDNN sums in another order on other thread counts);
+# tests/test_busy_threads.py turns it back on for itself
+os.environ.setdefault("MINIVLM_BUSY_THREADS", "0")
 
 FAMILIES = list(QWEN_VL)  # qwen2_vl, qwen2_5_vl, qwen3_vl
 # the rest of the model matrix: (name, family, InternVL's text decoder); tests/test_matrix*.py run them
