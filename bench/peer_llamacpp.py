@@ -13,6 +13,7 @@ Then the precision rows on a ~340M checkpoint (bench/peer_quantized.py): fp32/bf
 f32/f16/Q8_0/Q4_K_M, quiet and beside one busy core.
 """
 import os
+import time
 from contextlib import ExitStack
 
 import torch
@@ -69,11 +70,13 @@ def single_stream_rows(ctx, servers: dict, new_tokens: int) -> list[Row]:
     request = Request(prompt="Describe the image in one sentence.", images=[scene(224, 224, 7)])
     body = request_body(ctx.hf_processor, request, new_tokens)
     rates, replies, engine_ids = {"engine": [], **{d: [] for d in servers}}, {d: [] for d in servers}, []
-    for _ in range(ctx.repeats):  # interleaved: engine, f32, f16, engine, ...
+    for _ in range(ctx.repeats):  # interleaved: engine, f32, f16, engine, ... (each after the same pause)
+        time.sleep(peer_quantized.SETTLE)
         rate, ids = engine_rate(ctx.engine, request, new_tokens)
         rates["engine"].append(rate)
         engine_ids.append(ids)
         for dtype, server in servers.items():
+            time.sleep(peer_quantized.SETTLE)
             times, tokens, last = server.stream(body)
             rates[dtype].append(decode_rate(times))
             replies[dtype].append({"tokens": tokens, "timings": last["timings"]})

@@ -28,6 +28,8 @@ PAIRS = [("fp32", dict(dtype="float32"), "f32", None),
          ("int8", dict(quantization="int8"), "q8_0", 1.0),
          ("int4", dict(quantization="int4"), "q4_k_m", None)]
 CONVERTER_TYPES = ("f32", "f16", "q8_0")  # convert_hf_to_gguf writes these; Q4_K_M needs llama-quantize
+SETTLE = 0.5  # seconds between one side's run and the next: llama.cpp's threads poll for work for a while after a
+# request (its --poll), and a run started at once would share the cores with them (both sides get the same pause)
 BUSY_KEEP = 0.8  # goal: beside a busy process the engine keeps >= 80 % of its quiet ratio against llama.cpp
 # --smoke: the same path on a model that loads in a second, with widths int4's groups and Q4_K's 256-blocks divide
 SMOKE_PEER_MODEL = dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, intermediate=512,
@@ -99,9 +101,11 @@ def timed_phase(engines: dict, servers: dict, request, body: dict, new_tokens: i
     res["load"] = [os.getloadavg()[0]]  # other tenants move both sides' rates: the reader sees how busy it was
     for _ in range(repeats):
         for name, _, qtype, _ in PAIRS:
+            time.sleep(SETTLE)
             rate, res["outs"][name] = run(engines[name], request, new_tokens)
             res["engine"][name].append(rate)
             logprobs = []
+            time.sleep(SETTLE)
             times, tokens, _ = servers[qtype].stream(body, logprobs)
             res["llama"][qtype].append(decode_rate(times))
             res["replies"][qtype] = llama_output(tokens, logprobs)
