@@ -53,7 +53,10 @@ class VisionTower:
     def __init__(self, model_type: str, vision_config, state_dict: dict, device, dtype):
         vision_config._attn_implementation = ATTN_IMPLEMENTATION  # SDPA, with boundaries
         self.module = load_module(TOWERS[model_type], vision_config, state_dict, device, dtype)
-        self.module.patch_embed.proj = PatchProjection.from_conv(self.module.patch_embed.proj)
+        # fp32: the Conv3d as the matrix product it is (faster); other dtypes keep HF's Conv3d, whose bits a CPU
+        # without native bf16 does not reproduce as a matrix product (tests/test_bf16_drift.py)
+        if dtype == torch.float32:
+            self.module.patch_embed.proj = PatchProjection.from_conv(self.module.patch_embed.proj)
         add_boundaries(self.module)  # where a sliced tower may stop (the engine's vision thread)
         self.merge = vision_config.spatial_merge_size
         self.device, self.dtype = device, dtype
