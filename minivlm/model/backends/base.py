@@ -38,11 +38,10 @@ WORDS = {
     "engine.calibrated_int8": "calibrated at load, a decode step: the C kernels over int8 weights {gemv} ms, "
                               "layer by layer with PyTorch's int8 kernel {torch} ms",
     "engine.calibrated_torch_int8": "PyTorch's int8 kernel was faster at load",
-    "engine.calibration_small": "not calibrated: {mib} MiB of linear weights, a step is overhead",
     "engine.calibrated_mkl_ms": ", with nn.Linear (MKL) {ms} ms",
     "engine.calibrated_onednn": "PyTorch ops with oneDNN linears",
     "engine.calibrated_mkl": "PyTorch ops with nn.Linear (MKL)",
-    "engine.dtype_no_bf16": "auto: this CPU has no native bf16 (AVX512-BF16 / AMX)",
+    "engine.dtype_no_bf16": "auto: no native bf16 here",
     "engine.dtype_small": "auto: the largest matrix ({mib} MiB in fp32) fits in caches, bf16 would not pay",
     "engine.dtype_calibrated": "auto: {flag}; calibrated at load, the largest matrix in bf16 {bf16} ms, fp32 {fp32} ms",
     "engine.dtype_quantized": "auto: {method} weights run fastest in fp32 with the fused C ops (their products take "
