@@ -2,19 +2,20 @@
 grammar, side by side with the same requests unconstrained. The tiny model's step is a few milliseconds, so the
 grammar's share is as large here as it gets. The engine is paused and stepped from this thread, each decode step
 timed on its own (no loop thread, no reader in between: on a busy 2-core machine their hand-offs move a step by
-more than the grammar costs); runs alternate (A B A B ...) and the medians are compared. The masks are filled
-ahead on their own thread (engine/grammar_masks.py), so what they cost the step is the time the step thread spends
-on them: handing them to that thread, waiting for what the rest of the step did not hide, and applying them to the
-batch's logits; each is timed in the engine's own functions, and so are the fill itself (on its thread) and the
-forward (is it slower beside the fill?). The rest of the constrained step (each token's advance, the
-step-through's `constrained` event) is reported beside it."""
+more than the grammar costs); runs alternate (A B A B ...) and the medians are compared. Where the engine fills the
+masks (engine/grammar_masks.py: ahead, beside the forward, or at sampling) decides what they cost the step: the time
+the step thread spends on them (handing them over, waiting for what was not done, applying them to the batch's
+logits), plus whatever the rest of the step lost to a fill running beside it (the constrained step less the mask
+functions, each token's advance and the step-through's `constrained` event, against the same with the masks filled
+at sampling, where nothing runs beside the step). Each part is timed in the engine's own functions; the other fill
+modes are rows of context."""
 import contextlib
 import time
 from collections import defaultdict
 
 import torch
 
-from minivlm.engine import grammar_masks, structured_output
+from minivlm.engine import core as engine_core, grammar_masks, structured_output
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams, StructuredOutputsParams as SO
 
@@ -49,7 +50,8 @@ def timed(engine, spent: dict):
         return inner
     targets = [(grammar_masks.MaskFiller, "start", "hand"), (grammar_masks.BatchMasks, "wait", "wait"),
                (structured_output, "apply_bitmasks", "apply"), (grammar_masks.BatchMasks, "fill", "fill"),
-               (engine.core.runner, "forward", "forward")]
+               (engine.core.runner, "forward", "forward"), (structured_output.Matcher, "advance", "advance"),
+               (engine_core, "constrained_events", "events")]
     saved = [(owner, name, wrap(owner, name, key)) for owner, name, key in targets]
     try:
         yield spent
@@ -91,64 +93,72 @@ def decode_steps(engine, requests, so, spent: dict | None = None) -> list[float]
 
 
 def step_times(engine, requests, so, repeats: int) -> tuple[dict[str, list[float]], dict[str, dict]]:
-    """Median decode-step seconds of each run: free, under `so` with the masks filled as the engine chose, and under
-    `so` filled the other way (beside the forward, or on the step thread), runs alternating; and the seconds per step
-    each mask function and the forward took (all steps of all runs, by kind)."""
+    """Median decode-step seconds of each run: free, and under `so` with the masks filled in each of the filler's
+    modes, runs alternating; and the seconds per step each timed function took (all steps of all runs, by kind)."""
     filler = engine.core.masks
-    chosen = filler.beside_forward
-    kinds = {"free": (None, chosen), "grammar": (so, chosen), "other": (so, not chosen)}
+    chosen = filler.mode
+    kinds = {"free": None, **{mode: so for mode in filler.MODES}}
     out, parts = {k: [] for k in kinds}, {k: defaultdict(list) for k in kinds}
     try:
         for _ in range(repeats):
-            for kind, (grammar, beside) in kinds.items():
-                filler.beside_forward = beside
+            for kind, grammar in kinds.items():
+                filler.mode = chosen if grammar is None else kind
                 steps = decode_steps(engine, requests, grammar, parts[kind])
                 assert len(steps) == LONG - 1, len(steps)  # every request decoded at every step
                 out[kind].append(median(steps))
     finally:
-        filler.beside_forward = chosen
-    return out, {kind: {k: median(v) for k, v in p.items()} for kind, p in parts.items()}
+        filler.mode = chosen
+    return out, {kind: {k: median(v) if v else 0.0 for k, v in p.items()} for kind, p in parts.items()}
 
 
-def mask_cost(p: dict, free: dict, beside: bool) -> float:
-    """Seconds a step spends on its masks: the step thread's own time on them, and (filled beside the forward) what
-    the forward lost to the fill."""
-    own = p["hand"] + p["wait"] + p["apply"]
-    return own + max(0.0, p["forward"] - free["forward"]) if beside else own
+def rest(step: float, p: dict) -> float:
+    """Seconds of a constrained step outside the mask functions, the advances and the step-through's event."""
+    return step - p["hand"] - p["wait"] - p["apply"] - p["advance"] - p["events"]
 
 
-def where(beside: bool) -> str:
-    return "beside the forward" if beside else "on the step thread"
+def mask_cost(step: float, p: dict, step_at_sampling: float, p_at_sampling: dict) -> tuple[float, float]:
+    """(seconds a step spends on its masks, of which the rest of the step lost to a fill beside it): the step
+    thread's own time on them, and (filled on a worker thread) how much longer the rest of the step took than with
+    the masks filled at sampling, where nothing runs beside it."""
+    lost = max(0.0, rest(step, p) - rest(step_at_sampling, p_at_sampling))
+    return p["hand"] + p["wait"] + p["apply"] + lost, lost
+
+
+WHERE = {"ahead": "ahead (from the previous step's update, on a worker thread)",
+         "beside": "beside the forward (from the step's start, on a worker thread)",
+         "sampling": "at sampling (on the step thread)"}
 
 
 def measure(ctx, batch: int = 8) -> list[Row]:
     engine = Engine(EngineConfig(device=ctx.engine.config.device, num_blocks=256))  # the shipped tiny model
     requests = [Request(prompt="Describe the picture.", images=[scene(160 + 16 * i, 160, i)]) for i in range(batch)]
     rows, details = [], {}
-    chosen = engine.core.masks.beside_forward
+    chosen = engine.core.masks.mode
     try:
         decode_steps(engine, requests, GRAMMARS["json"])  # first calls pay one-time costs
         for name, so in GRAMMARS.items():
             times, parts = step_times(engine, requests, so, 3 * ctx.repeats)
-            free, held, other = (median(times[k]) for k in ("free", "grammar", "other"))
-            p, q = parts["grammar"], parts["other"]
-            mask, mask_other = mask_cost(p, parts["free"], chosen), mask_cost(q, parts["free"], not chosen)
-            details[name] = {"step_s": times, "parts_s": parts, "beside_forward": chosen}
-            rows.append(Row(f"grammar mask per decode step, batch {batch}, tiny model ({name})", mask * 1e3, free * 1e3,
-                            "ms", mask / free, "mask <= 10% of a step", mask <= 0.10 * free,
-                            f"ratio = the masks' time / unconstrained step; filled {where(chosen)} (the engine's "
-                            f"choice here): handed over {p['hand'] * 1e3:.3f} ms + waited {p['wait'] * 1e3:.3f} ms + "
-                            f"applied {p['apply'] * 1e3:.3f} ms; the fill itself {p['fill'] * 1e3:.3f} ms (x{batch}); "
-                            f"forward {p['forward'] * 1e3:.2f} ms (unconstrained {parts['free']['forward'] * 1e3:.2f}); "
-                            f"the whole constrained step (also each token's advance, the step-through's event) "
-                            f"{held * 1e3:.2f} ms, {held / free - 1:+.0%}",
-                            spread=spread(times["grammar"], times["free"], "s")))
-            rows.append(Row(f"same ({name}), the masks filled the other way", mask_other * 1e3, mask * 1e3, "ms",
-                            mask_other / mask, "context", None,
-                            f"filled {where(not chosen)}: handed over {q['hand'] * 1e3:.3f} ms + waited "
-                            f"{q['wait'] * 1e3:.3f} ms + applied {q['apply'] * 1e3:.3f} ms; forward "
-                            f"{q['forward'] * 1e3:.2f} ms; the whole constrained step {other * 1e3:.2f} ms "
-                            f"(the engine's choice {held * 1e3:.2f} ms)", spread=spread(times["other"], times["grammar"])))
+            free = median(times["free"])
+            at_sampling = (median(times["sampling"]), parts["sampling"])
+            cost = {mode: mask_cost(median(times[mode]), parts[mode], *at_sampling) for mode in engine.core.masks.MODES}
+            details[name] = {"step_s": times, "parts_s": parts, "mode": chosen}
+            for mode in (chosen, *(m for m in engine.core.masks.MODES if m != chosen)):
+                (mask, lost), p, held = cost[mode], parts[mode], median(times[mode])
+                what = (f"filled {WHERE[mode]}: handed over {p['hand'] * 1e3:.3f} ms + waited {p['wait'] * 1e3:.3f} "
+                        f"ms + applied {p['apply'] * 1e3:.3f} ms + the rest of the step slower by {lost * 1e3:.3f} ms; "
+                        f"the fill itself {p['fill'] * 1e3:.3f} ms (x{batch}); forward {p['forward'] * 1e3:.2f} ms "
+                        f"(unconstrained {parts['free']['forward'] * 1e3:.2f}); the whole constrained step "
+                        f"{held * 1e3:.2f} ms, {held / free - 1:+.0%} (also each token's advance "
+                        f"{p['advance'] * 1e3:.3f} ms, the step-through's event {p['events'] * 1e3:.3f} ms)")
+                if mode == chosen:
+                    rows.append(Row(f"grammar mask per decode step, batch {batch}, tiny model ({name})", mask * 1e3,
+                                    free * 1e3, "ms", mask / free, "mask <= 10% of a step", mask <= 0.10 * free,
+                                    "ratio = the masks' time / unconstrained step; the engine's choice here, " + what,
+                                    spread=spread(times[mode], times["free"], "s")))
+                else:
+                    rows.append(Row(f"same ({name}), the masks filled {mode}", mask * 1e3, cost[chosen][0] * 1e3,
+                                    "ms", mask / max(cost[chosen][0], 1e-9), "context", None, what,
+                                    spread=spread(times[mode], times[chosen])))
     finally:
         engine.close()
     ctx.details["structured_decode"] = details

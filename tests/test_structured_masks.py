@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minivlm.engine.grammar_masks import BatchMasks
-from minivlm.engine.structured_output import allowed_ids, apply_bitmasks, few_allowed_ids
+from minivlm.engine.structured_output import FEW, allowed_ids, apply_bitmasks, constrained_events
 
 
 def random_masks(n: int, vocab: int, gen) -> list[torch.Tensor]:
@@ -43,10 +43,16 @@ def test_counts_and_ids_read_the_masks_bits(vocab):
     for i, m in enumerate(few):  # masks that allow a handful of tokens, as a grammar mostly does
         for t in torch.randint(0, vocab, (i * 5 + 1,), generator=gen).tolist():
             m[t // 32] |= torch.tensor(1 << (t % 32), dtype=torch.int64).to(torch.int32)
-    masks = random_masks(4, vocab, gen) + few
-    batch = BatchMasks(list(range(len(masks))), [SimpleNamespace(vocab_size=vocab, words=masks[0].shape[0])] * len(masks))
+    masks = random_masks(4, vocab, gen) + few[:2] + [torch.zeros_like(few[0])] + few[2:]  # a row allowing nothing
+    batch = BatchMasks(list(range(len(masks))),
+                       [SimpleNamespace(vocab_size=vocab, words=masks[0].shape[0], consumed=0)] * len(masks))
     batch.bits.copy_(torch.stack(masks))
-    for m, count in zip(masks, batch.counts().tolist()):
+    lines = []  # the step-through's events for the batch, one per row
+    sink = SimpleNamespace(emit=lambda kind, request_id, **fields: lines.append((request_id, fields)))
+    constrained_events(sink, batch, {i: (0, None) for i in range(len(masks))},
+                       {i: SimpleNamespace(request_id=i) for i in range(len(masks))}, str)
+    for m, count, (i, line) in zip(masks, batch.counts().tolist(), lines):
         truth = [t for t in range(vocab) if (int(m[t // 32]) & 0xFFFFFFFF) >> (t % 32) & 1]
-        assert allowed_ids(m, vocab).tolist() == truth and few_allowed_ids(m, vocab) == truth
-        assert count == len(truth)
+        assert allowed_ids(m, vocab).tolist() == truth
+        assert count == len(truth) == line["allowed"] and line["vocab"] == vocab
+        assert line["allowed_ids"] == (truth if count <= FEW else None)

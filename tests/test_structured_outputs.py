@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams, StructuredOutputsParams as SO
+from minivlm.engine.grammar_masks import MaskFiller, default_mode
 from minivlm.engine.logits_shaping import shape_logits
 from minivlm.refusals import Refused
 from panels.holder import EXAMPLES_DIR
@@ -168,29 +169,42 @@ def test_a_grammar_that_gives_out_mid_answer_is_the_clients_400_not_a_500(engine
     assert api.status == 400 and api.param == "structured_outputs"
 
 
-def test_masks_filled_beside_the_forward_give_the_step_thread_fills_tokens_and_counts(engine):
-    """Where a core is free (an accelerator) the masks fill on a worker thread while the forward runs; here both ways
-    run on the same batch and give the same tokens and the same step-through counts."""
+def test_masks_filled_ahead_beside_the_forward_or_at_sampling_give_the_same_tokens_and_counts(engine, monkeypatch):
+    """The masks fill on a worker thread from the previous step's update (ahead), from the step's start (beside the
+    forward), or on the step thread at sampling; all three give the same tokens and the same step-through counts on
+    the same batch, and ahead the step finds its masks filled for it."""
     filler = engine.core.masks
     reqs = [Request(prompt=q, images=[PICTURE]) for q in ("What shapes are in the picture?", "Describe the picture.")]
     params = SamplingParams(max_tokens=40, structured_outputs=SO(json=SHAPES))
-    runs, chosen = {}, filler.beside_forward
+    runs, chosen, reused = {}, filler.mode, []
+    real_start = filler.start
+
+    def start(reqs):
+        ahead, masks = filler._ahead, real_start(reqs)
+        if masks is not None:
+            reused.append(masks is ahead)
+        return masks
+    monkeypatch.setattr(filler, "start", start)
     try:
-        for beside in (False, True):
-            filler.beside_forward = beside
+        for mode in filler.MODES:
+            filler.mode, reused[:] = mode, []
             since = engine.snapshot().last_event_seq
             outs = engine.generate(reqs, params)
             counts = [(ev.request_id, ev.allowed, ev.token) for ev in engine.events(since) if ev.kind == "constrained"]
-            runs[beside] = ([o.token_ids for o in outs], counts)
+            runs[mode] = ([o.token_ids for o in outs], counts, sum(reused), len(reused))
         assert filler._pool is not None  # the worker thread did the filling
     finally:
-        filler.beside_forward = chosen
-    assert runs[True][0] == runs[False][0]
-    assert [c[1:] for c in runs[True][1]] == [c[1:] for c in runs[False][1]] and len(runs[True][1]) >= 2 * 10
+        filler.mode = chosen
+    assert filler.mode == default_mode("cpu") == ("ahead" if torch.get_num_threads() < len(os.sched_getaffinity(0)) else "sampling")
+    assert runs["ahead"][0] == runs["beside"][0] == runs["sampling"][0]
+    assert [c[1:] for c in runs["ahead"][1]] == [c[1:] for c in runs["beside"][1]] == \
+        [c[1:] for c in runs["sampling"][1]] and len(runs["ahead"][1]) >= 2 * 10
+    steps = runs["ahead"][3]  # steps that sampled under a grammar: all but the first found their masks filled ahead
+    assert runs["ahead"][2] == steps - 1 and steps >= 10 and runs["beside"][2] == runs["sampling"][2] == 0
 
 
-@pytest.mark.parametrize("beside", [False, True])
-def test_a_matcher_that_faults_fails_its_request_alone(engine, monkeypatch, beside):
+@pytest.mark.parametrize("mode", MaskFiller.MODES)
+def test_a_matcher_that_faults_fails_its_request_alone(engine, monkeypatch, mode):
     """A grammar whose mask raises fails that request; the other constrained request of the same batch finishes."""
     from minivlm.engine import structured_output
     grammars, made = engine.intake.grammars(), []
@@ -206,7 +220,7 @@ def test_a_matcher_that_faults_fails_its_request_alone(engine, monkeypatch, besi
         return real_fill(self, row)
     monkeypatch.setattr(grammars, "matcher", matcher)
     monkeypatch.setattr(structured_output.Matcher, "fill", fill)
-    monkeypatch.setattr(engine.core.masks, "beside_forward", beside)
+    monkeypatch.setattr(engine.core.masks, "mode", mode)
     params = SamplingParams(max_tokens=20, structured_outputs=SO(choice=["red circle", "blue square"]))
     handles = [engine.submit(Request(prompt=q, images=[PICTURE]), params) for q in ("Describe.", "List the shapes.")]
     from minivlm.engine.step_result import RequestFailed

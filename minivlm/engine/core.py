@@ -20,7 +20,7 @@ from minivlm.loader import LoadedModel
 from minivlm.engine.output_processor import OutputProcessor
 from minivlm.engine.outputs import KVSnapshot, StreamEvent
 from minivlm.engine.execute import execute
-from minivlm.engine.grammar_masks import MaskFiller, spare_core
+from minivlm.engine.grammar_masks import MaskFiller, default_mode
 from minivlm.engine.plan import StepOutcome, StepPlan
 from minivlm.engine.prefix_keys import extend_keys
 from minivlm.engine.runner import ModelRunner
@@ -55,7 +55,7 @@ class EngineCore:
         self.vision_worker = VisionWorker(model.vision, sliced=config.max_step_slowdown is not None) \
             if config.async_vision and model.vision is not None else None
         self.runner = ModelRunner(model, self.pool.layer_caches, config, self.vision_worker)  # picks the backend, once
-        self.masks = MaskFiller(beside_forward=spare_core(self.runner.device.type))  # structured outputs' masks
+        self.masks = MaskFiller(default_mode(self.runner.device.type))  # structured outputs' masks
         self.busy = BusyThreads() if model.device.type == "cpu" else None  # fewer threads while others hold cores
         # a token's text, for the step-through's line on every constrained step (decoding it each time cost more)
         self._token_text = functools.lru_cache(maxsize=4096)(lambda token: model.tokenizer.decode([token]))
@@ -129,6 +129,7 @@ class EngineCore:
         if not any(j.todo for j in plan.encodes) and len(out.ran) == len(plan):  # whole, no tower: a clean measurement
             self.scheduler.observe(plan, self.clock() - start)
         events = self.update(plan, out, res)
+        self.masks.ahead([self.live[i] for i in out.sampled if i in self.live])  # the next step's, while this ends
         self._written = {}
         self._attach_snapshot([(s, ev) for s, ev in events if s.wants_snapshot], res)
         res.events += [(s, ev) for s, ev in events if ev.finished or s.finish_reason is None]

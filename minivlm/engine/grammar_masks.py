@@ -1,12 +1,14 @@
 """The batch's grammar bitmasks (structured outputs): one [n, words] tensor per step, filled by llguidance row by row,
 then applied to the batch's logits in one pass (structured_output.apply_bitmasks).
 
-When they are filled depends on whether a core is free while the forward runs. On an accelerator (or a CPU engine
-that leaves a core to spare) they fill on a worker thread beside the forward, as vLLM overlaps them: a mask needs only
-the tokens taken so far, the forward does not need the mask, and llguidance drops the GIL while it computes. Where
-torch's threads take every core, a fill beside the forward only slows the forward by about what it hides (measured on
-2 cores: the forward 0.3-0.5 ms slower at batch 8, the whole constrained step no faster; bench/structured_decode.py),
-so the masks fill on the step thread when sampling asks for them."""
+A mask needs only the tokens taken so far, so where a core is free beside the step thread (an accelerator runs the
+forward, or torch's CPU threads leave a core) a step's masks start filling on a worker thread as soon as the step
+before has advanced its matchers ("ahead": while that step ends and the next is planned; llguidance drops the GIL
+while it computes), earlier than vLLM's fill beside the forward. Where the forward's threads take every core, the
+masks fill on the step thread when sampling asks: on 2 cores the fill ahead was done before the next forward began
+(0.12 ms for 8 rows), yet the whole constrained step was no faster (bench/structured_decode.py times all three
+modes). Each row is its own llguidance call: its thread pool (LLExecutor) took milliseconds to wake beside the
+forward's threads."""
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,10 +17,11 @@ import numpy as np
 import torch
 
 
-def spare_core(device: str) -> bool:
-    """Whether a thread beside the forward has a core of its own: an accelerator runs the forward, or torch's CPU
-    threads leave one of this process's cores free."""
-    return device != "cpu" or torch.get_num_threads() < len(os.sched_getaffinity(0))
+def default_mode(device: str) -> str:
+    """"ahead" where a thread beside the step has a core of its own (an accelerator runs the forward, or torch's CPU
+    threads leave one of this process's cores free), else "sampling"."""
+    spare = device != "cpu" or torch.get_num_threads() < len(os.sched_getaffinity(0))
+    return "ahead" if spare else "sampling"
 
 
 class BatchMasks:
@@ -26,6 +29,7 @@ class BatchMasks:
 
     def __init__(self, seq_ids: list[int], matchers: list):
         self.row = {seq_id: i for i, seq_id in enumerate(seq_ids)}
+        self.key = [(seq_id, m.consumed) for seq_id, m in zip(seq_ids, matchers)]  # whose state, after how many tokens
         self.matchers = matchers
         self.vocab_size = matchers[0].vocab_size
         self.bits = torch.empty(len(matchers), matchers[0].words, dtype=torch.int32)
@@ -40,6 +44,11 @@ class BatchMasks:
             self.fill()
         self.matchers = None  # filled: nothing more to compute
         return self
+
+    def settle(self):
+        """The worker's fill, if one runs, ended (nothing computed here: these masks are not used)."""
+        if self.filling is not None:
+            self.filling.result()
 
     def fill(self):
         """Each matcher's mask into its row (llguidance writes it in place, the GIL released); a matcher that raises
@@ -68,30 +77,56 @@ class BatchMasks:
 
 
 class MaskFiller:
-    """Makes each step's BatchMasks; with `beside_forward`, one worker thread (started on the first grammar) fills
-    them while the forward runs."""
+    """Makes each step's BatchMasks, filled where `mode` says (MODES): "ahead", on a worker thread from the moment the
+    step before has advanced its matchers (while that step ends and the next is planned; what is left, beside the
+    forward); "beside", on that thread from the start of the step's execution; "sampling", on the step thread when
+    sampling asks."""
+    MODES = ("ahead", "beside", "sampling")
 
-    def __init__(self, beside_forward: bool):
-        self.beside_forward = beside_forward
+    def __init__(self, mode: str):
+        if mode not in self.MODES:
+            raise ValueError(f"mask fill mode must be one of {self.MODES}, got {mode!r}")
+        self.mode = mode
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._ahead: BatchMasks | None = None  # the next step's masks, filling since the last step's update
+
+    def ahead(self, seqs):
+        """After a step's update ("ahead" mode): start filling the next step's masks of these sequences (those still
+        running with a grammar), which a decode step will sample for next."""
+        if self.mode != "ahead":
+            return
+        seqs = [s for s in seqs if s.matcher is not None and s.finish_reason is None]
+        if seqs:
+            self._ahead = self._fill_beside(BatchMasks([s.seq_id for s in seqs], [s.matcher for s in seqs]))
 
     def start(self, reqs) -> BatchMasks | None:
-        """The masks of reqs' grammars (the plan's sampling requests that have one), started filling beside the
-        forward or left for sampling to fill; None if no request has a grammar."""
+        """The masks of reqs' grammars (the plan's sampling requests that have one): those filled ahead if they are
+        these requests' at their current token, else started filling beside the forward or left for sampling to
+        fill; None if no request has a grammar."""
         reqs = [r for r in reqs if r.grammar is not None]
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if ahead.key == [(r.seq_id, r.grammar.consumed) for r in reqs]:
+                return ahead
+            ahead.settle()  # not this step's: its fill must end before any of its matchers advances
         if not reqs:
             return None
         masks = BatchMasks([r.seq_id for r in reqs], [r.grammar for r in reqs])
-        if self.beside_forward:
-            with self._lock:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
-                masks.filling = self._pool.submit(masks.fill)
+        return masks if self.mode == "sampling" else self._fill_beside(masks)
+
+    def _fill_beside(self, masks: BatchMasks) -> BatchMasks:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
+            masks.filling = self._pool.submit(masks.fill)
         return masks
 
     def close(self):
         with self._lock:
+            if self._ahead is not None:
+                self._ahead.settle()
+                self._ahead = None
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None

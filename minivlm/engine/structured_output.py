@@ -174,6 +174,9 @@ def apply_bitmasks(logits: torch.Tensor, rows: list[int], bits: torch.Tensor):
     np.copyto(logits.numpy(), -np.inf, where=allowed == 0)  # mask's width: 0, never allowed; one pass, no indexing
 
 
+FEW = 32  # a step-through line lists the allowed ids when at most this many
+
+
 def allowed_ids(mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The token ids a bitmask allows (the step-through: "allowed 14 of 662 tokens"). numpy unpacks the words'
     bytes (little-endian: bit i of the mask is bit i % 8 of byte i // 8)."""
@@ -181,23 +184,19 @@ def allowed_ids(mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(np.flatnonzero(bits))
 
 
-def few_allowed_ids(mask: torch.Tensor, vocab_size: int) -> list[int]:
-    """allowed_ids for a mask that allows few tokens: only its nonzero words unpacked, lowest first."""
-    words = mask.numpy().view(np.uint32)
-    nonzero = np.flatnonzero(words)
-    bits = np.unpackbits(words[nonzero].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
-    ids = (nonzero[:, None] * 32 + np.arange(32))[bits.astype(bool)]
-    return ids[ids < vocab_size].tolist()
-
-
 def constrained_events(events, masks, sampled: dict, seqs: dict, token_text):
     """The step-through's lines for a step's grammar-constrained requests: how many of the vocab's tokens each
-    grammar allowed (their ids when few: the bits of the mask's nonzero words), which one was chosen. masks: the
-    step's BatchMasks; sampled: seq_id -> (token, logprobs); token_text: a token id's text."""
-    vocab = masks.vocab_size
-    for (seq_id, i), count in zip(masks.row.items(), masks.counts().tolist()):
+    grammar allowed (their ids when few: the rows that allow at most FEW unpacked together, one numpy pass for the
+    batch, where a pass per row had cost as much as the masks' fill), which one was chosen. masks: the step's
+    BatchMasks; sampled: seq_id -> (token, logprobs); token_text: a token id's text."""
+    vocab, counts = masks.vocab_size, masks.counts()
+    few = np.flatnonzero(counts <= FEW).tolist()
+    ids = {}
+    if few:
+        allowed = np.unpackbits(masks.bits.numpy()[few].view(np.uint8), axis=1, count=vocab, bitorder="little")
+        ids = {i: np.flatnonzero(bits).tolist() for i, bits in zip(few, allowed)}
+    for (seq_id, i), count in zip(masks.row.items(), counts.tolist()):
         if seq_id in sampled and (seq := seqs.get(seq_id)) is not None:
             token = sampled[seq_id][0]
-            ids = few_allowed_ids(masks.bits[i], vocab) if count <= 32 else None
             events.emit("constrained", seq.request_id, allowed=count, vocab=vocab, token=token, text=token_text(token),
-                        allowed_ids=ids)
+                        allowed_ids=ids.get(i))
