@@ -43,15 +43,18 @@ def test_int8_engine_stays_close_to_fp32_and_counts_its_bytes():
     with Engine(EngineConfig(device="cpu")) as fp32:
         ref = fp32.generate(reqs, params)
         fp32_bytes = fp32.memory_report().weights_bytes
-        shapes = [m.weight.shape for layer in fp32.core.model.decoder.layers for m in layer.modules()
-                  if isinstance(m, nn.Linear)]
+        decoder = fp32.core.model.decoder
+        shapes = [m.weight.shape for layer in decoder.layers for m in layer.modules() if isinstance(m, nn.Linear)]
+        vocab, hidden = decoder.lm_head.weight.shape
+        tied = decoder.lm_head.weight is decoder.embed_tokens.weight
     with Engine(EngineConfig(device="cpu", dtype="float32", quantization="int8")) as e:
         outs = e.generate(reqs, params)
         report = e.memory_report()
-        assert "int8" in e.linear_backend
+        assert "int8" in e.linear_backend and isinstance(e.core.model.decoder.lm_head, Int8Linear)
     # each decoder linear: fp32 weights (4 bytes) become int8 (1 byte) plus a scale per output channel, in bf16 for
-    # PyTorch's kernel and in fp32 for gemv_int8.c
-    assert report.weights_bytes == fp32_bytes - sum(o * i * 4 - o * i - o * 2 - o * 4 for o, i in shapes)
+    # PyTorch's kernel and in fp32 for gemv_int8.c; the lm_head too, but a tied one's fp32 rows stay the embeddings'
+    lm_head = vocab * hidden + vocab * 6 - (0 if tied else vocab * hidden * 4)
+    assert report.weights_bytes == fp32_bytes - sum(o * i * 4 - o * i - o * 2 - o * 4 for o, i in shapes) + lm_head
     assert report.weights_bytes < fp32_bytes
     same = worst = 0
     total = 0
@@ -102,10 +105,11 @@ def test_an_auto_int8_engine_runs_the_fused_c_ops_in_fp32_and_says_why():
         assert e.model.dtype == torch.float32 and e.dtype_reason.key in ("engine.dtype_no_bf16", "engine.dtype_small")
 
 
-@pytest.mark.parametrize("rows, in_features", [(1, 2 * GROUP), (3, 100), (16, 777), (5, 8)])
+@pytest.mark.parametrize("rows, in_features", [(1, 2 * GROUP), (3, 100), (16, 777), (5, 8), (4, 96), (16, 1024)])
 def test_gemv_int8_equals_the_dequantized_product(rows, in_features):
-    """gemv_int8.c (decode rows of an int8 layer): the fp32 product with the dequantized weights, for widths that
-    fill its vectors and ones that leave a tail, one row to sixteen."""
+    """gemv_int8.c (decode rows of an int8 layer): the product with the dequantized weights, for widths that fill its
+    vectors and ones that leave a tail, one row to sixteen; where the build takes int8 inputs (AVX2, a width that is a
+    multiple of 32) the input is the one quantized in blocks of 32 (exact integer sums: the same bound)."""
     from minivlm.model.backends.cpu_kernels import gemv_int8
     if gemv_int8.KERNELS.get() is None:
         pytest.skip(f"gemv_int8.c did not build: {gemv_int8.KERNELS.error}")
@@ -113,7 +117,7 @@ def test_gemv_int8_equals_the_dequantized_product(rows, in_features):
     linear = nn.Linear(in_features, 37, bias=True)
     q8 = Int8Linear(linear, torch.float32)
     x = torch.randn(rows, in_features)
-    want = (x.double() @ q8.dequantized().double().t() + linear.bias.double()).float()
+    want = (gemv_int8.q8_reference(x) @ q8.dequantized().double().t() + linear.bias.double()).float()
     got = gemv_int8.linear(x, q8.qweight, q8.scales_f32, linear.bias)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
     q8.small_rows = 16

@@ -1,7 +1,9 @@
 """Weight-only quantization (vLLM's `quantization="int8"` / `"int4"`) through PyTorch's own CPU kernels: decode reads
 every weight once per token, so weights 4x (int8) or 8x (int4) smaller than fp32 are fewer bytes to read and a
-model that did not fit in memory does. The decoder's linear layers are quantized at load (the embeddings, the
-lm_head and the vision tower keep their dtype). Activations stay in the engine's dtype, except that each product
+model that did not fit in memory does. The decoder's linear layers are quantized at load, and the lm_head in int8
+with either method (as llama.cpp's Q8_0 does, and Q4_K_M keeps it at 6 bits): a decode step reads it whole, and in
+fp32 it was a third of the 348M bench model's bytes a token (bench/RESULTS.md, session 18). The embeddings (a row
+read a token) and the vision tower keep their dtype. Activations stay in the engine's dtype, except that each product
 takes its input in bf16: PyTorch's int8 kernel ran 2.8x slower with fp32 inputs (bench/RESULTS.md, session 16), and
 its int4 kernel takes no other. In an fp32 engine the layers' small ops then run the fused C kernels around these
 products (decode_ops.c; attention over the pool in place), which PyTorch's ops cost more than the products here.
@@ -85,8 +87,8 @@ class Int4Linear(nn.Module):
 
 
 def quantize(decoder: nn.Module, method: str, device, dtype: torch.dtype) -> int:
-    """Replace the decoder layers' nn.Linear by their quantized form, in place; returns how many. Embeddings and
-    the lm_head (tied to them in small models) keep the engine's dtype."""
+    """Replace the decoder layers' nn.Linear by their quantized form and the lm_head by an int8 one, in place;
+    returns how many. The embeddings keep the engine's dtype (a tied lm_head's int8 copy is its own)."""
     if method not in METHODS:
         raise ValueError(f"quantization must be one of {METHODS} (or None), got {method!r}")
     if torch.device(device).type != "cpu":
@@ -100,6 +102,9 @@ def quantize(decoder: nn.Module, method: str, device, dtype: torch.dtype) -> int
                 if type(sub) is nn.Linear:
                     setattr(child, attr, cls(sub, dtype))
                     n += 1
+    if type(getattr(decoder, "lm_head", None)) is nn.Linear:
+        decoder.lm_head = Int8Linear(decoder.lm_head, dtype)
+        n += 1
     return n
 
 

@@ -66,12 +66,22 @@ static void attention_team(const Layer *L, float *qkv, int64_t width, const floa
 /* gate_up's rows j and intermediate + j computed by the same thread, so SiLU(gate) * up follows at once. */
 static void gate_up_silu_team(const float *h, const GEMV_W *w, const float *scale, float *gu, float *act,
                               int64_t rows, int64_t inter, int64_t n) {
-    const int64_t blocks = (inter + NR - 1) / NR;
+#ifdef GEMV_Q8_X  /* int8 weights: int8 h (q8_activations.h), blocks of Q8_NR */
+    const int q8 = n % Q8_BLOCK == 0;
+    const Q8X hq = q8 ? q8_quantize(h, rows, n) : (Q8X){0, 0};
+    const int64_t B = q8 ? Q8_NR : block_rows(rows);
+#define GATE_UP_BLOCK(o, cnt) (q8 ? q8_block(hq, w, scale, 0, gu, rows, 2 * inter, n, o, cnt) \
+                                  : gemv_block(h, w, scale, 0, gu, rows, 2 * inter, n, o, cnt))
+#else
+    const int64_t B = block_rows(rows);
+#define GATE_UP_BLOCK(o, cnt) gemv_block(h, w, scale, 0, gu, rows, 2 * inter, n, o, cnt)
+#endif
+    const int64_t blocks = (inter + B - 1) / B;
 #pragma omp for schedule(static) nowait
     for (int64_t ob = 0; ob < blocks; ob++) {
-        const int64_t o = NR * ob, cnt = inter - o < NR ? inter - o : NR;
-        gemv_block(h, w, scale, 0, gu, rows, 2 * inter, n, o, cnt);
-        gemv_block(h, w, scale, 0, gu, rows, 2 * inter, n, inter + o, cnt);
+        const int64_t o = B * ob, cnt = inter - o < B ? inter - o : B;
+        GATE_UP_BLOCK(o, cnt);
+        GATE_UP_BLOCK(inter + o, cnt);
         for (int64_t t = 0; t < rows; t++) {
             const float *g = gu + t * 2 * inter + o, *u = g + inter;
             for (int64_t i = 0; i < cnt; i++) act[t * inter + o + i] = g[i] / (1.f + expf(-g[i])) * u[i];

@@ -11,3 +11,12 @@ void gemv_int8(const float *x, const int8_t *q, const float *scale, const float 
 #pragma omp parallel num_threads(threads)
     gemv_team(x, q, scale, bias, y, rows, out, in);
 }
+
+/* *out = 1 where products of inputs whose width is a multiple of 32 take int8 inputs (q8_activations.h), else 0. */
+void q8_activations(int *out) {
+#ifdef GEMV_Q8_X
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}

@@ -2,6 +2,7 @@
    in registers, so a decode step reads one byte a weight, and a scale per weight row applied with the bias.
    Included, before gemv.c, by gemv_int8.c (one product a call) and decode_layer_int8.c (a whole step a call). */
 #include "simd.h"
+#include "q8_activations.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
