@@ -34,16 +34,29 @@ def test_threads_follow_the_cores_other_processes_leave(monkeypatch):
         assert b.on and b.cores == 4
         seen = []
         for others in (0.0, 1.0, 2.3, 0.4, 0.0):
-            m.run(1.0, ours=4 - others, others=others)
+            m.run(0.6, ours=4 - others, others=others)
             b.after_step()
             seen.append((round(b.others, 2), b.threads, torch.get_num_threads()))
         assert seen == [(0.0, 4, 4), (1.0, 3, 3), (2.3, 2, 2), (0.4, 4, 4), (0.0, 4, 4)]
         m.run(0.1, ours=4, others=3)  # looks at the machine at most every INTERVAL
         b.after_step()
         assert b.threads == 4
-        m.run(1.0, ours=1, others=3)
+        m.run(0.6, ours=1, others=3)
         b.after_step()
         assert b.threads == 1
+        # a pause in the steps while the others ran (a peer's request): all threads on the first step after it, and
+        # a look QUICK seconds on says what the machine does now
+        m.run(2.0, ours=0, others=3)
+        b.after_step()
+        assert b.threads == 4 and torch.get_num_threads() == 4
+        m.run(busy_threads.QUICK + 0.01, ours=4, others=0)
+        b.after_step()
+        assert b.threads == 4 and b.others == pytest.approx(0.0, abs=1e-9)
+        m.run(2.0, ours=0, others=2)  # and where the others still run after the pause, the quick look sees it
+        b.after_step()
+        m.run(busy_threads.QUICK + 0.01, ours=2, others=2)
+        b.after_step()
+        assert b.threads == 2
         b.close()
         assert torch.get_num_threads() == 4
     finally:
@@ -66,8 +79,8 @@ def test_a_real_busy_process_is_seen_as_a_core_taken(monkeypatch):
     proc.start()
     try:
         time.sleep(0.5)  # the child is spinning
-        b.last = (b.clock(), b.busy(), b.own())
-        time.sleep(busy_threads.INTERVAL + 0.5)
+        b.last, b.stepped = (b.clock(), b.busy(), b.own()), b.clock()
+        time.sleep(busy_threads.INTERVAL + 0.3)  # a step that took this long: no pause
         b.after_step()
         assert 0.6 <= b.others <= b.cores + 0.1, b.others
         assert b.threads < b.max_threads

@@ -3,7 +3,10 @@ the C kernels, which take torch's count) that meet at barriers: when another pro
 barrier waits for the scheduler to hand that core back, and a step slows by an order of magnitude (measured on 2
 cores beside a compile: the tiny model's C step 0.5 ms on 1 thread, 8 ms on 2; bench/RESULTS.md). So every
 INTERVAL seconds the engine reads how much CPU the rest of the machine took (/proc/stat's busy time minus this
-process's own) and runs on the cores left free, never fewer than 1, never more than it was started with."""
+process's own) and runs on the cores left free, never fewer than 1, never more than it was started with. After a
+pause in its steps (IDLE) what the others did meanwhile says little about now (llama.cpp's threads spin for a while
+after each of its requests: taken as a busy machine, they cost the engine's next run a third of its speed in the
+peer bench), so it starts on all its threads and looks again QUICK seconds later."""
 import math
 import os
 import time
@@ -11,6 +14,8 @@ import time
 import torch
 
 INTERVAL = 0.5   # seconds between looks at the machine
+IDLE = 1.0       # seconds between two steps past which the engine paused
+QUICK = 0.1      # seconds to the first look after a pause
 SWITCH = "MINIVLM_BUSY_THREADS"  # 0: keep torch's thread count whatever else runs
 _started_with: int | None = None  # torch's count before an engine lowered it (another engine must not take 1 as its max)
 
@@ -37,6 +42,8 @@ class BusyThreads:
         self.clock, self.busy, self.own = clock, busy, own
         self.on = os.environ.get(SWITCH, "1") != "0" and self.cores > 1 and busy() is not None
         self.last = (clock(), busy(), own()) if self.on else None
+        self.stepped = clock()  # when the latest step ended
+        self.wait = INTERVAL  # seconds from one look to the next
         self.others = 0.0  # cores the other processes used over the latest interval
         self.threads = self.max_threads  # what the next steps run with
 
@@ -49,10 +56,16 @@ class BusyThreads:
             torch.set_num_threads(self.threads)
 
     def _look(self):
-        """Every INTERVAL: the cores the other processes used since the last look, and the threads left for us."""
+        """Every INTERVAL: the cores the other processes used since the last look, and the threads left for us; after
+        a pause, all threads and a fresh look QUICK seconds on."""
         now = self.clock()
-        if now - self.last[0] < INTERVAL:
+        paused, self.stepped = now - self.stepped > IDLE, now
+        if paused:
+            self.last, self.wait, self.threads = (now, self.busy(), self.own()), QUICK, self.max_threads
             return
+        if now - self.last[0] < self.wait:
+            return
+        self.wait = INTERVAL
         busy, own = self.busy(), self.own()
         self.others = max(0.0, (busy - self.last[1]) - (own - self.last[2])) / (now - self.last[0])
         self.last = (now, busy, own)
