@@ -11,7 +11,12 @@
 #include <stdlib.h>
 #define GEMV_Q8_X
 #define Q8_BLOCK 32
+#ifndef Q8_NR
 #define Q8_NR 6  /* weight rows a tile: 6 sums in flight, 16 registers */
+#endif
+#ifndef Q8_AHEAD
+#define Q8_AHEAD 256  /* bytes ahead in the next tile's rows */
+#endif
 
 typedef struct {
     const int8_t *q;   /* [rows, in] */
@@ -71,13 +76,16 @@ static inline __m256 q8_dot(__m256i ax, __m256i xv, const int8_t *w) {
             const __m256i ax = _mm256_sign_epi8(xv, xv);                                                          \
             const __m256 d = _mm256_broadcast_ss(xs + blk);                                                       \
             for (int b = 0; b < N; b++) {                                                                         \
-                if (!(k & 63)) __builtin_prefetch(w + (N + b) * in + k + 256, 0, 0);  /* a line a row, ahead */   \
+                if (Q8_AHEAD && !(k & 63)) __builtin_prefetch(w + (N + b) * in + k + Q8_AHEAD, 0, 0);  /* a line a row, ahead */   \
                 acc[b] = _mm256_fmadd_ps(q8_dot(ax, xv, w + b * in + k), d, acc[b]);                              \
             }                                                                                                     \
         }                                                                                                         \
         for (int b = 0; b < N; b++) y[b] = q8_hsum(acc[b]) * scale[b] + (bias ? bias[b] : 0.f);                 \
     }
-Q8_TILE(6) Q8_TILE(1)
+#define Q8_TILE_OF(N) Q8_TILE_NAME(N)
+#define Q8_TILE_NAME(N) q8_tile_##N
+#define Q8_TILE_N(N) Q8_TILE(N)
+Q8_TILE_N(Q8_NR) Q8_TILE(1)
 
 /* Weight rows [o, o + n) against every quantized x row. */
 static inline void q8_block(Q8X x, const int8_t *w, const float *scale, const float *bias, float *y, int64_t rows,
@@ -87,7 +95,7 @@ static inline void q8_block(Q8X x, const int8_t *w, const float *scale, const fl
         const int8_t *xq = x.q + m * in;
         const float *xs = x.s + m * nb;
         if (n == Q8_NR) {
-            q8_tile_6(xq, xs, w + o * in, scale + o, bias ? bias + o : 0, y + m * out + o, in);
+            Q8_TILE_OF(Q8_NR)(xq, xs, w + o * in, scale + o, bias ? bias + o : 0, y + m * out + o, in);
         } else {
             for (int64_t b = o; b < o + n; b++)
                 q8_tile_1(xq, xs, w + b * in, scale + b, bias ? bias + b : 0, y + m * out + b, in);
