@@ -3,6 +3,8 @@ and the work it times is the same work on both sides (greedy outputs equal HF tr
 import json
 import math
 
+import pytest
+
 from bench.__main__ import main
 from minivlm.engine.grammar_masks import MaskFiller
 
@@ -36,6 +38,7 @@ METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-o
            "one busy process: engine on the free cores vs its thread count fixed"]
 
 
+@pytest.mark.slow  # every bench row on the tiny model, about a minute: CI runs it with -m slow
 def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
     md, js = tmp_path / "table.md", tmp_path / "raw.json"
     rows, details = main(["--smoke", "--repeats", "1", "--threads", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),

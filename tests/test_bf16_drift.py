@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from minivlm import Engine, EngineConfig, Request, SamplingParams
 from tests.hf_reference import hf_model, hf_processor
 
+pytestmark = pytest.mark.slow  # two 3B-wide checkpoints through the engine and HF in bf16 (~15 s): CI's -m slow
 NEW_TOKENS = 8
 # engine bf16 error / HF bf16 error vs HF fp32 on 4-layer 3B-dimension checkpoints, 7 seeds x 3 requests: prompt
 # rows 1.000 (the same bits); decode rows' max over the vocabulary 0.88-1.04, mean 0.995-1.010; this checkpoint:

@@ -69,6 +69,7 @@ def spin(seconds: float):
         pass
 
 
+@pytest.mark.slow  # a real process spins for 3 s beside it: CI runs it with -m slow
 def test_a_real_busy_process_is_seen_as_a_core_taken(monkeypatch):
     monkeypatch.setenv(busy_threads.SWITCH, "1")
     b = BusyThreads()

@@ -45,6 +45,7 @@ def publisher(checkpoints):
     proc.wait(30)
 
 
+@pytest.mark.slow  # test_browser_kvwatch checks the watched tree in the default run; CI runs this with -m slow
 def test_the_watched_tree_equals_the_engines_own_at_every_checkpoint(publisher):
     command, watcher = publisher
     for cmd in ("first", "hit", "evict", "reset", "first"):

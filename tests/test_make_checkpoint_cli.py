@@ -39,11 +39,13 @@ def ask(model_dir: str, content: list):
                           SamplingParams(max_tokens=3, ignore_eos=True))
 
 
-@pytest.mark.parametrize("args,content", [
-    (["internvl", "--decoder", "qwen2", "--seed", "3"],
-     [{"type": "image", "image": Image.new("RGB", (96, 64), (200, 30, 30))}, {"type": "text", "text": "Colour?"}]),
-    (["qwen2_5_vl", "--video-layout", "nested"],
-     [{"type": "video", "video": moving_square(4), "fps": 2}, {"type": "text", "text": "What happens?"}]),
+@pytest.mark.parametrize("args,content", [  # each loads a new checkpoint (~10 s): the default run keeps the text one
+    pytest.param(["internvl", "--decoder", "qwen2", "--seed", "3"],
+                 [{"type": "image", "image": Image.new("RGB", (96, 64), (200, 30, 30))},
+                  {"type": "text", "text": "Colour?"}], marks=pytest.mark.slow),
+    pytest.param(["qwen2_5_vl", "--video-layout", "nested"],
+                 [{"type": "video", "video": moving_square(4), "fps": 2}, {"type": "text", "text": "What happens?"}],
+                 marks=pytest.mark.slow),
     (["qwen3"], [{"type": "text", "text": "Hello"}]),
 ], ids=["internvl-qwen2", "qwen2_5_vl-nested", "qwen3-text"])
 def test_cli_checkpoint_loads_and_answers(args, content, tmp_path):

@@ -58,6 +58,7 @@ def visits(url: str, first: int, n: int):
         [t.join() for t in threads]
 
 
+@pytest.mark.slow  # waits out a session's idle time: CI runs it with -m slow
 def test_an_idle_session_gives_back_its_page_state_and_its_engine():
     """Three visitors chat and launch on the KV tab: gradio keeps each one's page state and each has an isolated
     engine; a sweep once they are idle drops the page states and closes the engines (their loops end), and a

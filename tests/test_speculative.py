@@ -119,6 +119,7 @@ def test_no_rejected_position_is_published_and_the_cache_ends_as_after_a_plain_r
         assert any(tokens[i:i + bs] == ev.token_ids for i in range(0, len(tokens) - bs + 1, bs)), ev.request_id
 
 
+@pytest.mark.slow  # a statistical check over many draws: CI runs it with -m slow
 def test_rejection_sampling_keeps_the_target_distribution():
     """The first emitted token of a sampled request with a 2-token draft, drawn 15,000 times, follows the target
     softmax (temperature, top-k, top-p applied) within 4 standard errors on every token, whatever the draft."""
