@@ -86,6 +86,8 @@ def choose_int8(kernels: Backend, decoder, kv_caches, block_size: int, timer=ste
         for m in layers:
             m.small_rows = rows
     use(gemv.MAX_ROWS)
+    if sum(m.qweight.numel() for m in layers) * 4 < MIN_BYTES:  # untimed, as choose(): a small model's step is
+        return kernels  # overhead, which the one call wins by far (timed, a busy machine's noise could pick either)
     ours = timer(kernels, decoder, kv_caches, block_size)
     theirs_backend = CpuKernels(kernels.attention, Said("engine.calibrated_torch_int8"))
     use(0)

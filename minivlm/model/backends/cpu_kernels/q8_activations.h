@@ -40,13 +40,24 @@ static Q8X q8_quantize(const float *x, int64_t rows, int64_t in) {
     }
     int8_t *q = buf;
     float *s = (float *)(buf + rows * in);  /* rows * in is a multiple of 32: aligned for floats */
-    for (int64_t i = 0; i < rows * nb; i++) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  /* undoes the packs' lane interleave */
+    for (int64_t i = 0; i < rows * nb; i++) {  /* a block: max |x|, then x * 127 / max rounded to nearest even */
         const float *xb = x + i * Q8_BLOCK;
-        float m = 0.f;
-        for (int j = 0; j < Q8_BLOCK; j++) m = fmaxf(m, fabsf(xb[j]));
-        const float d = m / 127.f, inv = m > 0.f ? 127.f / m : 0.f;
-        s[i] = d;
-        for (int j = 0; j < Q8_BLOCK; j++) q[i * Q8_BLOCK + j] = (int8_t)lrintf(xb[j] * inv);
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(xb + 8 * j);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        const float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+        s[i] = mx / 127.f;
+        const __m256 inv = _mm256_set1_ps(mx > 0.f ? 127.f / mx : 0.f);
+        __m256i n[4];
+        for (int j = 0; j < 4; j++) n[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+        _mm256_storeu_si256((__m256i *)(q + i * Q8_BLOCK), _mm256_permutevar8x32_epi32(p, order));
     }
     return (Q8X){q, s};
 }
