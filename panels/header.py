@@ -191,7 +191,8 @@ def build(holder: EngineHolder, demo: gr.Blocks, switch: gr.Radio | None = None)
                 gr.update(choices=model_choices(holder.config.model, chosen)), \
                 holder.rebuild_cost(chosen) if editable else gr.skip()
         switch.change(relang, switch, [status, device, model, cost], api_name=False, queue=False)
-    token.submit(unlock, [token], [*widgets, apply, note, cost, cost_timer], api_name=False)
+    token.submit(unlock, [token], [*widgets, apply, note, cost, cost_timer], api_name=False,
+                 trigger_mode="always_last")  # Enter again while a try is pending: runs after it, never dropped
     unlock_api = gr.Button("unlock", visible=False)  # the API's endpoint; the page's Enter uses unlock()
     unlock_api.click(unlock_or_refuse, [token], widgets + [apply], api_name="unlock_header", queue=False,
                      api_description="Operator only: make the header's settings editable on a shared deployment.")
