@@ -47,8 +47,9 @@ def broken(tmp_path_factory):
     return out
 
 
-SLOW = pytest.mark.slow  # each case starts Python with gradio, torch and transformers (about 10 s): the default
-# run keeps one of each kind (a device, a checkpoint, a watcher address); CI's -m slow runs the rest
+SLOW = pytest.mark.slow  # each case starts Python with gradio, torch and transformers (about 10-14 s): the default
+# run keeps one bad start (a device) and the running app's test (which also logs a refused watch); CI's -m slow runs
+# the rest
 CASES = [
     (["--device", "cuda"], "--device cuda is not available here", NO_CUDA),
     pytest.param(["--device", "mps"], "--device mps is not available here", NO_MPS, marks=SLOW),
@@ -61,7 +62,8 @@ CASES = [
     pytest.param(["--device", "cpu", "--model", "{bad-config}"], "has no readable config.json", True, marks=SLOW),
     pytest.param(["--device", "cpu", "--watch-kv-events", "tcp://127.0.0.1"], "cannot watch 'tcp://127.0.0.1'", True,
                  marks=SLOW),
-    (["--device", "cpu", "--watch-kv-events", "127.0.0.1:5557"], "watch an address like tcp://host:5557", True),
+    pytest.param(["--device", "cpu", "--watch-kv-events", "127.0.0.1:5557"], "watch an address like tcp://host:5557",
+                 True, marks=SLOW),
     pytest.param(["--device", "cpu", "--kv-events-config", "{bad"], "kv_events: not valid JSON", True, marks=SLOW),
 ]
 
@@ -82,6 +84,7 @@ def test_a_bad_start_is_one_line_and_a_clean_exit(broken, args, says, applies):
     assert time.monotonic() - began < START_S
 
 
+@SLOW
 def test_a_port_already_taken_is_one_line(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -55,6 +55,7 @@ def test_key_protects_the_api_and_each_key_and_user_gets_its_own_cache(shared_ap
     assert httpx.get(shared_app_with_key + "metrics").status_code == 200
 
 
+@pytest.mark.slow  # a second app of its own (~13 s): CI runs it with -m slow
 def test_shared_deployment_without_key_turns_the_api_off(tmp_path, monkeypatch):
     monkeypatch.delenv("MINIVLM_API_KEY", raising=False)
     with running_app("--shared", log_path=str(tmp_path / "app.log")) as url:
