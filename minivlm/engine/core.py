@@ -129,7 +129,7 @@ class EngineCore:
         if not any(j.todo for j in plan.encodes) and len(out.ran) == len(plan):  # whole, no tower: a clean measurement
             self.scheduler.observe(plan, self.clock() - start)
         events = self.update(plan, out, res)
-        self.masks.ahead([self.live[i] for i in out.sampled if i in self.live])  # the next step's, while this ends
+        self.masks.ahead(out.sampled, self.live)  # the next step's masks fill while this step ends
         self._written = {}
         self._attach_snapshot([(s, ev) for s, ev in events if s.wants_snapshot], res)
         res.events += [(s, ev) for s, ev in events if ev.finished or s.finish_reason is None]

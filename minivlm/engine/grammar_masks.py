@@ -91,12 +91,13 @@ class MaskFiller:
         self._lock = threading.Lock()
         self._ahead: BatchMasks | None = None  # the next step's masks, filling since the last step's update
 
-    def ahead(self, seqs):
-        """After a step's update ("ahead" mode): start filling the next step's masks of these sequences (those still
-        running with a grammar), which a decode step will sample for next."""
+    def ahead(self, sampled, live: dict):
+        """After a step's update ("ahead" mode): start filling the next step's masks of the requests it sampled for
+        (seq_ids; those still running with a grammar), which a decode step will sample for next."""
         if self.mode != "ahead":
             return
-        seqs = [s for s in seqs if s.matcher is not None and s.finish_reason is None]
+        seqs = [s for i in sampled if (s := live.get(i)) is not None and s.matcher is not None
+                and s.finish_reason is None]
         if seqs:
             self._ahead = self._fill_beside(BatchMasks([s.seq_id for s in seqs], [s.matcher for s in seqs]))
 

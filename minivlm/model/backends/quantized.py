@@ -3,10 +3,11 @@ every weight once per token, so weights 4x (int8) or 8x (int4) smaller than fp32
 model that did not fit in memory does. The decoder's linear layers are quantized at load, and the lm_head in int8
 with either method (as llama.cpp's Q8_0 does, and Q4_K_M keeps it at 6 bits): a decode step reads it whole, and in
 fp32 a 151,936-token vocabulary's lm_head (Qwen's, tied at 2B) is 1.2 GB a token beside 1.4 GB of int8 layers. The
-embeddings (a row read a token; a tied lm_head's int8 copy is its own) and the vision tower keep their dtype. Activations stay in the engine's dtype, except that each product
-takes its input in bf16: PyTorch's int8 kernel ran 2.8x slower with fp32 inputs (bench/RESULTS.md, session 16), and
-its int4 kernel takes no other. In an fp32 engine the layers' small ops then run the fused C kernels around these
-products (decode_ops.c; attention over the pool in place), which PyTorch's ops cost more than the products here.
+embeddings (a row read a token; a tied lm_head's int8 copy is its own) and the vision tower keep their dtype.
+Activations stay in the engine's dtype, except that each product takes its input in bf16: PyTorch's int8 kernel ran
+2.8x slower with fp32 inputs (bench/RESULTS.md, session 16), and its int4 kernel takes no other. In an fp32 engine
+the layers' small ops then run the fused C kernels around these products (decode_ops.c; attention over the pool in
+place), which PyTorch's ops cost more than the products here.
 
     int8  symmetric, one scale per output channel (max |w| / 127), scales in bf16;
           torch.ops.aten._weight_int8pack_mm, or for decode steps the C kernels over int8 weights (decode_layer_int8.c

@@ -87,6 +87,7 @@ static void gate_up_silu_team(const float *h, const GEMV_W *w, const float *scal
             for (int64_t i = 0; i < cnt; i++) act[t * inter + o + i] = g[i] / (1.f + expf(-g[i])) * u[i];
         }
     }
+#undef GATE_UP_BLOCK
 }
 
 /* x [rows, hidden]: the step's embeddings in, the final norm of the last layer's output out (in place).

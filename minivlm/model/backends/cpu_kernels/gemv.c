@@ -21,11 +21,9 @@
 #endif
 
 /* NR1: weight rows a tile when x has one row (a single stream), 2 x NR: twice the independent sums, so the
-   multiply-adds do not wait on each other's latency (one thread's int8 products: 9.0 -> 12 GB/s on the AVX2 bench
-   machine; 3 x NR measured slower) */
-#if defined(GEMV_NR1_OFF)  /* a build for measuring: one x row takes NR weight rows like the others */
-#define NR1 NR
-#elif VW == 16
+   multiply-adds do not wait on each other's latency (two threads' int8 products widened to floats: 14.4 -> 15.4 GB/s,
+   interleaved A/B on the AVX2 bench machine; 3 x NR measured slower) */
+#if VW == 16
 #define NR1 12
 #else
 #define NR1 6
@@ -64,18 +62,15 @@
             }                                                                                                     \
     }
 #define TILE(MR, N) TILE_(MR, N)  /* expands NR before pasting the name */
-TILE(4, NR) TILE(3, NR) TILE(2, NR) TILE(1, NR) TILE(4, 1) TILE(1, 1)
-#if NR1 != NR
-TILE(1, NR1)
-#endif
+TILE(4, NR) TILE(3, NR) TILE(2, NR) TILE(1, NR) TILE(1, NR1) TILE(4, 1) TILE(1, 1)
 #define TILE_NAME(MR, N) tile_##MR##x##N
 #define TILE_OF(MR, N) TILE_NAME(MR, N)
 
 /* Weight rows a block takes: NR1 for one x row, else NR. */
 static inline int64_t block_rows(int64_t rows) { return rows == 1 ? NR1 : NR; }
 
-/* Weight rows [o, o + n) (n <= block_rows(rows)) against all x rows: y[:, o:o + n]. While the tiles of the x rows run, these
-   weight rows stay in the cache. */
+/* Weight rows [o, o + n) (n <= block_rows(rows)) against all x rows: y[:, o:o + n]. While the tiles of the x rows
+   run, these weight rows stay in the cache. */
 static inline void gemv_block(const float *x, const GEMV_W *w, const float *scale, const float *bias, float *y,
                               int64_t rows, int64_t out, int64_t in, int64_t o, int64_t n) {
     const GEMV_W *wo = w + o * in;

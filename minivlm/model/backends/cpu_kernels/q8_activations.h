@@ -62,6 +62,7 @@ static Q8X q8_quantize(const float *x, int64_t rows, int64_t in) {
     return (Q8X){q, s};
 }
 
+/* The 8 lanes' sum (simd.h's hsum takes the build's vector, 16 floats where it targets AVX-512). */
 static inline float q8_hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -87,7 +88,8 @@ static inline __m256 q8_dot(__m256i ax, __m256i xv, const int8_t *w) {
             const __m256i ax = _mm256_sign_epi8(xv, xv);                                                          \
             const __m256 d = _mm256_broadcast_ss(xs + blk);                                                       \
             for (int b = 0; b < N; b++) {                                                                         \
-                if (Q8_AHEAD && !(k & 63)) __builtin_prefetch(w + (N + b) * in + k + Q8_AHEAD, 0, 0);  /* a line a row, ahead */   \
+                if (Q8_AHEAD && !(k & 63))  /* a cache line a row, in the next tile's rows */                    \
+                    __builtin_prefetch(w + (N + b) * in + k + Q8_AHEAD, 0, 0);                                    \
                 acc[b] = _mm256_fmadd_ps(q8_dot(ax, xv, w + b * in + k), d, acc[b]);                              \
             }                                                                                                     \
         }                                                                                                         \
