@@ -73,6 +73,7 @@ def test_the_page_says_beforehand_what_a_rebuild_ends(app, page):
         engine.core.after_step = None
 
 
+@pytest.mark.slow  # 10 s of a running launch; the rebuild rules stay in the default run (CI runs -m slow)
 def test_a_launch_cut_off_by_a_rebuild_ends_with_a_message(app, page):
     holder, _ = app
     open_tab(page, "KV blocks (live)")

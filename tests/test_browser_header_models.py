@@ -79,6 +79,7 @@ def anatomy_draws(page, holder):
     return lo, hi, default
 
 
+@pytest.mark.slow  # 18 s: a second model built and loaded; the refused load stays in the default run
 def test_a_tiled_model_loaded_from_the_header_draws_its_anatomy(app, page, tiled):
     holder, url = app
     tiny = holder.config.model

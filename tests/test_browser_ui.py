@@ -216,6 +216,7 @@ def inside(a: dict, b: dict) -> bool:
         b["y"] - 1 <= a["y"] and a["y"] + a["height"] <= b["y"] + b["height"] + 1
 
 
+@pytest.mark.slow  # 16 s: a fresh page and a whole lesson run; the step-through stays (test_browser_kvtab)
 def test_the_lessons_16_block_pool(page, shots):
     """#24 item 13 on `python app.py --num-blocks 16` with the README lesson's launch: the map shows its whole
     legend ("free" too) at a readable size; a short run's step axis has whole steps only; a preemption is a marker
