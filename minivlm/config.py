@@ -8,6 +8,7 @@ DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 STRATEGIES = ("none", "A", "B", "C")
 DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+GRAMMAR_BACKENDS = ("auto", "xgrammar", "guidance")  # vLLM's structured_outputs_config.backend (those two)
 # chunked prefill's default: mixed steps at most 1.3x a decode step's median. The goal is p99 ITL <= 2x steady, and a
 # step's own spread (p99 / p50 about 1.3-1.4 on 2 CPU cores) multiplies it: 1.3 x 1.4 < 2 (bench/RESULTS.md, round 8)
 DEFAULT_STEP_SLOWDOWN = 1.3
@@ -67,6 +68,7 @@ class EngineConfig:
     state_checkpoints: int | None = None  # recurrent models: saved states the prefix cache may reuse; None: 2 x max_num_seqs
     speculative_config: dict | str | None = None  # vLLM's: {"method": "ngram", "num_speculative_tokens": 4, ...}
     quantization: str | None = None  # vLLM's name: "int8" | "int4" weight-only, the decoder's linears (CPU)
+    structured_outputs_backend: str = "auto"  # vLLM's structured_outputs_config.backend: xgrammar where installed
 
     def __post_init__(self):
         def positive_int(name):
@@ -100,6 +102,9 @@ class EngineConfig:
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if self.quantization not in (None, "int8", "int4"):
             raise ValueError(f"EngineConfig.quantization must be 'int8', 'int4' or None, got {self.quantization!r}")
+        if self.structured_outputs_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"EngineConfig.structured_outputs_backend must be one of {GRAMMAR_BACKENDS}, got "
+                             f"{self.structured_outputs_backend!r}")
         if self.kv_events is not None and self.kv_events.active and not self.event_log_size:
             raise ValueError("EngineConfig.kv_events publishes from the event log: event_log_size must be > 0")
         for name in ("enable_chunked_prefill", "async_vision", "enforce_eager"):

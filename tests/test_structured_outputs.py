@@ -39,21 +39,45 @@ def ask(engine, so, n_tokens=40, **kw):
                            SamplingParams(max_tokens=n_tokens, structured_outputs=so, **kw))
 
 
-def test_every_step_allows_what_the_grammar_librarys_own_matcher_allows(engine):
+class LibraryMatcher:
+    """A grammar library's own matcher of a GBNF grammar, used as it documents it: its mask as token ids, a token
+    taken."""
+
+    def __init__(self, backend: str, engine, grammar: str):
+        vocab = engine.hf_config.text_config.vocab_size
+        if backend == "guidance":
+            m = llguidance.LLMatcher(llguidance.hf.from_tokenizer(engine.tokenizer, n_vocab=vocab),
+                                     llguidance.grammar_from("gbnf", grammar))
+            self.mask = lambda: [t for t in range(vocab) if m.compute_bitmask()[t // 8] >> (t % 8) & 1]
+            self.take = lambda t: m.validate_tokens([t]) == 1 and m.consume_token(t)
+        else:
+            xgr = pytest.importorskip("xgrammar", reason="xgrammar is optional (its Linux wheel pulls triton)")
+            info = xgr.TokenizerInfo.from_huggingface(engine.tokenizer, vocab_size=vocab)
+            m, bits = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_grammar(grammar)), \
+                xgr.allocate_token_bitmask(1, vocab)
+            self.mask = lambda: (m.fill_next_token_bitmask(bits), [
+                t for t in range(vocab) if int(bits[0, t // 32]) >> (t % 32) & 1])[1]
+            self.take = m.accept_token
+
+
+@pytest.mark.parametrize("backend", ["guidance", "xgrammar"])
+def test_every_step_allows_what_the_grammar_librarys_own_matcher_allows(engine, monkeypatch, backend):
+    """Each step's allowed tokens are those the grammar library's own matcher allows, with either library (they
+    differ: llguidance allows only the canonical tokenization of forced text, xgrammar every token that fits)."""
     grammar = 'root ::= "The " colour " " shape "."\ncolour ::= "red" | "blue" | "green"\nshape ::= "circle" | "square"'
+    truth = LibraryMatcher(backend, engine, grammar)
+    monkeypatch.setattr(engine.intake, "_grammars", None)
+    monkeypatch.setattr(engine.config, "structured_outputs_backend", backend)
     since = engine.snapshot().last_event_seq
     out = ask(engine, SO(grammar=grammar))
+    assert engine.intake.grammars().backend == backend
     assert out.finish_reason == "stop" and out.text.startswith("The ") and out.text.endswith(".")
     steps = [ev for ev in engine.events(since) if ev.kind == "constrained"]
     assert [ev.token for ev in steps] == out.token_ids
-    tok = llguidance.hf.from_tokenizer(engine.tokenizer, n_vocab=engine.hf_config.text_config.vocab_size)
-    truth = llguidance.LLMatcher(tok, llguidance.grammar_from("gbnf", grammar))
-    for ev in steps:  # a matcher of the library's own, fed the same tokens, computing its own mask
-        mask = truth.compute_bitmask()
-        allowed = [t for t in range(tok.vocab_size) if mask[t // 8] >> (t % 8) & 1]
+    for ev in steps:  # the library's own matcher, fed the same tokens, computing its own mask
+        allowed = truth.mask()
         assert ev.allowed_ids == allowed and ev.allowed == len(allowed)
-        assert truth.validate_tokens([ev.token]) == 1  # and the chosen token is one the grammar can take
-        assert truth.consume_token(ev.token)
+        assert truth.take(ev.token)  # and the chosen token is one the grammar can take
 
 
 def test_json_schema_answers_validate_and_json_has_no_free_whitespace(engine):
@@ -206,20 +230,18 @@ def test_masks_filled_ahead_beside_the_forward_or_at_sampling_give_the_same_toke
 @pytest.mark.parametrize("mode", MaskFiller.MODES)
 def test_a_matcher_that_faults_fails_its_request_alone(engine, monkeypatch, mode):
     """A grammar whose mask raises fails that request; the other constrained request of the same batch finishes."""
-    from minivlm.engine import structured_output
     grammars, made = engine.intake.grammars(), []
-    real_matcher, real_fill = grammars.matcher, structured_output.Matcher.fill
+    real_matcher = grammars.matcher
 
-    def matcher(so):
+    def broken(row):
+        raise RuntimeError("the first request's grammar broke")
+
+    def matcher(so):  # the first request's matcher (either library's) raises when asked for a mask
         made.append(real_matcher(so))
+        if len(made) == 1:
+            made[0].fill = broken
         return made[-1]
-
-    def fill(self, row):
-        if made and self is made[0]:
-            raise RuntimeError("the first request's grammar broke")
-        return real_fill(self, row)
     monkeypatch.setattr(grammars, "matcher", matcher)
-    monkeypatch.setattr(structured_output.Matcher, "fill", fill)
     monkeypatch.setattr(engine.core.masks, "mode", mode)
     params = SamplingParams(max_tokens=20, structured_outputs=SO(choice=["red circle", "blue square"]))
     handles = [engine.submit(Request(prompt=q, images=[PICTURE]), params) for q in ("Describe.", "List the shapes.")]

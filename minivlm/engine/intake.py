@@ -2,6 +2,7 @@
 engine's limits, so bad input raises at the caller and never reaches the engine loop. Its pixels stay out of the
 Sequence: they wait beside it (`Intake.image_inputs`) for the core, which hands them to the runner on admission."""
 import hashlib
+import importlib.util
 import itertools
 import weakref
 
@@ -23,6 +24,10 @@ PROMPT_TOO_LONG = "prompt is {n} tokens; max_model_len is {limit} (prompt + outp
 TOO_MANY_BLOCKS = "request needs up to {need} KV blocks but the engine has {have}; lower max_tokens or raise num_blocks"
 
 
+def xgrammar_installed() -> bool:
+    return importlib.util.find_spec("xgrammar") is not None
+
+
 class Intake:
     def __init__(self, config: EngineConfig, model: LoadedModel, num_blocks: int,
                  image_inputs: weakref.WeakKeyDictionary | None = None):
@@ -32,6 +37,9 @@ class Intake:
         # never submitted takes its pixels with it
         self.image_inputs = image_inputs if image_inputs is not None else weakref.WeakKeyDictionary()
         self._grammars = None
+        if config.structured_outputs_backend == "xgrammar" and not xgrammar_installed():
+            raise ValueError("EngineConfig.structured_outputs_backend='xgrammar' but xgrammar is not installed "
+                             "(pip install xgrammar; 'auto' uses it where it is, else llguidance)")
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.config.block_size)
@@ -96,10 +104,14 @@ class Intake:
         return seq
 
     def grammars(self):
-        """The engine's grammar compiler, made on first use (llguidance is imported only when a request asks)."""
+        """The engine's grammar compiler, made on first use (the grammar library is imported only when a request
+        asks): xgrammar's where EngineConfig.structured_outputs_backend and the install allow it, else llguidance's."""
         if self._grammars is None:
             from minivlm.engine.structured_output import GrammarCompiler
-            self._grammars = GrammarCompiler(self.model.tokenizer, self.model.text_config.vocab_size)
+            made = GrammarCompiler
+            if self.config.structured_outputs_backend != "guidance" and xgrammar_installed():
+                from minivlm.engine.structured_xgrammar import XGrammarCompiler as made
+            self._grammars = made(self.model.tokenizer, self.model.text_config.vocab_size)
         return self._grammars
 
     def check_logit_bias(self, params: SamplingParams):

@@ -10,7 +10,6 @@ from collections import OrderedDict
 
 import llguidance
 import llguidance.hf
-import llguidance.torch as lltorch
 import numpy as np
 import torch
 
@@ -52,6 +51,7 @@ def source(so) -> tuple[str, str, str]:
 class GrammarCompiler:
     """One per engine: the tokenizer as llguidance sees it, and each compiled grammar by key, as a matcher at its
     start that requests copy (a copy shares the compiled lexer and parser tables: n choices compile once)."""
+    backend = "guidance"
 
     def __init__(self, tokenizer, vocab_size: int):
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
@@ -162,6 +162,7 @@ def apply_bitmasks(logits: torch.Tensor, rows: list[int], bits: torch.Tensor):
     if not rows:
         return
     if logits.device.type != "cpu":
+        import llguidance.torch as lltorch  # torch.compile'd: imports torch._dynamo, and triton where installed
         full = torch.full((logits.shape[0], bits.shape[1]), -1, dtype=torch.int32)  # -1: all allowed
         full[rows] = bits
         lltorch.apply_token_bitmask_inplace(logits, full.to(logits.device))
