@@ -233,7 +233,7 @@ def test_a_matcher_that_faults_fails_its_request_alone(engine, monkeypatch, mode
     grammars, made = engine.intake.grammars(), []
     real_matcher = grammars.matcher
 
-    def broken(row):
+    def broken(bits, row):
         raise RuntimeError("the first request's grammar broke")
 
     def matcher(so):  # the first request's matcher (either library's) raises when asked for a mask
@@ -251,3 +251,31 @@ def test_a_matcher_that_faults_fails_its_request_alone(engine, monkeypatch, mode
     ok = list(handles[1])
     assert ok[-1].output.finish_reason == "stop" and ok[-1].output.text in ("red circle", "blue square")
     assert engine.generate(Request(prompt="Describe."), SamplingParams(max_tokens=4)).token_ids  # serving on
+
+
+def test_what_xgrammar_cannot_build_llguidance_serves(engine, monkeypatch):
+    """With xgrammar installed, a grammar it lacks a feature for (a case-insensitive regex, minProperties) is served
+    by llguidance's matcher, and the answer holds to it; what both build gets xgrammar's."""
+    pytest.importorskip("xgrammar", reason="xgrammar is optional (its Linux wheel pulls triton)")
+    import re
+    monkeypatch.setattr(engine.intake, "_grammars", None)
+    monkeypatch.setattr(engine.config, "structured_outputs_backend", "auto")
+    grammars = engine.intake.grammars()
+    assert grammars.backend == "xgrammar"
+    kinds = [type(grammars.matcher(so)).__name__ for so in (
+        SO(regex="(?i)(red|blue) circle"), SO(json={"type": "object", "minProperties": 1}),
+        SO(regex="(red|blue) circle"), SO(json=SHAPES))]
+    assert kinds == ["Matcher", "Matcher", "XMatcher", "XMatcher"]
+    out = ask(engine, SO(regex="(?i)(red|blue) circle"))
+    assert re.fullmatch("(?i)(red|blue) circle", out.text) and out.finish_reason == "stop"
+
+
+def test_the_grammar_library_setting_is_checked(monkeypatch):
+    """A library vLLM names that minivlm lacks is refused by the config; "xgrammar" where it is not installed, by the
+    engine, saying how to install it."""
+    with pytest.raises(ValueError, match="structured_outputs_backend must be one of"):
+        EngineConfig(structured_outputs_backend="outlines")
+    from minivlm.engine import intake
+    monkeypatch.setattr(intake, "xgrammar_installed", lambda: False)
+    with pytest.raises(ValueError, match="xgrammar is not installed"):
+        Engine(EngineConfig(device="cpu", num_blocks=16, structured_outputs_backend="xgrammar"))

@@ -1,5 +1,5 @@
-"""The batch's grammar bitmasks (structured outputs): one [n, words] tensor per step, filled by llguidance row by row,
-then applied to the batch's logits in one pass (structured_output.apply_bitmasks).
+"""The batch's grammar bitmasks (structured outputs): one [n, words] tensor per step, filled by the grammar library
+(xgrammar or llguidance) row by row, then applied to the batch's logits in one pass (structured_output.apply_bitmasks).
 
 A mask needs only the tokens taken so far, so where a core is free beside the step thread (an accelerator runs the
 forward, or torch's CPU threads leave a core) a step's masks start filling on a worker thread as soon as the step
@@ -51,11 +51,11 @@ class BatchMasks:
             self.filling.result()
 
     def fill(self):
-        """Each matcher's mask into its row (llguidance writes it in place, the GIL released); a matcher that raises
+        """Each matcher's mask into its row (the library writes it in place); a matcher that raises
         leaves its row empty and its error for sampling (that request fails, the others sample)."""
         for i, m in enumerate(self.matchers):
             try:
-                m.fill(self.bits[i])
+                m.fill(self.bits, i)
             except Exception as e:  # noqa: BLE001
                 self.bits[i] = 0
                 self.errors[i] = e

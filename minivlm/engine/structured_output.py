@@ -126,14 +126,14 @@ class Matcher:
 
     def allowed(self) -> torch.Tensor:
         """The next token's bitmask [words] (int32, bit i of word i // 32 = token i allowed), a fresh tensor."""
-        mask = torch.empty(self.words, dtype=torch.int32)
-        self.fill(mask)
-        return mask
+        mask = torch.empty(1, self.words, dtype=torch.int32)
+        self.fill(mask, 0)
+        return mask[0]
 
-    def fill(self, row: torch.Tensor):
-        """The next token's bitmask into row (a contiguous [words] int32 tensor), in place: llguidance writes it
-        directly, with the GIL released (engine/grammar_masks.py may run this beside the forward)."""
-        self.m.unsafe_compute_mask_ptr(row.data_ptr(), self.words * 4)
+    def fill(self, bits: torch.Tensor, row: int):
+        """The next token's bitmask into bits[row] (bits: a contiguous [n, words] int32 tensor), in place: llguidance
+        writes it directly, with the GIL released (engine/grammar_masks.py may run this beside the forward)."""
+        self.m.unsafe_compute_mask_ptr(bits.data_ptr() + row * self.words * 4, self.words * 4)
 
     def advance(self, token: int):
         if not self.m.consume_token(token):  # the grammar ran past its budget mid-answer (else the mask forbade it)
