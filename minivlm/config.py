@@ -8,7 +8,7 @@ DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 STRATEGIES = ("none", "A", "B", "C")
 DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-GRAMMAR_BACKENDS = ("auto", "xgrammar", "guidance")  # vLLM's structured_outputs_config.backend (those two)
+GRAMMAR_BACKENDS = ("auto", "xgrammar", "guidance")  # vLLM's structured_outputs_config.backend: the two minivlm has
 # chunked prefill's default: mixed steps at most 1.3x a decode step's median. The goal is p99 ITL <= 2x steady, and a
 # step's own spread (p99 / p50 about 1.3-1.4 on 2 CPU cores) multiplies it: 1.3 x 1.4 < 2 (bench/RESULTS.md, round 8)
 DEFAULT_STEP_SLOWDOWN = 1.3

@@ -25,6 +25,7 @@ TOO_MANY_BLOCKS = "request needs up to {need} KV blocks but the engine has {have
 
 
 def xgrammar_installed() -> bool:
+    """Whether xgrammar can be imported (looked up, not imported: it loads only when a request asks for a grammar)."""
     return importlib.util.find_spec("xgrammar") is not None
 
 
@@ -39,7 +40,7 @@ class Intake:
         self._grammars = None
         if config.structured_outputs_backend == "xgrammar" and not xgrammar_installed():
             raise ValueError("EngineConfig.structured_outputs_backend='xgrammar' but xgrammar is not installed "
-                             "(pip install xgrammar; 'auto' uses it where it is, else llguidance)")
+                             "(on a CPU: pip install --no-deps xgrammar apache-tvm-ffi; 'auto' uses it where it is, else llguidance)")
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.config.block_size)
