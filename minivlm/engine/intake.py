@@ -39,8 +39,9 @@ class Intake:
         self.image_inputs = image_inputs if image_inputs is not None else weakref.WeakKeyDictionary()
         self._grammars = None
         if config.structured_outputs_backend == "xgrammar" and not xgrammar_installed():
-            raise ValueError("EngineConfig.structured_outputs_backend='xgrammar' but xgrammar is not installed "
-                             "(on a CPU: pip install --no-deps xgrammar apache-tvm-ffi; 'auto' uses it where it is, else llguidance)")
+            raise ValueError("EngineConfig.structured_outputs_backend='xgrammar' but xgrammar is not installed (on a "
+                             "CPU: pip install --no-deps xgrammar apache-tvm-ffi; 'auto' uses it where it is, else "
+                             "llguidance)")
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.config.block_size)
