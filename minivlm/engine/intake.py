@@ -110,10 +110,17 @@ class Intake:
         asks): xgrammar's where EngineConfig.structured_outputs_backend and the install allow it, else llguidance's."""
         if self._grammars is None:
             from minivlm.engine.structured_output import GrammarCompiler
-            made = GrammarCompiler
-            if self.config.structured_outputs_backend != "guidance" and xgrammar_installed():
-                from minivlm.engine.structured_xgrammar import XGrammarCompiler as made
-            self._grammars = made(self.model.tokenizer, self.model.text_config.vocab_size)
+            args, backend = (self.model.tokenizer, self.model.text_config.vocab_size), \
+                self.config.structured_outputs_backend
+            if backend != "guidance" and xgrammar_installed():
+                from minivlm.engine.structured_xgrammar import XGrammarCompiler
+                try:
+                    self._grammars = XGrammarCompiler(*args)
+                except Exception:  # a tokenizer xgrammar cannot read: "auto" serves with llguidance
+                    if backend == "xgrammar":
+                        raise
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(*args)
         return self._grammars
 
     def check_logit_bias(self, params: SamplingParams):
