@@ -138,7 +138,6 @@ def test_the_vram_tab_in_chinese(page, shots):
     assert not untranslated(page), untranslated(page)
 
 
-@pytest.mark.slow  # 18 s: the whole page redrawn twice; the Chinese page itself stays in the default run
 def test_the_header_switch_turns_the_page_english_and_back(page):
     page.get_by_role("tab", name=t(ZH, "tab.vram")).wait_for()
     page.locator("#lang-switch").get_by_text("English").click()
