@@ -48,7 +48,8 @@ class LibraryMatcher:
         if backend == "guidance":
             m = llguidance.LLMatcher(llguidance.hf.from_tokenizer(engine.tokenizer, n_vocab=vocab),
                                      llguidance.grammar_from("gbnf", grammar))
-            self.mask = lambda: [t for t in range(vocab) if m.compute_bitmask()[t // 8] >> (t % 8) & 1]
+            self.mask = lambda: (lambda bits: [t for t in range(vocab) if bits[t // 8] >> (t % 8) & 1])(
+                m.compute_bitmask())
             self.take = lambda t: m.validate_tokens([t]) == 1 and m.consume_token(t)
         else:
             xgr = pytest.importorskip("xgrammar", reason="xgrammar is optional (its Linux wheel pulls triton)")
