@@ -159,8 +159,8 @@ def measure(ctx, batch: int = 8) -> list[Row]:
                 if mode == chosen:
                     rows.append(Row(f"grammar mask per decode step, batch {batch}, tiny model ({name})", mask * 1e3,
                                     free * 1e3, "ms", mask / free, "mask <= 10% of a step", mask <= 0.10 * free,
-                                    f"ratio = the masks' time / unconstrained step; grammar library: {LIBRARY[library]};"
-                                    " the engine's choice here, " + what,
+                                    "ratio = the masks' time / unconstrained step; grammar library: "
+                                    f"{LIBRARY[library]}; the engine's choice here, " + what,
                                     spread=spread(times[mode], times["free"], "s")))
                 else:
                     rows.append(Row(f"same ({name}), the masks filled {mode}", mask * 1e3, cost[chosen][0] * 1e3,
