@@ -17,6 +17,10 @@
 #ifndef Q8_AHEAD
 #define Q8_AHEAD 256  /* bytes ahead in the next tile's rows */
 #endif
+#ifndef Q8_STREAM
+#define Q8_STREAM 12288  /* bytes ahead of the tile's progress, read as one stream: rows of 1,024 int8 (qkv, o,
+                            gate_up) are too short for the next tile's prefetch alone (19 -> 23 GB/s; RESULTS.md) */
+#endif
 
 typedef struct {
     const int8_t *q;   /* [rows, in] */
@@ -88,8 +92,10 @@ static inline __m256 q8_dot(__m256i ax, __m256i xv, const int8_t *w) {
             const __m256i ax = _mm256_sign_epi8(xv, xv);                                                          \
             const __m256 d = _mm256_broadcast_ss(xs + blk);                                                       \
             for (int b = 0; b < N; b++) {                                                                         \
-                if (Q8_AHEAD && !(k & 63))  /* a cache line a row, in the next tile's rows */                    \
+                if (!(k & 63)) {  /* a cache line a row in the next tile's rows, one on the tile's stream */    \
                     __builtin_prefetch(w + (N + b) * in + k + Q8_AHEAD, 0, 0);                                    \
+                    __builtin_prefetch(w + k * N + b * 64 + Q8_STREAM, 0, 0);                                     \
+                }                                                                                                 \
                 acc[b] = _mm256_fmadd_ps(q8_dot(ax, xv, w + b * in + k), d, acc[b]);                              \
             }                                                                                                     \
         }                                                                                                         \
