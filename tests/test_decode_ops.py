@@ -244,8 +244,8 @@ def test_the_status_line_says_which_path_runs(engines, monkeypatch):
         assert picked.decode_backend == "PyTorch ops (decode_ops.c off: MINIVLM_DECODE_OPS=0)"
         assert picked.core.runner.limits.fast_rows is None
     bf16 = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16, decoder=engine.model.decoder)
-    other = backends.pick(bf16, engine.config, None)  # the C paths are for fp32
-    assert other.describe()["decode"] == "PyTorch ops (the fused C paths are for the CPU in fp32)"
+    other = backends.pick(bf16, engine.config, None)  # bf16's C step needs bf16 weights (tests/test_bf16_step.py)
+    assert other.describe()["decode"] == "PyTorch ops (no dense bf16 weights)"
     assert other.describe()["attention"] == "SDPA over gathered blocks (in-place kernel: fp32 only)"
     assert other.limits.fast_rows is None
 

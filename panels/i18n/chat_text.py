@@ -176,11 +176,20 @@ MESSAGES = {
     "engine.decode_ops": ("fused small ops (decode_ops.c); decode_layer.c off: {why}{threads}",
                           "融合小算子（decode_ops.c）；decode_layer.c 未启用：{why}{threads}"),
     "engine.decode_torch": ("PyTorch ops ({why})", "PyTorch 算子（{why}）"),
+    "engine.decode_layer_bf16": ("one C call a decode step for 1-{rows} sequences over the bf16 weights and pool, fp32 "
+                                 "inside (decode_layer.c); prompts: PyTorch's bf16 ops{threads}",
+                                 "1–{rows} 个序列的解码步每步一次 C 调用，读 bf16 权重和 bf16 缓存池，内部以 fp32 计算"
+                                 "（decode_layer.c）；提示词：PyTorch 的 bf16 算子{threads}"),
+    "engine.no_dense_bf16": ("no dense bf16 weights", "没有稠密的 bf16 权重"),
+    "engine.calibrated_bf16": ("calibrated at load, a decode step: the C step over bf16 weights {c} ms, PyTorch's bf16 "
+                               "ops {torch} ms",
+                               "加载时校准，一个解码步：bf16 权重上的 C 步骤 {c} ms，PyTorch 的 bf16 算子 {torch} ms"),
+    "engine.calibrated_torch_bf16": ("PyTorch's bf16 ops were faster at load", "加载时 PyTorch 的 bf16 算子更快"),
     "engine.decode_torch_off": ("PyTorch ops (decode_ops.c off: {why})", "PyTorch 算子（decode_ops.c 未启用：{why}）"),
     "engine.decode_not_cpu": ("the fused C paths are for the CPU in fp32", "融合的 C 路径只用于 CPU 上的 fp32"),
     "engine.linear_quantized": ("{method} weights (PyTorch's weight-only kernel) in {n} layers",
                                 "{method} 权重（PyTorch 的仅权重量化内核），共 {n} 层"),
-    "engine.decode_quantized": ("the fused C paths run in fp32", "融合的 C 路径以 fp32 运行"),
+    "engine.decode_quantized": ("the fused C paths run in fp32 or bf16", "融合的 C 路径以 fp32 或 bf16 运行"),
     "engine.decode_calibrated": ("calibrated at load, a decode step: C kernels {c} ms, PyTorch ops with oneDNN linears "
                                  "{onednn} ms{mkl}",
                                  "加载时校准，一个解码步：C 内核 {c} ms，PyTorch 算子 + oneDNN 线性层 {onednn} ms{mkl}"),

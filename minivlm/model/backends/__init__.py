@@ -2,7 +2,8 @@
 (prepare_linears). The reference (model/) runs everywhere; a backend runs the same arithmetic faster where it
 serves, and says so in words (Engine.decode_backend, attention_backend, linear_backend: the status line).
 
-    cpu_kernels/  CPU, fp32: C kernels for attention in place, a whole decode step, the small ops, small matmuls
+    cpu_kernels/  CPU, fp32: C kernels for attention in place, a whole decode step, the small ops, small matmuls;
+                  bf16 (bf16_step.py): the whole decode step over bf16 weights and pool
     flash.py      CUDA, fp16/bf16, pages of 256 tokens: flash-attn's paged kernels
     flex.py       CUDA (or where MINIVLM_FLEX names): FlexAttention in place, compiled in the background
     base.py       the interface: Attention (the reference's, as a backend) and Backend (the step), Limits, Said
@@ -52,8 +53,10 @@ def pick(model, config, kv_caches) -> Backend:
         if getattr(model, "quantization", None):
             return kernels
         return _module("calibrate").choose(kernels, model.decoder, kv_caches, config.block_size)
-    if getattr(model, "quantization", None):  # the fused C paths run in fp32; a bf16 engine runs PyTorch's ops
+    if getattr(model, "quantization", None):  # the fused C paths run in fp32 or bf16, not with quantized bf16 ones
         return Backend(attention, Said("engine.decode_torch", why=Said("engine.decode_quantized")))
+    if torch.device(model.device).type == "cpu" and model.dtype == torch.bfloat16:  # bf16 weights, one C call
+        return _module("cpu_kernels.bf16_step").backend(model, config, attention, kv_caches)
     return Backend(attention, Said("engine.decode_torch", why=Said("engine.decode_not_cpu")))
 
 

@@ -22,6 +22,12 @@ WORDS = {
                            "above{threads}",
     "engine.decode_ops": "fused small ops (decode_ops.c); decode_layer.c off: {why}{threads}",
     "engine.decode_torch": "PyTorch ops ({why})",
+    "engine.decode_layer_bf16": "one C call a decode step for 1-{rows} sequences over the bf16 weights and pool, fp32 "
+                                "inside (decode_layer.c); prompts: PyTorch's bf16 ops{threads}",
+    "engine.no_dense_bf16": "no dense bf16 weights",
+    "engine.calibrated_bf16": "calibrated at load, a decode step: the C step over bf16 weights {c} ms, PyTorch's bf16 "
+                              "ops {torch} ms",
+    "engine.calibrated_torch_bf16": "PyTorch's bf16 ops were faster at load",
     "engine.decode_torch_off": "PyTorch ops (decode_ops.c off: {why})",
     "engine.decode_not_cpu": "the fused C paths are for the CPU in fp32",
     "engine.why_hybrid": " (a hybrid model: each KV-cache group's layers read their own pool)",
@@ -32,7 +38,7 @@ WORDS = {
     "engine.linear_onednn": "oneDNN (prepacked); gemv.c off: {why}",
     "engine.linear_default": "PyTorch's default (nn.Linear)",
     "engine.linear_quantized": "{method} weights (PyTorch's weight-only kernel) in {n} layers",
-    "engine.decode_quantized": "the fused C paths run in fp32",
+    "engine.decode_quantized": "the fused C paths run in fp32 or bf16",
     "engine.decode_calibrated": "calibrated at load, a decode step: C kernels {c} ms, PyTorch ops with oneDNN linears "
                                 "{onednn} ms{mkl}",
     "engine.calibrated_int8": "calibrated at load, a decode step: the C kernels over int8 weights {gemv} ms, "

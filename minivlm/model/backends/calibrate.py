@@ -1,5 +1,5 @@
-"""The CPU fp32 step, chosen at load by a few timed decode steps of this model on this CPU: the C kernels
-(decode_layer.c / decode_ops.c with gemv.c), or PyTorch's own ops with oneDNN's prepacked linears, or PyTorch's ops
+"""The CPU step, chosen at load by a few timed decode steps of this model on this CPU (fp32 here; int8 and bf16 weights
+below): the C kernels (decode_layer.c / decode_ops.c with gemv.c), or PyTorch's own ops with oneDNN's prepacked linears, or PyTorch's ops
 with plain nn.Linear (MKL), as HF runs. The C kernels were tuned on one AMD Zen 5; on an Intel Xeon with AMX they ran
 0.71x HF `generate` (issue #44), where MKL and oneDNN are tuned for the CPU: the engine should never be slower than
 PyTorch is on its CPU, so it measures instead of assuming. A candidate replaces the C step only if it is faster by
@@ -95,4 +95,19 @@ def choose_int8(kernels: Backend, decoder, kv_caches, block_size: int, timer=ste
     chosen = kernels if ours <= MARGIN * theirs else theirs_backend
     use(gemv.MAX_ROWS if chosen is kernels else 0)
     chosen.calibration = Said("engine.calibrated_int8", gemv=f"{ours * 1e3:.2f}", torch=f"{theirs * 1e3:.2f}")
+    return chosen
+
+
+def choose_bf16(kernels: Backend, decoder, kv_caches, block_size: int, timer=step_seconds) -> Backend:
+    """A bf16 engine on the CPU: the C step over bf16 weights (bf16_step.py) or PyTorch's bf16 ops (fast where the CPU
+    has native bf16: AMX, AVX512-BF16), whichever a timed step says is faster by MARGIN; `calibration` says the times."""
+    if os.environ.get(SWITCH, "1") == "0":
+        return kernels
+    weights = sum(m.weight.numel() * 4 for m in decoder.modules() if isinstance(m, torch.nn.Linear))
+    if weights < MIN_BYTES:  # untimed, as choose()
+        return kernels
+    torch_ops = Backend(kernels.attention, Said("engine.decode_torch", why=Said("engine.calibrated_torch_bf16")))
+    ours, theirs = (timer(b, decoder, kv_caches, block_size) for b in (kernels, torch_ops))
+    chosen = kernels if ours <= MARGIN * theirs else torch_ops
+    chosen.calibration = Said("engine.calibrated_bf16", c=f"{ours * 1e3:.2f}", torch=f"{theirs * 1e3:.2f}")
     return chosen

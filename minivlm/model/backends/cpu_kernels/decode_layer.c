@@ -14,7 +14,7 @@
 #define omp_get_num_threads() 1
 #define omp_get_thread_num() 0
 #endif
-#ifndef DECODE_LAYERS  /* decode_layer_int8.c includes this file with int8 weights (int8_weights.h) */
+#ifndef DECODE_LAYERS  /* decode_layer_int8.c / _bf16.c include this file with int8 or bf16 weights */
 #define DECODE_LAYERS decode_layers_f32
 #endif
 #include "team_barrier.c"
@@ -48,7 +48,7 @@ static inline void add_norm_rows(float *x, const float *delta, const float *w, f
    where each sequence's rows end). A token attends only to its own sequence's K/V up to itself, which this thread
    wrote just before (or an earlier step did): no wait between the write and the attention. */
 static void attention_team(const Layer *L, float *qkv, int64_t width, const float *cos, const float *sin,
-                           float *k_cache, float *v_cache, const int64_t *slots, const int64_t *tables,
+                           kv_t *k_cache, kv_t *v_cache, const int64_t *slots, const int64_t *tables,
                            int64_t table_width, const int64_t *lens, float *attn, const int64_t *seq_ends,
                            int64_t seqs, int64_t block_size) {
     const int64_t d = L->head_dim, kvh = L->kv_heads, group = L->heads / kvh;
@@ -95,7 +95,7 @@ static void gate_up_silu_team(const float *h, const GEMV_W *w, const float *scal
    lm_head [vocab, hidden] (+ bias, or NULL): logits [n_last, vocab] of the rows `last` (each sequence's last token)
    in the same team, which saves waking it once more for them; NULL: no logits. */
 void DECODE_LAYERS(const Layer *layers, int64_t n_layers, float *x, int64_t rows, const float *cos,
-                       const float *sin, float *const *k_caches, float *const *v_caches, int64_t block_size,
+                       const float *sin, kv_t *const *k_caches, kv_t *const *v_caches, int64_t block_size,
                        const int64_t *slots, const int64_t *tables, int64_t table_width, const int64_t *lens,
                        const int64_t *seq_ends, int64_t seqs, const float *final_norm, float final_eps,
                        const float *lm_head, const float *lm_bias, int64_t vocab, const int64_t *last,
@@ -132,7 +132,7 @@ void DECODE_LAYERS(const Layer *layers, int64_t n_layers, float *x, int64_t rows
             add_norm_rows(xs, down_out, last ? final_norm : layers[l + 1].input_norm, h, rows, n,
                           last ? final_eps : layers[l + 1].eps);
         }
-#ifndef GEMV_INT8  /* int8 layers: the fp32 lm_head runs after the call */
+#ifdef GEMV_F32  /* int8 or bf16 layers: the lm_head runs after the call, in PyTorch */
         if (lm_head) {  /* each thread gathers the last rows into its own buffer (the residual's, free now) */
             for (int64_t i = 0; i < n_last; i++) memcpy(xs + i * n, h + last[i] * n, n * sizeof(float));
             gemv_team(xs, lm_head, 0, lm_bias, logits, n_last, vocab, n);

@@ -20,6 +20,8 @@ _ARGS = [_p, _i, _p, _i, _p, _p, _p, _p, _i, _p, _p, _i, _p, _p, _i, _p, ctypes.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = LazyKernels(os.path.join(_HERE, "decode_layer.c"), {"decode_layers_f32": _ARGS})
 KERNELS_INT8 = LazyKernels(os.path.join(_HERE, "decode_layer_int8.c"), {"decode_layers_int8": _ARGS})  # int8 layers
+KERNELS_BF16 = LazyKernels(os.path.join(_HERE, "decode_layer_bf16.c"), {"decode_layers_bf16": _ARGS})  # bf16 ones
+BUILDS = {"f32": KERNELS, "int8": KERNELS_INT8, "bf16": KERNELS_BF16}  # by the layers' weights (layer_struct)
 
 
 class Layer(ctypes.Structure):  # decode_layer.c's Layer, field for field
@@ -70,30 +72,49 @@ def _int8(linear) -> tuple[torch.Tensor, torch.Tensor] | None:
     return (q, scales) if q is not None and q.dtype == torch.int8 and scales is not None else None
 
 
+def _bf16(linear) -> torch.Tensor | None:
+    """The bf16 [out, in] weight of a bf16 engine's nn.Linear, else None."""
+    w = getattr(linear, "weight", None)
+    return w if isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 and w.is_contiguous() else None
+
+
+def f32_copy(t: torch.Tensor | None) -> torch.Tensor | None:
+    """t as the C step reads it (fp32): a bf16 engine's norm weights and biases, copied once and kept on t's
+    owner by the caller."""
+    return None if t is None or t.dtype == torch.float32 else t.float()
+
+
 def layer_struct(layer) -> Layer | None:
     """The layer's weights and shape for the C call, made once (the weights never move after load): all four
-    matrices dense fp32 (decode_layers_f32) or all int8 (decode_layers_int8, with their scales); else None."""
+    matrices dense fp32 (decode_layers_f32), all int8 (decode_layers_int8, with their scales) or all bf16
+    (decode_layers_bf16, with fp32 copies of the norms and biases); else None."""
     if "_c_layer" not in vars(layer):
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         mats, scales, kind = [_dense(m) for m in linears], [None] * 4, "f32"
         if any(m is None for m in mats) and all(_int8(m) for m in linears):
             (mats, scales), kind = zip(*(_int8(m) for m in linears)), "int8"
-        c = None
+        elif any(m is None for m in mats) and all(_bf16(m) is not None for m in linears):
+            mats, kind = [_bf16(m) for m in linears], "bf16"
+        c, kept = None, []
         if all(m is not None for m in mats):
+            def floats(t):  # a small vector as fp32 (a bf16 layer's copy kept beside the layer)
+                copy = f32_copy(t)
+                kept.append(copy)
+                return _ptr(t if copy is None else copy)
             norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
-            c = Layer(_ptr(layer.input_layernorm.weight), _ptr(layer.post_attention_layernorm.weight),
-                      *map(_ptr, norms), _ptr(mats[0]), _ptr(attn.qkv_proj.bias), _ptr(mats[1]),
-                      _ptr(attn.o_proj.bias), _ptr(mats[2]), _ptr(mats[3]), mats[3].shape[0], attn.heads,
+            c = Layer(floats(layer.input_layernorm.weight), floats(layer.post_attention_layernorm.weight),
+                      *map(floats, norms), _ptr(mats[0]), floats(attn.qkv_proj.bias), _ptr(mats[1]),
+                      floats(attn.o_proj.bias), _ptr(mats[2]), _ptr(mats[3]), mats[3].shape[0], attn.heads,
                       attn.kv_heads, attn.head_dim, mats[3].shape[1], layer.input_layernorm.eps,
                       attn.q_norm.eps if attn.q_norm is not None else 0.0, attn.head_dim ** -0.5, *map(_ptr, scales))
-        layer._c_layer, layer._c_kind = c, kind
+        layer._c_layer, layer._c_kind, layer._c_floats = c, kind, [t for t in kept if t is not None]
     return layer._c_layer
 
 
 def kernels_of(layers) -> LazyKernels:
-    """The build that runs these layers: fp32 or int8 weights."""
-    return KERNELS_INT8 if getattr(layers[0], "_c_kind", "f32") == "int8" else KERNELS
+    """The build that runs these layers: fp32, int8 or bf16 weights."""
+    return BUILDS[getattr(layers[0], "_c_kind", "f32")]
 
 
 def prepare(x: torch.Tensor, meta) -> DecodeStep | None:
@@ -118,24 +139,27 @@ def kernel_variant(*defines: str):
 
 def run(layers: list, final_norm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches,
         step: DecodeStep, lm_head=None, last: torch.Tensor | None = None, fn=None) -> torch.Tensor:
-    """Every layer on x [rows, hidden] (the step's own embeddings), then final_norm (an RMSNorm), in place; each
-    layer's K/V go into its kv_caches entry. Returns x, or with lm_head the logits of the rows `last` [n] (in the
-    same call where its weight is dense fp32 and the layers are too). fn: another build of decode_layers_f32
-    (kernel_variant)."""
+    """Every layer on x [rows, hidden] (fp32: the step's own embeddings), then final_norm (an RMSNorm), in place;
+    each layer's K/V go into its kv_caches entry. Returns x, or with lm_head the logits of the rows `last` [n] (in
+    the same call where its weight is dense fp32 and the layers are too; else lm_head's own, on x in its dtype).
+    fn: another build of decode_layers_f32 (kernel_variant)."""
     structs = (Layer * len(layers))(*(layer._c_layer for layer in layers))
     ks, vs = ((_p * len(layers))(*(kv[j].data_ptr() for kv in kv_caches)) for j in (0, 1))
     scratch = torch.empty(step.scratch_floats(structs[0]))
-    int8 = kernels_of(layers) is KERNELS_INT8
-    w = _dense(lm_head) if lm_head is not None and not int8 else None  # int8 layers: the fp32 lm_head after the call
+    kind = getattr(layers[0], "_c_kind", "f32")
+    w = _dense(lm_head) if lm_head is not None and kind == "f32" else None  # else the lm_head after the call
     if fn is None:
-        fn = KERNELS_INT8.get().decode_layers_int8 if int8 else KERNELS.get().decode_layers_f32
+        fn = getattr(BUILDS[kind].get(), f"decode_layers_{kind}")
+    if "_c_floats" not in vars(final_norm):  # a bf16 engine's final norm, as fp32 (made once)
+        final_norm._c_floats = f32_copy(final_norm.weight)
+    norm_w = final_norm.weight if final_norm._c_floats is None else final_norm._c_floats
     rows_out = last.to(torch.int64).contiguous() if w is not None else None
     logits = torch.empty(len(rows_out), w.shape[0]) if w is not None else None
     fn(structs, len(layers), x.data_ptr(), step.rows, cos.data_ptr(), sin.data_ptr(), ks, vs, kv_caches[0][0].shape[1],
        step.slots.data_ptr(), step.tables.data_ptr(), step.tables.shape[1], step.lens.data_ptr(),
-       step.seq_ends.data_ptr(), len(step.seq_ends), final_norm.weight.data_ptr(), final_norm.eps, _ptr(w),
+       step.seq_ends.data_ptr(), len(step.seq_ends), norm_w.data_ptr(), final_norm.eps, _ptr(w),
        _ptr(getattr(lm_head, "bias", None)), 0 if w is None else w.shape[0], _ptr(rows_out),
        0 if w is None else len(rows_out), _ptr(logits), scratch.data_ptr(), step.threads)
-    if lm_head is not None and w is None:  # no dense fp32 weight in the call (int8 layers): the logits in PyTorch
-        return lm_head(x[last])
+    if lm_head is not None and w is None:  # no dense fp32 weight in the call (int8, bf16 layers): PyTorch's logits
+        return lm_head(x[last] if kind != "bf16" else x[last].to(torch.bfloat16))
     return x if w is None else logits

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "bf16.h"
 
 #define PARALLEL_ROWS 16  /* below this many rows a thread team costs more than it saves */
 
@@ -33,13 +34,13 @@ static inline void rope_head(float *v, const float *c, const float *s, const flo
 /* One token's row r [heads + 2 * kv_heads, d] (q heads, then k, then v), KV head kh: the group's query heads and
    its K head roped in place, its K and V into the pool at the token's slot. */
 static inline void rope_store_group(float *r, const float *c, const float *s, const float *q_norm,
-                                    const float *k_norm, float eps, float *k_cache, float *v_cache, int64_t slot,
+                                    const float *k_norm, float eps, kv_t *k_cache, kv_t *v_cache, int64_t slot,
                                     int64_t heads, int64_t kv_heads, int64_t d, int64_t kh) {
     const int64_t group = heads / kv_heads, at = (slot * kv_heads + kh) * d;
     for (int64_t g = kh * group; g < (kh + 1) * group; g++) rope_head(r + g * d, c, s, q_norm, eps, d);
     rope_head(r + (heads + kh) * d, c, s, k_norm, eps, d);
-    memcpy(k_cache + at, r + (heads + kh) * d, d * sizeof(float));
-    memcpy(v_cache + at, r + (heads + kv_heads + kh) * d, d * sizeof(float));
+    kv_store(k_cache + at, r + (heads + kh) * d, d);
+    kv_store(v_cache + at, r + (heads + kv_heads + kh) * d, d);
 }
 
 /* x += delta (optional, in place), then out = its norm; rows split over threads where there are enough. */
@@ -54,6 +55,7 @@ void rms_norm_f32(float *x, const float *delta, const float *w, float *out, int6
     }
 }
 
+#ifndef KV_BF16  /* the fp32 pool's entry point (decode_ops.py) */
 /* qkv [rows, heads + 2 * kv_heads, d]; cos/sin [rows, d]; q_norm/k_norm [d] or NULL; caches [blocks * block_size,
    kv_heads, d]; slots [rows]: where each row's K/V go. */
 void rope_store_f32(float *qkv, const float *cos, const float *sin, const float *q_norm, const float *k_norm,
@@ -65,6 +67,7 @@ void rope_store_f32(float *qkv, const float *cos, const float *sin, const float 
             rope_store_group(qkv + t * (heads + 2 * kv_heads) * d, cos + t * d, sin + t * d, q_norm, k_norm, eps,
                              k_cache, v_cache, slots[t], heads, kv_heads, d, kh);
 }
+#endif
 
 void silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n, int threads) {
 #pragma omp parallel for if(rows >= PARALLEL_ROWS) num_threads(threads)

@@ -8,10 +8,14 @@
    oneDNN's prepacked GEMM in bench.decode_linears (RESULTS.md, rounds 5 and 7). Built by gemv.py. */
 #include "simd.h"
 
-#ifndef GEMV_W  /* the weights' element type and how a vector of them is read: fp32 here; gemv_int8.c includes this
-                   file with int8 weights, each vector of VW bytes widened to floats as it is loaded */
+#ifndef GEMV_W  /* the weights' element type and how a vector (and one) of them is read: fp32 here; gemv_int8.c and
+                   decode_layer_bf16.c include this file with int8 or bf16 weights, widened to floats as loaded */
+#define GEMV_F32
 #define GEMV_W float
 #define GEMV_LOAD(p) (*(const vec *)(p))
+#endif
+#ifndef GEMV_AT
+#define GEMV_AT(p) ((float)*(p))
 #endif
 
 #if VW == 16
@@ -57,7 +61,7 @@
         for (int a = 0; a < MR; a++)                                                                              \
             for (int b = 0; b < N; b++) {                                                                         \
                 float r = hsum(acc[a][b]);                                                                        \
-                for (int64_t j = k; j < in; j++) r += x[a * in + j] * w[b * in + j];                              \
+                for (int64_t j = k; j < in; j++) r += x[a * in + j] * GEMV_AT(w + b * in + j);                              \
                 y[a * out + b] = (scale ? r * scale[b] : r) + (bias ? bias[b] : 0.f);                             \
             }                                                                                                     \
     }
@@ -113,7 +117,7 @@ static void gemv_team(const float *x, const GEMV_W *w, const float *scale, const
         gemv_block(x, w, scale, bias, y, rows, out, in, B * ob, out - B * ob < B ? out - B * ob : B);
 }
 
-#ifndef GEMV_INT8
+#ifdef GEMV_F32
 void gemv_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out, int64_t in,
               int threads) {
 #pragma omp parallel num_threads(threads)

@@ -5,6 +5,7 @@
    libm call a score), and each V row once for the group's sums. Built by paged_cpu.py. */
 #include <math.h>
 #include "simd.h"
+#include "bf16.h"  /* kv_t: the pool's element type (fp32; bf16 in decode_layer_bf16.c) */
 
 /* e^x for a vector: x = n ln2 + r with |r| <= ln2/2, e^r by Cephes' degree-6 polynomial (about 1 ulp), 2^n put in
    the exponent bits. Lanes below -87.3 give 0 (what a masked score's weight must be), above 88.3 +inf. */
@@ -33,7 +34,7 @@ static inline vec vexp(vec x) {
 /* One sequence's query heads of one KV head group (q [group, head_dim] -> out [group, head_dim]) over its `len`
    tokens, read through its block table. */
 static inline __attribute__((always_inline)) void attend_group_any(
-        const float *q, const float *k_cache, const float *v_cache, const int64_t *table, int64_t len, float *out,
+        const float *q, const kv_t *k_cache, const kv_t *v_cache, const int64_t *table, int64_t len, float *out,
         int64_t group, int64_t kh, int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale) {
     const int64_t token_stride = kv_heads * head_dim, dv = head_dim - head_dim % VW;  /* [0, dv): whole vectors */
     const int64_t sw = (block_size + VW - 1) / VW * VW;  /* a score row, padded to whole vectors */
@@ -46,16 +47,16 @@ static inline __attribute__((always_inline)) void attend_group_any(
     for (int64_t j = 0; j * block_size < len; j++) {
         const int64_t n = len - j * block_size < block_size ? len - j * block_size : block_size;
         const int64_t base = table[j] * block_size * token_stride + kh * head_dim;
-        const float *kb = k_cache + base, *vb = v_cache + base;
+        const kv_t *kb = k_cache + base, *vb = v_cache + base;
         for (int64_t t = 0; t < n; t++) {  /* scores: each K row read once, for every query head of the group */
-            const float *kt = kb + t * token_stride;
+            const kv_t *kt = kb + t * token_stride;
             for (int64_t g = 0; g < group; g++) {
                 const float *qg = q + g * head_dim;
                 vec sum = {0};
                 for (int64_t d = 0; d < dv; d += VW)
-                    sum += *(const vec *)(qg + d) * *(const vec *)(kt + d);
+                    sum += *(const vec *)(qg + d) * KV_VEC(kt + d);
                 float dot = hsum(sum);
-                for (int64_t d = dv; d < head_dim; d++) dot += qg[d] * kt[d];
+                for (int64_t d = dv; d < head_dim; d++) dot += qg[d] * KV_AT(kt + d);
                 s[g * sw + t] = dot * scale;
             }
         }
@@ -75,13 +76,13 @@ static inline __attribute__((always_inline)) void attend_group_any(
             m[g] = mx;
         }
         for (int64_t t = 0; t < n; t++) {  /* weighted V: each V row read once, for every query head */
-            const float *vt = vb + t * token_stride;
+            const kv_t *vt = vb + t * token_stride;
             for (int64_t g = 0; g < group; g++) {
                 const float p = s[g * sw + t];
                 float *ag = acc + g * head_dim;
                 for (int64_t d = 0; d < dv; d += VW)
-                    *(vec *)(ag + d) += p * *(const vec *)(vt + d);
-                for (int64_t d = dv; d < head_dim; d++) ag[d] += p * vt[d];
+                    *(vec *)(ag + d) += p * KV_VEC(vt + d);
+                for (int64_t d = dv; d < head_dim; d++) ag[d] += p * KV_AT(vt + d);
             }
         }
     }
@@ -90,7 +91,7 @@ static inline __attribute__((always_inline)) void attend_group_any(
 
 /* attend_group_any with the usual head sizes as constants: the compiler unrolls the head's vectors and keeps them in
    registers (about half the time of a runtime size; RESULTS.md, round 10). */
-static inline void attend_group(const float *q, const float *k_cache, const float *v_cache, const int64_t *table,
+static inline void attend_group(const float *q, const kv_t *k_cache, const kv_t *v_cache, const int64_t *table,
                                 int64_t len, float *out, int64_t group, int64_t kh, int64_t kv_heads,
                                 int64_t head_dim, int64_t block_size, float scale) {
     if (head_dim == 64)
@@ -101,6 +102,7 @@ static inline void attend_group(const float *q, const float *k_cache, const floa
         attend_group_any(q, k_cache, v_cache, table, len, out, group, kh, kv_heads, head_dim, block_size, scale);
 }
 
+#ifndef KV_BF16  /* the fp32 pool's entry point (paged_cpu.py) */
 void paged_decode_f32(const float *q, int64_t q_row_stride, const float *k_cache, const float *v_cache,
                       const int64_t *tables, int64_t table_width, const int64_t *lens, float *out,
                       int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
@@ -113,3 +115,4 @@ void paged_decode_f32(const float *q, int64_t q_row_stride, const float *k_cache
                          lens[b], out + (b * heads + kh * group) * head_dim, group, kh, kv_heads, head_dim,
                          block_size, scale);
 }
+#endif

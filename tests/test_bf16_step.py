@@ -1,0 +1,139 @@
+"""A bf16 engine's decode step on the CPU (cpu_kernels/bf16_step.py, decode_layer_bf16.c): the bf16 weights and pool
+read in place, fp32 arithmetic in between. Checked against the fp32 C step on the same numbers (the pool rows it
+writes, bit for bit), against HF fp32 (closer to it than HF bf16's own decode), and for its place in the engine:
+prompts run PyTorch's bf16 ops, the calibration keeps the faster path, the status line says which."""
+import pytest
+import torch
+
+from minivlm import Engine, EngineConfig, SamplingParams
+from minivlm.model.backends.cpu_kernels import decode_layer
+from tests.hf_reference import teacher_forced_logprobs
+from tests.test_parity import requests
+
+pytestmark = pytest.mark.skipif(decode_layer.KERNELS_BF16.get() is None, reason="decode_layer_bf16.c did not build")
+
+
+class Holder:  # decode_layer.run takes decoder layers: ones that carry the struct and its kind are enough
+    def __init__(self, struct, kind):
+        self._c_layer, self._c_kind = struct, kind
+
+
+def random_layers(g, hidden, heads, kv_heads, d, inter, n=2):
+    """n layers' tensors, every value a bf16 number (so the fp32 kernel can read the same weights)."""
+    shapes = [("input_norm", (hidden,)), ("post_norm", (hidden,)), ("q_norm", (d,)), ("k_norm", (d,)),
+              ("qkv", ((heads + 2 * kv_heads) * d, hidden)), ("qkv_bias", ((heads + 2 * kv_heads) * d,)),
+              ("o", (hidden, heads * d)), ("gate_up", (2 * inter, hidden)), ("down", (hidden, inter))]
+    return [{k: (torch.randn(*s, generator=g) * (1.0 if "norm" in k else 0.05)).bfloat16() for k, s in shapes}
+            for _ in range(n)]
+
+
+def structs(layers, shape, kind):
+    """decode_layer.Layer structs over the tensors: matrices as `kind` (bf16, or fp32 copies), vectors fp32."""
+    keep, out = [], []
+    for t in layers:
+        def ptr(k):
+            v = t[k] if k in ("qkv", "o", "gate_up", "down") and kind == "bf16" else t[k].float()
+            keep.append(v)
+            return v.data_ptr()
+        out.append(Holder(decode_layer.Layer(*[ptr(k) if k in t else None for k in (
+            "input_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down")],
+            *shape, 1e-6, 1e-6, shape[3] ** -0.5), kind))
+    return out, keep
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_the_bf16_step_writes_the_fp32_steps_kv_rounded_and_stays_close_to_it(rows):
+    """The same layers (bf16 numbers) through decode_layers_bf16 over a bf16 pool and decode_layers_f32 over the same
+    pool in fp32: the first layer's new K/V rows are the fp32 step's rounded to bf16 (round to nearest even, as
+    torch's .to(bfloat16)), bit for bit; nothing else in the pool moves; the output differs only by what the rounded
+    rows change downstream. A team of two gives a team of one's numbers exactly."""
+    g = torch.Generator().manual_seed(0)
+    hidden, heads, kv_heads, d, inter, block_size, ctx = 256, 4, 2, 64, 512, 16, 21
+    layers = random_layers(g, hidden, heads, kv_heads, d, inter)
+    shape = (hidden, heads, kv_heads, d, inter)
+    tables = torch.arange(rows * 2, dtype=torch.int64).view(rows, 2).flip(0).contiguous()
+    lens = torch.full((rows,), ctx, dtype=torch.int64)
+    slots = tables.gather(1, ((lens - 1) // block_size)[:, None])[:, 0] * block_size + (lens - 1) % block_size
+    pool16 = [tuple(torch.randn(rows * 2, block_size, kv_heads, d, generator=g).bfloat16() for _ in range(2))
+              for _ in layers]
+    angles = torch.rand(rows, d // 2, generator=g) * 40
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    x = torch.randn(rows, hidden, generator=g)
+    norm = torch.nn.RMSNorm(hidden, eps=1e-5)
+    results = {}
+    for kind, threads in (("f32", 2), ("bf16", 1), ("bf16", 2)):
+        held, keep = structs(layers, shape, kind)
+        pool = [tuple(c.clone() if kind == "bf16" else c.float() for c in pair) for pair in pool16]
+        step = decode_layer.DecodeStep(rows, slots, tables, lens, torch.arange(1, rows + 1), threads)
+        out = decode_layer.run(held, norm, x.clone(), cos, sin, pool, step)
+        results[kind, threads] = out, pool
+    (out32, pool32), (out16, pool16_1), (out16_2, pool16_2) = results.values()
+    assert torch.equal(out16, out16_2) and all(torch.equal(a, b) for p, q in zip(pool16_1, pool16_2)
+                                               for a, b in zip(p, q))
+    written = torch.zeros(rows * 2 * block_size, dtype=torch.bool)
+    written[slots] = True
+    for j in range(2):  # K, then V of the first layer
+        flat16, flat32 = pool16_1[0][j].view(-1, kv_heads, d), pool32[0][j].view(-1, kv_heads, d)
+        assert torch.equal(flat16[written], flat32[written].bfloat16())
+        assert torch.equal(flat16[~written], pool16[0][j].view(-1, kv_heads, d)[~written])
+    assert not torch.equal(out16, out32)  # the rounded rows do change what follows
+    assert torch.allclose(out16, out32, rtol=0.02, atol=0.02)
+
+
+def decode_rows_error(engine, path):
+    """Largest |logprob - HF fp32's| over the reported tokens of the decode rows (the first token is the prompt's)."""
+    reqs = requests()[:4]
+    outs = engine.generate(reqs, SamplingParams(max_tokens=8, ignore_eos=True, logprobs=5))
+    worst = 0.0
+    for request, out in zip(reqs, outs):
+        ref = teacher_forced_logprobs(path, request, out.token_ids)
+        worst = max([worst] + [abs(v - ref[i, t].item()) for i, lp in enumerate(out.logprobs) if i for t, v in
+                               lp.items()])
+    return worst, outs
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])  # a qkv bias; q/k norms
+def test_a_bf16_engines_decode_is_closer_to_fp32_than_pytorchs_bf16_ops(family, checkpoints, monkeypatch):
+    """The whole engine in bf16 on the CPU: decode steps in one C call each, prompts in PyTorch's bf16 ops (as HF);
+    against HF fp32, its decode rows err less than the same engine's decode in PyTorch's bf16 ops (HF's arithmetic:
+    tests/test_parity.py checks that one equals HF bf16's error)."""
+    path = checkpoints[family]
+    calls = []
+    run = decode_layer.run
+    monkeypatch.setattr(decode_layer, "run", lambda *a, **k: calls.append(a[6].rows) or run(*a, **k))
+    config = EngineConfig(model=path, dtype="bfloat16", device="cpu", num_blocks=128, max_model_len=1024)
+    with Engine(config) as engine:
+        assert engine.decode_backend.key == "engine.decode_layer_bf16"
+        ours, outs = decode_rows_error(engine, path)
+    assert calls and max(calls) <= 4 and sum(calls) == sum(len(o.token_ids) - 1 for o in outs)  # decode rows only
+    monkeypatch.setenv("MINIVLM_DECODE_LAYER", "0")
+    with Engine(config) as engine:
+        assert engine.decode_backend.key == "engine.decode_torch"
+        theirs, _ = decode_rows_error(engine, path)
+    print(f"{family}: decode rows' max |Δ logprob| vs HF fp32: C step {ours:.4f}, PyTorch bf16 ops {theirs:.4f}")
+    assert ours < theirs
+
+
+@pytest.mark.parametrize("c_ms, torch_ms, key", [(1.0, 2.0, "engine.decode_layer_bf16"),
+                                                  (2.0, 1.0, "engine.decode_torch")])
+def test_a_bf16_engine_times_both_steps_at_load_and_keeps_the_faster(monkeypatch, c_ms, torch_ms, key):
+    """On a CPU with native bf16 (AMX) PyTorch's bf16 ops may beat the C step: the engine times both at load."""
+    from minivlm.model.backends import calibrate
+    from minivlm.model.backends.cpu_kernels.bf16_step import Bf16Step
+
+    def timer(backend, decoder, kv_caches, block_size):
+        return (c_ms if isinstance(backend, Bf16Step) else torch_ms) / 1e3
+    monkeypatch.setattr(calibrate.choose_bf16, "__defaults__", (timer,))
+    monkeypatch.setattr(calibrate, "MIN_BYTES", 0)  # the tiny model is timed too
+    with Engine(EngineConfig(device="cpu", dtype="bfloat16", num_blocks=16)) as e:
+        assert e.decode_backend.key == key
+        assert f"bf16 weights {c_ms:.2f} ms" in e.calibration and f"bf16 ops {torch_ms:.2f} ms" in e.calibration
+        assert len(e.generate(requests()[0], SamplingParams(max_tokens=6, ignore_eos=True)).token_ids) == 6
+
+
+def test_enforce_eager_and_the_switch_run_pytorchs_bf16_ops(monkeypatch):
+    with Engine(EngineConfig(device="cpu", dtype="bfloat16", num_blocks=16, enforce_eager=True)) as e:
+        assert e.decode_backend == "PyTorch ops (enforce_eager)"
+    monkeypatch.setenv("MINIVLM_DECODE_LAYER", "0")
+    with Engine(EngineConfig(device="cpu", dtype="bfloat16", num_blocks=16)) as e:
+        assert e.decode_backend == "PyTorch ops (MINIVLM_DECODE_LAYER=0)"
