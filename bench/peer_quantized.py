@@ -24,7 +24,7 @@ from bench.workload import FAMILY, PEER_MODEL, build_checkpoint, param_count, sc
 # (engine variant, its EngineConfig, the llama.cpp type of about the same bytes per weight, goal of the quiet ratio)
 # int8 / int4 as dtype="auto" runs them: an fp32 engine, the fused C ops around the quantized products
 PAIRS = [("fp32", dict(dtype="float32"), "f32", None),
-         ("bf16", dict(dtype="bfloat16"), "f16", None),
+         ("bf16", dict(dtype="bfloat16"), "f16", 1.0),
          ("int8", dict(quantization="int8"), "q8_0", 1.0),
          ("int4", dict(quantization="int4"), "q4_k_m", None)]
 CONVERTER_TYPES = ("f32", "f16", "q8_0")  # convert_hf_to_gguf writes these; Q4_K_M needs llama-quantize
@@ -138,8 +138,14 @@ def quiet_row(label, name, qtype, goal, quiet, engine, gguf_mb, new_tokens) -> R
                f"{new_tokens} tokens after a 224x224 image prompt, both timed by token arrival; {mine}; {theirs}"
                f"llama.cpp = engine fp32 on {l_eng}/{new_tokens}; weights: engine "
                f"{engine.memory_report().weights_bytes / 2**20:.0f} MiB ({engine.linear_backend}), GGUF "
-               f"{gguf_mb:.0f} MB; 1-min load average {fmt_load(quiet)} over the quiet phase",
+               f"{gguf_mb:.0f} MB; decode: {engine.decode_backend}{calibrated(engine)}; 1-min load average "
+               f"{fmt_load(quiet)} over the quiet phase",
                spread=spread(quiet["engine"][name], quiet["llama"][qtype], "tok/s"))
+
+
+def calibrated(engine) -> str:
+    """"; " and the engine's timed choice at load, where it timed one."""
+    return f"; {engine.calibration}" if engine.calibration else ""
 
 
 def busy_row(label, name, qtype, quiet, busy) -> Row:

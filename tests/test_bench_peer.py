@@ -65,7 +65,7 @@ def test_peer_model_is_about_340m_and_its_pairs_cover_each_precision():
     for spec in (PEER_MODEL, peer_quantized.SMOKE_PEER_MODEL):  # Q4_K blocks are 256 wide: no fallback type
         assert spec["hidden"] % 256 == 0 and spec["intermediate"] % 256 == 0
     assert [q for _, _, q, _ in peer_quantized.PAIRS] == ["f32", "f16", "q8_0", "q4_k_m"]
-    assert [g for *_, g in peer_quantized.PAIRS] == [None, None, 1.0, None]  # the goal row: int8 vs Q8_0
+    assert [g for *_, g in peer_quantized.PAIRS] == [None, 1.0, 1.0, None]  # the goal rows: bf16 vs F16, int8 vs Q8_0
 
 
 def test_cpu_flags_name_the_simd_features_present_and_absent(tmp_path):
@@ -179,7 +179,7 @@ def test_peer_rows_end_to_end_on_the_smoke_model(tmp_path):
         *pairs, *[p + ", one busy core" for p in pairs]]
     assert all(r.engine > 0 and r.baseline > 0 for r in rows)
     assert "no logprobs returned" not in rows[6].note  # llama-server sent per-token logprobs (Q8_0 vs f32)
-    assert rows[6].goal == ">= 1.0x" and rows[-1].goal.endswith("(0.8 x quiet)")
+    assert rows[5].goal == rows[6].goal == ">= 1.0x" and rows[-1].goal.endswith("(0.8 x quiet)")
     # both sides were given the same prompts: llama.cpp counts as many prompt tokens (text + image) as the engine
     batch = details["peer_llamacpp_batch"]
     assert batch["prompt_tokens"]["f32"] == batch["prompt_tokens"]["engine"]
