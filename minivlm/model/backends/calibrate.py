@@ -1,10 +1,10 @@
 """The CPU step, chosen at load by a few timed decode steps of this model on this CPU (fp32 here; int8 and bf16 weights
-below): the C kernels (decode_layer.c / decode_ops.c with gemv.c), or PyTorch's own ops with oneDNN's prepacked linears, or PyTorch's ops
-with plain nn.Linear (MKL), as HF runs. The C kernels were tuned on one AMD Zen 5; on an Intel Xeon with AMX they ran
-0.71x HF `generate` (issue #44), where MKL and oneDNN are tuned for the CPU: the engine should never be slower than
-PyTorch is on its CPU, so it measures instead of assuming. A candidate replaces the C step only if it is faster by
-MARGIN (the C step is the tested default; a calibration is a few steps on a machine that may be busy). A small
-model is not timed: its step is overhead, where the C step's one call beats hundreds of ops by far.
+below): the C kernels (decode_layer.c / decode_ops.c with gemv.c), or PyTorch's own ops with oneDNN's prepacked
+linears, or PyTorch's ops with plain nn.Linear (MKL), as HF runs. The C kernels were tuned on one AMD Zen 5; on an
+Intel Xeon with AMX they ran 0.71x HF `generate` (issue #44), where MKL and oneDNN are tuned for the CPU: the engine
+should never be slower than PyTorch is on its CPU, so it measures instead of assuming. A candidate replaces the C step
+only if it is faster by MARGIN (the C step is the tested default; a calibration is a few steps on a machine that may
+be busy). A small model is not timed: its step is overhead, where the C step's one call beats hundreds of ops by far.
 
 The timed steps decode one token at CONTEXT over blocks 0.. of the pool, which is empty at load: what they write
 there is never read, since every request writes its K/V before attending to them."""
@@ -100,7 +100,8 @@ def choose_int8(kernels: Backend, decoder, kv_caches, block_size: int, timer=ste
 
 def choose_bf16(kernels: Backend, decoder, kv_caches, block_size: int, timer=step_seconds) -> Backend:
     """A bf16 engine on the CPU: the C step over bf16 weights (bf16_step.py) or PyTorch's bf16 ops (fast where the CPU
-    has native bf16: AMX, AVX512-BF16), whichever a timed step says is faster by MARGIN; `calibration` says the times."""
+    has native bf16: AMX, AVX512-BF16), whichever a timed step says is faster by MARGIN; `calibration` says the
+    times."""
     if os.environ.get(SWITCH, "1") == "0":
         return kernels
     weights = sum(m.weight.numel() * 4 for m in decoder.modules() if isinstance(m, torch.nn.Linear))

@@ -28,7 +28,8 @@ static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even; a NaN s
 /* VW bf16 values widened to a vector of floats: zero-extend each to 32 bits, shift into the top half. */
 static inline vec load_bf16(const uint16_t *p) {
 #if VW == 16 && defined(__AVX512F__)
-    return (vec)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return (vec)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 #elif VW == 8 && defined(__AVX2__)
     return (vec)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 #else

@@ -61,7 +61,7 @@
         for (int a = 0; a < MR; a++)                                                                              \
             for (int b = 0; b < N; b++) {                                                                         \
                 float r = hsum(acc[a][b]);                                                                        \
-                for (int64_t j = k; j < in; j++) r += x[a * in + j] * GEMV_AT(w + b * in + j);                              \
+                for (int64_t j = k; j < in; j++) r += x[a * in + j] * GEMV_AT(w + b * in + j);                    \
                 y[a * out + b] = (scale ? r * scale[b] : r) + (bias ? bias[b] : 0.f);                             \
             }                                                                                                     \
     }

@@ -1,8 +1,8 @@
-/* Decode attention straight from the paged KV pool (fp32, CPU): each (sequence, KV head) walks its block table
-   and keeps an online softmax (running max, sum, weighted V) per query head of its group, so every K/V byte of the
-   context is read once, in place, and no copy of the context is ever made. A block at a time: each K row is
-   loaded once for the group's scores, the exponentials run a vector of scores at a time (vexp below, not one
-   libm call a score), and each V row once for the group's sums. Built by paged_cpu.py. */
+/* Decode attention straight from the paged KV pool (CPU; fp32, or bf16 widened as read: kv_t): each (sequence, KV
+   head) walks its block table and keeps an online softmax (running max, sum, weighted V) per query head of its group,
+   so every K/V byte of the context is read once, in place, and no copy of the context is ever made. A block at a
+   time: each K row is loaded once for the group's scores, the exponentials run a vector of scores at a time (vexp
+   below, not one libm call a score), and each V row once for the group's sums. Built by paged_cpu.py. */
 #include <math.h>
 #include "simd.h"
 #include "bf16.h"  /* kv_t: the pool's element type (fp32; bf16 in decode_layer_bf16.c) */
