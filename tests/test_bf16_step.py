@@ -137,3 +137,30 @@ def test_enforce_eager_and_the_switch_run_pytorchs_bf16_ops(monkeypatch):
     monkeypatch.setenv("MINIVLM_DECODE_LAYER", "0")
     with Engine(EngineConfig(device="cpu", dtype="bfloat16", num_blocks=16)) as e:
         assert e.decode_backend == "PyTorch ops (MINIVLM_DECODE_LAYER=0)"
+
+
+def test_kv_rows_round_to_nearest_even_as_torch_does():
+    """A V row that is the bias alone (the V weights zero) is written as the bias rounded to bf16, bit for bit as
+    torch rounds it: ties to even, up and down, negative ties, the largest finite fp32 (to infinity), infinities,
+    subnormals; NaNs stay NaN (their bits differ between torch's own scalar and vector paths)."""
+    g = torch.Generator().manual_seed(1)
+    hidden, heads, kv_heads, d, inter, block_size = 64, 2, 1, 64, 128, 16
+    t = random_layers(g, hidden, heads, kv_heads, d, inter, n=1)[0]
+    t["qkv"][(heads + kv_heads) * d:] = 0  # the V rows: V = its bias exactly
+    special = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 3.4028234e38, float("inf"), -float("inf"),
+                            1e-40, -1e-41, float("nan"), 2 ** -126 * (1 + 2 ** -8), 255.5, 256.5, 1 + 2 ** -9])
+    values = torch.cat([special, torch.randn(d - len(special), generator=g)])
+    nan_bits = torch.tensor([0x7F800001, -0x00400000], dtype=torch.int32).view(torch.float32)  # a payload; -qNaN
+    values[-2:] = nan_bits
+    held, keep = structs([t], (hidden, heads, kv_heads, d, inter), "bf16")
+    bias = torch.cat([t["qkv_bias"][:(heads + kv_heads) * d].float(), values])
+    held[0]._c_layer.qkv_bias = bias.data_ptr()
+    pool = [tuple(torch.zeros(2, block_size, kv_heads, d, dtype=torch.bfloat16) for _ in range(2))]
+    step = decode_layer.DecodeStep(1, torch.tensor([5]), torch.tensor([[0, 1]]), torch.tensor([6]),
+                                   torch.arange(1, 2), 1)
+    cos, sin = torch.ones(1, d), torch.zeros(1, d)
+    decode_layer.run(held, torch.nn.RMSNorm(hidden, eps=1e-6), torch.randn(1, hidden, generator=g), cos, sin, pool, step)
+    written = pool[0][1].view(-1, kv_heads, d)[5, 0]
+    want, nan = values.bfloat16(), values.isnan()
+    assert torch.equal(written[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    assert written[nan].isnan().all()

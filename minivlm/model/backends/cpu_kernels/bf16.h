@@ -18,10 +18,10 @@ static inline float bf16_to_f32(uint16_t b) {
     return f;
 }
 
-static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even; a NaN stays a (quiet) NaN */
+static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even; every NaN the one quiet NaN, as PyTorch */
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
