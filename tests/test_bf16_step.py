@@ -104,6 +104,7 @@ def test_a_bf16_engines_decode_is_closer_to_fp32_than_pytorchs_bf16_ops(family, 
     config = EngineConfig(model=path, dtype="bfloat16", device="cpu", num_blocks=128, max_model_len=1024)
     with Engine(config) as engine:
         assert engine.decode_backend.key == "engine.decode_layer_bf16"
+        assert engine.attention_backend.key == "engine.attn_bf16_step"
         ours, outs = decode_rows_error(engine, path)
     assert calls and max(calls) <= 4 and sum(calls) == sum(len(o.token_ids) - 1 for o in outs)  # decode rows only
     monkeypatch.setenv("MINIVLM_DECODE_LAYER", "0")

@@ -176,6 +176,9 @@ MESSAGES = {
     "engine.decode_ops": ("fused small ops (decode_ops.c); decode_layer.c off: {why}{threads}",
                           "融合小算子（decode_ops.c）；decode_layer.c 未启用：{why}{threads}"),
     "engine.decode_torch": ("PyTorch ops ({why})", "PyTorch 算子（{why}）"),
+    "engine.attn_bf16_step": ("in-place paged decode inside the C step (the bf16 pool, read where it lies); prompts: "
+                              "SDPA over gathered blocks",
+                              "解码在 C 步骤内原地读取分页缓存（bf16 缓存池，不复制）；提示词：SDPA（先收集块）"),
     "engine.decode_layer_bf16": ("one C call a decode step for 1-{rows} sequences over the bf16 weights and pool, fp32 "
                                  "inside (decode_layer.c); prompts: PyTorch's bf16 ops{threads}",
                                  "1–{rows} 个序列的解码步每步一次 C 调用，读 bf16 权重和 bf16 缓存池，内部以 fp32 计算"

@@ -12,6 +12,8 @@ WORDS = {
     "engine.attn_inplace": "in-place paged decode (C kernel over the block tables{threads}); prefill: SDPA",
     "engine.attn_flex": "in-place paged decode (FlexAttention over the block tables, compiled); prefill: SDPA",
     "engine.attn_flash": "flash-attn paged kernels",
+    "engine.attn_bf16_step": "in-place paged decode inside the C step (the bf16 pool, read where it lies); prompts: "
+                             "SDPA over gathered blocks",
     "engine.attn_gathered": "SDPA over gathered blocks{why}",
     "engine.why_kernel": " (in-place kernel: {why})",
     "engine.why_flex": " (FlexAttention in place: {state})",

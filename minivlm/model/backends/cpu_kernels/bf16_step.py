@@ -22,6 +22,9 @@ class Bf16Step(Backend):
     def __init__(self, attention, threads: str = ""):
         super().__init__(attention, Said("engine.decode_layer_bf16", rows=gemv.MAX_ROWS, threads=threads))
 
+    def describe(self) -> dict[str, Said]:  # decode attention runs inside the call; the reference's serves prompts
+        return {"decode": self.decode, "attention": Said("engine.attn_bf16_step")}
+
     def forward(self, decoder, embeds, positions, kv_caches, meta, deepstack=None, last=None):
         step = None if meta.is_prefill or deepstack is not None else decode_layer.prepare(embeds, meta)
         if step is None:
