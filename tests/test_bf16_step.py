@@ -27,26 +27,39 @@ def random_layers(g, hidden, heads, kv_heads, d, inter, n=2):
             for _ in range(n)]
 
 
+MATRICES = ("qkv", "o", "gate_up", "down")
+
+
 def structs(layers, shape, kind):
-    """decode_layer.Layer structs over the tensors: matrices as `kind` (bf16, or fp32 copies), vectors fp32."""
+    """decode_layer.Layer structs over the tensors: matrices as `kind` (bf16, fp32 copies, or int8 with a scale a
+    row: the bf16 values rounded to 127 steps of the row's largest), vectors fp32."""
     keep, out = [], []
     for t in layers:
+        scales = {}
+
         def ptr(k):
-            v = t[k] if k in ("qkv", "o", "gate_up", "down") and kind == "bf16" else t[k].float()
+            v = t[k] if k in MATRICES and kind == "bf16" else t[k].float()
+            if k in MATRICES and kind == "int8":
+                scales[k] = v.abs().amax(1) / 127
+                v = torch.round(v / scales[k][:, None]).to(torch.int8)
             keep.append(v)
             return v.data_ptr()
-        out.append(Holder(decode_layer.Layer(*[ptr(k) if k in t else None for k in (
-            "input_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down")],
-            *shape, 1e-6, 1e-6, shape[3] ** -0.5), kind))
+        ptrs = [ptr(k) if k in t else None for k in (
+            "input_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down")]
+        keep.extend(scales.values())
+        out.append(Holder(decode_layer.Layer(*ptrs, *shape, 1e-6, 1e-6, shape[3] ** -0.5,
+                                             *[scales[k].data_ptr() if scales else None for k in MATRICES]), kind))
     return out, keep
 
 
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_the_bf16_step_writes_the_fp32_steps_kv_rounded_and_stays_close_to_it(rows):
-    """The same layers (bf16 numbers) through decode_layers_bf16 over a bf16 pool and decode_layers_f32 over the same
-    pool in fp32: the first layer's new K/V rows are the fp32 step's rounded to bf16 (round to nearest even, as
-    torch's .to(bfloat16)), bit for bit; nothing else in the pool moves; the output differs only by what the rounded
-    rows change downstream. A team of two gives a team of one's numbers exactly."""
+def test_the_bf16_step_writes_the_fp32_steps_kv_rounded_and_stays_close_to_it(rows, weights):
+    """The same layers (bf16 numbers; or int8 ones) through the step over a bf16 pool (decode_layers_bf16, or
+    decode_layers_int8_bf16) and over the same pool in fp32 (decode_layers_f32, or decode_layers_int8): the first
+    layer's new K/V rows are the fp32 pool's rounded to bf16 (round to nearest even, as torch's .to(bfloat16)), bit
+    for bit; nothing else in the pool moves; the output differs only by what the rounded rows change downstream. A
+    team of two gives a team of one's numbers exactly."""
     g = torch.Generator().manual_seed(0)
     hidden, heads, kv_heads, d, inter, block_size, ctx = 256, 4, 2, 64, 512, 16, 21
     layers = random_layers(g, hidden, heads, kv_heads, d, inter)
@@ -61,8 +74,8 @@ def test_the_bf16_step_writes_the_fp32_steps_kv_rounded_and_stays_close_to_it(ro
     x = torch.randn(rows, hidden, generator=g)
     norm = torch.nn.RMSNorm(hidden, eps=1e-5)
     results = {}
-    for kind, threads in (("f32", 2), ("bf16", 1), ("bf16", 2)):
-        held, keep = structs(layers, shape, kind)
+    for kind, threads in (("f32", 2), ("bf16", 1), ("bf16", 2)):  # the pool's dtype
+        held, keep = structs(layers, shape, "f32" if kind == "f32" and weights == "bf16" else weights)
         pool = [tuple(c.clone() if kind == "bf16" else c.float() for c in pair) for pair in pool16]
         step = decode_layer.DecodeStep(rows, slots, tables, lens, torch.arange(1, rows + 1), threads)
         out = decode_layer.run(held, norm, x.clone(), cos, sin, pool, step)
@@ -97,13 +110,26 @@ def test_a_bf16_engines_decode_is_closer_to_fp32_than_pytorchs_bf16_ops(family, 
     """The whole engine in bf16 on the CPU: decode steps in one C call each, prompts in PyTorch's bf16 ops (as HF);
     against HF fp32, its decode rows err less than the same engine's decode in PyTorch's bf16 ops (HF's arithmetic:
     tests/test_parity.py checks that one equals HF bf16's error)."""
-    path = checkpoints[family]
+    check_against_pytorchs_ops(checkpoints[family], family, monkeypatch, {}, 1.0)
+
+
+def test_int8_weights_in_a_bf16_engine_decode_in_one_c_call_too(checkpoints, monkeypatch):
+    """quantization="int8" with dtype="bfloat16": the int8 C step over the bf16 pool (its inputs quantized to int8
+    blocks, as in an fp32 engine), within 1.25x the error of PyTorch's int8 kernel with bf16 inputs."""
+    check_against_pytorchs_ops(checkpoints["qwen2_5_vl"], "qwen2_5_vl int8", monkeypatch, dict(quantization="int8"),
+                               1.25)
+
+
+def check_against_pytorchs_ops(path, label, monkeypatch, extra: dict, bound: float):
+    """A bf16 engine (with `extra`): the C step runs its decode rows only, and their error against HF fp32 is below
+    `bound` x that of the same engine on PyTorch's ops."""
     calls = []
     run = decode_layer.run
     monkeypatch.setattr(decode_layer, "run", lambda *a, **k: calls.append(a[6].rows) or run(*a, **k))
-    config = EngineConfig(model=path, dtype="bfloat16", device="cpu", num_blocks=128, max_model_len=1024)
+    config = EngineConfig(model=path, dtype="bfloat16", device="cpu", num_blocks=128, max_model_len=1024, **extra)
     with Engine(config) as engine:
         assert engine.decode_backend.key == "engine.decode_layer_bf16"
+        assert engine.decode_backend.fields["weights"] == extra.get("quantization", "bf16")
         assert engine.attention_backend.key == "engine.attn_bf16_step"
         ours, outs = decode_rows_error(engine, path)
     assert calls and max(calls) <= 4 and sum(calls) == sum(len(o.token_ids) - 1 for o in outs)  # decode rows only
@@ -111,8 +137,8 @@ def test_a_bf16_engines_decode_is_closer_to_fp32_than_pytorchs_bf16_ops(family, 
     with Engine(config) as engine:
         assert engine.decode_backend.key == "engine.decode_torch"
         theirs, _ = decode_rows_error(engine, path)
-    print(f"{family}: decode rows' max |Δ logprob| vs HF fp32: C step {ours:.4f}, PyTorch bf16 ops {theirs:.4f}")
-    assert ours < theirs
+    print(f"{label}: decode rows' max |Δ logprob| vs HF fp32: C step {ours:.4f}, PyTorch bf16 ops {theirs:.4f}")
+    assert ours < bound * theirs
 
 
 @pytest.mark.parametrize("c_ms, torch_ms, key", [(1.0, 2.0, "engine.decode_layer_bf16"),

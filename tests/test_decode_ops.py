@@ -245,7 +245,7 @@ def test_the_status_line_says_which_path_runs(engines, monkeypatch):
         assert picked.core.runner.limits.fast_rows is None
     bf16 = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16, decoder=engine.model.decoder)
     other = backends.pick(bf16, engine.config, None)  # bf16's C step needs bf16 weights (tests/test_bf16_step.py)
-    assert other.describe()["decode"] == "PyTorch ops (no dense bf16 weights)"
+    assert other.describe()["decode"] == "PyTorch ops (a bf16 engine's C step reads bf16 or int8 weights only)"
     assert other.describe()["attention"] == "SDPA over gathered blocks (in-place kernel: fp32 only)"
     assert other.limits.fast_rows is None
 

@@ -179,14 +179,15 @@ MESSAGES = {
     "engine.attn_bf16_step": ("in-place paged decode inside the C step (the bf16 pool, read where it lies); prompts: "
                               "SDPA over gathered blocks",
                               "解码在 C 步骤内原地读取分页缓存（bf16 缓存池，不复制）；提示词：SDPA（先收集块）"),
-    "engine.decode_layer_bf16": ("one C call a decode step for 1-{rows} sequences over the bf16 weights and pool, fp32 "
-                                 "inside (decode_layer.c); prompts: PyTorch's bf16 ops{threads}",
-                                 "1–{rows} 个序列的解码步每步一次 C 调用，读 bf16 权重和 bf16 缓存池，内部以 fp32 计算"
+    "engine.decode_layer_bf16": ("one C call a decode step for 1-{rows} sequences over the {weights} weights and the "
+                                 "bf16 pool, fp32 inside (decode_layer.c); prompts: PyTorch's bf16 ops{threads}",
+                                 "1–{rows} 个序列的解码步每步一次 C 调用，读 {weights} 权重和 bf16 缓存池，内部以 fp32 计算"
                                  "（decode_layer.c）；提示词：PyTorch 的 bf16 算子{threads}"),
-    "engine.no_dense_bf16": ("no dense bf16 weights", "没有稠密的 bf16 权重"),
-    "engine.calibrated_bf16": ("calibrated at load, a decode step: the C step over bf16 weights {c} ms, PyTorch's bf16 "
-                               "ops {torch} ms",
-                               "加载时校准，一个解码步：bf16 权重上的 C 步骤 {c} ms，PyTorch 的 bf16 算子 {torch} ms"),
+    "engine.no_bf16_step_weights": ("a bf16 engine's C step reads bf16 or int8 weights only",
+                                     "bf16 引擎的 C 步骤只读取 bf16 或 int8 权重"),
+    "engine.calibrated_bf16": ("calibrated at load, a decode step: the C step over {weights} weights {c} ms, PyTorch's "
+                               "bf16 ops {torch} ms",
+                               "加载时校准，一个解码步：{weights} 权重上的 C 步骤 {c} ms，PyTorch 的 bf16 算子 {torch} ms"),
     "engine.calibrated_torch_bf16": ("PyTorch's bf16 ops were faster at load", "加载时 PyTorch 的 bf16 算子更快"),
     "engine.decode_torch_off": ("PyTorch ops (decode_ops.c off: {why})", "PyTorch 算子（decode_ops.c 未启用：{why}）"),
     "engine.decode_not_cpu": ("the fused C paths are for the CPU in fp32", "融合的 C 路径只用于 CPU 上的 fp32"),

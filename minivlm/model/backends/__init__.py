@@ -53,10 +53,10 @@ def pick(model, config, kv_caches) -> Backend:
         if getattr(model, "quantization", None):
             return kernels
         return _module("calibrate").choose(kernels, model.decoder, kv_caches, config.block_size)
-    if getattr(model, "quantization", None):  # the fused C paths run in fp32 or bf16, not with quantized bf16 ones
-        return Backend(attention, Said("engine.decode_torch", why=Said("engine.decode_quantized")))
-    if torch.device(model.device).type == "cpu" and model.dtype == torch.bfloat16:  # bf16 weights, one C call
+    if torch.device(model.device).type == "cpu" and model.dtype == torch.bfloat16:  # bf16 or int8 weights, one C call
         return _module("cpu_kernels.bf16_step").backend(model, config, attention, kv_caches)
+    if getattr(model, "quantization", None):  # the fused C paths run on the CPU
+        return Backend(attention, Said("engine.decode_torch", why=Said("engine.decode_quantized")))
     return Backend(attention, Said("engine.decode_torch", why=Said("engine.decode_not_cpu")))
 
 

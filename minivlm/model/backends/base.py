@@ -24,11 +24,11 @@ WORDS = {
                            "above{threads}",
     "engine.decode_ops": "fused small ops (decode_ops.c); decode_layer.c off: {why}{threads}",
     "engine.decode_torch": "PyTorch ops ({why})",
-    "engine.decode_layer_bf16": "one C call a decode step for 1-{rows} sequences over the bf16 weights and pool, fp32 "
-                                "inside (decode_layer.c); prompts: PyTorch's bf16 ops{threads}",
-    "engine.no_dense_bf16": "no dense bf16 weights",
-    "engine.calibrated_bf16": "calibrated at load, a decode step: the C step over bf16 weights {c} ms, PyTorch's bf16 "
-                              "ops {torch} ms",
+    "engine.decode_layer_bf16": "one C call a decode step for 1-{rows} sequences over the {weights} weights and the bf16 "
+                                "pool, fp32 inside (decode_layer.c); prompts: PyTorch's bf16 ops{threads}",
+    "engine.no_bf16_step_weights": "a bf16 engine's C step reads bf16 or int8 weights only",
+    "engine.calibrated_bf16": "calibrated at load, a decode step: the C step over {weights} weights {c} ms, PyTorch's "
+                              "bf16 ops {torch} ms",
     "engine.calibrated_torch_bf16": "PyTorch's bf16 ops were faster at load",
     "engine.decode_torch_off": "PyTorch ops (decode_ops.c off: {why})",
     "engine.decode_not_cpu": "the fused C paths are for the CPU in fp32",

@@ -104,11 +104,13 @@ def choose_bf16(kernels: Backend, decoder, kv_caches, block_size: int, timer=ste
     times."""
     if os.environ.get(SWITCH, "1") == "0":
         return kernels
-    weights = sum(m.weight.numel() * 4 for m in decoder.modules() if isinstance(m, torch.nn.Linear))
+    weights = sum(4 * (m.qweight if hasattr(m, "qweight") else m.weight).numel() for m in decoder.modules()
+                  if isinstance(m, torch.nn.Linear) or hasattr(m, "qweight"))  # int8 ones counted as fp32 ones
     if weights < MIN_BYTES:  # untimed, as choose()
         return kernels
     torch_ops = Backend(kernels.attention, Said("engine.decode_torch", why=Said("engine.calibrated_torch_bf16")))
     ours, theirs = (timer(b, decoder, kv_caches, block_size) for b in (kernels, torch_ops))
     chosen = kernels if ours <= MARGIN * theirs else torch_ops
-    chosen.calibration = Said("engine.calibrated_bf16", c=f"{ours * 1e3:.2f}", torch=f"{theirs * 1e3:.2f}")
+    chosen.calibration = Said("engine.calibrated_bf16", weights=kernels.weights, c=f"{ours * 1e3:.2f}",
+                              torch=f"{theirs * 1e3:.2f}")
     return chosen

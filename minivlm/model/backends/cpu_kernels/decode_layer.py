@@ -21,7 +21,13 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = LazyKernels(os.path.join(_HERE, "decode_layer.c"), {"decode_layers_f32": _ARGS})
 KERNELS_INT8 = LazyKernels(os.path.join(_HERE, "decode_layer_int8.c"), {"decode_layers_int8": _ARGS})  # int8 layers
 KERNELS_BF16 = LazyKernels(os.path.join(_HERE, "decode_layer_bf16.c"), {"decode_layers_bf16": _ARGS})  # bf16 ones
-BUILDS = {"f32": KERNELS, "int8": KERNELS_INT8, "bf16": KERNELS_BF16}  # by the layers' weights (layer_struct)
+KERNELS_INT8_BF16 = LazyKernels(os.path.join(_HERE, "decode_layer_int8_bf16.c"),
+                                {"decode_layers_int8_bf16": _ARGS})  # int8 layers over a bf16 engine's pool
+# by the layers' weights (layer_struct) and the pool's dtype: the build and its function
+BUILDS = {("f32", torch.float32): (KERNELS, "decode_layers_f32"),
+          ("int8", torch.float32): (KERNELS_INT8, "decode_layers_int8"),
+          ("bf16", torch.bfloat16): (KERNELS_BF16, "decode_layers_bf16"),
+          ("int8", torch.bfloat16): (KERNELS_INT8_BF16, "decode_layers_int8_bf16")}
 
 
 class Layer(ctypes.Structure):  # decode_layer.c's Layer, field for field
@@ -112,9 +118,10 @@ def layer_struct(layer) -> Layer | None:
     return layer._c_layer
 
 
-def kernels_of(layers) -> LazyKernels:
-    """The build that runs these layers: fp32, int8 or bf16 weights."""
-    return BUILDS[getattr(layers[0], "_c_kind", "f32")]
+def kernels_of(layers, pool_dtype: torch.dtype = torch.float32) -> LazyKernels | None:
+    """The build that runs these layers (fp32, int8 or bf16 weights) over a pool of pool_dtype; None if none does."""
+    build = BUILDS.get((getattr(layers[0], "_c_kind", "f32"), pool_dtype))
+    return build[0] if build else None
 
 
 def prepare(x: torch.Tensor, meta) -> DecodeStep | None:
@@ -149,7 +156,8 @@ def run(layers: list, final_norm, x: torch.Tensor, cos: torch.Tensor, sin: torch
     kind = getattr(layers[0], "_c_kind", "f32")
     w = _dense(lm_head) if lm_head is not None and kind == "f32" else None  # else the lm_head after the call
     if fn is None:
-        fn = getattr(BUILDS[kind].get(), f"decode_layers_{kind}")
+        kernels, name = BUILDS[kind, kv_caches[0][0].dtype]
+        fn = getattr(kernels.get(), name)
     if "_c_floats" not in vars(final_norm):  # a bf16 engine's final norm, as fp32 (made once)
         final_norm._c_floats = f32_copy(final_norm.weight)
     norm_w = final_norm.weight if final_norm._c_floats is None else final_norm._c_floats
@@ -160,6 +168,6 @@ def run(layers: list, final_norm, x: torch.Tensor, cos: torch.Tensor, sin: torch
        step.seq_ends.data_ptr(), len(step.seq_ends), norm_w.data_ptr(), final_norm.eps, _ptr(w),
        _ptr(getattr(lm_head, "bias", None)), 0 if w is None else w.shape[0], _ptr(rows_out),
        0 if w is None else len(rows_out), _ptr(logits), scratch.data_ptr(), step.threads)
-    if lm_head is not None and w is None:  # no dense fp32 weight in the call (int8, bf16 layers): PyTorch's logits
-        return lm_head(x[last] if kind != "bf16" else x[last].to(torch.bfloat16))
+    if lm_head is not None and w is None:  # no dense fp32 weight in the call (int8 layers): PyTorch's logits
+        return lm_head(x[last])
     return x if w is None else logits
