@@ -1,8 +1,8 @@
 """A bf16 engine's decode step on the CPU: decode_layer.c over the bf16 weights and the bf16 pool in one C call
 (decode_layer_bf16.c; int8 weights, quantization="int8": decode_layer_int8_bf16.c), for decode steps of 1 to
-gemv.MAX_ROWS sequences. A step reads two bytes a weight, as
-llama.cpp's F16 does; PyTorch's bf16 ops on a CPU without native bf16 convert each weight on its way through
-oneDNN or MKL and ran 0.37-0.43x llama.cpp F16 on the 348M bench checkpoint (bench/RESULTS.md, sessions 18-20).
+gemv.MAX_ROWS sequences. A step reads two bytes a weight, as llama.cpp's F16 does; PyTorch's bf16 ops on a CPU
+without native bf16 convert each weight on its way through oneDNN or MKL and ran 0.37-0.43x llama.cpp F16 on the
+348M bench checkpoint (bench/RESULTS.md, sessions 18-20).
 
 Between the reads the step computes in fp32: norms, RoPE, attention and the residual stream stay fp32 inside the
 call, and only what leaves it is rounded to bf16 (each K/V row written to the pool, the final hidden state before

@@ -93,7 +93,7 @@ def f32_copy(t: torch.Tensor | None) -> torch.Tensor | None:
 def layer_struct(layer) -> Layer | None:
     """The layer's weights and shape for the C call, made once (the weights never move after load): all four
     matrices dense fp32 (decode_layers_f32), all int8 (decode_layers_int8, with their scales) or all bf16
-    (decode_layers_bf16, with fp32 copies of the norms and biases); else None."""
+    (decode_layers_bf16); a bf16 engine's norms and biases as fp32 copies; else None."""
     if "_c_layer" not in vars(layer):
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
@@ -148,7 +148,7 @@ def run(layers: list, final_norm, x: torch.Tensor, cos: torch.Tensor, sin: torch
         step: DecodeStep, lm_head=None, last: torch.Tensor | None = None, fn=None) -> torch.Tensor:
     """Every layer on x [rows, hidden] (fp32: the step's own embeddings), then final_norm (an RMSNorm), in place;
     each layer's K/V go into its kv_caches entry. Returns x, or with lm_head the logits of the rows `last` [n] (in
-    the same call where its weight is dense fp32 and the layers are too; else lm_head's own, on x in its dtype).
+    the same call where its weight is dense fp32 and the layers are too; else lm_head's own, on x).
     fn: another build of decode_layers_f32 (kernel_variant)."""
     structs = (Layer * len(layers))(*(layer._c_layer for layer in layers))
     ks, vs = ((_p * len(layers))(*(kv[j].data_ptr() for kv in kv_caches)) for j in (0, 1))
