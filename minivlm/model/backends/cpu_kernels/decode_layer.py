@@ -106,15 +106,17 @@ def layer_struct(layer) -> Layer | None:
         if all(m is not None for m in mats):
             def floats(t):  # a small vector as fp32 (a bf16 layer's copy kept beside the layer)
                 copy = f32_copy(t)
+                if copy is None:
+                    return _ptr(t)
                 kept.append(copy)
-                return _ptr(t if copy is None else copy)
+                return _ptr(copy)
             norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
             c = Layer(floats(layer.input_layernorm.weight), floats(layer.post_attention_layernorm.weight),
                       *map(floats, norms), _ptr(mats[0]), floats(attn.qkv_proj.bias), _ptr(mats[1]),
                       floats(attn.o_proj.bias), _ptr(mats[2]), _ptr(mats[3]), mats[3].shape[0], attn.heads,
                       attn.kv_heads, attn.head_dim, mats[3].shape[1], layer.input_layernorm.eps,
                       attn.q_norm.eps if attn.q_norm is not None else 0.0, attn.head_dim ** -0.5, *map(_ptr, scales))
-        layer._c_layer, layer._c_kind, layer._c_floats = c, kind, [t for t in kept if t is not None]
+        layer._c_layer, layer._c_kind, layer._c_floats = c, kind, kept
     return layer._c_layer
 
 
@@ -158,9 +160,9 @@ def run(layers: list, final_norm, x: torch.Tensor, cos: torch.Tensor, sin: torch
     if fn is None:
         kernels, name = BUILDS[kind, kv_caches[0][0].dtype]
         fn = getattr(kernels.get(), name)
-    if "_c_floats" not in vars(final_norm):  # a bf16 engine's final norm, as fp32 (made once)
-        final_norm._c_floats = f32_copy(final_norm.weight)
-    norm_w = final_norm.weight if final_norm._c_floats is None else final_norm._c_floats
+    if "_c_weight_f32" not in vars(final_norm):  # a bf16 engine's final norm weight as fp32, made once (else None)
+        final_norm._c_weight_f32 = f32_copy(final_norm.weight)
+    norm_w = final_norm.weight if final_norm._c_weight_f32 is None else final_norm._c_weight_f32
     rows_out = last.to(torch.int64).contiguous() if w is not None else None
     logits = torch.empty(len(rows_out), w.shape[0]) if w is not None else None
     fn(structs, len(layers), x.data_ptr(), step.rows, cos.data_ptr(), sin.data_ptr(), ks, vs, kv_caches[0][0].shape[1],
