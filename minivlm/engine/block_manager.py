@@ -114,6 +114,10 @@ class BlockManager:
                          extra_keys=seq.block_extras[i], block_kind=block.kind, **self._group())
         return [(block.block_id, block.key)]
 
+    def servable(self, ids: list[int]) -> list[int]:
+        """The blocks among ids a later prefix lookup finds (published, and the key's indexed block)."""
+        return [b for b in ids if self.blocks[b].key is not None and self.key_to_block.get(self.blocks[b].key) == b]
+
     def _take_free(self) -> int:
         b = self.free.popleft()
         block = self.blocks[b]
@@ -139,7 +143,7 @@ class BlockManager:
                 self.free.append(b)
                 freed.append(b)
         if freed:
-            self.events.emit("freed", seq.request_id, block_ids=freed, **self._group())
+            self.events.emit("freed", seq.request_id, block_ids=freed, cached=self.servable(freed), **self._group())
 
     def forget(self, seq, written: int | None = None):
         """Unpublish blocks whose K/V were never written (a failed step: tokens from `written`, by default its
@@ -195,7 +199,8 @@ class BlockManager:
                 self.free.append(b)
                 extra.append(b)
         if extra:
-            self.events.emit("freed", seq.request_id, block_ids=extra, **self._group())
+            self.events.emit("freed", seq.request_id, block_ids=extra, cached=[], rejected_draft=True,
+                             **self._group())
         return extra
 
     def reset(self):
