@@ -86,7 +86,7 @@ def test_the_log_carries_the_plan_that_drove_each_step_and_replays_from_plans_al
         assert scheduled[step].plan == plan.to_dict() and scheduled[step].step_kind == plan.kind
         assert scheduled[step].num_scheduled_tokens == {r.request_id: r.num_tokens for r in plan}
     for ev in (e for e in events if e.kind == "preempted"):
-        assert any(p.request_id == ev.request_id and p.reason in ev.reason for p in plans[ev.step].preemptions)
+        assert any(p.request_id == ev.request_id and p.needed_by == ev.needed_by for p in plans[ev.step].preemptions)
 
 
 def test_plan_agrees_with_the_block_managers_decisions_and_says_them(checkpoints):

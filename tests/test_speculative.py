@@ -153,8 +153,7 @@ def test_the_proposer_finds_the_longest_recent_ngram_and_never_proposes_a_placeh
 
 
 def test_the_step_through_says_what_was_guessed_accepted_and_given_back():
-    from minivlm.engine.plan import describe_plan
-    from minivlm.views.events import describe
+    from minivlm.views.events import describe, describe_plan
     from panels.i18n import EN, ZH
     from panels.i18n.events import describe_in, plan_in
     with engine(speculative_config=SPEC) as e:
@@ -169,7 +168,7 @@ def test_the_step_through_says_what_was_guessed_accepted_and_given_back():
         assert (f"accepted {ev.accepted}" in s) and (("given back" in s) == bool(ev.given_back))
         assert "{" not in describe_in(ev, ZH) and describe_in(ev, ZH) != s
     for ev in plans:
-        line = describe_plan(ev.step, ev.plan)
+        line = describe_plan(ev)
         assert "guessed token(s) in slots" in line and line.endswith(plan_in(ev, EN))
 
 

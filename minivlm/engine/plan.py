@@ -74,11 +74,21 @@ class ScheduledRequest:
 
 @dataclass(frozen=True)
 class Preemption:
-    """A running request sent back to the waiting queue by recompute, with the blocks it released and why."""
+    """A running request sent back to the waiting queue by recompute, with the blocks it released, for the request
+    that needed a block (itself when it ran alone)."""
     seq_id: int
     request_id: str
     block_ids: tuple[int, ...]
-    reason: str
+    needed_by: str
+
+
+def preemption_reason(victim: str, needed_by: str, blocks: int, freed: int, tokens: int) -> str:
+    """The `preempted` event's `reason`, the English sentence docs/API.md promises its readers; the views and the
+    Chinese page say it from the event's fields (needed_by, num_freed, num_tokens)."""
+    chosen = f"no other request is running, so {victim} itself" if victim == needed_by else \
+        f"preempting the newest running request, {victim}"
+    return (f"{needed_by} needs a block for its next token; none is free; {chosen}, releasing its {blocks} blocks "
+            f"({freed} become free); its {tokens} tokens will be recomputed")
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,6 +155,7 @@ class StepPlan:
     encodes: tuple[EncodeJob, ...] = ()
     budget: dict | None = None            # the adaptive token budget's decision and its measurements, if adaptive
     free_encoder_keys: tuple[str, ...] = ()  # encoder outputs evicted since the last plan: the runner deletes them first
+    block_size: int = 16                  # tokens per KV block (to_dict names the blocks that hold only guesses)
     _inputs: list = field(default_factory=list, repr=False)  # built on first use, once
 
     def __iter__(self):
@@ -170,7 +181,11 @@ class StepPlan:
         return [{"request_id": r.request_id, "kind": r.kind, "start": r.start, "end": r.end, "sample": r.sample,
                  "admitted": r.admitted, "hits": [h.block_id for h in r.hits], "new_blocks": list(r.new_blocks),
                  "published": [b for b, _ in r.publishes], "slots": [r.slots[0], r.slots[-1]] if r.slots else [],
-                 "encode": r.encode, **r.group_fields()} for r in self.requests]
+                 "encode": r.encode, **r.group_fields(), **self.guess_blocks(r)} for r in self.requests]
+
+    def guess_blocks(self, r: ScheduledRequest) -> dict:
+        """A speculating request's blocks that hold only its guesses (those past its own tokens' blocks)."""
+        return {"draft_blocks": list(r.block_table[-(-r.end // self.block_size):])} if r.draft else {}
 
 
 @dataclass
@@ -189,28 +204,3 @@ class StepOutcome:
     spec: dict[int, list[tuple[int, dict | None]]] = field(default_factory=dict)  # speculating: the tokens it emits
     masks: object | None = None  # the grammar masks its sampling applied (engine/grammar_masks.BatchMasks)
 
-
-def _ids(ids) -> str:
-    return ",".join(map(str, ids))
-
-
-def describe_request(r: dict) -> str:
-    """One request of a plan in words: "req-3 prefill tokens 48–73 into blocks 0,1,2 (hits) + 15,14 (new)"."""
-    rid = r["request_id"]
-    if r["kind"] == "decode":
-        where = f"at slot {r['slots'][0]}" if r["slots"] else ""
-        new = f" (new block {_ids(r['new_blocks'])})" if r["new_blocks"] else ""
-        draft = f" + {len(r['draft'])} guessed token(s) in slots {r['draft_slots'][0]}–{r['draft_slots'][-1]}" \
-            if r.get("draft") else ""
-        return f"{rid} decode 1 token {where}{new}{draft}".rstrip()
-    head = f"{rid} {'prefill chunk' if r['kind'] == 'chunk' else 'prefill'} tokens {r['start']}–{r['end'] - 1}"
-    parts = [f"{_ids(r['hits'])} (hits)"] if r["hits"] else []
-    parts += [f"{_ids(r['new_blocks'])} (new)"] if r["new_blocks"] else []
-    into = f" into blocks {' + '.join(parts)}" if parts else ""
-    tail = ("; encodes its images" if r["encode"] else "") + ("; samples a token" if r["sample"] else "")
-    return head + into + tail
-
-
-def describe_plan(step: int, requests: list[dict]) -> str:
-    """A step's plan in one line: "step 7: req-3 prefill tokens 48–73 into blocks …; req-0 decode 1 token at slot 213"."""
-    return f"step {step}: " + "; ".join(describe_request(r) for r in requests) if requests else f"step {step}: nothing ran"

@@ -8,7 +8,7 @@ from minivlm.config import EngineConfig
 from minivlm.engine.encoder_cache import DEFAULT_ENCODER_CACHE_SIZE, EncoderCacheManager
 from minivlm.engine.event_log import EventLog
 from minivlm.engine.lifecycle import RequestRegistry
-from minivlm.engine.plan import EncodeJob, Preemption, ScheduledRequest, StepPlan
+from minivlm.engine.plan import EncodeJob, Preemption, ScheduledRequest, StepPlan, preemption_reason
 from minivlm.engine.sequence import Sequence
 from minivlm.engine.speculative import Speculator
 from minivlm.engine.step_budget import AdaptiveTokenBudget
@@ -60,7 +60,7 @@ class Scheduler:
         self._jobs = {s.seq_id: job for s in batch if (job := self.encode_job(s)) is not None}
         reqs = tuple(self._item(s) for s in batch)
         plan = StepPlan(step, kind, reqs, tuple(self._preempted), tuple(self._jobs.values()), self._budget,
-                        free_encoder_keys=self.encoder.end_step())
+                        free_encoder_keys=self.encoder.end_step(), block_size=self.bm.block_size)
         if reqs:
             counts = {r.request_id: r.num_tokens for r in reqs}
             extra = {"budget": self._budget} if self._budget is not None else {}
@@ -197,13 +197,12 @@ class Scheduler:
             if budget is not None and budget <= 0:
                 continue  # stays running; its turn comes next step
             try:
-                while not self.bm.can_append(seq):
-                    need = f"{seq.request_id} needs a block for its next token; none is free; "
+                while not self.bm.can_append(seq):  # seq needs a block for its next token and none is free
                     if not pending:
-                        self.preempt(seq, need + f"no other request is running, so {seq.request_id} itself")
+                        self.preempt(seq, seq.request_id)  # no other request is running: seq itself
                         break
                     victim = pending.pop()  # newest first: it has the least work to redo
-                    self.preempt(victim, need + f"preempting the newest running request, {victim.request_id}")
+                    self.preempt(victim, seq.request_id)
                 else:
                     had = len(self.bm.table(seq))
                     self.bm.append_slot(seq)
@@ -246,15 +245,16 @@ class Scheduler:
         self._planned.pop(seq.seq_id, None)
         return error
 
-    def preempt(self, seq: Sequence, why: str = "preempted"):
-        """Free seq's blocks and queue it first in line; its tokens so far are recomputed on re-admission."""
+    def preempt(self, seq: Sequence, needed_by: str):
+        """Free seq's blocks for `needed_by` (the request that needs a block; seq itself when it runs alone) and
+        queue it first in line; its tokens so far are recomputed on re-admission."""
         blocks = list(self.bm.table(seq))
         freeing = sum(self.bm.blocks[b].ref_count == 1 for b in blocks)
-        self.events.emit("preempted", seq.request_id, block_ids=blocks,
-                         reason=f"{why}, releasing its {len(blocks)} blocks ({freeing} become free); "
-                                f"its {len(seq)} tokens will be recomputed")
+        self.events.emit("preempted", seq.request_id, block_ids=blocks, needed_by=needed_by, num_freed=freeing,
+                         num_tokens=len(seq), reason=preemption_reason(seq.request_id, needed_by, len(blocks),
+                                                                        freeing, len(seq)))
         self.bm.deallocate(seq)
-        self._preempted.append(Preemption(seq.seq_id, seq.request_id, tuple(blocks), why))
+        self._preempted.append(Preemption(seq.seq_id, seq.request_id, tuple(blocks), needed_by))
         self.requests.preempt(seq)
 
     def unwritten(self, ran: list[ScheduledRequest], live: dict) -> dict[int, int]:

@@ -1,7 +1,7 @@
 """Views of the event log (minivlm.engine.event_log): replay (the KV state at any step, from the plans and the block
-events), plain-English sentences and the step plan in a line, events by step."""
+events), plain-English sentences and the step plan in a line, events by step. The engine emits ids, kinds and
+numbers; every sentence is said here (and in the page's language by panels/i18n/events.py, from the same fields)."""
 from minivlm.engine.event_log import EngineEvent
-from minivlm.engine.plan import describe_plan as _describe_plan
 from minivlm.engine.outputs import BlockInfo, KVSnapshot
 from minivlm.engine.snapshot import block_fill
 
@@ -121,11 +121,47 @@ def replay(events: list[EngineEvent], num_blocks: int, block_size: int, until_st
     return state.snapshot()
 
 
+def _ids(ids) -> str:
+    return ",".join(map(str, ids))
+
+
+def slot_runs(slots: list[int]) -> str:
+    """Slots as runs: "77–80", or "111, 128–130" where a guess crossed into a block elsewhere in the pool."""
+    runs = []
+    for s in slots:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in runs)
+
+
+def describe_request(r: dict) -> str:
+    """One request of a plan in words: "req-3 prefill tokens 48–73 into blocks 0,1,2 (hits) + 15,14 (new)"; a
+    decode's new block is named after the slots it holds (its token's, or only its guesses')."""
+    rid = r["request_id"]
+    if r["kind"] == "decode":
+        guess_blocks = r.get("draft_blocks", [])
+        own = [b for b in r["new_blocks"] if b not in guess_blocks]
+        line = f"{rid} decode 1 token" + (f" at slot {r['slots'][0]}" if r["slots"] else "")
+        line += f" (new block {_ids(own)})" if own else ""
+        if r.get("draft"):
+            line += f" + {len(r['draft'])} guessed token(s) in slots {slot_runs(r['draft_slots'])}"
+        return line + (f" (new block {_ids(guess_blocks)})" if guess_blocks else "")
+    head = f"{rid} {'prefill chunk' if r['kind'] == 'chunk' else 'prefill'} tokens {r['start']}–{r['end'] - 1}"
+    parts = [f"{_ids(r['hits'])} (hits)"] if r["hits"] else []
+    parts += [f"{_ids(r['new_blocks'])} (new)"] if r["new_blocks"] else []
+    into = f" into blocks {' + '.join(parts)}" if parts else ""
+    tail = ("; encodes its images" if r["encode"] else "") + ("; samples a token" if r["sample"] else "")
+    return head + into + tail
+
+
 def describe_plan(ev: EngineEvent, step: bool = True) -> str:
     """A `scheduled` event's plan in one line, per request: "step 7: req-3 prefill tokens 48–73 into blocks 0,1,2
     (hits) + 15,14 (new); req-0 decode 1 token at slot 213" (step=False: without the "step 7: ")."""
-    line = _describe_plan(ev.step, ev.fields.get("plan", []))
-    return line if step else line.split(": ", 1)[1]
+    plan = ev.fields.get("plan", [])
+    line = "; ".join(describe_request(r) for r in plan) if plan else "nothing ran"
+    return f"step {ev.step}: {line}" if step else line
 
 
 def _blocks(ids: list[int]) -> str:
@@ -158,8 +194,17 @@ def describe(ev: EngineEvent) -> str:
     if ev.kind == "freed" and f.get("window"):
         return (f"{rid} gave back {sw}{_blocks(f['block_ids'])}: no later token of it can see them (its "
                 f"{f['window']}-token window moved on); they stay cached until reused")
+    if ev.kind == "freed" and f.get("rejected_draft"):
+        return f"{rid} gave back {sw}{_blocks(f['block_ids'])}, which held only guesses it did not keep (never cached)"
     if ev.kind == "freed":
-        return f"{rid} released {sw}{_blocks(f['block_ids'])} (content stays cached until reused)"
+        kept = f.get("cached", f["block_ids"])  # the blocks a later prefix lookup finds
+        rest = [b for b in f["block_ids"] if b not in kept]
+        if not rest:
+            return f"{rid} released {sw}{_blocks(f['block_ids'])} (content stays cached until reused)"
+        if not kept:
+            return f"{rid} released {sw}{_blocks(f['block_ids'])} (content not cached)"
+        return (f"{rid} released {sw}{_blocks(f['block_ids'])} ({_blocks(kept)}: content stays cached until reused; "
+                f"{_blocks(rest)}: not cached)")
     if ev.kind == "BlockRemoved":
         return f"{sw}{_blocks(f['block_ids'])} evicted: key {f['block_hashes'][0][:8]}… forgotten"
     if ev.kind == "state_saved":

@@ -1,28 +1,21 @@
 """The decision log's sentences in the page's language, rendered from an event's fields (ids, numbers) through the
-catalogue; in English they are exactly minivlm.views.events.describe / describe_plan (tests/test_i18n.py)."""
-import re
+catalogue; in English they are exactly minivlm.views.events.describe / describe_plan (tests/test_i18n.py). Only the
+fields are read, never the engine's English."""
+from minivlm.views.events import slot_runs
 
 from panels.i18n import t, word as _word
-
-PREEMPTION = re.compile(r"^(?P<needer>\S+) needs a block for its next token; none is free; (?:preempting the newest "
-                        r"running request, (?P<victim>\S+)|no other request is running, so (?P<self>\S+) itself), "
-                        r"releasing its (?P<n>\d+) blocks \((?P<free>\d+) become free\); its (?P<tokens>\d+) tokens "
-                        r"will be recomputed$")
 
 
 def _blocks(lang: str, ids: list[int]) -> str:
     return t(lang, "ev.block", ids=ids[0]) if len(ids) == 1 else t(lang, "ev.blocks", ids=", ".join(map(str, ids)))
 
 
-def preemption_reason(lang: str, reason: str) -> str:
-    """The scheduler's reason for a preemption (a sentence it writes) in `lang`; an unknown form stays as is."""
-    m = PREEMPTION.match(reason)
-    if m is None:
-        return reason
-    f = m.groupdict()
-    key = "ev.preempt_newest" if f["victim"] else "ev.preempt_itself"
-    return t(lang, key, needer=f["needer"], victim=f["victim"] or f["self"], n=f["n"], free=f["free"],
-             tokens=f["tokens"])
+def preemption_reason(lang: str, ev) -> str:
+    """Why a request was preempted, in `lang`, from the event's fields: who needed a block, what it released."""
+    f = ev.fields
+    key = "ev.preempt_itself" if f["needed_by"] == ev.request_id else "ev.preempt_newest"
+    return t(lang, key, needer=f["needed_by"], victim=ev.request_id, n=len(f["block_ids"]), free=f["num_freed"],
+             tokens=f["num_tokens"])
 
 
 def describe_in(ev, lang: str) -> str:
@@ -52,8 +45,14 @@ def describe_in(ev, lang: str) -> str:
                  key=f["block_hashes"][0][:8])
     if ev.kind == "freed" and f.get("window"):
         return t(lang, "ev.left_window", rid=rid, sw=sw, blocks=_blocks(lang, f["block_ids"]), window=f["window"])
+    if ev.kind == "freed" and f.get("rejected_draft"):
+        return t(lang, "ev.freed_guesses", rid=rid, sw=sw, blocks=_blocks(lang, f["block_ids"]))
     if ev.kind == "freed":
-        return t(lang, "ev.freed", rid=rid, sw=sw, blocks=_blocks(lang, f["block_ids"]))
+        kept = f.get("cached", f["block_ids"])
+        rest = [b for b in f["block_ids"] if b not in kept]
+        key = "ev.freed" if not rest else "ev.freed_uncached" if not kept else "ev.freed_some"
+        return t(lang, key, rid=rid, sw=sw, blocks=_blocks(lang, f["block_ids"]), kept=_blocks(lang, kept or [0]),
+                 rest=_blocks(lang, rest or [0]))
     if ev.kind == "BlockRemoved":
         return t(lang, "ev.evicted", sw=sw, blocks=_blocks(lang, f["block_ids"]), key=f["block_hashes"][0][:8])
     if ev.kind == "state_saved":
@@ -71,7 +70,7 @@ def describe_in(ev, lang: str) -> str:
     if ev.kind == "AllBlocksCleared":
         return t(lang, "ev.cleared")
     if ev.kind == "preempted":
-        return t(lang, "ev.preempted", rid=rid, reason=preemption_reason(lang, f["reason"]))
+        return t(lang, "ev.preempted", rid=rid, reason=preemption_reason(lang, ev))
     if ev.kind == "vision_encoded":
         waited = (t(lang, "ev.waited", first=f["arrived_step"], last=ev.step - 1) if ev.step > f["arrived_step"]
                   else t(lang, "ev.ready")) + (t(lang, "ev.sliced", n=f["slices"]) if f.get("slices") else "")
@@ -93,13 +92,15 @@ def _ids(ids) -> str:
 
 
 def plan_request(r: dict, lang: str) -> str:
-    """One request of a step's plan (as minivlm.engine.plan.describe_request, which is its English)."""
+    """One request of a step's plan (as minivlm.views.events.describe_request, which is its English)."""
     rid = r["request_id"]
     if r["kind"] == "decode":
+        guess_blocks = r.get("draft_blocks", [])
+        own = [b for b in r["new_blocks"] if b not in guess_blocks]
         where = t(lang, "plan.at_slot", slot=r["slots"][0]) if r["slots"] else ""
-        new = t(lang, "plan.new_block", ids=_ids(r["new_blocks"])) if r["new_blocks"] else ""
-        new += t(lang, "plan.draft", n=len(r["draft"]), first=r["draft_slots"][0], last=r["draft_slots"][-1]) \
-            if r.get("draft") else ""
+        new = t(lang, "plan.new_block", ids=_ids(own)) if own else ""
+        new += t(lang, "plan.draft", n=len(r["draft"]), slots=slot_runs(r["draft_slots"])) if r.get("draft") else ""
+        new += t(lang, "plan.new_block", ids=_ids(guess_blocks)) if guess_blocks else ""
         return t(lang, "plan.decode", rid=rid, where=where, new=new).rstrip()
     parts = [t(lang, "plan.hits", ids=_ids(r["hits"]))] if r["hits"] else []
     parts += [t(lang, "plan.new", ids=_ids(r["new_blocks"]))] if r["new_blocks"] else []
