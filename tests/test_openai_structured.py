@@ -141,6 +141,30 @@ def test_tools_in_a_conversation_are_taken_and_tool_choice_none_answers_in_text(
     assert r.message.tool_calls is None and r.message.content
 
 
+def test_a_tool_result_must_answer_a_call_of_the_assistant_turn_before_it(client):
+    """The round trip a client makes: the ids the API gave its calls are answered (200); a result naming another id,
+    or with no assistant turn with tool_calls before it, is a 400 naming the message's index and the id (#52.2)."""
+    called = ask(client, tools=TOOLS, tool_choice="required", max_tokens=120).choices[0].message
+    calls = [c.model_dump(include={"id", "type", "function"}) for c in called.tool_calls]
+    results = [{"role": "tool", "tool_call_id": c["id"], "content": "3"} for c in calls]
+    turns = PICTURE + [{"role": "assistant", "content": None, "tool_calls": calls}] + results
+    answered = ask(client, turns, tools=TOOLS, tool_choice="none", max_tokens=8).choices[0]
+    assert answered.message.content and answered.finish_reason in ("stop", "length")
+    wrong = turns[:-1] + [{"role": "tool", "tool_call_id": "call-nobody-made", "content": "3"}]
+    orphan = PICTURE + [{"role": "tool", "tool_call_id": calls[0]["id"], "content": "3"}]
+    after_a_user_turn = turns[:2] + [PICTURE[0]] + results  # the user spoke in between: nothing is being answered
+    cases = [(wrong, len(wrong) - 1, "call-nobody-made", "tool_call_id"), (orphan, 1, calls[0]["id"], "role"),
+             (after_a_user_turn, 3, calls[0]["id"], "role")]
+    for messages, index, named, field in cases:
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as e:
+                ask(client, messages, tools=TOOLS, max_tokens=8, stream=stream)
+            error = e.value.body
+            assert f"messages[{index}]" in error["message"] and named in error["message"], error
+            assert error["param"] == f"messages[{index}].{field}" and error["code"] == "invalid_value", error
+    assert ask(client, turns, tools=TOOLS, tool_choice="none", max_tokens=8).choices[0].message.content
+
+
 def test_n_3_gives_three_choices_each_what_its_seed_draws_alone(client):
     kw = dict(temperature=1.5, max_tokens=6, extra_body={"ignore_eos": True}, logprobs=True, top_logprobs=2)
     r = client.chat.completions.create(model=MODEL, messages=PICTURE, n=3, seed=40, **kw)
@@ -217,6 +241,13 @@ BAD = {  # name: (fields, param)
     "repetition_penalty 0": ({"repetition_penalty": 0}, "repetition_penalty"),
     "tool message without its call id": ({"messages": [{"role": "tool", "content": "3"}]},
                                          "messages[0].tool_call_id"),
+    "tool message answering no call": ({"messages": [
+        {"role": "user", "content": "?"}, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call-1", "type": "function", "function": {"name": "count_shapes", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call-2", "content": "3"}]}, "messages[2].tool_call_id"),
+    "tool message with no call before it": ({"messages": [{"role": "user", "content": "?"},
+                                                          {"role": "tool", "tool_call_id": "call-1", "content": "3"}]},
+                                            "messages[1].role"),
     # pathological: refused within the compile budget (docs/HTTP_API.md), never a stall or a 500
     "schema nested 200 deep": (rf(nested(200)), "response_format.json_schema.schema"),
     "regex (a{1000}){1000}": (so(regex="(a{1000}){1000}"), "structured_outputs.regex"),

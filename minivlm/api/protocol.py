@@ -201,12 +201,24 @@ def parse_request(raw: bytes) -> ChatCompletionRequest:
 
 
 def check_messages(messages: list[Message]):
-    """What OpenAI asks of a conversation with tool calls: a tool turn names the call it answers, tool_calls only on
-    assistant turns, no content only where an assistant turn calls tools."""
+    """What OpenAI asks of a conversation with tool calls: a tool turn names the call it answers, one of the calls of
+    the assistant turn before it (only tool turns between them), tool_calls only on assistant turns, no content only
+    where an assistant turn calls tools."""
+    calls: list[str] | None = None  # the ids the assistant turn before may be answered by; None: no such turn
     for i, m in enumerate(messages):
         if m.role == "tool" and not m.tool_call_id:
             raise ApiError(400, f"messages[{i}] is a 'tool' message: it needs the tool_call_id it answers",
                            param=f"messages[{i}].tool_call_id", code="invalid_value")
+        if m.role == "tool" and not calls:
+            raise ApiError(400, f"messages[{i}] is a 'tool' message answering tool_call_id {m.tool_call_id[:80]!r}, "
+                                f"but no assistant message with tool_calls comes before it",
+                           param=f"messages[{i}].role", code="invalid_value")
+        if m.role == "tool" and m.tool_call_id not in calls:
+            raise ApiError(400, f"messages[{i}].tool_call_id {m.tool_call_id[:80]!r} answers no call of the assistant "
+                                f"message before it (its tool_calls: {', '.join(map(repr, calls))[:200]})",
+                           param=f"messages[{i}].tool_call_id", code="invalid_value")
+        if m.role != "tool":
+            calls = [c.id for c in m.tool_calls] if m.role == "assistant" and m.tool_calls else None
         if m.tool_calls is not None and m.role != "assistant":
             raise ApiError(400, f"messages[{i}]: only assistant messages carry tool_calls",
                            param=f"messages[{i}].tool_calls", code="invalid_value")
