@@ -73,9 +73,11 @@ def _ptr(t) -> int | None:
 
 
 def _int8(linear) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(int8 [out, in], fp32 scales [out]) of a quantized.Int8Linear, else None."""
+    """(int8 [out, in], fp32 scales [out]) of a quantized.Int8Linear, else None (also where its columns were padded
+    for PyTorch's kernel: the step reads rows of `in`; that layer's step runs layer by layer)."""
     q, scales = getattr(linear, "qweight", None), getattr(linear, "scales_f32", None)
-    return (q, scales) if q is not None and q.dtype == torch.int8 and scales is not None else None
+    return (q, scales) if q is not None and q.dtype == torch.int8 and scales is not None and \
+        q.shape[1] == linear.in_features else None
 
 
 def _bf16(linear) -> torch.Tensor | None:
