@@ -1,5 +1,8 @@
-"""python -m bench [--quick]: minivlm against HF transformers on one random Qwen2.5-VL checkpoint, one table."""
+"""python -m bench [--quick]: minivlm against HF transformers on one random Qwen2.5-VL checkpoint, one table.
+Each run is recorded in bench/results/<machine>.json (the newest figure of each row per machine);
+--markdown bench/RESULTS.md renders the results page from every machine's record."""
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -10,10 +13,11 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 
+from bench import results, results_page
 from bench import (busy_machine, chunked_prefill, events_overhead, hybrid_decode, kv_events_overhead, long_context,
                    memory, panel_overhead, peer_llamacpp, prefix_cache, quantized, single_stream, speculative,
                    structured_decode, throughput)
-from bench.report import machine, markdown_table, text_table
+from bench.report import machine, text_table
 from bench.workload import (BENCH_MODEL, SMOKE_MODEL, build_checkpoint, hf_generate, load_hf, make_engine,
                             mixed_requests, param_count)
 from minivlm import SamplingParams
@@ -26,6 +30,7 @@ MEASUREMENTS = {"throughput": throughput.measure, "single_stream": single_stream
                 "structured_decode": structured_decode.measure, "quantized": quantized.measure,
                 "busy_machine": busy_machine.measure}
 PEERS = {"llamacpp": peer_llamacpp.measure}  # other engines on the same checkpoint: run only when asked (--peer)
+GROUPS = list(MEASUREMENTS) + ["peer " + name for name in PEERS]  # the order of the rows on the results page
 
 
 @dataclass
@@ -54,11 +59,11 @@ def run(model_dir: str, repeats: int, only=None, hf_onednn=False, device="cpu", 
         if only is not None and name not in only:
             continue
         t = time.perf_counter()
-        rows += fn(ctx)
+        rows += [dataclasses.replace(r, group=name) for r in fn(ctx)]
         log(f"[bench] {name}: {time.perf_counter() - t:.1f}s")
     for name in peers:
         t = time.perf_counter()
-        rows += PEERS[name](ctx, model_dir, log=log)
+        rows += [dataclasses.replace(r, group="peer " + name) for r in PEERS[name](ctx, model_dir, log=log)]
         log(f"[bench] peer {name}: {time.perf_counter() - t:.1f}s")
     return rows, ctx.details
 
@@ -80,7 +85,11 @@ def main(argv=None):
                     help="give HF the engine's CPU GEMM (oneDNN) too: what is left is the engine's design")
     ap.add_argument("--smoke", action="store_true", help="the tiny test model instead of the ~70M benchmark model")
     ap.add_argument("--checkpoint-dir", help="where to build (or reuse) the random checkpoint")
-    ap.add_argument("--markdown", help="also write the table, command and machine as markdown to this file")
+    ap.add_argument("--markdown", help="also write the results page (every machine's record, this run's included) "
+                                       "to this file: bench/RESULTS.md")
+    ap.add_argument("--results", help="the records' folder (default bench/results/; with --smoke a temporary one, "
+                                      "so that the tiny model's figures never reach the page)")
+    ap.add_argument("--no-record", action="store_true", help="do not record this run in the results folder")
     ap.add_argument("--json", help="also write every raw timing to this file")
     args = ap.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
@@ -92,6 +101,7 @@ def main(argv=None):
     if args.peer and (args.device, args.dtype) != ("cpu", "float32"):
         raise ValueError("--peer compares CPU fp32 engines: it needs --device cpu --dtype float32")
     torch.set_num_threads(args.threads)
+    load_before = results.load_average()
     spec = SMOKE_MODEL if args.smoke else BENCH_MODEL
     name = "bench-smoke" if args.smoke else "bench-qwen2_5_vl-70m"
     model_dir = build_checkpoint(args.checkpoint_dir or os.path.join(tempfile.gettempdir(), "minivlm-" + name), spec)
@@ -108,9 +118,20 @@ def main(argv=None):
     if "llamacpp" in args.peer:  # the precision rows run on their own checkpoint; their kernels hang on CPU flags
         header += peer_llamacpp.header_lines(details)
     print(header + "\n\n" + text_table(rows))
+    folder = args.results or (os.path.join(tempfile.gettempdir(), "minivlm-bench-smoke-results") if args.smoke
+                              else results.RESULTS_DIR)
+    if not args.no_record:
+        model = (f"random Qwen2.5-VL architecture, {param_count(model_dir) / 1e6:.1f}M parameters, {args.dtype} on "
+                 f"{args.device}; baseline: {baseline}")
+        run_info = results.run_stamp(command, args.threads, load_before, time.perf_counter() - start, repeats, model)
+        if "llamacpp" in args.peer:
+            run_info["peer"] = peer_llamacpp.header_lines(details).strip()
+        path = results.record_run(folder, results.machine_stamp(args.device), run_info,
+                                  [dataclasses.asdict(r) for r in rows], order=GROUPS)
+        print(f"[bench] recorded in {path}")
     if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write("\n".join("- " + line for line in header.splitlines()) + "\n\n" + markdown_table(rows) + "\n")
+        results_page.write(folder, args.markdown)
+        print(f"[bench] results page written to {args.markdown}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(details, f, indent=1, default=str)

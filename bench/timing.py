@@ -21,6 +21,7 @@ class Row:
     note: str = ""
     same: str = ""      # requests whose greedy tokens equal HF's, e.g. "16/16" ("" where HF is not run)
     spread: str = ""    # min-max of the raw repeats, engine; baseline
+    group: str = ""     # the measurement that made it (a MEASUREMENTS name, or "peer llamacpp"): set by the bench
 
 
 def interleaved(runs: dict, repeats: int) -> dict[str, list[float]]:

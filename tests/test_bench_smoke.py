@@ -42,7 +42,7 @@ METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-o
 def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
     md, js = tmp_path / "table.md", tmp_path / "raw.json"
     rows, details = main(["--smoke", "--repeats", "1", "--threads", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
-                          "--markdown", str(md), "--json", str(js)])
+                          "--markdown", str(md), "--json", str(js), "--results", str(tmp_path / "results")])
     chosen = details["structured_decode"]["regex"]["mode"]  # where this machine's engine fills grammar masks
     assert [r.metric for r in rows] == [m for m in METRICS if m != f"same (regex), the masks filled {chosen}"
                                         and m != f"same (json), the masks filled {chosen}"]
@@ -64,7 +64,10 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
     chunked = details["chunked_prefill"]
     assert chunked["stream_tokens_equal"] and all(len(v) == chunked["arrivals_per_run"]
                                                   for k, v in chunked["arrival_latency_s"].items() if k != "steady")
-    assert "| metric |" in md.read_text() and "command: python -m bench --smoke" in md.read_text()
+    page = md.read_text()  # the results page: this run's every row, once, and the command that measured them
+    assert "`python -m bench --smoke --repeats 1" in page
+    assert [line.split(" | ")[0].lstrip("| ") for line in page.split("## Every row")[1].splitlines()
+            if line.startswith("| ") and not line.startswith("| row |")] == [r.metric for r in rows]
     raw = json.loads(js.read_text())
     assert set(raw) == {"throughput_varied", "throughput_uniform", "single_stream", "prefix_cache", "memory",
                         "panel_overhead", "events_overhead", "chunked_prefill", "kv_events_overhead",
