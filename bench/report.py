@@ -1,4 +1,4 @@
-"""The results table (plain text for the terminal, markdown for RESULTS.md) and a description of the machine."""
+"""The results table for the terminal (bench/results_page.py writes RESULTS.md) and a description of the machine."""
 import os
 import platform
 
@@ -27,12 +27,6 @@ def text_table(rows) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER))]
     out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines]
     out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
-
-
-def markdown_table(rows) -> str:
-    out = ["| " + " | ".join(HEADER + ("note",)) + " |", "|" + "---|" * (len(HEADER) + 1)]
-    out += ["| " + " | ".join(cells(r) + (r.note,)) + " |" for r in rows]
     return "\n".join(out)
 
 

@@ -133,7 +133,8 @@ def render(records: list[dict], history: str = "") -> str:
            "and rewrites this page from every machine's record; `python -m bench.results_page` rewrites it without",
            "measuring (after an edit of the hand-written [HISTORY.md](HISTORY.md), the last section). Each row is",
            "the median of interleaved repeats, engine and baseline in one process: compare ratios, not tok/s,",
-           "across machines and loads. `python -m bench --help` lists the measurements (`--only NAME`).",
+           "across machines and loads. Each row's note (what it ran, tokens equal to HF's) and the spread of its",
+           "repeats are in the records. `python -m bench --help` lists the measurements (`--only NAME`).",
            "",
            "## Machines and runs",
            ""]
