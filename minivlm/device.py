@@ -6,16 +6,17 @@ os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")  # ops MPS lacks fall 
 import torch  # noqa: E402
 
 from minivlm.config import DEFAULT_MODEL  # noqa: E402
+from minivlm.model.backends.base import Said  # noqa: E402
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def available_devices() -> dict[str, str | None]:
-    """Each device kind -> None if usable, else the reason it is not."""
+    """Each device kind -> None if usable, else the reason it is not (a Said: English with its message id)."""
     mps = getattr(torch.backends, "mps", None)
     return {
-        "cuda": None if torch.cuda.is_available() else "no CUDA GPU visible to this torch build",
-        "mps": None if mps is not None and mps.is_available() else "Apple Metal (MPS) is only on Apple-silicon Macs",
+        "cuda": None if torch.cuda.is_available() else Said("engine.no_cuda"),
+        "mps": None if mps is not None and mps.is_available() else Said("engine.no_mps"),
         "cpu": None,
     }
 

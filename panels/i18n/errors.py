@@ -3,11 +3,10 @@ and its fields as data: the page says "error.<reason>" from the catalogue with t
 or video in its own words. Its English wording is never read. A refusal the catalogue has no sentence for, and any
 other error, is shown as the engine wrote it.
 
-The engine's words in the status line (engine.*) are not refusals either: each backend's words carry their message
-id and fields (minivlm.model.backends.Said), and are said by the id; the device notes, plain text, are matched
-against their English in the catalogue (localize_status)."""
+The engine's words in the status line (engine.*) are not refusals either: each backend's words, and why a device is
+not available, carry their message id and fields (minivlm.model.backends.Said), and are said by the id
+(localize_status). No English is parsed here."""
 import functools
-import re
 
 from minivlm.refusals import Name, render
 from panels.i18n import CATALOGUE, EN, t
@@ -30,31 +29,10 @@ def localize_error(error: BaseException | str, lang: str) -> str:
     return localize_status(error if isinstance(error, str) else str(error), lang)  # a Said keeps its id
 
 
-@functools.cache
-def patterns() -> list[tuple[str, re.Pattern]]:
-    """(message id, a regex of its English text whose groups are its fields) of the status words, longest first."""
-    out = []
-    for key, (en, _) in CATALOGUE.items():
-        if key.startswith("engine.") and "{" in en:
-            regex = "".join(f"(?P<{part[1:-1]}>.*?)" if part.startswith("{") else re.escape(part)
-                            for part in re.split(r"(\{\w+\})", en))
-            out.append((key, re.compile(f"^{regex}$", re.S)))
-    return sorted(out, key=lambda p: -len(CATALOGUE[p[0]][0]))
-
-
 def localize_status(text: str, lang: str) -> str:
-    """The engine's status words (the backends it runs, why a device is unavailable) in `lang`, when known: by the
-    message id a backend's words carry (their fields likewise), else by the English of a fixed or patterned one."""
-    if lang == EN:
+    """The engine's status words (the backends it runs, why a device is unavailable) in `lang`: by the message id
+    they carry (a Said; its fields likewise); text without an id (a word such as "enforce_eager") stays as it is."""
+    if lang == EN or getattr(text, "key", None) not in CATALOGUE:
         return text
-    if getattr(text, "key", None) in CATALOGUE:
-        return t(lang, text.key, **{k: localize_status(v, lang) if isinstance(v, str) else v
-                                    for k, v in text.fields.items()})
-    fixed = {en: key for key, (en, _) in CATALOGUE.items() if key.startswith("engine.") and "{" not in en}
-    if text.strip() in fixed:
-        return t(lang, fixed[text.strip()])
-    for key, pattern in patterns():
-        m = pattern.match(text.strip())
-        if m is not None:
-            return t(lang, key, **m.groupdict())
-    return text
+    return t(lang, text.key, **{k: localize_status(v, lang) if isinstance(v, str) else v
+                                for k, v in text.fields.items()})

@@ -54,6 +54,8 @@ WORDS = {
     "engine.dtype_calibrated": "auto: {flag}; calibrated at load, the largest matrix in bf16 {bf16} ms, fp32 {fp32} ms",
     "engine.dtype_quantized": "auto: {method} weights run fastest in fp32 with the fused C ops (their products take "
                               "bf16 inputs)",
+    "engine.no_cuda": "no CUDA GPU visible to this torch build",  # why a device is not available (minivlm/device.py)
+    "engine.no_mps": "Apple Metal (MPS) is only on Apple-silicon Macs",
 }
 
 
