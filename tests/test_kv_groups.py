@@ -1,6 +1,8 @@
 """KV-cache groups' bookkeeping with exact block and slot ids: a sliding-window group gives blocks back as the window
 moves and serves a prefix hit only when the window before it is cached; a recurrent group holds one slot per running
-request and checkpoints its state at the prompt's boundary and its latest decode boundary; nothing leaks."""
+request and checkpoints its state at the prompt's save points (from the block boundary before its generation prompt to
+its last one) and its latest decode boundary, so a follow-up turn that parts anywhere in the generation prompt resumes
+at the last full block it shares, at every prompt length mod the block size; nothing leaks."""
 from minivlm.engine.event_log import EventLog
 from minivlm.engine.kv_groups import manager
 from minivlm.engine.kv_pool import GroupPool
@@ -20,13 +22,19 @@ class Pool:
             self.groups["recurrent"] = GroupPool("recurrent", [0, 1, 2], None, slots, [])
 
 
+def cut(bm, seq, start: int, end: int) -> int:
+    """The scheduler's rule (Scheduler._plan): a chunk ends at the first save point inside it."""
+    return next((p for p in bm.save_points(seq) if start < p < end), end)
+
+
 def run_chunks(bm, seq, chunks):
     """Admit seq and compute it chunk by chunk as the scheduler and update do: advance, publish, ran."""
     hits = bm.allocate(seq)
     start = len(hits) * BS
     seq.num_computed = start
     for size in chunks:
-        end = bm.advance(seq, start, min(len(seq), start + size))
+        end = cut(bm, seq, start, min(len(seq), start + size))
+        bm.advance(seq, start, end)
         bm.publish(seq, end, start)
         seq.num_computed = end
         bm.ran(seq)
@@ -81,8 +89,9 @@ def test_recurrent_checkpoints_at_the_prompt_boundary_serve_the_next_turn():
     turn1 = make_seq(list(range(100, 118)))  # 18 tokens: the prompt's last boundary is at 16
     hits = bm.allocate(turn1)
     assert hits == [] and st.slot_of[turn1.seq_id] == 0
-    end = bm.advance(turn1, 0, 18)
+    end = cut(bm, turn1, 0, 18)
     assert end == 16  # the chunk is cut there so the state can be saved
+    bm.advance(turn1, 0, end)
     assert bm.group_inputs(turn1, 0, 16)["save_to"] == 1
     bm.publish(turn1, 16, 0)
     turn1.num_computed = 16
@@ -117,3 +126,51 @@ def test_checkpoints_are_evicted_least_recently_used_and_slots_do_not_leak():
         assert len(bm.allocate(s)) == (0 if p is prompts[0] else 4)  # evicted: recomputed; kept: resumed at 16
         bm.deallocate(s)
     assert len(st.free) + len(st.checkpoints) == 3 and not st.slot_of and not st.pending
+
+
+def test_a_follow_up_that_parts_in_the_generation_prompt_resumes_at_every_shared_block():
+    """Turn 2 keeps turn 1's prompt up to `keep` tokens before its end (Qwen3.5's history drops the `<think>` part of
+    the generation prompt: the real template's generation prompt is 5 tokens with thinking on, `<|im_start|>`
+    `assistant` `\\n` `<think>` `\\n`, of which turn 2 keeps all but 2; 7 with thinking off, all but 4). For every
+    prompt length mod the block size, turn 2 hits every full block the two prompts share."""
+    for tail, dropped in ((5, 2), (7, 4), (5, 5), (3, 1), (0, 1)):
+        for n in range(9, 9 + 2 * BS):
+            bm = manager(Pool(full=64, slots=8), BS, True, EventLog(1000))
+            turn1 = make_seq(list(range(100, 100 + n)))
+            turn1.generation_tokens = tail
+            bm.begin_step()
+            run_chunks(bm, turn1, [64] * 3)  # the whole prompt asked for each step; the scheduler's rule cuts at save points
+            bm.deallocate(turn1)
+            shared = n - dropped
+            turn2 = make_seq(list(range(100, 100 + shared)) + [7, 8, 9, 10, 11])
+            bm.begin_step()
+            hits = bm.allocate(turn2)
+            assert len(hits) == shared // BS, (tail, dropped, n, len(hits))
+            bm.deallocate(turn2)
+            assert len(bm.states.checkpoints) == len(bm.save_points(turn1))
+            assert len(bm.save_points(turn1)) <= 1 + -(-max(tail - 1, 0) // BS)  # two at most while tail <= BS + 1
+
+
+def test_save_points_cost_one_checkpoint_or_two_and_the_chunks_end_there():
+    bm = manager(Pool(full=64, slots=8), BS, True, EventLog(100))
+    seq = make_seq(list(range(100, 118)))  # 18 tokens: last boundary before the last token at 16
+    seq.generation_tokens = 5  # the generation prompt is tokens 13-17: a follow-up keeps at least 13
+    assert bm.save_points(seq) == [12, 16]
+    seq.generation_tokens = 2  # tokens 16-17: one save point serves both
+    assert bm.save_points(seq) == [16]
+    seq.generation_tokens = 0  # no template known: the prompt's last boundary, as before
+    assert bm.save_points(seq) == [16]
+    seq.generation_tokens = 5
+    ends = []
+    bm.allocate(seq)
+    start = 0
+    while start < len(seq):
+        end = cut(bm, seq, start, len(seq))
+        bm.advance(seq, start, end)
+        ends.append((end, bm.group_inputs(seq, start, end)["save_to"]))
+        bm.publish(seq, end, start)
+        seq.num_computed = end
+        bm.ran(seq)
+        start = end
+    assert ends == [(12, 1), (16, 2), (18, -1)]
+    assert list(bm.states.checkpoints.values()) == [1, 2]

@@ -221,10 +221,12 @@ class BlockManager:
     def begin_step(self):
         """A new plan starts."""
 
-    def advance(self, seq, start: int, end: int) -> int:
-        """Before seq computes tokens [start, end): the end the other groups allow (a recurrent group cuts a prefill
-        chunk where it saves its state), their blocks taken and given back."""
-        return end
+    def save_points(self, seq) -> list[int]:
+        """Tokens of seq's prompt after which a recurrent group saves its state (the scheduler ends chunks there)."""
+        return []
+
+    def advance(self, seq, start: int, end: int):
+        """Before seq computes tokens [start, end): the other groups' blocks taken and given back, saves planned."""
 
     def group_inputs(self, seq, start: int, end: int) -> dict:
         """What the runner needs of seq in the other groups (its sliding table, its state slot and their copies)."""

@@ -79,7 +79,7 @@ class Intake:
         first = self.make_sequence(request, params)
         pixels = self.image_inputs.get(first)
         prompt = Prompt(first.token_ids[:first.num_prompt_tokens], first.token_types[:first.num_prompt_tokens], None,
-                        first.images)
+                        first.images, generation_tokens=first.generation_tokens)
         return [first] + [self.choice(request, prompt, params, first.prompt_positions, first.rope_delta, i, pixels)
                           for i in range(1, params.n)]
 

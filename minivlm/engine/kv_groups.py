@@ -52,14 +52,14 @@ class HybridBlockManager(BlockManager):
         if self.states:
             self.states.begin_step()
 
-    def advance(self, seq, start: int, end: int) -> int:
-        if self.states:
-            end = self.states.cut(seq, start, end)
+    def save_points(self, seq) -> list[int]:
+        return self.states.save_points(seq) if self.states else []
+
+    def advance(self, seq, start: int, end: int):
         if self.sliding:
             self.sliding.advance(seq, start, end)
         if self.states:
             self.saves[seq.seq_id] = self.states.plan_save(seq, start, end)
-        return end
 
     def publish(self, seq, end: int, start: int | None = None) -> list[tuple[int, str]]:
         if self.sliding:

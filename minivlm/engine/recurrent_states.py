@@ -4,10 +4,14 @@ from collections import OrderedDict, deque
 
 class RecurrentStates:
     """A recurrent group's state slots: one per running request, the rest hold checkpoints (a state saved at a
-    block boundary, keyed by the block key there, least recently used evicted first). Which boundaries are saved:
-    the prompt's last block boundary (turn 2 of a chat, or the same prompt again, resumes there) and, while a request
-    decodes, its latest block boundary (one per request, moved forward: a follow-up turn that quotes the answer
-    resumes further on). Saving needs the step to end there, so a prefill chunk is cut at the prompt's boundary."""
+    block boundary, keyed by the block key there, least recently used evicted first). A hit can only resume where a
+    state was saved, so where to save decides what a later request reuses (docs/ENGINE.md, "Where recurrent state is
+    saved"): every block boundary from the prompt's last one before its generation prompt to its last one before its
+    last token (save_points; one or two): a follow-up turn keeps the conversation before the generation prompt
+    (Qwen3.5's `<think>\\n` or `<think>\\n\\n</think>\\n\\n` is not in its history), so it resumes at the last full
+    block it shares, and the same prompt again at the last one; and, while a request decodes, its latest block
+    boundary (one per request, moved forward: a follow-up that quotes the answer resumes further on). Saving needs
+    the step to end there: the scheduler ends a prefill chunk at each save point."""
 
     def __init__(self, num_slots: int, block_size: int, caching: bool, events, group_idx: int):
         self.num_slots, self.block_size, self.caching, self.events = num_slots, block_size, caching, events
@@ -29,14 +33,18 @@ class RecurrentStates:
             n -= 1
         return n
 
-    def boundary(self, seq) -> int:
-        """The prompt's last block boundary before its last token (0: none worth saving)."""
-        return (seq.num_prompt_tokens - 1) // self.block_size * self.block_size if self.caching else 0
+    def last_boundary(self, seq) -> int:
+        """The prompt's last block boundary before its last token: a save past it is a decode checkpoint."""
+        return (seq.num_prompt_tokens - 1) // self.block_size * self.block_size
 
-    def cut(self, seq, start: int, end: int) -> int:
-        """A prefill chunk ends at the prompt's boundary, so the state there can be saved."""
-        c = self.boundary(seq)
-        return c if start < c < end else end
+    def save_points(self, seq) -> list[int]:
+        """The prompt's block boundaries whose state is saved: from the last one at or before its generation prompt
+        (a follow-up turn parts from this prompt there or later) to the last one before its last token."""
+        if not self.caching:
+            return []
+        bs, last = self.block_size, self.last_boundary(seq)
+        first = max(0, seq.num_prompt_tokens - max(seq.generation_tokens, 1)) // bs * bs
+        return list(range(max(first, bs), last + 1, bs))
 
     def admit(self, seq, n: int) -> int:
         """seq's running slot; returns the checkpoint slot to restore from (-1: it starts from a zero state)."""
@@ -54,12 +62,12 @@ class RecurrentStates:
         return source
 
     def plan_save(self, seq, start: int, end: int) -> int:
-        """The slot seq's state is copied to after this step (-1: none): at the prompt's boundary, or at a block
-        boundary while it decodes."""
+        """The slot seq's state is copied to after this step (-1: none): at one of the prompt's save points, or at a
+        block boundary while it decodes."""
         if not self.caching or end % self.block_size or end == 0 or end <= start:
             return -1
         decoding = start >= seq.num_prompt_tokens - 1
-        if end != self.boundary(seq) and not decoding:
+        if not decoding and end not in self.save_points(seq):
             return -1
         i = end // self.block_size - 1
         if i < len(seq.block_keys) and seq.block_keys[i] in self.checkpoints:
@@ -81,7 +89,7 @@ class RecurrentStates:
         if key in self.checkpoints:
             self.free.append(slot)
             return
-        if end > self.boundary(seq):  # a decode checkpoint moves: the request's previous one goes
+        if end > self.last_boundary(seq):  # a decode checkpoint moves: the request's previous one goes
             old = self.latest.pop(seq.seq_id, None)
             if old in self.checkpoints:
                 self.free.append(self.checkpoints.pop(old))

@@ -224,7 +224,8 @@ class Scheduler:
         attention reads the cache, so a request that hits them in this same step reads written K/V."""
         bs = self.bm.block_size
         end = self._whole_spans(seq, start, min(len(seq), start + max_tokens))
-        end = self.bm.advance(seq, start, end)  # the other KV-cache groups' blocks and state slots (kv_groups.py)
+        end = next((p for p in self.bm.save_points(seq) if start < p < end), end)  # a state is saved after a step
+        self.bm.advance(seq, start, end)  # the other KV-cache groups' blocks and state slots (kv_groups.py)
         self.bm.dirty.update(self.bm.table(seq)[start // bs:-(-(end + len(decided.get("draft", ()))) // bs)])
         self._planned[seq.seq_id] = {"start": start, "end": end, "publishes": [], **decided}
         self._planned[seq.seq_id]["publishes"] = self.bm.publish(seq, end, start)

@@ -62,6 +62,7 @@ class Sequence:
         self.token_ids = list(prompt.token_ids)
         self.token_types = list(prompt.token_types)
         self.num_prompt_tokens = len(self.token_ids)
+        self.generation_tokens = prompt.generation_tokens  # the template's generation prompt, at the prompt's end
         self.prompt_positions = positions       # [3, num_prompt_tokens]
         self.rope_delta = rope_delta
         self.images = prompt.images                # ImageInfo of each image: where its tokens are, its layout

@@ -48,6 +48,8 @@ class Prompt:
     pixel_values: torch.Tensor | None  # Qwen: [patches, dim]; tiled: [tiles, 3, H, W]; Gemma 3: [views, 3, H, W]
     images: list[ImageInfo]
     pixel_mask: torch.Tensor | None = None  # SmolVLM: [tiles, H, W], which pixels of a padded tile are real
+    generation_tokens: int = 0        # the chat template's generation prompt at its end (a follow-up turn keeps
+                                      # everything before it: where recurrent state is saved, engine/recurrent_states.py)
 
 
 def split_images(messages: list[dict]) -> tuple[list[dict], list]:
@@ -85,9 +87,9 @@ def split_media(messages: list[dict]) -> tuple[list[dict], list, list]:
     return clean, images, videos
 
 
-def render(processor, clean: list[dict], tools: list[dict] | None = None) -> str:
+def render(processor, clean: list[dict], tools: list[dict] | None = None, generation: bool = True) -> str:
     try:
-        return processor.apply_chat_template(clean, tokenize=False, add_generation_prompt=True,
+        return processor.apply_chat_template(clean, tokenize=False, add_generation_prompt=generation,
                                              **({"tools": tools} if tools else {}))
     except Exception as e:
         raise Refused("invalid_value", "messages do not fit the chat template: {why}", reason="chat_template",
@@ -112,9 +114,10 @@ def build_prompt(family, processor, messages: list[dict], mm_kwargs: dict | None
     videos = prepare_videos(getattr(processor, "video_settings", None), raw_videos, family.title)
     loaded = load_images(raw_images, image_limits.processor_pixels(processor, mm_kwargs))
     text = render(processor, clean, tools)
+    tail = generation_tokens(processor, clean, tools, text)
     if family.images == "none":
         ids = processor(text, add_special_tokens=False)["input_ids"]
-        return Prompt(ids, [0] * len(ids), None, [])
+        return Prompt(ids, [0] * len(ids), None, [], generation_tokens=tail)
     if videos:
         text = expand_videos(processor, text, videos)
     bos = processor.tokenizer.bos_token
@@ -139,7 +142,21 @@ def build_prompt(family, processor, messages: list[dict], mm_kwargs: dict | None
                            v.patches.shape[0], kind="video", video=v.facts)
                  for v, (s, e, n) in zip(videos, video_spans(kinds, videos))]
         images, pixels = in_prompt_order(images, pixels, clips, [v.patches for v in videos])
-    return Prompt(out["input_ids"][0].tolist(), [int(t != 0) for t in kinds], pixels, images, mask)
+    return Prompt(out["input_ids"][0].tolist(), [int(t != 0) for t in kinds], pixels, images, mask, tail)
+
+
+def generation_tokens(processor, clean: list[dict], tools, text: str) -> int:
+    """Tokens of the generation prompt the template appended (Qwen3.5: `<|im_start|>assistant\\n<think>\\n`): the
+    conversation rendered without it is where a follow-up turn's prompt still agrees with this one. 0 when the
+    template renders the conversation differently without it (nothing is known then)."""
+    try:
+        head = render(processor, clean, tools, generation=False)
+    except Refused:  # a template that only renders with its generation prompt
+        return 0
+    if not text.startswith(head) or len(head) == len(text):
+        return 0
+    tokenizer = getattr(processor, "tokenizer", processor)
+    return len(tokenizer(text[len(head):], add_special_tokens=False)["input_ids"])
 
 
 def in_prompt_order(images: list, pixels, clips: list, patches: list):
