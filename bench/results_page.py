@@ -59,9 +59,11 @@ def load_text(load) -> str:
 
 def run_line(label: str, run: dict) -> str:
     source = "measured" if run["source"] == "measured" else run["source"]
-    line = (f"  - **{label}** {run['date'][:16].replace('T', ' ')} UTC, {source}: `{run['command']}`; "
-            f"{run['threads']} threads, load average (1/5/15 min) {load_text(run.get('load_before'))} before, "
+    load = (f"load average {run['load']}" if run.get("load") else
+            f"load average (1/5/15 min) {load_text(run.get('load_before'))} before, "
             f"{load_text(run.get('load_after'))} after")
+    line = (f"  - **{label}** {run['date'][:16].replace('T', ' ')} UTC, {source}: `{run['command']}`; "
+            f"{run['threads']} threads, {load}")
     extra = [f"{run['seconds']} s" if run.get("seconds") else "", f"repeats {run['repeats']}" if run.get("repeats")
              else "", f"torch {run['torch']}" if run.get("torch") else "",
              f"commit {run['commit']}" if run.get("commit") else "", run.get("note", "")]
