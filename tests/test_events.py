@@ -102,6 +102,9 @@ def test_preemptions_name_the_victim_and_the_reason(checkpoints):
     for e in preempted:
         assert "needs a block for its next token" in e.reason and e.request_id in e.reason
         assert e.block_ids and f"releasing its {len(e.block_ids)} blocks" in e.reason
+        # the same as data: who needed the block (the victim itself when it ran alone), what it freed, what it redoes
+        assert e.reason.startswith(f"{e.needed_by} needs") and (e.needed_by == e.request_id) == ("itself" in e.reason)
+        assert f"({e.num_freed} become free); its {e.num_tokens} tokens" in e.reason and e.num_tokens > 0
         later = [x for x in events if x.seq > e.seq and x.request_id == e.request_id]
         assert later[0].kind == "freed" or later[0].kind == "cache_lookup"  # its blocks go, then it is re-admitted
         assert any(x.kind == "cache_lookup" for x in later), "a preempted request is recomputed later"
@@ -217,3 +220,59 @@ def test_the_ring_holds_nothing_the_cycle_collector_walks_and_reads_back_what_wa
     assert ev.fields == fields and type(ev.a[1]) is tuple and type(ev.a[2]["k"]) is list
     assert hit.hits == [CacheHit(3, 0, False)] and (ev.seq, ev.step, ev.kind, ev.request_id) == (1, 0, "scheduled", "r")
     assert [e.seq for e in log.newer_than(0, kinds=("cache_lookup",))] == [2]
+
+
+def test_the_log_says_truly_what_became_of_blocks_that_held_guesses():
+    """#52 item 4, on a real speculative run (n-gram) of the shipped tiny model, step by step: a `freed` sentence says
+    "stays cached" of exactly the blocks a later prefix lookup finds after that step (the engine's prefix tree), a
+    block that held only rejected guesses is said to be so, and a decode's "(new block b)" stands beside the slots
+    that lie in block b (slot // block_size)."""
+    from minivlm.views.events import describe_plan, describe_request
+    from panels.i18n import EN
+    from panels.i18n.events import describe_in, plan_in
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    request = Request(prompt="Read this back: red circle, blue square, red circle, blue square, red circle.")
+    freed, plans = [], []
+    with Engine(EngineConfig(device="cpu", num_blocks=64, speculative_config=spec)) as engine:
+        bs, seen = engine.config.block_size, 0
+        engine.pause()
+        handle = engine.submit(request, SamplingParams(max_tokens=45, ignore_eos=True))
+        while not handle.finished:
+            engine.step()
+            while handle.get(0) is not None:
+                pass
+            events, servable = engine.events(since=seen), {n.block_id for n in engine.prefix_tree()}
+            seen = events[-1].seq
+            freed += [(ev, servable & set(ev.block_ids)) for ev in events if ev.kind == "freed"]
+            plans += [ev for ev in events if ev.kind == "scheduled"]
+        engine.resume()
+    for ev, found in freed:
+        said = describe(ev)
+        assert said == describe_in(ev, EN)
+        if ev.fields.get("rejected_draft"):
+            assert not found and said.endswith("which held only guesses it did not keep (never cached)"), said
+        elif found == set(ev.block_ids):
+            assert said.endswith("(content stays cached until reused)"), said
+        else:
+            kept, rest = [b for b in ev.block_ids if b in found], [b for b in ev.block_ids if b not in found]
+            named = lambda ids: f"block {ids[0]}" if len(ids) == 1 else f"blocks {', '.join(map(str, ids))}"
+            assert said.endswith(f"({named(kept)}: content stays cached until reused; {named(rest)}: not cached)"
+                                 if kept else "(content not cached)"), said
+    assert any(ev.fields.get("rejected_draft") for ev, _ in freed), "the run gave back no block of guesses"
+    assert any(found != set(ev.block_ids) and not ev.fields.get("rejected_draft") for ev, found in freed), \
+        "the run released no block that was not cached (its last, partly filled block)"
+    guess_only = 0
+    for ev in plans:
+        assert plan_in(ev, EN) == describe_plan(ev, step=False)
+        for r in (r for r in ev.plan if r["kind"] == "decode" and r["new_blocks"]):
+            said, own_block = describe_request(r), r["slots"][0] // bs
+            draft_blocks = {s // bs for s in r.get("draft_slots", [])} - {own_block}
+            assert set(r["new_blocks"]) <= draft_blocks | {own_block}  # every new block holds a slot of this step
+            if own_block in r["new_blocks"]:
+                assert f"at slot {r['slots'][0]} (new block {own_block})" in said, said
+            new_guesses = [b for b in r["new_blocks"] if b in draft_blocks]
+            if new_guesses:
+                guess_only += 1
+                assert said.endswith(f"(new block {','.join(map(str, new_guesses))})") and "(new block" not in \
+                    said.split(" + ")[0], said
+    assert guess_only, "no step put guesses alone in a new block"
