@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 
-from bench import results, results_page
+from bench import results, results_page, steal
 from bench import (busy_machine, chunked_prefill, events_overhead, hybrid_decode, kv_events_overhead, long_context,
                    memory, panel_overhead, peer_llamacpp, prefix_cache, quantized, single_stream, speculative,
                    structured_decode, throughput)
@@ -126,7 +126,10 @@ def main(argv=None):
         run_info = results.run_stamp(command, args.threads, load_before, time.perf_counter() - start, repeats, model)
         if "llamacpp" in args.peer:
             run_info["peer"] = peer_llamacpp.header_lines(details).strip()
-        path = results.record_run(folder, results.machine_stamp(args.device), run_info,
+        run_info["note"] = f"VM steal {steal.since_start()}"
+        variant = " ".join(x for x in ("hf-onednn" if args.hf_onednn else "", args.device if args.device != "cpu"
+                                       else "", args.dtype if args.dtype != "float32" else "") if x) or None
+        path = results.record_run(folder, results.machine_stamp(args.device, variant=variant), run_info,
                                   [dataclasses.asdict(r) for r in rows], order=GROUPS)
         print(f"[bench] recorded in {path}")
     if args.markdown:

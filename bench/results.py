@@ -33,12 +33,13 @@ def cpu_info(path: str = "/proc/cpuinfo") -> tuple[str, set]:
     return model, flags
 
 
-def machine_stamp(device: str = "cpu", path: str = "/proc/cpuinfo") -> dict:
-    """What tells two machines apart for these figures: CPU model, cores, SIMD flags present and absent, GPU."""
+def machine_stamp(device: str = "cpu", path: str = "/proc/cpuinfo", variant: str | None = None) -> dict:
+    """What tells two machines apart for these figures: CPU model, cores, SIMD flags present and absent, GPU; and
+    `variant`, a run of other settings (e.g. 'hf-onednn', 'cuda bfloat16'), whose rows keep a record of their own."""
     model, flags = cpu_info(path)
     gpu = torch.cuda.get_device_name() if device == "cuda" and torch.cuda.is_available() else None
     return {"cpu": model, "cores": os.cpu_count(), "flags": [f for f in SIMD_FLAGS if f in flags],
-            "absent": [f for f in SIMD_FLAGS if f not in flags] if flags else None, "gpu": gpu}
+            "absent": [f for f in SIMD_FLAGS if f not in flags] if flags else None, "gpu": gpu, "variant": variant}
 
 
 def slug(stamp: dict) -> str:
@@ -48,7 +49,7 @@ def slug(stamp: dict) -> str:
     flags = stamp["flags"]
     simd = next((tag for tag, flag in (("amx", "amx_tile"), ("avx512", "avx512f"), ("avx2", "avx2"))
                  if flag in flags), "novec" if stamp.get("absent") is not None else "flags-unknown")
-    parts = [name, f"{stamp['cores']}c", simd] + ([stamp["gpu"].lower()] if stamp.get("gpu") else [])
+    parts = [name, f"{stamp['cores']}c", simd] + [stamp[k].lower() for k in ("gpu", "variant") if stamp.get(k)]
     return re.sub(r"[^a-z0-9]+", "-", " ".join(parts)).strip("-")
 
 

@@ -75,7 +75,8 @@ def machine_line(letter: str, m: dict) -> str:
     absent = "not recorded" if m.get("absent") is None else " ".join(m["absent"]) or "none"
     gpu = m.get("gpu") or "no GPU"
     note = f" ({m['note']})" if m.get("note") else ""
-    return f"- **{letter}: {m['cpu']}**, {m['cores']} cores, {gpu}; CPU flags {flags}; absent: {absent}{note}"
+    variant = f", runs with {m['variant']}" if m.get("variant") else ""
+    return f"- **{letter}: {m['cpu']}**{variant}, {m['cores']} cores, {gpu}; CPU flags {flags}; absent: {absent}{note}"
 
 
 def labelled(records: list[dict]) -> list[tuple[str, dict, dict]]:

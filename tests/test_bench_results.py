@@ -48,6 +48,8 @@ def test_machines_are_told_apart_by_cpu_model_cores_and_vector_unit(tmp_path):
     assert results.slug(epyc) == f"amd-epyc-7b13-{epyc['cores']}c-avx2"
     no_avx512 = stamp(tmp_path, XEON.replace(" avx512f avx512_vnni", ""))
     assert results.slug(no_avx512) != results.slug(xeon)  # the same model on another host's CPU flags
+    onednn = results.machine_stamp("cpu", str(tmp_path / "missing"), variant="hf-onednn")  # HF given our kernels
+    assert onednn["cpu"] == "unknown CPU" and results.slug(onednn).endswith("-flags-unknown-hf-onednn")
 
 
 def test_the_newest_figure_wins_and_a_rerun_rewrites_its_measurements_rows(tmp_path):
