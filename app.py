@@ -13,6 +13,7 @@ from minivlm import EngineConfig, available_devices
 from minivlm.api import ApiSettings, create_router
 from minivlm.inputs.image_limits import MAX_IMAGE_BYTES
 from minivlm.config import DEVICES, DTYPES, STRATEGIES
+from minivlm.device import cpu_fallback_warning
 
 QUEUE_MAX_SIZE = 64  # beyond this many waiting events the page says the app is busy
 MAX_FILE_SIZE = MAX_IMAGE_BYTES  # uploads above this are refused (HTTP 413) before they reach the disk's cache: the
@@ -169,15 +170,13 @@ def device_problem(device: str) -> str | None:
 
 
 def auto_fallback(args: argparse.Namespace, holder: EngineHolder) -> str | None:
-    """The warning for --device auto landing off CUDA with a real checkpoint (the shipped tiny model is meant for
-    the CPU), else None."""
+    """The warning for --device auto landing on the CPU with weights big enough to make it slow (the rule and its
+    threshold: minivlm/device.py), else None."""
     engine = holder.engine
-    if args.device != "auto" or engine is None or args.model == EngineConfig().model:
+    if args.device != "auto" or engine is None:
         return None
-    device = engine.memory_report().device
-    why = available_devices()["cuda"]
-    return None if why is None or str(device).startswith("cuda") else \
-        f"minivlm: warning: --device auto found no GPU ({why}): running on {device}, which is slow for this model"
+    report = engine.memory_report()
+    return cpu_fallback_warning(report.device, report.weights_bytes)
 
 
 def main(argv=None):

@@ -35,6 +35,24 @@ def pick_device(name: str = "auto", model: str | None = None) -> torch.device:
     return torch.device(name)
 
 
+# A CPU decode step reads every weight once: at 1 GiB of weights and a desktop's 20-35 GB/s the bandwidth bound is
+# 20-35 tokens a second and a step reaches about half of it (bench/RESULTS.md: the 234 MB checkpoint, 26-72 % of
+# its bound), so from here on a GPU is worth saying; below it (the tiny model, small test checkpoints, SmolVLM2-256M
+# in fp32) the CPU is quick enough to say nothing.
+SLOW_ON_CPU_BYTES = 2**30
+
+
+def cpu_fallback_warning(device: str | torch.device, weights_bytes: int) -> str | None:
+    """What to tell someone whose --device auto found no GPU: a warning when the engine runs on the CPU with at
+    least SLOW_ON_CPU_BYTES of weights (their size and the threshold said), else None."""
+    why = available_devices()["cuda"]
+    if torch.device(device).type != "cpu" or weights_bytes < SLOW_ON_CPU_BYTES or why is None:
+        return None
+    return (f"minivlm: warning: --device auto found no GPU ({why}): running on cpu, which is slow for this model "
+            f"({weights_bytes / 2**30:.1f} GiB of weights, each read once a token; slow from "
+            f"{SLOW_ON_CPU_BYTES / 2**30:.0f} GiB)")
+
+
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     """auto: bf16 on CUDA with compute capability >= 8, fp16 on older CUDA and on MPS, fp32 on CPU."""
     if name != "auto":

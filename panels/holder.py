@@ -27,9 +27,9 @@ OPERATOR_TOKEN_ENV = "MINIVLM_ADMIN_TOKEN"  # on a shared deployment, whoever kn
 
 def status_line(engine: Engine, lang: str = EN) -> str:
     """vLLM-style start-up line: model, device, dtype, KV cache size in tokens, max concurrency; for a hybrid model
-    also what each KV-cache group holds."""
+    also what each KV-cache group holds; speculative decoding and its method when it is on."""
     rep, cfg = engine.memory_report(), engine.config
-    return t(lang, "header.status_line", model=os.path.basename(cfg.model.rstrip('/')) or cfg.model,
+    line = t(lang, "header.status_line", model=os.path.basename(cfg.model.rstrip('/')) or cfg.model,
              model_type=engine.hf_config.model_type, device=rep.device,
              dtype=rep.dtype + ("; " + localize_status(engine.dtype_reason, lang) if engine.dtype_reason else ""),
              weights_mib=f"{rep.weights_bytes / 2**20:,.1f}", blocks=f"{rep.num_blocks:,}", block_size=rep.block_size,
@@ -40,6 +40,16 @@ def status_line(engine: Engine, lang: str = EN) -> str:
              linear=localize_status(engine.linear_backend, lang),
              decode=localize_status(engine.decode_backend, lang) + (
                  "; " + localize_status(engine.calibration, lang) if engine.calibration else ""))
+    return line + speculation_part(cfg.speculative_config, lang)
+
+
+def speculation_part(spec, lang: str = EN) -> str:
+    """What speculative decoding does, for the status line (EngineConfig.speculative_config); "" when it is off."""
+    if spec is None:
+        return ""
+    low, high = spec.prompt_lookup_min, spec.prompt_lookup_max
+    return t(lang, "header.speculation", method=spec.method, k=spec.num_speculative_tokens,
+             lookup=f"{low}–{high}" if high > low else str(low))
 
 
 def layer_ranges(layers: list[int]) -> str:

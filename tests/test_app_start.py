@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 import torch
@@ -98,8 +99,8 @@ def test_a_port_already_taken_is_one_line(tmp_path):
 
 
 def test_a_running_app_names_its_own_flags_and_logs_a_refused_watch_in_one_line(checkpoints, tmp_path):
-    """--device auto with a real (random-weight) checkpoint on a machine without a GPU: a warning and the CPU; the
-    share hint says --share; a Watch of a bad address through the page's API: one line in the log."""
+    """--device auto with a real (random-weight, 2.5 MiB) checkpoint on a machine without a GPU: the CPU, and no
+    warning (its weights are far below a GiB); the share hint says --share; a Watch of a bad address through the page's API: one line in the log."""
     from gradio_client import Client
     log = tmp_path / "app.log"
     with running_app("--device", "auto", "--model", checkpoints["qwen2_vl"], log_path=str(log)) as url:
@@ -117,5 +118,35 @@ def test_a_running_app_names_its_own_flags_and_logs_a_refused_watch_in_one_line(
     assert "Traceback" not in text, text[-3000:]
     refused = [line for line in text.splitlines() if "KV watch of" in line]
     assert len(refused) == 2 and "refused: cannot watch 'tcp://127.0.0.1'" in refused[0], refused
-    if NO_CUDA:
-        assert "minivlm: warning: --device auto found no GPU" in text and "running on cpu" in text
+    # a 2.5 MiB checkpoint on the CPU is quick: no "slow for this model" (#52.5; the rule: tests/test_device.py)
+    assert "found no GPU" not in text and "slow for this model" not in text, text[-3000:]
+
+
+def test_the_app_prints_its_url_and_its_status_line_with_speculation_on_stdout(tmp_path):
+    """#52.5 / #52.4: `python app.py` says on stdout where it serves (Gradio's own line is quiet) and its status line
+    says speculative decoding is on and how; the URL printed is the one that serves the page. The tiny model on the
+    CPU under --device auto gets no "slow" warning."""
+    port = free_port()
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5, "prompt_lookup_min": 2}'
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
+    env.pop("SPACE_ID", None)
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen([sys.executable, "app.py", "--device", "auto", "--port", str(port),
+                                 "--speculative-config", spec], cwd=ROOT, env=env, stdout=o, stderr=e)
+    try:
+        deadline = time.monotonic() + START_S
+        while "Running on local URL" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        lines = out.read_text().splitlines()
+        url = next((line.split()[-1] for line in lines if line.startswith("* Running on local URL:")), None)
+        assert url == f"http://127.0.0.1:{port}/", (lines, err.read_text()[-3000:])
+        with urllib.request.urlopen(url, timeout=30) as page:
+            assert page.status == 200 and b"minivlm" in page.read()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    status = next(line for line in lines if line.startswith("**"))
+    assert status.endswith(" · speculative decoding: ngram (prompt lookup), up to 3 guessed tokens a step, matching "
+                           "the last 2–5 tokens"), status
+    assert "minivlm: warning" not in err.read_text()

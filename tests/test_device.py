@@ -39,3 +39,37 @@ def test_header_offers_mps_as_less_tested(on, monkeypatch):
     choices, info = header.device_choices()
     assert ("mps (less tested)", "mps") in choices and ("cuda (unavailable)", "cuda") in choices
     assert "the shipped tiny model: cuda > cpu" in info
+
+
+PC = {"cuda": "no CUDA GPU visible to this torch build", "mps": "Apple Metal (MPS) is only on Apple-silicon Macs",
+      "cpu": None}
+
+
+def preset_weights(name: str, dtype: str = "float32") -> int:
+    """A published model's weight bytes, from its config by the VRAM calculator (what the engine holds on the CPU)."""
+    import json
+    import os
+    from minivlm.budget.estimate import estimate
+    path = os.path.join(os.path.dirname(DEFAULT_MODEL), "presets", "models", f"{name}.json")
+    return estimate(json.load(open(path)), dtype=dtype, device_memory_gb=1000).weights_bytes
+
+
+def test_auto_on_the_cpu_warns_only_from_a_gib_of_weights(on):
+    """#52.5: "slow for this model" was said for a 2.5 MiB checkpoint. Now only at SLOW_ON_CPU_BYTES (1 GiB) or more,
+    with the size and the threshold; the other side (the tiny model, a 2.5 MiB checkpoint) is
+    tests/test_app_start.py's running app, which must not warn."""
+    import os
+    on(PC)
+    tiny = os.path.getsize(os.path.join(DEFAULT_MODEL, "model.safetensors"))
+    small, big = preset_weights("SmolVLM2-256M-Video-Instruct"), preset_weights("Qwen2.5-0.5B-Instruct")
+    assert tiny < small < device.SLOW_ON_CPU_BYTES == 2**30 < big
+    for quiet in (tiny, small, device.SLOW_ON_CPU_BYTES - 1):
+        assert device.cpu_fallback_warning("cpu", quiet) is None
+    for slow, size in ((device.SLOW_ON_CPU_BYTES, "1.0 GiB"), (big, "1.8 GiB"),
+                       (preset_weights("Qwen3-VL-2B-Instruct"), "7.9 GiB")):
+        said = device.cpu_fallback_warning("cpu", slow)
+        assert said.startswith("minivlm: warning: --device auto found no GPU (no CUDA GPU visible") and \
+            f"({size} of weights" in said and "slow from 1 GiB" in said, said
+    assert device.cpu_fallback_warning("mps", big) is None  # a GPU after all
+    on(CUDA_BOX)
+    assert device.cpu_fallback_warning("cpu", big) is None  # a GPU was there: the CPU was asked for some other way

@@ -211,3 +211,17 @@ def test_the_block_map_stars_the_blocks_that_held_guesses_and_says_what_became_o
     assert text.count("accepted") == verdict.accepted and text.count("given back") == len(slots) - verdict.accepted
     fig = block_map_figure(snap, drafts=drafts)
     assert [tr for tr in fig.data if tr.name == "guessed tokens this step"][0].text == tuple(drafts.values())
+
+
+def test_the_status_line_says_speculation_is_on_and_its_method_in_both_languages(plain):
+    """#52.4: the header's status line (and the start-up line) names the method and its settings; off, it says
+    nothing of it."""
+    from panels.holder import status_line
+    from panels.i18n import ZH
+    assert "speculative" not in status_line(plain) and "推测解码" not in status_line(plain, ZH)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5, "prompt_lookup_min": 2}
+    with plain.isolated(speculative_config=spec) as e:
+        assert e.config.speculative_config == SpeculativeConfig(**spec)
+        assert status_line(e).endswith(" · speculative decoding: ngram (prompt lookup), up to 3 guessed tokens a "
+                                       "step, matching the last 2–5 tokens")
+        assert status_line(e, ZH).endswith(" · 推测解码：ngram（提示查找），每步最多猜 3 个 token，匹配最近 2–5 个 token")

@@ -43,6 +43,9 @@ MESSAGES = {
         "**{model}**（{model_type}）运行于 **{device}**（{dtype}）· 权重 {weights_mib} MiB · KV 缓存：{blocks} 块 × "
         "{block_size} = **{tokens} 个 token**（{kv_mib} MiB）{groups}· 每请求 {max_len} 个 token 时的最大并发："
         "**{concurrency}x** · 前缀缓存：{strategy} · 注意力：{attention} · 矩阵乘：{linear} · 解码层：{decode}"),
+    "header.speculation": (" · speculative decoding: {method} (prompt lookup), up to {k} guessed tokens a step, "
+                           "matching the last {lookup} tokens",
+                           " · 推测解码：{method}（提示查找），每步最多猜 {k} 个 token，匹配最近 {lookup} 个 token"),
     "header.shipped": ("{name} (shipped, offline)", "{name}（随附，离线可用）"),
     "header.hub": ("{name} (hub)", "{name}（Hub 下载）"),
     "header.unavailable_choice": ("{name} (unavailable)", "{name}（不可用）"),
