@@ -39,6 +39,9 @@ def comparison(est, rep, lang: str = EN) -> pd.DataFrame:
             ("kv_tokens", est.num_blocks * est.block_size, rep.kv_cache_tokens),
             ("concurrency", est.max_concurrency, rep.max_concurrency),
             ("peak", None, None if rep.peak_bytes is None else rep.peak_bytes / 2**20)]
+    if est.kv_groups is not None and est.kv_groups.checkpoint_bytes or rep.checkpoint_bytes:  # a recurrent model
+        rows.insert(5, ("checkpoints", est.kv_groups.checkpoint_bytes / 2**20 if est.kv_groups else 0.0,
+                        rep.checkpoint_bytes / 2**20))
     return pd.DataFrame([(t(lang, f"row.{k}"), _fmt(a), _fmt(b)) for k, a, b in rows],
                         columns=[t(lang, "col.quantity"), t(lang, "col.estimate"),
                                  t(lang, "col.engine", device=rep.device, dtype=rep.dtype)])

@@ -144,6 +144,7 @@ def test_recurrent_slots_by_hand():
     s = size_groups(groups, "float32", 50_000, 4, 2, 256, False, 256)
     assert (s.slots, s.checkpoints, s.full_blocks) == (6, 4, (50_000 - 6 * 5376) // 1024) == (6, 4, 17)
     assert s.total_bytes == 6 * 5376 + 17 * 1024 and s.kv_tokens == 68
+    assert s.checkpoint_bytes == 4 * 5376  # what prefix caching costs: the checkpoint slots, within total_bytes
     assert s.max_concurrency == min(17 * 4 / 256, 2)
     fewer = size_groups(groups, "float32", 50_000, 4, 2, 256, False, 256, state_checkpoints=0)
     assert (fewer.slots, fewer.full_blocks) == (2, (50_000 - 2 * 5376) // 1024) == (2, 38)
@@ -264,3 +265,15 @@ def test_calculator_equals_the_engines_real_allocation(hybrid_checkpoint):
     assert (report.num_blocks, report.kv_cache_bytes, report.kv_cache_tokens) == \
         (est.num_blocks, est.kv_cache_bytes, est.kv_pool_tokens)
     assert report.max_concurrency == pytest.approx(est.max_concurrency)
+    # the checkpoints' memory: the engine's real slots against the calculator's figure, and the VRAM tab's row
+    assert (report.checkpoint_slots, report.checkpoint_bytes) == (est.kv_groups.checkpoints,
+                                                                  est.kv_groups.checkpoint_bytes)
+    recurrent = next((g for g in report.groups if g["kind"] == "recurrent"), None)
+    if recurrent is None:
+        assert report.checkpoint_bytes == 0
+        return
+    assert report.checkpoint_bytes == recurrent["bytes"] // recurrent["size"] * 6 > 0  # 2 per request, 3 requests
+    from panels.vram_tables import comparison
+    for lang, name in (("en", "of which recurrent-state checkpoints (MiB)"), ("zh-CN", "其中循环状态检查点（MiB）")):
+        row = comparison(est, report, lang).set_index(comparison(est, report, lang).columns[0]).loc[name]
+        assert row.iloc[0] == row.iloc[1] == f"{report.checkpoint_bytes / 2**20:,.2f}"

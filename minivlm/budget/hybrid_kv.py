@@ -73,4 +73,4 @@ def group_row(size, kv_dtype: str, sizes: GroupSizes, num_seqs: int, chunk: int,
     return ("Recurrent state (slots)", size.bytes,
             f"{size.slots} slots ({num_seqs} running + {sizes.checkpoints} checkpoints) × "
             f"{g.bytes_per_slot(kv_dtype):,} B ({len(g.layers)} layers × ({tensors})); the same for every request, "
-            f"whatever its length")
+            f"whatever its length; the checkpoints, prefix caching's cost: {sizes.checkpoint_bytes:,} B")

@@ -9,7 +9,8 @@ the calculator shows the same numbers, so the two cannot disagree.
 
 One budget B (bytes), f / s the bytes of one block of the full / sliding group, r one slot of the recurrent group:
 
-    slots    = max_num_seqs + checkpoints            (checkpoints: state_checkpoints, default 2 · max_num_seqs)
+    slots    = max_num_seqs + checkpoints            (checkpoints: state_checkpoints, default 2 · max_num_seqs;
+               their bytes, checkpoints · r, are checkpoint_bytes: what prefix caching costs a recurrent model)
     cap      = max_num_seqs · (ceil((window − 1 + chunk) / block_size) + 1)   sliding blocks running requests hold
                (chunk: max_num_batched_tokens with chunked prefill, else max_model_len)
     N_full   = the largest n <= max_num_seqs · ceil(max_model_len / block_size) with n·f + min(n, cap)·s <= B − slots·r
@@ -151,6 +152,7 @@ class GroupSizes:
     total_bytes: int
     kv_tokens: int         # "KV cache size in tokens": the full group's N_full · block_size, as vLLM reports it
     max_concurrency: float  # requests of max_model_len at once: the least any group allows
+    checkpoint_bytes: int = 0  # the recurrent group's checkpoint slots (checkpoints · one slot), within total_bytes
 
     def group(self, kind: str) -> GroupSize | None:
         return next((g for g in self.groups if g.shape.kind == kind), None)
@@ -203,4 +205,4 @@ def size_groups(groups: list[GroupShape], dtype: str, kv_budget_bytes: int | Non
     n_slide = sum(g.blocks for g in sized if g.shape.kind == "sliding_window")
     return GroupSizes(tuple(sized), block_size, max_model_len, max_num_seqs, checkpoints if slots else 0, n_full,
                       n_slide, slots, sum(g.bytes for g in sized), n_full * block_size if full else 0,
-                      min(concurrency) if concurrency else 0.0)
+                      min(concurrency) if concurrency else 0.0, checkpoints * slot_bytes if slots else 0)

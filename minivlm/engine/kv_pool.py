@@ -50,6 +50,7 @@ class KVPool:
         text_cfg = model.text_config
         self.specs = getattr(model.decoder, "layer_specs", None)
         self.groups: dict[str, GroupPool] = {}
+        self.checkpoints = 0
         if self.specs is not None:
             self._build_groups()
         else:
@@ -76,6 +77,7 @@ class KVPool:
         layers = {k: idx for k, idx in layers.items() if idx}
         first = {kind: self.specs[idx[0]] for kind, idx in layers.items()}
         sizes = self._sizes()
+        self.checkpoints = sizes.checkpoints  # of the recurrent group's slots, those beyond one per running request
         self.layer_caches = [None] * len(self.specs)
         for kind, idx in layers.items():
             spec, size = first[kind], sizes.group(kind)
@@ -123,7 +125,14 @@ class KVPool:
                             self.config.block_size, peak_bytes(self.model.device), str(self.model.device),
                             self.model.dtype_name, self.model.vision.num_bytes() if self.model.vision else 0, tokens,
                             concurrency, self.model.weight_copies_bytes(),
-                            [g.report() for g in self.groups.values()])
+                            [g.report() for g in self.groups.values()], *self._checkpoints())
+
+    def _checkpoints(self) -> tuple[int, int]:
+        """(slots, bytes) of the recurrent group's checkpoints: its bytes per slot times the slots beyond running."""
+        states = self.groups.get("recurrent")
+        if states is None or not states.size or not states.tensors:
+            return (self.checkpoints if states else 0), 0
+        return self.checkpoints, self.checkpoints * sum(t.nbytes for t in states.tensors) // states.size
 
     def release(self):
         self.kv_cache = None

@@ -102,3 +102,5 @@ class MemoryReport:
     max_concurrency: float = 0.0
     weight_copies_bytes: int = 0      # CPU fp32: dense copies of the decoder's packed weights, for gemv.c
     groups: list[dict] = field(default_factory=list)  # hybrid models: per KV-cache group, its layers, size and bytes
+    checkpoint_slots: int = 0         # recurrent models: state slots kept as prefix-cache checkpoints
+    checkpoint_bytes: int = 0         # their memory, within kv_cache_bytes (the VRAM calculator's checkpoint_bytes)

@@ -94,6 +94,7 @@ MESSAGES = {
     "row.kv_per_token": ("KV bytes / token", "KV 字节 / token"), "row.kv_blocks": ("KV blocks", "KV 块数"),
     "row.kv_cache": ("KV cache (MiB)", "KV 缓存（MiB）"), "row.kv_tokens": ("KV tokens", "KV token 数"),
     "row.concurrency": ("max concurrency (x)", "最大并发（x）"), "row.peak": ("peak (MiB)", "峰值（MiB）"),
+    "row.checkpoints": ("of which recurrent-state checkpoints (MiB)", "其中循环状态检查点（MiB）"),
     "col.gpu": ("GPU", "GPU"), "col.fewest": ("fewest that fit", "最少需要"),
     "col.weights_gpu": ("weights per GPU (GiB)", "单块 GPU 权重（GiB）"), "col.at_once": ("requests at once", "可同时处理的请求"),
     "col.vs_full": ("more than all full attention", "比全部全注意力多"),
