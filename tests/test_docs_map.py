@@ -71,3 +71,13 @@ def test_every_minivlm_file_the_map_names_exists():
 ])
 def test_the_naming_rule(module, said, expected):
     assert named(module, said) is expected
+
+
+def test_a_gradio_space_installs_the_debian_packages_the_dockerfile_does():
+    """The Dockerfile says the Space without Docker installs the same from packages.txt (#52.5: the CJK font was
+    missing there): the two lists are one set."""
+    docker = open(os.path.join(REPO, "Dockerfile"), encoding="utf-8").read()
+    line = re.search(r"apt-get install -y (.*?)(?:\\\s*)?&&", docker, re.DOTALL).group(1)
+    wanted = {w for w in line.replace("\\", " ").split() if not w.startswith("-")}
+    listed = set(open(os.path.join(REPO, "packages.txt"), encoding="utf-8").read().split())
+    assert "fonts-noto-cjk" in wanted and listed == wanted, (listed, wanted)
