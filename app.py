@@ -91,11 +91,12 @@ def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S,
             switch = gr.Radio(SWITCH_CHOICES, value=EN, label=L("app.language"), elem_id="lang-switch", scale=0,
                               min_width=170)
         status = header.build(holder, demo, switch)
-        with gr.Tabs():
+        with gr.Tabs(overflow_behavior="wrap", elem_id="tabs"):  # on a phone a second row, never a "…" menu
             with gr.Tab(L("tab.chat"), id="chat"):
-                chatbot = chat.build(holder, switch)
+                chatbot, system = chat.build(holder, switch, engine_changed=status, demo=demo)
             with gr.Tab(L("tab.anatomy"), id="anatomy") as anatomy_tab:
-                anatomy.build(holder, anatomy_tab, chatbot, demo, engine_changed=status)  # its sliders follow the model
+                anatomy.build(holder, anatomy_tab, chatbot, demo, engine_changed=status,  # its sliders follow the model
+                              system=system)
             with gr.Tab(L("tab.kv"), id="kv"):
                 kv_blocks.build(holder, switch)
                 kv_watch.build(watching or kv_watch.Watching(), holder.shared)

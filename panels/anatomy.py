@@ -52,14 +52,14 @@ def knob(engine) -> tuple:
     return (*pixel_range(engine), knob_label(engine), engine.family.images != "none")
 
 
-def knob_label(engine) -> str:
+def knob_label(engine, lang: str = EN) -> str:
     family = engine.family
     if family.images == "patches":
         ip = engine.processor.image_processor
-        return f"max_pixels (one step = one token = {(ip.patch_size * ip.merge_size) ** 2} px)"
+        return t(lang, "anat.knob_patches", px=(ip.patch_size * ip.merge_size) ** 2)
     if family.images == "fixed":
-        return t(EN, "anat.fixed_knob")
-    return "max_patches (crops)" if family.tiling == "crops" else "size: longest edge before tiling (px)"
+        return t(lang, "anat.fixed_knob")
+    return t(lang, "anat.knob_crops" if family.tiling == "crops" else "anat.knob_tiles")
 
 
 def pixels_kwargs(engine, value) -> dict | None:
@@ -121,8 +121,18 @@ def render(engine, request: Request, images: list, other: Request | None = None,
     return describe(a, time.perf_counter() - start, lang), *figures
 
 
-def build(holder: EngineHolder, tab=None, chatbot=None, demo=None, engine_changed=None):
-    """Lay out the tab (drawn when `tab` is selected; `chatbot` lets it take the chat's last request). The size
+def last_request(history: list[dict] | None, system_text: str = "") -> list[dict]:
+    """The messages of the chat's last answered request as the chat sent them (panels/chat.py): the history up to
+    its last question (refused turns and hints dropped, the answers after it too), after the system prompt."""
+    messages = to_hf_messages(history or [], system_text)
+    while messages and messages[-1]["role"] == "assistant":
+        messages.pop()
+    return messages if any(m["role"] == "user" for m in messages) else []
+
+
+def build(holder: EngineHolder, tab=None, chatbot=None, demo=None, engine_changed=None, system=None):
+    """Lay out the tab (drawn when `tab` is selected; `chatbot` lets it take the chat's last request, sent with the
+    chat's `system` prompt box). The size
     sliders' range is the serving engine's: redrawn on `demo`'s page load, when `engine_changed` (the header's
     status line) changes, and before every drawing, whenever the engine has another knob than the page shows."""
     drawn = knob(holder.get())
@@ -161,7 +171,8 @@ def build(holder: EngineHolder, tab=None, chatbot=None, demo=None, engine_change
         old, old_lang = page_shows or (None, None)
         if (now, lang) == (old, old_lang):
             return (gr.skip(),) * 5
-        lo, hi, step, default, name, visible = now
+        lo, hi, step, default, _, visible = now
+        name = knob_label(engine, lang)
         redraw = dict(minimum=lo, maximum=hi, step=step, value=default, visible=visible) if now != old else {}
         return (*[gr.update(label=t(lang, which, knob=name), **redraw) for which in ("anat.which_image",
                                                                                     "anat.which_second")],
@@ -188,18 +199,24 @@ def build(holder: EngineHolder, tab=None, chatbot=None, demo=None, engine_change
         except ValueError as e:
             raise gr.Error(localize_error(e, lang))
 
-    def from_history(history, request: gr.Request):
+    def from_history(history, system_text="", request: gr.Request = None):
+        """The request the engine received for the chat's last answer (its num_prompt_tokens tokens), drawn; the
+        form's boxes then show its pictures and its question."""
         lang = lang_of(request)
-        messages = to_hf_messages(history or [])
+        messages = last_request(history, system_text)
         if not messages:
             raise gr.Error(t(lang, "anat.chat_empty"))
         salt = holder.salt(request.session_hash if request else None)
         try:
             engine = holder.get()
-            images = [load_image(x, decoded(engine, None))[0] for x in split_images(messages)[1]]
-            return render(engine, Request(messages=messages, cache_salt=salt), images, lang=lang)
+            paths = split_images(messages)[1]
+            images = [load_image(x, decoded(engine, None))[0] for x in paths]
+            drawn = render(engine, Request(messages=messages, cache_salt=salt), images, lang=lang)
         except ValueError as e:
             raise gr.Error(localize_error(e, lang))
+        pictures = [x for x in paths if isinstance(x, str)]
+        question = " ".join(p["text"] for p in messages[-1]["content"] if p["type"] == "text")
+        return (*drawn, pictures[0] if pictures else None, pictures[1] if len(pictures) > 1 else None, question)
 
     inputs = [image, other, prompt, pixels, other_pixels]
     # a person's changes only (input, not change): the tab's own slider/visibility update must not render again
@@ -215,5 +232,6 @@ def build(holder: EngineHolder, tab=None, chatbot=None, demo=None, engine_change
     examples.load_input_event.then(configure, shown, knobs, api_name=False, queue=False, show_progress="hidden") \
         .then(from_form, inputs, outputs, api_name=False, concurrency_id="anatomy")
     if chatbot is not None:
-        from_chat.click(from_history, [chatbot], outputs, api_name="anatomy_from_chat", concurrency_id="anatomy")
+        from_chat.click(from_history, [chatbot] + ([system] if system is not None else []),
+                        outputs + [image, other, prompt], api_name="anatomy_from_chat", concurrency_id="anatomy")
     return from_form, inputs, outputs

@@ -205,9 +205,18 @@ def offset(delta: int) -> str:
     return "i" if delta == 0 else f"i {'−' if delta < 0 else '+'} {abs(delta)}"
 
 
+def resumes(anatomy, info, lang: str = EN) -> str:
+    """Where the text right after this image resumes ("" when another image or nothing follows it)."""
+    end = info.end or info.start + info.num_tokens
+    upto = min([im.start for im in anatomy.images if im.start >= end] + [len(anatomy.tokens)])
+    after = next((tok for tok in anatomy.tokens[end:upto] if tok.type == "text"), None)
+    return say(lang, "anat.rope_tail", n=after.position[0]) if after is not None else ""
+
+
 def rope_figure(anatomy, lang: str = EN) -> go.Figure:
     """For each image, its tokens' M-RoPE t, h and w ids as heatmaps over its merged grid (the actual ids: the
-    image starts where the text before it ended; the text after it resumes at start + max(rows, cols))."""
+    image starts where the text before it ended; the text after each image resumes at its start + max(rows,
+    cols))."""
     if not anatomy.images:
         fig = go.Figure()
         fig.update_layout(title=dict(TITLE, text=say(lang, "anat.rope_none")),
@@ -237,9 +246,9 @@ def rope_figure(anatomy, lang: str = EN) -> go.Figure:
             fig.update_yaxes(autorange="reversed", scaleanchor=f"x{3 * k + axis + 1}", showticklabels=False,
                              row=k + 1, col=axis + 1)
             fig.update_xaxes(showticklabels=False, row=k + 1, col=axis + 1)
-    after = [t for t in anatomy.tokens if t.type == "text" and t.index > anatomy.images[-1].start]
-    tail = say(lang, "anat.rope_tail", n=after[0].position[0]) if after else ""
+    starts = [say(lang, "anat.rope_image", k=k + 1, start=anatomy.tokens[info.start].position[0],
+                  tail=resumes(anatomy, info, lang)) for k, info in enumerate(anatomy.images)]
     fig.update_layout(height=TOP_MARGIN + 260 * len(anatomy.images), margin=dict(l=10, r=10, t=TOP_MARGIN, b=10),
-                      title=dict(TITLE, text=say(lang, "anat.rope_title", tail=tail, offset=offset(anatomy.rope_delta),
-                                               start=anatomy.tokens[anatomy.images[0].start].position[0])))
+                      title=dict(TITLE, text=say(lang, "anat.rope_title", images=" · ".join(starts),
+                                               offset=offset(anatomy.rope_delta))))
     return needs_width(fig, 3 * heatmap / (1 - 2 * ROPE_GAP) + MARGIN_X)

@@ -27,6 +27,23 @@ ZH_EXAMPLES = [("red_circle.png", "描述这张图片。"), ("blue_circle.png", 
                ("green_triangle.png", "这是什么形状？"), ("three_shapes.png", "描述这张图片。"),
                ("three_shapes.png", "绿色的圆形在哪里？"), ("two_shapes.png", "图中有几个形状？")]  # if the model knows them
 VIDEO_EXAMPLES = [("moving_square.mp4", "What happens in the video?")]  # a 3 s clip: Qwen-VL checkpoints with video
+# a real checkpoint (no questions.json): open questions about the same pictures, not the tiny model's trained forms
+GENERAL_EXAMPLES = [("three_shapes.png", "Describe this picture in detail."),
+                    ("two_shapes.png", "How many shapes are there, and what colour is each one?"),
+                    ("yellow_square.png", "Where in the picture is the square? Answer with its position."),
+                    ("red_circle.png", "Write a one-sentence caption for this image.")]
+GENERAL_ZH_EXAMPLES = [("three_shapes.png", "详细描述这张图片。"), ("two_shapes.png", "图中有几个形状？分别是什么颜色？")]
+
+
+def example_sets(model_dir: str) -> tuple[bool, bool, bool, bool]:
+    """Which example sets fit a model: (the tiny model's trained scenes, the same in Chinese, open questions, the
+    same in Chinese). A model that ships its trained questions gets those, any other the open questions."""
+    trained = trained_questions(model_dir) is not None
+    return trained, knows_chinese(model_dir), not trained, not trained
+
+
+def model_name(model_dir: str) -> str:
+    return os.path.basename(model_dir.rstrip("/")) or model_dir
 
 
 def _parts(content) -> list:
@@ -109,9 +126,11 @@ def finished_text(text: str, finish_reason: str, lang: str = EN) -> str:
     return text if text.strip() else t(lang, "chat.empty_answer", reason=word(lang, "reason", finish_reason))
 
 
-def build(holder: EngineHolder, switch: gr.Radio | None = None):
+def build(holder: EngineHolder, switch: gr.Radio | None = None, engine_changed=None, demo=None):
     """Lay out the chat tab and wire its events (api names: chat, regenerate, stop); returns the chatbot (its
-    history). `switch`: the header's language switch."""
+    history) and the system prompt box. `switch`: the header's language switch; `engine_changed` (the header's
+    status line): a rebuild clears the conversation with another model, or says that another engine answered it,
+    and shows the examples that fit the new model (also at `demo`'s page load)."""
     active: dict[str, str | None] = {}  # session -> request id now streaming, so Stop can abort exactly that one
     active_lock = threading.Lock()
     chatbot = gr.Chatbot(label=L("chat.history"), height=440, elem_id="chatbot")
@@ -134,11 +153,14 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
             ignore_eos = gr.Checkbox(False, label=L("chat.ignore_eos"), elem_id="chat-ignore-eos")
     json_schema, preset, parsed, parsed_line = chat_json.build()
     preset.change(chat_json.more_room, [preset, max_tokens], max_tokens, api_name=False, queue=False)
-    gr.Examples([[{"text": q, "files": [os.path.join(EXAMPLES_DIR, f)]}] for f, q in EXAMPLES], inputs=[box],
-                label=L("chat.examples"))
-    if knows_chinese(holder.config.model):
-        gr.Examples([[{"text": q, "files": [os.path.join(EXAMPLES_DIR, f)]}] for f, q in ZH_EXAMPLES], inputs=[box],
-                    label=L("chat.examples_zh"))
+    shown = example_sets(holder.config.model)  # the sets that fit the model now; a rebuild shows others
+    sets = [gr.Examples([[{"text": q, "files": [os.path.join(EXAMPLES_DIR, f)]}] for f, q in examples], inputs=[box],
+                        label=L(label), visible=visible, elem_id=elem_id)
+            for examples, label, visible, elem_id in zip((EXAMPLES, ZH_EXAMPLES, GENERAL_EXAMPLES, GENERAL_ZH_EXAMPLES),
+                                                         ("chat.examples", "chat.examples_zh", "chat.examples_general",
+                                                          "chat.examples_general_zh"), shown,
+                                                         ("chat-examples", "chat-examples-zh", "chat-examples-general",
+                                                          "chat-examples-general-zh"))]
     gr.Examples([[{"text": q, "files": [os.path.join(EXAMPLES_DIR, f)]}] for f, q in VIDEO_EXAMPLES], inputs=[box],
                 label=L("chat.video_examples"))
 
@@ -257,6 +279,31 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
     def show_parsed(history, json_schema, request: gr.Request):
         return chat_json.parsed(history or [], json_schema, lang_of(request))
 
+    served = gr.State(None)  # (engine build, model) that answered this page's conversation
+
+    def answered_by():
+        return holder.builds, holder.config.model
+
+    def after_rebuild(history, by, request: gr.Request):
+        """The header rebuilt the engine: another model's conversation goes (with a line that says so); the same
+        model's stays, and the line says the next answer computes it again. The examples follow the model."""
+        examples = [gr.Dataset(visible=v) for v in example_sets(holder.config.model)]
+        if not history or by is None or by[0] == holder.builds:
+            return gr.skip(), gr.skip(), gr.skip(), *examples
+        lang, model = lang_of(request), holder.config.model
+        if by[1] != model:
+            return [], t(lang, "chat.cleared_for_model", model=model_name(model), old=model_name(by[1])), None, \
+                *examples
+        return gr.skip(), t(lang, "chat.rebuilt_note", model=model_name(model)), answered_by(), *examples
+
+    rebuilt_outputs = [chatbot, stats, served, *[examples.dataset for examples in sets]]
+    if engine_changed is not None:
+        engine_changed.change(after_rebuild, [chatbot, served], rebuilt_outputs, api_name=False, queue=False,
+                              show_progress="hidden")
+    if demo is not None:
+        demo.load(after_rebuild, [chatbot, served], rebuilt_outputs, api_name=False, queue=False,
+                  show_progress="hidden")
+
     sampling = [max_tokens, temperature, top_p, top_k, seed, ignore_eos, system_prompt, json_schema]
     # "multiple": a second Enter while an answer streams reaches the server and is refused out loud (gradio's
     # default, "once", drops it without a word)
@@ -264,18 +311,20 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
                trigger_mode="multiple",
                concurrency_limit=holder.config.max_num_seqs,
                api_description="Ask: a message (text and images) after the chat history; streams the answer.").then(
-        show_parsed, [chatbot, json_schema], [parsed, parsed_line], api_name=False, queue=False)
+        show_parsed, [chatbot, json_schema], [parsed, parsed_line], api_name=False, queue=False).then(
+        answered_by, None, served, api_name=False, queue=False)
     regenerate.click(regenerate_last, [chatbot, *sampling], [chatbot, box, stats], api_name="regenerate",
                      concurrency_id="chat", api_description="Answer the last question of the history again.").then(
-        show_parsed, [chatbot, json_schema], [parsed, parsed_line], api_name=False, queue=False)
+        show_parsed, [chatbot, json_schema], [parsed, parsed_line], api_name=False, queue=False).then(
+        answered_by, None, served, api_name=False, queue=False)
     stop.click(stop_request, None, None, api_name="stop", queue=False,
                api_description="Stop this session's answer that is streaming now.")
-    clear.click(lambda: ([], None, "", None, ""), None, [chatbot, box, stats, parsed, parsed_line], api_name=False,
-                queue=False)
+    clear.click(lambda: ([], None, "", None, "", None), None, [chatbot, box, stats, parsed, parsed_line, served],
+                api_name=False, queue=False)
     if switch is not None:  # the trained questions' note in the chosen language
         def relang(chosen, request: gr.Request):
             LANGUAGES.set(request, chosen)
             return trained_note(lang=chosen)
         switch.change(relang, switch, trained, api_name=False, queue=False)
-    return chatbot
+    return chatbot, system_prompt
 

@@ -28,11 +28,21 @@ CSS = f"""
 @media (max-width: {NARROW_PX}px) {{
   #app-title h1 {{ font-size: 1.25em; margin: 0; }}
   #engine-status {{ font-size: 0.8em; }}
+  /* what a rebuild would end is said next to the settings: folded with them, so the tabs stay on the first screen */
+  #engine-settings:has(> button.label-wrap:not(.open)) ~ #rebuild-note {{ display: none; }}
+  #tabs [role=tablist] button {{ padding-left: 10px; padding-right: 10px; }}
   /* on a phone the modebar would cover the figure's title; pinch-zoom does its work there */
   .js-plotly-plot .modebar-container {{ display: none !important; }}
   /* a figure's label above it, not over its title (a long label takes two lines on a phone) */
   .block:has(> .js-plotly-plot) > label[data-testid=block-label] {{ position: static; }}
 }}
+/* a label above what it names, never over it: the image boxes' labels under their buttons, the chat's over its
+   first picture */
+:is(#anat-img1, #anat-img2, #chatbot) label[data-testid=block-label] {{ position: static; margin-bottom: 4px;
+  max-width: calc(100% - 96px); }}  /* room for the buttons at the right */
+/* a label never runs out of its box: a long identifier (gpu_memory_utilization) breaks inside it */
+span[data-testid=block-info] {{ overflow-wrap: anywhere; }}
+label:has(> span[data-testid=block-info]) {{ min-width: 0; }}
 /* a figure narrower than the width its words need (its layout.meta.min_width, set by the page script) scrolls
    sideways in its box: the page itself never gets wider than the screen */
 .block:has(> .js-plotly-plot) {{ overflow-x: auto; }}

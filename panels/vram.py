@@ -186,7 +186,9 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
                             report.device, kv_tokens=(est.kv_pool_tokens, est.kv_demand_tokens, demand), lang=lang)
         table = pd.DataFrame([(word(lang, "item", b.name), f"{b.bytes / GIB:,.3f}", b.formula) for b in est.breakdown],
                              columns=[t(lang, "col.item"), t(lang, "col.gib"), t(lang, "col.formula")])
-        return headline(est, shown, int(concurrent_requests), lang), fig, comparison(est, report, lang), table
+        quantized = holder.get().config.quantization
+        return headline(est, shown, int(concurrent_requests), lang), fig, comparison(est, report, lang, quantized), \
+            table
 
     def plan(model_name, utilization, image_width, image_height, images_per_request, context_length,
              concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk=0, request: gr.Request = None):
@@ -254,6 +256,10 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         n = h100.gpus or 8
         return name, n_images, ctx, n_seqs, device_for("H100 80GB", n), n
 
+    def engine_weights(model_name):  # "this engine's model": its weights as the engine holds them (int8 too)
+        engine = holder.get()
+        return engine.config.quantization or engine.memory_report().dtype if model_name == THIS_ENGINE else gr.skip()
+    model.input(engine_weights, model, dtype, api_name=False, queue=False)
     device.change(lambda d: gr.Number(visible=d == CUSTOM), device, memory_gb, api_name=False, queue=False)
     device.change(on_device, [device, tp], tp, api_name=False, queue=False)
     tp.change(on_gpus, [device, tp], device, api_name=False, queue=False)

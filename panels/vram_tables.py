@@ -29,8 +29,9 @@ def matrix_table(plans, lang: str = EN) -> pd.DataFrame:
                         + [f"{size} ({gpu})" for size, gpu in MATRIX_GPUS])
 
 
-def comparison(est, rep, lang: str = EN) -> pd.DataFrame:
-    """The estimate and the running engine side by side."""
+def comparison(est, rep, lang: str = EN, quantization: str | None = None) -> pd.DataFrame:
+    """The estimate and the running engine side by side (`quantization`: the engine's weight-only method, named in
+    its column's head: its weights figure is the quantized one)."""
     rows = [("weights", est.weights_bytes / 2**20, rep.weights_bytes / 2**20),
             ("vision", est.vision_weights_bytes / 2**20, rep.vision_weights_bytes / 2**20),
             ("kv_per_token", est.kv_bytes_per_token, rep.kv_bytes_per_token),
@@ -44,7 +45,12 @@ def comparison(est, rep, lang: str = EN) -> pd.DataFrame:
                         rep.checkpoint_bytes / 2**20))
     return pd.DataFrame([(t(lang, f"row.{k}"), _fmt(a), _fmt(b)) for k, a, b in rows],
                         columns=[t(lang, "col.quantity"), t(lang, "col.estimate"),
-                                 t(lang, "col.engine", device=rep.device, dtype=rep.dtype)])
+                                 t(lang, "col.engine", device=rep.device, dtype=engine_dtype(rep, quantization, lang))])
+
+
+def engine_dtype(rep, quantization: str | None, lang: str = EN) -> str:
+    """The engine's dtype in words: "float32", or "int8 weights, float32 compute" under --quantization."""
+    return t(lang, "vram.quantized", method=quantization, dtype=rep.dtype) if quantization else rep.dtype
 
 
 def gpu_table(plans, lang: str = EN) -> pd.DataFrame:

@@ -2,6 +2,7 @@
 table shows A fooled by two different images, and max_pixels changes C's keys but not B's. Screenshot:
 anatomy.png (to $MINIVLM_SCREENSHOTS, as in test_browser.py)."""
 import os
+import re
 
 import pytest
 
@@ -35,6 +36,10 @@ def rgb(hex_color: str) -> str:
 
 def wait_for_summary(page, num_tokens: int):
     page.wait_for_function(f"document.querySelector('#anat-summary').innerText.includes('{num_tokens} prompt tokens')")
+
+
+# the statistics line of the chat's last answer ("" while none; gradio's timer beside it is not part of it)
+FINISH_LINE = "((s) => s.split('\\n').find((l) => l.includes('finish:')) || '')"
 
 
 def strip_points(page) -> int:
@@ -103,17 +108,41 @@ def test_kv_tab_shows_the_prefix_tree_and_paging(app, page, shots):
 
 
 def test_anatomy_of_the_chats_last_request(app, page):
+    """#52: "Use the chat's last request" draws exactly the tokens the engine received for the chat's last answer:
+    as many as that answer's num_prompt_tokens (the chat's statistics line, the engine's own count), not the next
+    request (the answer and a new assistant header appended); the form's boxes then show that request's pictures and
+    question, and with two pictures the rope caption says where the text resumes after each one (the engine's own
+    positions)."""
     holder, _ = app
     open_tab(page, "Chat")
-    page.locator("#chat-input input[type=file]").set_input_files(BLUE)
-    page.locator("#chat-input textarea").fill(PROMPT)
-    page.locator("#chat-input textarea").press("Enter")
-    page.wait_for_function("document.querySelector('#chat-stats')?.innerText.includes('finish:')")
-    answer = page.locator("#chatbot .message-row.bot-row, #chatbot [data-testid=bot]").last.inner_text().strip()
+    page.get_by_role("button", name="Clear chat").click()
+    lines = []
+    for picture in (BLUE, SHAPES):  # two turns: the last request holds both pictures and the first answer
+        before = page.locator("#chat-stats").inner_text()
+        page.locator("#chat-input input[type=file]").set_input_files(picture)
+        page.locator("#chat-input textarea").fill(PROMPT)
+        page.locator("#chat-input textarea").press("Enter")
+        page.wait_for_function(f"(before) => {FINISH_LINE}(document.querySelector('#chat-stats')?.innerText || '') "
+                               f"!== {FINISH_LINE}(before)", arg=before)  # the new answer's line, not a timer
+        lines.append(page.evaluate(f"{FINISH_LINE}(document.querySelector('#chat-stats').innerText)"))
+    received = int(re.search(r"prompt (\d+) tokens", lines[-1]).group(1))
+    first_answer = page.locator("#chatbot .message-row.bot-row, #chatbot [data-testid=bot]").first.inner_text().strip()
     open_tab(page, "Anatomy")
     page.locator("#anat-from-chat").click()
+    wait_for_summary(page, received)
+    page.wait_for_function(f"document.querySelector('#anat-strip .js-plotly-plot')?.data?.[1]?.hovertext?.length "
+                           f"=== {received}")  # the strip draws the same tokens, one cell each
+    assert page.locator("#anat-prompt textarea").input_value() == PROMPT
+    shown = [page.locator(f"{box} img").get_attribute("src") for box in ("#anat-img1", "#anat-img2")]
+    assert os.path.basename(BLUE) in shown[0] and os.path.basename(SHAPES) in shown[1], shown
     messages = [{"role": "user", "content": [{"type": "image", "image": BLUE}, {"type": "text", "text": PROMPT}]},
-                {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+                {"role": "assistant", "content": [{"type": "text", "text": first_answer}]},
+                {"role": "user", "content": [{"type": "image", "image": SHAPES}, {"type": "text", "text": PROMPT}]}]
     a = holder.get().anatomy(Request(messages=messages))
-    wait_for_summary(page, len(a.tokens))
-    assert strip_points(page) == len(a.tokens)
+    assert len(a.tokens) == received  # the same request, rebuilt here from what the page shows
+    title = page.evaluate("document.querySelector('#anat-rope .js-plotly-plot').layout.title.text")
+    for k, info in enumerate(a.images):
+        after = next(tok for tok in a.tokens[info.end:] if tok.type == "text")
+        said = re.search(rf"image {k + 1} starts at (\d+); the text after it resumes at (\d+)", title)
+        assert said and int(said.group(1)) == a.tokens[info.start].position[0], title
+        assert int(said.group(2)) == after.position[0], (k, title)

@@ -27,6 +27,16 @@ MESSAGES = {
                       "示例场景（微型模型就是在这类场景上训练的）"),
     "chat.examples_zh": ("The same scenes, asked in Chinese (the tiny model answers in Chinese)",
                          "同样的场景，用中文提问（微型模型用中文回答）"),
+    "chat.examples_general": ("Examples for a general vision-language model (open questions about the same pictures)",
+                              "通用视觉语言模型的示例（关于同样图片的开放式问题）"),
+    "chat.examples_general_zh": ("The same, asked in Chinese (Qwen-VL models answer in Chinese)",
+                                 "同样的问题，用中文提问（Qwen-VL 模型用中文回答）"),
+    "chat.cleared_for_model": ("⟳ The engine now serves **{model}**: the conversation with {old} was cleared (a model "
+                               "continues only its own answers).",
+                               "⟳ 引擎现在运行 **{model}**：与 {old} 的对话已清空（模型只能接着自己的回答往下说）。"),
+    "chat.rebuilt_note": ("⟳ The engine was rebuilt (**{model}**, prefix cache empty): the answers above came from the "
+                          "previous engine; the next question computes the whole conversation again.",
+                          "⟳ 引擎已重建（**{model}**，前缀缓存为空）：上面的回答来自之前的引擎；下一个问题会重新计算整段对话。"),
     "chat.video_examples": ("A short clip (for a Qwen2-VL / 2.5-VL / 3-VL checkpoint; the tiny model takes images only)",
                             "一段短视频（适用于 Qwen2-VL / 2.5-VL / 3-VL 检查点；微型模型只接受图片）"),
     "chat.trained_label": ("questions the model was trained on", "模型训练过的问题"),

@@ -48,9 +48,10 @@ MESSAGES = {
                        "没有图片：每个 token 的 (t, h, w) 都是 (i, i, i)，即普通的一维 RoPE"),
     "anat.rope_axis": ("image {k}: {axis}", "图片 {k}：{axis}"),
     "anat.rope_tail": ("; the text after it resumes at {n}", "；它之后的文本从 {n} 继续"),
-    "anat.rope_title": ("image 1 starts at {start}{tail}<br><sup>generated token i then gets position {offset} on all "
+    "anat.rope_image": ("image {k} starts at {start}{tail}", "图片 {k} 从 {start} 开始{tail}"),
+    "anat.rope_title": ("{images}<br><sup>generated token i then gets position {offset} on all "
                         "three axes (the rope delta)</sup>",
-                        "图片 1 从 {start} 开始{tail}<br><sup>之后生成的第 i 个 token 在三个轴上的位置都是 {offset}"
+                        "{images}<br><sup>之后生成的第 i 个 token 在三个轴上的位置都是 {offset}"
                         "（rope delta）</sup>"),
     # Gemma 3's fixed image kind (panels/anatomy_fixed.py)
     "anat.fixed_note": ("image {k}: {ow}×{oh} px → {views} view{s} of {size}×{size} px{cut}<br>each: {patches}×"
@@ -68,6 +69,9 @@ MESSAGES = {
                           "&lt;start_of_image&gt; and &lt;end_of_image&gt;) · red: crops</sup>",
                           "<br><sup>白线：图块 · 黄线：池化组 = 软 token（每个视图的位于 &lt;start_of_image&gt; 与 "
                           "&lt;end_of_image&gt; 之间）· 红框：裁剪块</sup>"),
+    "anat.knob_patches": ("max_pixels (one step = one token = {px} px)", "max_pixels（每格 = 一个 token = {px} 像素）"),
+    "anat.knob_crops": ("max_patches (crops)", "max_patches（裁剪块数）"),
+    "anat.knob_tiles": ("size: longest edge before tiling (px)", "size：切块前的最长边（像素）"),
     "anat.fixed_knob": ("do_pan_and_scan: 0 off, 1 on (a long image is also cut into crops)",
                         "do_pan_and_scan：0 关，1 开（长图片还会被切成裁剪块）"),
     "keys.what.A": ("token ids only", "只有 token id"), "keys.what.B": ("+ image content hash", "+ 图像内容哈希"),

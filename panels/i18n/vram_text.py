@@ -90,6 +90,7 @@ MESSAGES = {
     # tables
     "col.quantity": ("quantity", "数量"), "col.estimate": ("estimate (per GPU)", "估算（单块 GPU）"),
     "col.engine": ("this engine now ({device}, {dtype})", "本引擎当前（{device}，{dtype}）"),
+    "vram.quantized": ("{method} weights, {dtype} compute", "{method} 权重，{dtype} 计算"),  # --quantization
     "row.weights": ("weights (MiB)", "权重（MiB）"), "row.vision": ("vision weights (MiB)", "视觉权重（MiB）"),
     "row.kv_per_token": ("KV bytes / token", "KV 字节 / token"), "row.kv_blocks": ("KV blocks", "KV 块数"),
     "row.kv_cache": ("KV cache (MiB)", "KV 缓存（MiB）"), "row.kv_tokens": ("KV tokens", "KV token 数"),
