@@ -227,8 +227,10 @@ def test_the_log_says_truly_what_became_of_blocks_that_held_guesses():
     "stays cached" of exactly the blocks a later prefix lookup finds after that step (the engine's prefix tree), a
     block that held only rejected guesses is said to be so, and a decode's "(new block b)" stands beside the slots
     that lie in block b (slot // block_size)."""
+    import re
+
     from minivlm.views.events import describe_plan, describe_request
-    from panels.i18n import EN
+    from panels.i18n import EN, ZH
     from panels.i18n.events import describe_in, plan_in
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
     request = Request(prompt="Read this back: red circle, blue square, red circle, blue square, red circle.")
@@ -246,9 +248,11 @@ def test_the_log_says_truly_what_became_of_blocks_that_held_guesses():
             freed += [(ev, servable & set(ev.block_ids)) for ev in events if ev.kind == "freed"]
             plans += [ev for ev in events if ev.kind == "scheduled"]
         engine.resume()
+    numbers = lambda text: sorted(re.findall(r"\d+", text))
     for ev, found in freed:
         said = describe(ev)
-        assert said == describe_in(ev, EN)
+        assert said == describe_in(ev, EN) and numbers(said) == numbers(describe_in(ev, ZH)) != []
+        assert describe_in(ev, ZH) != said
         if ev.fields.get("rejected_draft"):
             assert not found and said.endswith("which held only guesses it did not keep (never cached)"), said
         elif found == set(ev.block_ids):
@@ -263,7 +267,7 @@ def test_the_log_says_truly_what_became_of_blocks_that_held_guesses():
         "the run released no block that was not cached (its last, partly filled block)"
     guess_only = 0
     for ev in plans:
-        assert plan_in(ev, EN) == describe_plan(ev, step=False)
+        assert plan_in(ev, EN) == describe_plan(ev, step=False) and numbers(plan_in(ev, ZH)) == numbers(plan_in(ev, EN))
         for r in (r for r in ev.plan if r["kind"] == "decode" and r["new_blocks"]):
             said, own_block = describe_request(r), r["slots"][0] // bs
             draft_blocks = {s // bs for s in r.get("draft_slots", [])} - {own_block}

@@ -50,9 +50,11 @@ def describe_in(ev, lang: str) -> str:
     if ev.kind == "freed":
         kept = f.get("cached", f["block_ids"])
         rest = [b for b in f["block_ids"] if b not in kept]
-        key = "ev.freed" if not rest else "ev.freed_uncached" if not kept else "ev.freed_some"
-        return t(lang, key, rid=rid, sw=sw, blocks=_blocks(lang, f["block_ids"]), kept=_blocks(lang, kept or [0]),
-                 rest=_blocks(lang, rest or [0]))
+        blocks = _blocks(lang, f["block_ids"])
+        if not rest or not kept:
+            return t(lang, "ev.freed_uncached" if rest else "ev.freed", rid=rid, sw=sw, blocks=blocks)
+        return t(lang, "ev.freed_some", rid=rid, sw=sw, blocks=blocks, kept=_blocks(lang, kept),
+                 rest=_blocks(lang, rest))
     if ev.kind == "BlockRemoved":
         return t(lang, "ev.evicted", sw=sw, blocks=_blocks(lang, f["block_ids"]), key=f["block_hashes"][0][:8])
     if ev.kind == "state_saved":
