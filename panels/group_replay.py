@@ -1,5 +1,5 @@
 """A hybrid model's KV-cache groups at any step, rebuilt from the event log alone, as minivlm.events.replay rebuilds
-the full-attention pool (engine/kv_groups.py explains the groups): so the KV tab's group views, its block map and
+the full-attention pool (engine/kv_cache/coordinator.py explains the groups): so the KV tab's group views, its block map and
 its decision log all come from one source and agree at every replayed step.
 
     sliding window  a request's table as its admission gave it (the plan's sliding_table), then its sliding
@@ -50,7 +50,7 @@ class GroupReplay:
         self.saved_at: dict[str, tuple[int, str | None]] = {}
 
     def first_needed(self, start: int) -> int:
-        """The first block a query at `start` may read (engine/sliding_window.py)."""
+        """The first block a query at `start` may read (engine/kv_cache/sliding_window.py)."""
         return max(0, start - self.sliding.window + 1) // self.bs
 
     def boundary(self, rid: str) -> int:

@@ -143,7 +143,7 @@ def test_prefix_tree_edges_and_eviction_order(engines):
         evicted, taken = [], 0
         while bm.free:
             before = dict(bm.key_to_block)
-            bm._take_free()
+            bm.full._take_free()  # the full-attention group's free queue
             taken += 1
             evicted += [(b, taken) for k, b in before.items() if k not in bm.key_to_block]
         assert evicted == [(n.block_id, n.evicted_after) for n in predicted]

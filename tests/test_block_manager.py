@@ -3,7 +3,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minivlm.engine.block_manager import BlockManager
+from minivlm.engine.kv_cache.full_attention import FullAttentionManager
 from minivlm.model.rope import mrope_positions
 from minivlm.inputs.prompt import Prompt
 from minivlm.engine.prefix_keys import extend_keys
@@ -21,7 +21,7 @@ def make_seq(tokens: list[int]) -> Sequence:
     return seq
 
 
-def admit(bm: BlockManager, seq: Sequence):
+def admit(bm: FullAttentionManager, seq: Sequence):
     """Allocate seq's blocks and publish them, as the scheduler does for a prefill computed in one step (the cached
     prefix it reports recorded as EngineCore.update records it)."""
     seq.cache_hits = bm.allocate(seq)
@@ -29,7 +29,7 @@ def admit(bm: BlockManager, seq: Sequence):
     bm.publish(seq, len(seq))
 
 
-def check_invariants(bm: BlockManager, live: list[Sequence]):
+def check_invariants(bm: FullAttentionManager, live: list[Sequence]):
     owners = {}
     for s in live:
         for b in bm.table(s):
@@ -48,7 +48,7 @@ ops = st.lists(st.tuples(st.sampled_from(["alloc", "alloc_shared", "append", "fr
 
 
 def run_ops(num_blocks: int, program):
-    bm = BlockManager(num_blocks, BS, caching=True)
+    bm = FullAttentionManager(num_blocks, BS, caching=True)
     live: list[Sequence] = []
     prefixes = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9], [5, 4, 3, 2, 1]]
     for op, r in program:
@@ -97,7 +97,7 @@ def test_block_manager_invariants_at_scale(num_blocks, program):
 
 
 def test_shared_prefix_is_shared_and_revivable():
-    bm = BlockManager(8, BS, caching=True)
+    bm = FullAttentionManager(8, BS, caching=True)
     a, b = make_seq(list(range(10))), make_seq(list(range(10)))
     admit(bm, a)
     admit(bm, b)
@@ -110,7 +110,7 @@ def test_shared_prefix_is_shared_and_revivable():
 
 
 def test_eviction_order_is_exact_tail_blocks_first_never_used_blocks_before_cached_ones():
-    bm = BlockManager(6, BS, caching=True)
+    bm = FullAttentionManager(6, BS, caching=True)
     a = make_seq(list(range(10)))                      # 2 full blocks + 1 partial
     admit(bm, a)
     assert bm.table(a) == [0, 1, 2] and list(bm.free) == [3, 4, 5]
@@ -128,7 +128,7 @@ def test_eviction_order_is_exact_tail_blocks_first_never_used_blocks_before_cach
 
 
 def test_a_block_published_in_the_same_step_is_a_hit():
-    bm = BlockManager(8, BS, caching=True)
+    bm = FullAttentionManager(8, BS, caching=True)
     a, b = make_seq(list(range(9))), make_seq(list(range(9)))
     admit(bm, a)                                        # one scheduling pass: a, then b, before any forward
     admit(bm, b)
@@ -138,7 +138,7 @@ def test_a_block_published_in_the_same_step_is_a_hit():
 
 
 def test_forget_after_a_failed_step_unpublishes_what_was_never_written():
-    bm = BlockManager(8, BS, caching=True)
+    bm = FullAttentionManager(8, BS, caching=True)
     a, b = make_seq(list(range(9))), make_seq(list(range(9)))
     admit(bm, a)
     admit(bm, b)

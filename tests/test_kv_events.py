@@ -14,7 +14,7 @@ import zmq
 
 from minivlm import Request, SamplingParams
 from minivlm.api.metrics import ApiMetrics
-from minivlm.engine.block_manager import BlockManager
+from minivlm.engine.kv_cache.full_attention import FullAttentionManager
 from minivlm.engine.event_log import EventLog
 from minivlm.kv_events import KVEventsConfig, kv_events_config
 from minivlm.kv_events.publisher import KVEventPublisher
@@ -220,7 +220,7 @@ def test_a_step_that_logs_more_than_the_ring_holds_is_counted_and_what_it_holds_
     events the ring still holds are published."""
     log = EventLog(4)
     pub = KVEventPublisher(KVEventsConfig(enable_kv_cache_events=True, endpoint="inproc://kv-overflow"), 4)
-    core = SimpleNamespace(events=log, block_manager=BlockManager(8, 4, True, log))
+    core = SimpleNamespace(events=log, block_manager=FullAttentionManager(8, 4, True, log))
     stored = {"parent_block_hash": None, "token_ids": [1, 2, 3, 4], "extra_keys": (), "block_kind": "text"}
     log.emit("scheduled", step_kind="decode", plan=[])
     log.emit("BlockStored", "r", block_ids=[7], block_hashes=["a" * 64], **stored)
@@ -235,7 +235,7 @@ def test_a_step_that_logs_more_than_the_ring_holds_is_counted_and_what_it_holds_
 
 def test_a_subscriber_at_the_high_water_mark_costs_drops_not_a_blocked_step():
     """hwm=1 and a subscriber that never reads: sends are refused and counted, after_step never waits."""
-    bm, log = BlockManager(8, 4, True, EventLog(1000)), None
+    bm, log = FullAttentionManager(8, 4, True, EventLog(1000)), None
     log = bm.events
     pub = KVEventPublisher(KVEventsConfig(enable_kv_cache_events=True, endpoint="inproc://kv-hwm", hwm=1), 4)
     sub = zmq.Context.instance().socket(zmq.SUB)

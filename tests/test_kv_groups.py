@@ -4,7 +4,7 @@ request and checkpoints its state at the prompt's save points (from the block bo
 its last one) and its latest decode boundary, so a follow-up turn that parts anywhere in the generation prompt resumes
 at the last full block it shares, at every prompt length mod the block size; nothing leaks."""
 from minivlm.engine.event_log import EventLog
-from minivlm.engine.kv_groups import manager
+from minivlm.engine.kv_cache.coordinator import build
 from minivlm.engine.kv_pool import GroupPool
 from tests.test_block_manager import BS, make_seq  # block size 4, strategy-C keys
 
@@ -43,8 +43,8 @@ def run_chunks(bm, seq, chunks):
 
 
 def test_sliding_blocks_leave_the_window_and_a_decode_holds_at_most_window_plus_two():
-    bm = manager(Pool(full=16, sliding=8), BS, True, EventLog(100))
-    sw = bm.sliding
+    bm = build(Pool(full=16, sliding=8), BS, True, EventLog(100))
+    sw = bm.others[0]
     seq = make_seq(list(range(100, 120)))  # 20 tokens: 5 blocks
     run_chunks(bm, seq, [8, 8, 4])
     # chunk 0-7 took sliding blocks 0,1; chunk 8-15 took 2,3 (its first query, at 8, still sees token 1);
@@ -63,7 +63,7 @@ def test_sliding_blocks_leave_the_window_and_a_decode_holds_at_most_window_plus_
 
 
 def test_a_sliding_prefix_hit_needs_the_window_before_it_cached():
-    bm = manager(Pool(full=16, sliding=8), BS, True, EventLog(100))
+    bm = build(Pool(full=16, sliding=8), BS, True, EventLog(100))
     first = make_seq(list(range(100, 120)))
     run_chunks(bm, first, [8, 8, 4])
     bm.deallocate(first)
@@ -72,7 +72,7 @@ def test_a_sliding_prefix_hit_needs_the_window_before_it_cached():
     assert len(bm.match_prefix(again)) == 5
     hits = bm.allocate(again)
     assert [h.block_id for h in hits] == [0, 1, 2, 3, 4]
-    assert bm.sliding.table(again)[:3] == [None, None, None] and bm.sliding.table(again)[3:] == [3, 4]
+    assert bm.others[0].table(again)[:3] == [None, None, None] and bm.others[0].table(again)[3:] == [3, 4]
     bm.deallocate(again)
     # evict the sliding blocks of tokens 12-19 (a long request takes every free block): the hit must shrink to
     # where the window is still cached
@@ -84,8 +84,8 @@ def test_a_sliding_prefix_hit_needs_the_window_before_it_cached():
 
 
 def test_recurrent_checkpoints_at_the_prompt_boundary_serve_the_next_turn():
-    bm = manager(Pool(full=32, slots=4), BS, True, EventLog(100))
-    st = bm.states
+    bm = build(Pool(full=32, slots=4), BS, True, EventLog(100))
+    st = bm.others[0]
     turn1 = make_seq(list(range(100, 118)))  # 18 tokens: the prompt's last boundary is at 16
     hits = bm.allocate(turn1)
     assert hits == [] and st.slot_of[turn1.seq_id] == 0
@@ -108,8 +108,8 @@ def test_recurrent_checkpoints_at_the_prompt_boundary_serve_the_next_turn():
 
 
 def test_checkpoints_are_evicted_least_recently_used_and_slots_do_not_leak():
-    bm = manager(Pool(full=32, slots=3), BS, True, EventLog(100))
-    st = bm.states
+    bm = build(Pool(full=32, slots=3), BS, True, EventLog(100))
+    st = bm.others[0]
     prompts = [[200 + i] + list(range(100, 117)) for i in range(3)]  # 18 tokens each, saved at 16
     for p in prompts:
         bm.begin_step()
@@ -135,7 +135,7 @@ def test_a_follow_up_that_parts_in_the_generation_prompt_resumes_at_every_shared
     prompt length mod the block size, turn 2 hits every full block the two prompts share."""
     for tail, dropped in ((5, 2), (7, 4), (5, 5), (3, 1), (0, 1)):
         for n in range(9, 9 + 2 * BS):
-            bm = manager(Pool(full=64, slots=8), BS, True, EventLog(1000))
+            bm = build(Pool(full=64, slots=8), BS, True, EventLog(1000))
             turn1 = make_seq(list(range(100, 100 + n)))
             turn1.generation_tokens = tail
             bm.begin_step()
@@ -147,12 +147,12 @@ def test_a_follow_up_that_parts_in_the_generation_prompt_resumes_at_every_shared
             hits = bm.allocate(turn2)
             assert len(hits) == shared // BS, (tail, dropped, n, len(hits))
             bm.deallocate(turn2)
-            assert len(bm.states.checkpoints) == len(bm.save_points(turn1))
+            assert len(bm.others[0].checkpoints) == len(bm.save_points(turn1))
             assert len(bm.save_points(turn1)) <= 1 + -(-max(tail - 1, 0) // BS)  # two at most while tail <= BS + 1
 
 
 def test_save_points_cost_one_checkpoint_or_two_and_the_chunks_end_there():
-    bm = manager(Pool(full=64, slots=8), BS, True, EventLog(100))
+    bm = build(Pool(full=64, slots=8), BS, True, EventLog(100))
     seq = make_seq(list(range(100, 118)))  # 18 tokens: last boundary before the last token at 16
     seq.generation_tokens = 5  # the generation prompt is tokens 13-17: a follow-up keeps at least 13
     assert bm.save_points(seq) == [12, 16]
@@ -173,4 +173,4 @@ def test_save_points_cost_one_checkpoint_or_two_and_the_chunks_end_there():
         bm.ran(seq)
         start = end
     assert ends == [(12, 1), (16, 2), (18, -1)]
-    assert list(bm.states.checkpoints.values()) == [1, 2]
+    assert list(bm.others[0].checkpoints.values()) == [1, 2]

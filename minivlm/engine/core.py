@@ -7,13 +7,12 @@ import logging
 import time
 import weakref
 
-from minivlm.engine.block_manager import BlockManager
 from minivlm.engine.busy_threads import BusyThreads
 from minivlm.engine.encoder_cache import encoder_cache_size
 from minivlm.config import EngineConfig
 from minivlm.engine.event_log import EventLog
 from minivlm.inputs.image_layout import runs
-from minivlm.engine import kv_groups
+from minivlm.engine.kv_cache import coordinator
 from minivlm.engine.kv_pool import KVPool
 from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.loader import LoadedModel
@@ -44,8 +43,7 @@ class EngineCore:
         self.num_blocks = self.pool.num_blocks
         self.events = EventLog(config.event_log_size)
         caching = config.cache_strategy != "none"
-        self.block_manager = kv_groups.manager(self.pool, config.block_size, caching, self.events) if self.pool.groups \
-            else BlockManager(self.num_blocks, config.block_size, caching, self.events)
+        self.block_manager = coordinator.build(self.pool, config.block_size, caching, self.events)  # every group
         self.requests = RequestRegistry()  # every admitted, unfinished request; its status moves only there
         self.scheduler = Scheduler(self.block_manager, config, self.events, self.requests)
         self.scheduler.whole_spans = bool(getattr(model.decoder, "bidirectional_images", False))
@@ -74,7 +72,7 @@ class EngineCore:
         if config.kv_events is not None and config.kv_events.active:  # zmq is imported only when publishing
             from minivlm.kv_events.publisher import KVEventPublisher
             self.kv_publisher = KVEventPublisher(config.kv_events, config.block_size)
-            self.kv_publisher.groups = kv_groups.wire_groups(self.block_manager)
+            self.kv_publisher.groups = coordinator.wire_groups(self.block_manager)
         self.after_step = None  # debug hook: called with the core after every step (tests check invariants)
         self.clock = time.perf_counter  # what step times are measured with (a test may give a clock of its own)
 

@@ -42,7 +42,7 @@ def derive_num_blocks(config: EngineConfig, model: LoadedModel) -> int:
 
 class KVPool:
     """kv_cache[0 | 1, layer] is layer's K | V cache, shaped [num_blocks, block_size, kv_heads, head_dim]. A hybrid
-    model (its decoder lists layer_specs) gets one pool per KV-cache group (engine/kv_groups.py): `kv_cache` is then
+    model (its decoder lists layer_specs) gets one pool per KV-cache group (engine/kv_cache/coordinator.py): `kv_cache` is then
     the full-attention group's, and `layer_caches[i]` is what layer i reads and writes, whatever its group."""
 
     def __init__(self, config: EngineConfig, model: LoadedModel):

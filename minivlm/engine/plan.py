@@ -32,7 +32,7 @@ class ScheduledRequest:
     image_rows: tuple[tuple[str, int, int], ...] = ()  # their rows, in runs: (vision key, first row, rows) of an output
     params: SamplingParams | None = None   # how to sample (when `sample`)
     generator: torch.Generator | None = None  # the request's own RNG (temperature > 0), advanced by sampling
-    # a hybrid model's other KV-cache groups (engine/kv_groups.py)
+    # a hybrid model's other KV-cache groups (engine/kv_cache/coordinator.py)
     sliding_table: tuple[int, ...] = ()    # its sliding-window table (0 where a block left the window: never read)
     sliding_slots: tuple[int, ...] = ()    # the sliding group's slot of each token
     state_slot: int = -1                   # its recurrent state's slot

@@ -155,7 +155,7 @@ class ModelRunner:
             self._copy_states([(r.state_slot, r.save_to) for r in plan if r.save_to >= 0])  # checkpoints
         return logits
 
-    # ---- a hybrid model's KV-cache groups (engine/kv_groups.py) ------------------------------------------------
+    # ---- a hybrid model's KV-cache groups (engine/kv_cache/coordinator.py) -------------------------------------
     def _group_metas(self, plan: StepPlan) -> dict:
         """Each group's metadata: the full-attention and sliding-window pools' slots and tables, the recurrent
         layers' state slots; image spans that attend both ways go to both attention groups."""

@@ -3,7 +3,7 @@ every running request by one token (decode), preempting the newest by recompute 
 decisions come out as one immutable StepPlan (minivlm.engine.plan); the scheduler writes no request progress."""
 from collections import deque
 
-from minivlm.engine.block_manager import BlockManager
+from minivlm.engine.kv_cache.coordinator import KVCacheCoordinator
 from minivlm.config import EngineConfig
 from minivlm.engine.encoder_cache import DEFAULT_ENCODER_CACHE_SIZE, EncoderCacheManager
 from minivlm.engine.event_log import EventLog
@@ -21,7 +21,7 @@ def image_runs(seq: Sequence) -> list[tuple[int, int]]:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, config: EngineConfig, events: EventLog | None = None,
+    def __init__(self, block_manager: KVCacheCoordinator, config: EngineConfig, events: EventLog | None = None,
                  requests: RequestRegistry | None = None):
         self.bm = block_manager
         self.requests = requests or RequestRegistry()  # the queues it serves; their moves are lifecycle.py's
@@ -225,7 +225,7 @@ class Scheduler:
         bs = self.bm.block_size
         end = self._whole_spans(seq, start, min(len(seq), start + max_tokens))
         end = next((p for p in self.bm.save_points(seq) if start < p < end), end)  # a state is saved after a step
-        self.bm.advance(seq, start, end)  # the other KV-cache groups' blocks and state slots (kv_groups.py)
+        self.bm.advance(seq, start, end)  # the other KV-cache groups' blocks and state slots (kv_cache/coordinator.py)
         self.bm.dirty.update(self.bm.table(seq)[start // bs:-(-(end + len(decided.get("draft", ()))) // bs)])
         self._planned[seq.seq_id] = {"start": start, "end": end, "publishes": [], **decided}
         self._planned[seq.seq_id]["publishes"] = self.bm.publish(seq, end, start)

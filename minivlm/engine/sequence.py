@@ -51,7 +51,7 @@ def image_runs(images, token_types: list[int]) -> list[tuple[int, int, int, int]
 
 class Sequence:
     """One submission of a request inside the engine. Tokens [0, num_computed) have their K/V in the blocks of
-    its block table (BlockManager.table). seq_id is internal and unique per submission; request_id is the caller's label."""
+    its block table (KVCacheCoordinator.table). seq_id is internal and unique per submission; request_id is the caller's label."""
 
     def __init__(self, request: Request, prompt: Prompt, params: SamplingParams, positions: torch.Tensor,
                  rope_delta: int, generator: torch.Generator | None):

@@ -49,7 +49,7 @@ class Prompt:
     images: list[ImageInfo]
     pixel_mask: torch.Tensor | None = None  # SmolVLM: [tiles, H, W], which pixels of a padded tile are real
     generation_tokens: int = 0        # the chat template's generation prompt at its end (a follow-up turn keeps
-                                      # everything before it: where recurrent state is saved, engine/recurrent_states.py)
+                                      # everything before it: where recurrent state is saved, engine/kv_cache/recurrent.py)
 
 
 def split_images(messages: list[dict]) -> tuple[list[dict], list]:

@@ -62,7 +62,7 @@ class KVEventPublisher:
         self.seen = events.last_seq
         records = []
         for ev in new:
-            group = getattr(ev, "group", 0)  # another KV-cache group than the full-attention one (kv_groups.py)
+            group = getattr(ev, "group", 0)  # another KV-cache group than the full-attention one (engine/kv_cache/coordinator.py)
             if ev.kind == "BlockStored":
                 self._stored(ev, records, group)
             elif ev.kind == "state_saved":  # a recurrent state checkpoint: a block of the state group, for a router

@@ -1,6 +1,6 @@
 """What each decoder layer keeps between steps (vLLM v1's KVCacheSpec): a decoder lists one CacheSpec per layer, and
 the engine groups layers with the same spec into KV-cache groups, each with its own pool and its own table per
-request (engine/kv_groups.py):
+request (engine/kv_cache/coordinator.py):
 
     full_attention  paged K/V blocks for every token, as in every plain transformer
     sliding_window  paged K/V blocks, but a token only sees the `window` tokens before it: older blocks are freed

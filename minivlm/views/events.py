@@ -185,7 +185,7 @@ def describe(ev: EngineEvent) -> str:
             return f"{rid} found no cached prefix"
         return (f"{rid} reused {len(hits)} cached block(s) ({f['num_cached_tokens']} tokens)"
                 + (f", FALSE hits on {_blocks(false)}" if false else ""))
-    sw = "sliding-window " if f.get("group") else ""  # a hybrid model's sliding-window group (engine/kv_groups.py)
+    sw = "sliding-window " if f.get("group") else ""  # a hybrid model's sliding-window group (engine/kv_cache/coordinator.py)
     if ev.kind == "allocated":
         return f"{rid} got {sw}{_blocks(f['block_ids'])}" if f["block_ids"] else f"{rid} needed no new block"
     if ev.kind == "BlockStored":

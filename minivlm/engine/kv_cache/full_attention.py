@@ -1,4 +1,6 @@
-"""Physical KV blocks: a free queue, reference counts, and a hash table that lets freed blocks be revived."""
+"""The full-attention group's manager: physical KV blocks, a free queue, reference counts, and a hash table that lets
+freed blocks be revived. Its blocks are the prefix cache's (the block map, the prefix tree, the plan's block table);
+the coordinator (coordinator.py) asks the other groups how much of its hit they can serve."""
 from collections import deque
 
 from minivlm.engine.event_log import EventLog
@@ -17,7 +19,7 @@ class Block:
         self.kind = "free"                # text | image | mixed | video, remembered for cached-but-free blocks
 
 
-class BlockManager:
+class FullAttentionManager:
     """Allocates blocks to sequences. Full blocks are registered by key; a freed block keeps its key (and KV)
     until the free queue hands it out again, so an identical prefix arriving later is served from it."""
 
@@ -31,7 +33,7 @@ class BlockManager:
         self.stats = {"hits": 0, "true_hits": 0, "false_hits": 0, "lookups": 0}
         self.dirty: set[int] = set()  # blocks whose state changed since the last snapshot
         self.tables: dict[int, list[int]] = {}  # seq_id -> its block table (vLLM's req_to_blocks); only here written
-        self.group_idx = 0  # which KV-cache group this pool is (0: the full-attention one; kv_groups.py has the others)
+        self.group_idx = 0  # which KV-cache group this pool is (0: the full-attention one; coordinator.py numbers the others)
 
     def table(self, seq) -> list[int]:
         """seq's physical block ids in logical order (empty when it holds none); read it, never write it."""
@@ -56,17 +58,18 @@ class BlockManager:
             hits.append(b)
         return hits
 
-    def can_allocate(self, seq) -> bool:
-        hits = self.match_prefix(seq)
+    def can_allocate(self, seq, hits: list[int] | None = None) -> bool:
+        hits = self.match_prefix(seq) if hits is None else hits
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         return self.blocks_needed(len(seq)) - len(hits) + revived <= self.num_free
 
-    def allocate(self, seq) -> list[CacheHit]:
-        """Give seq a block table for all its tokens: cache hits first (shared), fresh blocks for the rest; returns
-        the hits (its first len(hits) * block_size tokens need no computing). The scheduler publishes the fresh
-        blocks as the steps that fill them are scheduled (publish)."""
+    def allocate(self, seq, hits: list[int] | None = None) -> list[CacheHit]:
+        """Give seq a block table for all its tokens: cache hits first (shared; default its match_prefix, the
+        coordinator passes the hit every group can serve), fresh blocks for the rest; returns the hits (its first
+        len(hits) * block_size tokens need no computing). The scheduler publishes the fresh blocks as the steps that
+        fill them are scheduled (publish)."""
         assert seq.seq_id not in self.tables
-        hits = self.match_prefix(seq)
+        hits = self.match_prefix(seq) if hits is None else hits
         cache_hits, table = [], self.tables.setdefault(seq.seq_id, [])
         for i, b in enumerate(hits):
             block = self.blocks[b]
@@ -133,7 +136,7 @@ class BlockManager:
         """Drop seq's references; blocks reaching zero go to the free queue, tail blocks first to be evicted."""
         freed = []
         for b in reversed(self.tables.pop(seq.seq_id, [])):
-            if b is None:  # a sliding-window block already given back (kv_groups.py)
+            if b is None:  # a sliding-window block already given back (sliding_window.py)
                 continue
             block = self.blocks[b]
             block.ref_count -= 1
@@ -216,21 +219,3 @@ class BlockManager:
         """Events of another group than the full-attention one say which (the block map and the prefix tree are
         group 0's; the KV events carry group_idx)."""
         return {"group": self.group_idx} if self.group_idx else {}
-
-    # ---- a model with one group has nothing more to do; kv_groups.HybridBlockManager drives its other groups ----
-    def begin_step(self):
-        """A new plan starts."""
-
-    def save_points(self, seq) -> list[int]:
-        """Tokens of seq's prompt after which a recurrent group saves its state (the scheduler ends chunks there)."""
-        return []
-
-    def advance(self, seq, start: int, end: int):
-        """Before seq computes tokens [start, end): the other groups' blocks taken and given back, saves planned."""
-
-    def group_inputs(self, seq, start: int, end: int) -> dict:
-        """What the runner needs of seq in the other groups (its sliding table, its state slot and their copies)."""
-        return {}
-
-    def ran(self, seq):
-        """seq's step ran (num_computed moved): a state saved by it becomes a checkpoint."""

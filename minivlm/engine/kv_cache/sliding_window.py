@@ -1,8 +1,9 @@
-"""The sliding-window group's blocks (engine/kv_groups.py explains the groups)."""
-from minivlm.engine.block_manager import BlockManager
+"""The sliding-window group's manager (coordinator.py explains the groups and their one interface)."""
+from minivlm.engine.kv_cache.full_attention import FullAttentionManager
+from minivlm.engine.outputs import GroupInfo
 
 
-class SlidingWindowBlocks(BlockManager):
+class SlidingWindowManager(FullAttentionManager):
     """A sliding-window group's blocks. A query at position p sees keys p - window + 1 .. p, so once a request
     computes from token `start` on, its blocks that end before start - window + 1 are never read again: they leave
     its table (None there) and go back to the free queue, keeping their key for later prefix hits. Blocks are
@@ -16,7 +17,9 @@ class SlidingWindowBlocks(BlockManager):
         """The first block a query at token `start` (or later) may read."""
         return max(0, start - self.window + 1) // self.block_size
 
-    def valid_hit(self, seq, n: int) -> int:
+    kind = "sliding_window"
+
+    def longest_hit(self, seq, n: int) -> int:
         """The most blocks <= n of seq's prefix this group can serve: those inside the window before the hit point
         must be cached (older ones are never read)."""
         while n > 0 and not all(self._cached(seq, i) for i in range(self.first_needed(n * self.block_size), n)):
@@ -27,8 +30,9 @@ class SlidingWindowBlocks(BlockManager):
         b = self.key_to_block.get(seq.block_keys[i]) if i < len(seq.block_keys) else None
         return b is not None and self.blocks[b].token_ids == seq.block_tokens(i, self.block_size)
 
-    def take_hits(self, seq, n: int):
-        """seq's table at admission: None for the blocks out of the window, the cached blocks inside it (shared)."""
+    def admit(self, seq, n: int):
+        """seq's table at admission with an n-block hit: None for the blocks out of the window, the cached blocks
+        inside it (shared)."""
         table = self.tables.setdefault(seq.seq_id, [])
         first = self.first_needed(n * self.block_size)
         table += [None] * first
@@ -44,7 +48,7 @@ class SlidingWindowBlocks(BlockManager):
         """Fresh blocks seq needs to compute tokens [start, end)."""
         return max(0, -(-end // self.block_size) - len(self.table(seq)))
 
-    def advance(self, seq, start: int, end: int) -> list[int]:
+    def advance(self, seq, start: int, end: int) -> list[int]:  # drop what no query can see, take what it will
         """Before seq computes tokens [start, end): give back its blocks out of the window, take blocks up to end."""
         table = self.tables.setdefault(seq.seq_id, [])
         gone = []
@@ -72,3 +76,29 @@ class SlidingWindowBlocks(BlockManager):
             self.free.append(b)
             return b
         return None
+
+    def register(self, seq, i: int) -> list[tuple[int, str]]:
+        return super().register(seq, i) if seq.seq_id in self.tables else []
+
+    def begin_step(self):
+        """Nothing is decided per step here."""
+
+    def save_points(self, seq) -> list[int]:
+        return []
+
+    def ran(self, seq):
+        """Its K/V are in its blocks once written: nothing more to do."""
+
+    def inputs(self, seq, start: int, end: int) -> dict:
+        """The runner's part of seq in this group: its table (0 where blocks left the window: never read) and the
+        slot of each token it computes."""
+        table, bs = self.table(seq), self.block_size
+        return {"sliding_table": tuple(b if b is not None else 0 for b in table),
+                "sliding_slots": tuple(table[t // bs] * bs + t % bs for t in range(start, end))}
+
+    def info(self, layers: list[int], rid: dict[int, str]) -> GroupInfo:
+        return GroupInfo(self.kind, self.kind, layers, self.window, len(self.blocks), self.num_free,
+                         {rid[k]: list(t) for k, t in self.tables.items() if k in rid})
+
+    def wire(self) -> tuple[str, int | None]:
+        return self.kind, self.window

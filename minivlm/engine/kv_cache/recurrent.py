@@ -1,8 +1,11 @@
-"""The recurrent group's state slots and their checkpoints (engine/kv_groups.py explains the groups)."""
+"""The recurrent group's manager: state slots and their checkpoints (coordinator.py explains the groups and their
+one interface)."""
 from collections import OrderedDict, deque
 
+from minivlm.engine.outputs import GroupInfo
 
-class RecurrentStates:
+
+class RecurrentManager:
     """A recurrent group's state slots: one per running request, the rest hold checkpoints (a state saved at a
     block boundary, keyed by the block key there, least recently used evicted first). A hit can only resume where a
     state was saved, so where to save decides what a later request reuses (docs/ENGINE.md, "Where recurrent state is
@@ -22,12 +25,16 @@ class RecurrentStates:
         self.pending: dict[int, tuple[int, int]] = {}  # seq_id -> (token boundary, slot) saved by its current step
         self.latest: dict[int, str] = {}               # seq_id -> key of its moving decode checkpoint
         self.pinned: set[int] = set()                  # this step: slots restored from or saved into (not evicted)
+        self.restore: dict[int, int] = {}  # seq_id -> checkpoint slot its admission restores from (until planned)
+        self.saves: dict[int, int] = {}    # this step: seq_id -> slot its state is saved into
         self.stats = {"checkpoints_saved": 0, "checkpoint_hits": 0}
 
-    def begin_step(self):
-        self.pinned = set()
+    kind = "recurrent"
 
-    def valid_hit(self, seq, n: int) -> int:
+    def begin_step(self):
+        self.pinned, self.saves = set(), {}
+
+    def longest_hit(self, seq, n: int) -> int:
         """The most blocks <= n whose boundary has a checkpoint (0 always works: start from a zero state)."""
         while n > 0 and seq.block_keys[n - 1] not in self.checkpoints:
             n -= 1
@@ -46,8 +53,8 @@ class RecurrentStates:
         first = max(0, seq.num_prompt_tokens - max(seq.generation_tokens, 1)) // bs * bs
         return list(range(max(first, bs), last + 1, bs))
 
-    def admit(self, seq, n: int) -> int:
-        """seq's running slot; returns the checkpoint slot to restore from (-1: it starts from a zero state)."""
+    def admit(self, seq, n: int):
+        """seq's running slot; with an n-block hit, the checkpoint it restores from (else it starts from zeros)."""
         source = -1
         if n:
             key = seq.block_keys[n - 1]
@@ -59,7 +66,11 @@ class RecurrentStates:
         if slot < 0:  # the slots are sized so that this never happens (budget/kv_groups.py)
             raise RuntimeError(f"recurrent state slots exhausted: {self.num_slots} slots, all in use")
         self.slot_of[seq.seq_id] = slot
-        return source
+        self.restore[seq.seq_id] = source
+
+    def advance(self, seq, start: int, end: int):
+        """Before seq computes tokens [start, end): where its state is saved after the step, if anywhere."""
+        self.saves[seq.seq_id] = self.plan_save(seq, start, end)
 
     def plan_save(self, seq, start: int, end: int) -> int:
         """The slot seq's state is copied to after this step (-1: none): at one of the prompt's save points, or at a
@@ -79,7 +90,7 @@ class RecurrentStates:
         self.pending[seq.seq_id] = (end, slot)
         return slot
 
-    def commit(self, seq):
+    def ran(self, seq):
         """seq's step ran and its key for the boundary exists: the saved state becomes a checkpoint."""
         end, slot = self.pending.get(seq.seq_id, (-1, -1))
         if end < 0 or seq.num_computed < end or len(seq.block_keys) < end // self.block_size:
@@ -102,7 +113,7 @@ class RecurrentStates:
                          token_ids=seq.block_tokens(i, self.block_size), extra_keys=seq.block_extras[i],
                          reason=f"its state after {end} tokens, saved for a later prefix hit")
 
-    def release(self, seq):
+    def deallocate(self, seq):
         """seq leaves (finished, preempted, failed): its running slot and any unsaved checkpoint slot go back."""
         slot = self.slot_of.pop(seq.seq_id, None)
         if slot is not None:
@@ -111,6 +122,32 @@ class RecurrentStates:
         if pending is not None:  # its step never completed the save
             self.free.append(pending[1])
         self.latest.pop(seq.seq_id, None)
+        self.restore.pop(seq.seq_id, None)
+
+    def forget(self, seq, written: int | None = None):
+        self.deallocate(seq)
+
+    def publish(self, seq, end: int, start: int | None = None) -> list:
+        return []  # a state is no block: it becomes a checkpoint when its step ran (ran)
+
+    def register(self, seq, i: int) -> list:
+        self.ran(seq)  # a decode completed a block: the state saved at its end is a checkpoint now
+        return []
+
+    def unpublish(self, seq, start: int):
+        """A state is saved only after its step ran whole: nothing to take back."""
+
+    def inputs(self, seq, start: int, end: int) -> dict:
+        """The runner's part of seq in this group: its slot, the checkpoint it restores from, the slot it saves to."""
+        return {"state_slot": self.slot_of[seq.seq_id], "restore_from": self.restore.pop(seq.seq_id, -1),
+                "save_to": self.saves.get(seq.seq_id, -1)}
+
+    def info(self, layers: list[int], rid: dict[int, str]) -> GroupInfo:
+        return GroupInfo(self.kind, self.kind, layers, None, self.num_slots, len(self.free),
+                         {rid[k]: [slot] for k, slot in self.slot_of.items() if k in rid}, dict(self.checkpoints))
+
+    def wire(self) -> tuple[str, int | None]:
+        return self.kind, None
 
     def _take(self) -> int:
         if self.free:
