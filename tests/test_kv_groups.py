@@ -174,3 +174,15 @@ def test_save_points_cost_one_checkpoint_or_two_and_the_chunks_end_there():
         start = end
     assert ends == [(12, 1), (16, 2), (18, -1)]
     assert list(bm.others[0].checkpoints.values()) == [1, 2]
+
+
+def test_a_decoder_with_two_sliding_windows_is_refused_by_name():
+    """Layers group by spec (kind and window); one pool per kind, so two windows are refused, naming them, not merged
+    under the first layer's window (which would let the other layers read keys outside their own window)."""
+    import pytest
+    from minivlm.model.cache_spec import CacheSpec, group_layers
+    full, short, long = (CacheSpec("full_attention", None, 2, 8), CacheSpec("sliding_window", 24, 2, 8),
+                         CacheSpec("sliding_window", 48, 2, 8))
+    assert group_layers([short, short, full, short]) == {"full_attention": [2], "sliding_window": [0, 1, 3]}
+    with pytest.raises(ValueError, match=r"sliding_window layers with different windows \[24, 48\] \(layers \[0, 1, 3\]\)"):
+        group_layers([short, long, full, short])

@@ -7,7 +7,7 @@ from minivlm.config import EngineConfig
 from minivlm.device import free_memory_bytes, peak_bytes
 from minivlm.loader import LoadedModel
 from minivlm.engine.outputs import MemoryReport
-from minivlm.model.cache_spec import KINDS
+from minivlm.model.cache_spec import group_layers
 
 log = logging.getLogger("minivlm")
 
@@ -71,10 +71,7 @@ class KVPool:
         """One tensor per group: attention groups [2, layers, blocks, block_size, kv_heads, head_dim], the recurrent
         group one [layers, slots, *shape] per state tensor; sized by minivlm.budget.kv_groups."""
         config, model = self.config, self.model
-        layers: dict[str, list[int]] = {k: [] for k in KINDS}  # full attention first
-        for i, spec in enumerate(self.specs):
-            layers[spec.kind].append(i)
-        layers = {k: idx for k, idx in layers.items() if idx}
+        layers = group_layers(self.specs)  # full attention first; two windows of one kind are refused by name
         first = {kind: self.specs[idx[0]] for kind, idx in layers.items()}
         sizes = self._sizes()
         self.checkpoints = sizes.checkpoints  # of the recurrent group's slots, those beyond one per running request

@@ -38,6 +38,24 @@ class CacheSpec:
         return sum(int(torch.Size(s).numel()) * itemsize for s in self.state_shapes)
 
 
+def group_layers(specs: list[CacheSpec]) -> dict[str, list[int]]:
+    """Layer indices per KV-cache group, full attention first. Layers group by spec (kind and window); the engine
+    keeps one pool per kind, so two sliding windows (or two recurrent state shapes) in one decoder are refused by name
+    rather than merged under the first layer's spec."""
+    layers: dict[str, list[int]] = {k: [] for k in KINDS}
+    for i, spec in enumerate(specs):
+        if spec.kind not in layers:
+            raise ValueError(f"layer {i}: cache kind {spec.kind!r} is not one of {KINDS}")
+        layers[spec.kind].append(i)
+    for kind, idx in layers.items():
+        keys = sorted({(specs[i].window or 0, specs[i].state_shapes) for i in idx})
+        if len(keys) > 1:
+            what = f"windows {sorted({specs[i].window for i in idx})}" if kind == "sliding_window" else "state shapes"
+            raise ValueError(f"{kind} layers with different {what} (layers {idx}): this engine keeps one "
+                             f"{kind} group; a decoder with two is not supported")
+    return {k: idx for k, idx in layers.items() if idx}
+
+
 @dataclass
 class StateMetadata:
     """A recurrent group's part of a step: sequences in the batch's order, each with its state slot. The engine has
