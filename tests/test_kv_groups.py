@@ -186,3 +186,35 @@ def test_a_decoder_with_two_sliding_windows_is_refused_by_name():
     assert group_layers([short, short, full, short]) == {"full_attention": [2], "sliding_window": [0, 1, 3]}
     with pytest.raises(ValueError, match=r"sliding_window layers with different windows \[24, 48\] \(layers \[0, 1, 3\]\)"):
         group_layers([short, long, full, short])
+
+
+class PlainPool:
+    """What engine/kv_pool.py gives a plain model: no groups, one pool of blocks for every layer."""
+    groups: dict = {}
+
+    def __init__(self, blocks: int, layers: int = 4):
+        self.num_blocks, self.layer_caches = blocks, [None] * layers
+
+
+def test_one_coordinator_drives_a_plain_a_sliding_and_a_recurrent_model_through_the_same_calls():
+    """The same calls (allocate, advance, publish, ran, group_inputs, deallocate) on a plain model (one group), a
+    sliding one and a recurrent one: each computes a 20-token prompt in chunks, the same prompt again hits the cache
+    as far as its groups can serve, and every group ends with nothing held."""
+    runs = {}
+    for name, pool in (("plain", PlainPool(16)), ("sliding", Pool(full=16, sliding=8)), ("recurrent", Pool(full=16, slots=4))):
+        bm = build(pool, BS, True, EventLog(1000))
+        first = make_seq(list(range(100, 120)))
+        bm.begin_step()
+        run_chunks(bm, first, [8, 8, 8])
+        inputs = bm.group_inputs(first, 19, 20)
+        bm.deallocate(first)
+        again = make_seq(list(range(100, 120)) + [1])
+        bm.begin_step()
+        hits = bm.allocate(again)
+        runs[name] = (bm.table(again)[:len(hits)], sorted(inputs), [g.kind for g in bm.groups([again])])
+        bm.deallocate(again)
+        assert bm.num_free == 16 and all(g.free + len(g.checkpoints) == g.size for g in bm.groups([]))
+    assert runs["plain"] == ([0, 1, 2, 3, 4], [], ["full_attention"])
+    assert runs["sliding"] == ([0, 1, 2, 3, 4], ["sliding_slots", "sliding_table"], ["full_attention", "sliding_window"])
+    # the recurrent group saved its state at 16 (the prompt's last block boundary before its last token; no template)
+    assert runs["recurrent"] == ([0, 1, 2, 3], ["restore_from", "save_to", "state_slot"], ["full_attention", "recurrent"])
