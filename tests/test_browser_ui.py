@@ -4,6 +4,7 @@ every tab readable in the dark theme (the figures follow it: no white paper, the
 lesson's 16-block pool (the whole legend shows, whole-step ticks, preemptions marked), accessible names.
 Screenshots (looked at when changing the page): $MINIVLM_SCREENSHOTS or the test's tmp dir, ui_*.png."""
 import os
+import re
 
 import pytest
 from tests.app_server import app_in_process
@@ -73,9 +74,11 @@ def shots(tmp_path_factory):
     return out
 
 
-def new_page(page, url: str, width: int, query: str = ""):
-    """Another page of the module's browser, `width` px wide, open on the app."""
-    pg = page.context.browser.new_page(viewport={"width": width, "height": 900})
+def new_page(page, url: str, width: int, query: str = "", height: int = 900, lang: str | None = None):
+    """Another page of the module's browser, `width` × `height` px, open on the app (in `lang`'s locale: the
+    browser asks for that language)."""
+    locale = dict(locale=lang, extra_http_headers={"Accept-Language": lang}) if lang else {}
+    pg = page.context.browser.new_context(viewport={"width": width, "height": height}, **locale).new_page()
     pg.set_default_timeout(TIMEOUT_MS)
     pg.goto(url + query)
     pg.wait_for_selector("#chatbot")
@@ -143,7 +146,7 @@ def test_every_tab_is_readable_in_the_dark_theme_and_the_light_one(app, page, sh
             assert pg.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
             assert show_every_tab(pg, shots, theme) == {}, theme
         finally:
-            pg.close()
+            pg.context.close()
 
 
 def overlaps(a: dict, b: dict) -> bool:
@@ -167,13 +170,29 @@ MAP_GEOMETRY = """() => {
 }"""
 
 
+PHONE = (390, 844)  # a phone's viewport (CSS px)
+# every tab button: its name and whether it lies whole inside the first screen (the viewport, unscrolled)
+TABS_IN_SIGHT = """() => [...document.querySelectorAll('[role=tablist] [role=tab]')].map((t) => {
+    const r = t.getBoundingClientRect();
+    return {name: t.textContent.trim(), inside: r.width > 0 && r.left >= 0 && r.top >= 0 && r.right <= innerWidth
+            && r.bottom <= innerHeight}; })"""
+
+
+def tabs_in_sight(pg) -> list[dict]:
+    pg.evaluate("window.scrollTo(0, 0)")
+    return pg.evaluate(TABS_IN_SIGHT)
+
+
 def test_phone_width_folds_the_header_and_keeps_the_map_readable(app, page, shots):
-    """#24 item 12, at 400 px: the tabs are in sight (the engine settings fold, and open on a tap), the block map
-    takes the width with cells of >= 12 px and ref-count discs that never touch, and no modebar covers a title."""
-    pg = new_page(page, app[1], 400)
+    """#24 item 12, #52 at a 390 × 844 phone: every tab lies inside the first screen (measured, whatever the fonts;
+    the engine settings fold, and open on a tap), the block map takes the width with cells of >= 12 px and
+    ref-count discs that never touch, and no modebar covers a title."""
+    pg = new_page(page, app[1], PHONE[0], height=PHONE[1])
     try:
         pg.screenshot(path=os.path.join(shots, "ui_phone_chat.png"), full_page=True)
-        assert pg.locator("[role=tablist]").bounding_box()["y"] < 600  # was ~1,400 px down
+        pg.wait_for_function("!document.querySelector('#engine-settings > button.label-wrap.open')")  # folded
+        tabs = tabs_in_sight(pg)
+        assert len(tabs) == 5 and all(tab["inside"] for tab in tabs), tabs  # was ~1,400 px down, then 3 in a menu
         assert not pg.locator("#device-picker").is_visible()
         pg.locator("#engine-settings > button").click()
         pg.locator("#device-picker").wait_for()  # unfolded on request
@@ -193,7 +212,70 @@ def test_phone_width_folds_the_header_and_keeps_the_map_readable(app, page, shot
         pg.locator("#kv-map").screenshot(path=os.path.join(shots, "ui_phone_kv_map.png"))
         pg.screenshot(path=os.path.join(shots, "ui_phone_kv.png"), full_page=True)
     finally:
-        pg.close()
+        pg.context.close()
+
+
+# each tab's id, and what shows that its panel opened
+TAB_CONTENT = {"chat": "#chatbot", "anatomy": "#anat-show", "kv": "#kv-launch", "inspector": "#preset-0",
+               "vram": "#vram-model"}
+# every visible form label on the page: its text, and whether it shows whole (no part cut off by its box or the
+# block it labels)
+LABELS = """() => [...document.querySelectorAll('span[data-testid=block-info], label[data-testid=block-label]')]
+    .filter((l) => l.offsetParent !== null && l.getBoundingClientRect().width > 0 && !l.closest('.sr-only, .hide'))
+    .map((l) => {
+        const r = l.getBoundingClientRect(), block = l.closest('.block')?.getBoundingClientRect() || r;
+        return {text: l.textContent.trim(), whole: l.scrollWidth <= l.clientWidth + 1 && r.right <= block.right + 1
+                && r.left >= block.left - 1}; })"""
+BOX = "(el) => { const r = el.getBoundingClientRect(); return {x: r.x, y: r.y, width: r.width, height: r.height}; }"
+# two or more plain English words in a row (identifiers such as gpu_memory_utilization, top-p or 256px are names)
+ENGLISH_RUN = re.compile(r"(?<![\w-])[a-z]{2,}(?![\w-])\s+[a-z]{2,}(?![\w-])", re.I)
+
+
+def label_box_and_buttons(pg, block: str):
+    """An image-like block's label and its buttons (fullscreen, clear, share...) as boxes."""
+    label = pg.locator(f"{block} label[data-testid=block-label]").first.evaluate(BOX)
+    buttons = [b.evaluate(BOX) for b in pg.locator(f"{block} .icon-button-wrapper").all() if b.is_visible()]
+    return label, buttons
+
+
+@pytest.mark.parametrize("lang,theme", [("en", "light"), ("zh-CN", "dark")])
+def test_phone_width_every_tab_one_tap_away_and_no_label_overlaps(app, page, shots, lang, theme):
+    """#52 at 390 × 844, in English and in Chinese: every tab is in sight on the first screen and opens with one tap
+    (no "…" menu); no label is cut off or lies over what it labels (the chat's over its first picture, the
+    Anatomy image boxes' under their buttons, the VRAM tab's gpu_memory_utilization); the Chinese page shows no
+    English label."""
+    pg = new_page(page, app[1], PHONE[0], f"?__theme={theme}", height=PHONE[1], lang=lang)
+    try:
+        pg.wait_for_function("!document.querySelector('#engine-settings > button.label-wrap.open')")
+        tabs = tabs_in_sight(pg)
+        assert len(tabs) == 5 and all(tab["inside"] for tab in tabs), tabs
+        assert not pg.get_by_label("More tabs").is_visible()
+        pg.screenshot(path=os.path.join(shots, f"ui_phone_{lang}_{theme}.png"))
+        pg.locator("#chat-examples button.gallery-item").first.click()
+        pg.wait_for_function("document.querySelector('#chat-input textarea')?.value.length > 0")  # the example is in
+        pg.locator("#chat-input textarea").press("Enter")
+        pg.locator("#chatbot img").first.wait_for()
+        pg.wait_for_function("document.querySelector('#chat-stats')?.innerText.includes('·')")
+        label, picture = pg.locator("#chatbot label[data-testid=block-label]").first.evaluate(BOX), \
+            pg.locator("#chatbot img").first.evaluate(BOX)
+        assert not overlaps(label, picture), (label, picture)
+        english = []
+        for k, (tab_id, content) in enumerate(TAB_CONTENT.items()):
+            pg.locator("[role=tablist] [role=tab]").nth(k).click()  # one tap
+            pg.locator(content).wait_for(state="visible")
+            pg.wait_for_timeout(800)
+            labels = pg.evaluate(LABELS)
+            assert all(label["whole"] for label in labels), (tab_id, [x for x in labels if not x["whole"]])
+            if lang.startswith("zh"):
+                english += [x["text"] for x in labels if ENGLISH_RUN.search(x["text"])]
+            if tab_id == "anatomy":
+                for block in ("#anat-img1", "#anat-img2"):
+                    label, buttons = label_box_and_buttons(pg, block)
+                    assert buttons and not any(overlaps(label, b) for b in buttons), (block, label, buttons)
+            pg.screenshot(path=os.path.join(shots, f"ui_phone_{lang}_{theme}_{tab_id}.png"), full_page=True)
+        assert english == [], english
+    finally:
+        pg.context.close()
 
 
 def test_the_default_map_has_no_empty_band(app, page):
@@ -208,7 +290,7 @@ def test_the_default_map_has_no_empty_band(app, page):
         assert geo["cells"]["y"] - (geo["title"]["y"] + geo["title"]["height"]) < 50
         assert all(inside(entry, geo["svg"]) for entry in geo["legend"])
     finally:
-        pg.close()
+        pg.context.close()
 
 
 def inside(a: dict, b: dict) -> bool:
@@ -272,7 +354,7 @@ def test_the_lessons_16_block_pool(page, shots):
             assert pg.locator(".toast-body").filter(has_text="9999").count() >= 1  # and says why, with the limit
             assert int(box.input_value()) == last
         finally:
-            pg.close()
+            pg.context.close()
 
 
 def test_accessible_names(app, page):
