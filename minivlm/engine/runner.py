@@ -4,12 +4,11 @@ no request state: all it needs is in the plan, its encoder cache and the pixels 
 import torch
 
 from minivlm.model import backends
-from minivlm.model.attention import AttentionMetadata
-from minivlm.model.cache_spec import StateMetadata
 from minivlm.engine.plan import EncodeJob, ScheduledRequest, StepPlan
 from minivlm.engine.sampler import sample, top_logprobs
 from minivlm.engine.speculative import verify
 from minivlm.engine.encoder_cache import ImageInputs
+from minivlm.engine.group_metadata import group_builders, step_metadata
 from minivlm.engine.vision_worker import VisionWorker
 
 MAX_TOWER_ROWS = 16384  # pixel rows (Qwen's patches, or tiles) in one tower call: bounds its activations
@@ -21,14 +20,14 @@ class ModelRunner:
         self.kv_caches = layer_caches  # per layer: (K, V) of its group's pool, or a recurrent layer's state tensors
         self.block_size = config.block_size
         specs = getattr(model.decoder, "layer_specs", None) or []  # a hybrid model's layers by KV-cache group
-        self.window = next((s.window for s in specs if s.kind == "sliding_window"), None)
-        self.recurrent = [i for i, s in enumerate(specs) if s.kind == "recurrent"]
-        self.hybrid = bool(specs)
+        self.hybrid = bool(specs)  # its decoder reads each group's metadata by kind
         self.encoder_cache: dict[str, tuple] = {}  # vision key -> (embeddings, deepstack features): what the plans keep
         self.inputs: dict[int, ImageInputs] = {}    # seq_id -> its pixels, from admission until its images are taken
         self.vision_worker = vision_worker          # async_vision: the tower's own thread
         self.pending: dict[int, tuple] = {}         # seq_id -> (image indices, Future) of its vision thread's job
         self.backend = backends.pick(model, config, self.kv_caches)  # once: how this engine's steps run
+        self.builders = group_builders(specs, len(layer_caches), self.block_size, self.backend.attention)  # per group
+        self.recurrent = any(b.kind == "recurrent" for b in self.builders)  # states advance in place: no rerun
         self.limits = self.backend.limits  # what the engine needs to know of it, as data
 
     def release(self):
@@ -143,53 +142,14 @@ class ModelRunner:
             if runs[0][0][1]:
                 deepstack = (at, [torch.cat([deep[j][a:a + n] for (_, deep), a, n in runs])
                                   for j in range(len(runs[0][0][1]))])
-        if self.hybrid:
-            meta = self._group_metas(plan)
-            self._states_before(plan)
-        else:
-            meta = AttentionMetadata.build(x.slot_mapping.to(dev), x.q_lens, x.ctx_lens, x.block_tables.to(dev),
-                                           self.block_size, dev, self.backend.attention)
+        meta = step_metadata(self.builders, plan, dev, self.hybrid)
+        for b in self.builders:
+            b.before(plan, self.kv_caches)  # a recurrent state starts from zeros or its checkpoint
         logits = self.backend.forward(self.decoder, embeds, x.positions.to(dev), self.kv_caches, meta, deepstack,
                                       last=x.last.to(dev))
-        if self.recurrent:
-            self._copy_states([(r.state_slot, r.save_to) for r in plan if r.save_to >= 0])  # checkpoints
+        for b in self.builders:
+            b.after(plan, self.kv_caches)  # states saved into checkpoint slots
         return logits
-
-    # ---- a hybrid model's KV-cache groups (engine/kv_cache/coordinator.py) -------------------------------------
-    def _group_metas(self, plan: StepPlan) -> dict:
-        """Each group's metadata: the full-attention and sliding-window pools' slots and tables, the recurrent
-        layers' state slots; image spans that attend both ways go to both attention groups."""
-        x, dev = plan.inputs, self.device
-        spans = [list(r.spans) for r in plan] if any(r.spans for r in plan) else None
-        metas = {"full_attention": AttentionMetadata.build(
-            x.slot_mapping.to(dev), x.q_lens, x.ctx_lens, x.block_tables.to(dev), self.block_size, dev,
-            self.backend.attention, spans=spans)}
-        if self.window is not None:
-            metas["sliding_window"] = AttentionMetadata.build(
-                x.sliding_slots.to(dev), x.q_lens, x.ctx_lens, x.sliding_tables.to(dev), self.block_size, dev,
-                self.backend.attention, window=self.window, spans=spans)
-        if self.recurrent:
-            metas["recurrent"] = StateMetadata(x.state_slots.to(dev), x.q_lens, max(x.q_lens) > 1)
-        return metas
-
-    def _states_before(self, plan: StepPlan):
-        """A request computing from token 0 starts from a zero state; one admitted on a prefix hit from the
-        checkpoint saved there."""
-        for r in plan:
-            if r.state_slot < 0:
-                continue
-            if r.start == 0:
-                for i in self.recurrent:
-                    for t in self.kv_caches[i]:
-                        t[r.state_slot].zero_()
-            elif r.restore_from >= 0:
-                self._copy_states([(r.restore_from, r.state_slot)])
-
-    def _copy_states(self, pairs: list[tuple[int, int]]):
-        for src, dst in pairs:
-            for i in self.recurrent:
-                for t in self.kv_caches[i]:
-                    t[dst].copy_(t[src])
 
     @staticmethod
     @torch.inference_mode()
