@@ -148,11 +148,14 @@ def quantize(decoder: nn.Module, method: str, device, dtype: torch.dtype) -> int
     cls = Int8Linear if method == "int8" else Int4Linear
 
     def quantized(linear: nn.Linear, name: str, kind=cls) -> nn.Module:  # a refusal names the layer and its shape
-        try:
-            return kind(linear, dtype)
-        except (RuntimeError, ValueError) as e:
-            raise ValueError(f"quantization={method!r}: layer {name} ({linear.in_features} inputs, "
-                             f"{linear.out_features} outputs) cannot be quantized: {e}") from e
+        why = "it has no weights" if linear.weight.numel() == 0 else ""
+        if not why:
+            try:
+                return kind(linear, dtype)
+            except (RuntimeError, ValueError) as e:  # what PyTorch's packing refuses
+                why = str(e)
+        raise ValueError(f"quantization={method!r}: layer {name} ({linear.in_features} inputs, "
+                         f"{linear.out_features} outputs) cannot be quantized: {why}")
     n = 0
     for i, layer in enumerate(decoder.layers):
         for name, child in list(layer.named_modules()):
