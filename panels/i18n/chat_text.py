@@ -1,6 +1,7 @@
 """Messages of the chat tab, and the engine's refusals a person meets there (error.<reason>: each English text is the
 engine's own sentence with {fields}; panels/i18n/errors.py fills the Chinese from the refusal's fields).
 id -> (English, 简体中文)."""
+from minivlm.model.backends import WORDS
 
 MESSAGES = {
     "chat.history": ("chat history", "对话记录"),
@@ -163,71 +164,53 @@ MESSAGES = {
     "error.engine_closed": ("this engine is closed", "这个引擎已关闭（设置栏重建了引擎）"),
     "error.image_name": ("image {n}", "图片 {n}"),  # how a refusal names the n-th image or video of a request
     "error.video_name": ("video {n}", "视频 {n}"),
-    # the engine's words in the status line and the device notes (engine.*: read back from their English)
-    "engine.attn_inplace": ("in-place paged decode (C kernel over the block tables{threads}); prefill: SDPA",
-                            "原地分页解码（直接在块表上运行的 C 内核{threads}）；预填充：SDPA"),
-    "engine.attn_flex": ("in-place paged decode (FlexAttention over the block tables, compiled); prefill: SDPA",
-                         "原地分页解码（在块表上运行的 FlexAttention，已编译）；预填充：SDPA"),
-    "engine.attn_gathered": ("SDPA over gathered blocks{why}", "对收集起来的块做 SDPA{why}"),
-    "engine.attn_flash": ("flash-attn paged kernels", "flash-attn 分页内核"),
-    "engine.why_kernel": (" (in-place kernel: {why})", "（原地内核：{why}）"),
-    "engine.why_flex": (" (FlexAttention in place: {state})", "（原地 FlexAttention：{state}）"),
-    "engine.why_flash_missing": (" (flash-attn not installed)", "（未安装 flash-attn）"),
-    "engine.why_flash_shape": (" (flash-attn's paged kernel needs fp16/bf16 and a block size that is a multiple of 256)",
-                               "（flash-attn 的分页内核需要 fp16/bf16，且块大小是 256 的倍数）"),
-    "engine.fp32_only": ("fp32 only", "只支持 fp32"),
-    "engine.linear_gemv": ("gemv.c for decode batches of 1-{rows}, oneDNN (prepacked) above{threads}",
-                           "1–{rows} 行的解码批次用 gemv.c，更多行用 oneDNN（预打包）{threads}"),
-    "engine.linear_onednn": ("oneDNN (prepacked); gemv.c off: {why}", "oneDNN（预打包）；gemv.c 未启用：{why}"),
-    "engine.linear_default": ("PyTorch's default (nn.Linear)", "PyTorch 默认实现（nn.Linear）"),
-    "engine.decode_layer": ("one C call a step for 1-{rows} sequences (decode_layer.c), fused small ops (decode_ops.c) "
-                            "above{threads}",
-                            "1–{rows} 个序列时每步一次 C 调用（decode_layer.c），更多序列时融合小算子（decode_ops.c）{threads}"),
-    "engine.decode_ops": ("fused small ops (decode_ops.c); decode_layer.c off: {why}{threads}",
-                          "融合小算子（decode_ops.c）；decode_layer.c 未启用：{why}{threads}"),
-    "engine.decode_torch": ("PyTorch ops ({why})", "PyTorch 算子（{why}）"),
-    "engine.attn_bf16_step": ("in-place paged decode inside the C step (the bf16 pool, read where it lies); prompts: "
-                              "SDPA over gathered blocks",
-                              "解码在 C 步骤内原地读取分页缓存（bf16 缓存池，不复制）；提示词：SDPA（先收集块）"),
-    "engine.decode_layer_bf16": ("one C call a decode step for 1-{rows} sequences over the {weights} weights and the "
-                                 "bf16 pool, fp32 inside (decode_layer.c); prompts: PyTorch's bf16 ops{threads}",
-                                 "1–{rows} 个序列的解码步每步一次 C 调用，读 {weights} 权重和 bf16 缓存池，内部以 fp32 计算"
-                                 "（decode_layer.c）；提示词：PyTorch 的 bf16 算子{threads}"),
-    "engine.no_bf16_step_weights": ("a bf16 engine's C step reads bf16 or int8 weights only",
-                                     "bf16 引擎的 C 步骤只读取 bf16 或 int8 权重"),
-    "engine.calibrated_bf16": ("calibrated at load, a decode step: the C step over {weights} weights {c} ms, PyTorch's "
-                               "bf16 ops {torch} ms",
-                               "加载时校准，一个解码步：{weights} 权重上的 C 步骤 {c} ms，PyTorch 的 bf16 算子 {torch} ms"),
-    "engine.calibrated_torch_bf16": ("PyTorch's bf16 ops were faster at load", "加载时 PyTorch 的 bf16 算子更快"),
-    "engine.decode_torch_off": ("PyTorch ops (decode_ops.c off: {why})", "PyTorch 算子（decode_ops.c 未启用：{why}）"),
-    "engine.decode_not_cpu": ("the fused C paths are for the CPU in fp32", "融合的 C 路径只用于 CPU 上的 fp32"),
-    "engine.linear_quantized": ("{method} weights (PyTorch's weight-only kernel) in {n} layers",
-                                "{method} 权重（PyTorch 的仅权重量化内核），共 {n} 层"),
-    "engine.decode_quantized": ("the fused C paths run in fp32 or bf16", "融合的 C 路径以 fp32 或 bf16 运行"),
-    "engine.decode_calibrated": ("calibrated at load, a decode step: C kernels {c} ms, PyTorch ops with oneDNN linears "
-                                 "{onednn} ms{mkl}",
-                                 "加载时校准，一个解码步：C 内核 {c} ms，PyTorch 算子 + oneDNN 线性层 {onednn} ms{mkl}"),
-    "engine.calibrated_int8": ("calibrated at load, a decode step: the C kernels over int8 weights {gemv} ms, "
-                               "layer by layer with PyTorch's int8 kernel {torch} ms",
-                               "加载时校准，一个解码步：int8 权重上的 C 内核 {gemv} ms，逐层用 PyTorch 的 int8 内核 {torch} ms"),
-    "engine.calibrated_torch_int8": ("PyTorch's int8 kernel was faster at load", "加载时 PyTorch 的 int8 内核更快"),
-    "engine.calibrated_mkl_ms": (", with nn.Linear (MKL) {ms} ms", "，PyTorch 算子 + nn.Linear（MKL）{ms} ms"),
-    "engine.calibrated_onednn": ("PyTorch ops with oneDNN linears", "PyTorch 算子 + oneDNN 线性层"),
-    "engine.calibrated_mkl": ("PyTorch ops with nn.Linear (MKL)", "PyTorch 算子 + nn.Linear（MKL）"),
-    "engine.dtype_no_bf16": ("auto: no native bf16 here", "auto：此 CPU 无原生 bf16"),
-    "engine.dtype_small": ("auto: the largest matrix ({mib} MiB in fp32) fits in caches, bf16 would not pay",
-                           "auto：最大的矩阵（fp32 下 {mib} MiB）放得进缓存，bf16 不划算"),
-    "engine.dtype_calibrated": ("auto: {flag}; calibrated at load, the largest matrix in bf16 {bf16} ms, fp32 {fp32} ms",
-                                "auto：{flag}；加载时校准，最大的矩阵 bf16 用 {bf16} ms，fp32 用 {fp32} ms"),
-    "engine.dtype_quantized": ("auto: {method} weights run fastest in fp32 with the fused C ops (their products take "
-                               "bf16 inputs)",
-                               "auto：{method} 权重在 fp32 下配融合 C 算子最快（矩阵乘的输入为 bf16）"),
-    "engine.why_hybrid": (" (a hybrid model: each KV-cache group's layers read their own pool)",
-                          "（混合模型：每个 KV 缓存组的层读自己的池）"),
-    "engine.decode_hybrid": ("the fused C paths are for models whose layers all attend fully",
-                             "融合的 C 路径只用于所有层都做全注意力的模型"),
-    "engine.no_dense_weights": ("no dense fp32 weights", "没有稠密的 fp32 权重"),
-    "engine.one_thread": ("; one thread (built without OpenMP: {why})", "；单线程（编译时没有 OpenMP：{why}）"),
-    "engine.no_cuda": ("no CUDA GPU visible to this torch build", "这个 torch 构建看不到 CUDA GPU"),
-    "engine.no_mps": ("Apple Metal (MPS) is only on Apple-silicon Macs", "Apple Metal（MPS）只在 Apple 芯片的 Mac 上可用"),
 }
+
+# the engine's words in the status line and the device notes (engine.*): the English is the engine's own table
+# (minivlm.model.backends.WORDS, where each sentence is written once); the Chinese here, by the same ids
+ENGINE_ZH = {
+    "engine.attn_inplace": "原地分页解码（直接在块表上运行的 C 内核{threads}）；预填充：SDPA",
+    "engine.attn_flex": "原地分页解码（在块表上运行的 FlexAttention，已编译）；预填充：SDPA",
+    "engine.attn_flash": "flash-attn 分页内核",
+    "engine.attn_bf16_step": "解码在 C 步骤内原地读取分页缓存（bf16 缓存池，不复制）；提示词：SDPA（先收集块）",
+    "engine.attn_gathered": "对收集起来的块做 SDPA{why}",
+    "engine.why_kernel": "（原地内核：{why}）",
+    "engine.why_flex": "（原地 FlexAttention：{state}）",
+    "engine.why_flash_missing": "（未安装 flash-attn）",
+    "engine.why_flash_shape": "（flash-attn 的分页内核需要 fp16/bf16，且块大小是 256 的倍数）",
+    "engine.fp32_only": "只支持 fp32",
+    "engine.decode_layer": "1–{rows} 个序列时每步一次 C 调用（decode_layer.c），更多序列时融合小算子（decode_ops.c）{threads}",
+    "engine.decode_ops": "融合小算子（decode_ops.c）；decode_layer.c 未启用：{why}{threads}",
+    "engine.decode_torch": "PyTorch 算子（{why}）",
+    "engine.decode_layer_bf16": ("1–{rows} 个序列的解码步每步一次 C 调用，读 {weights} 权重和 bf16 缓存池，内部以 fp32 计算"
+                                 "（decode_layer.c）；提示词：PyTorch 的 bf16 算子{threads}"),
+    "engine.no_bf16_step_weights": "bf16 引擎的 C 步骤只读取 bf16 或 int8 权重",
+    "engine.calibrated_bf16": "加载时校准，一个解码步：{weights} 权重上的 C 步骤 {c} ms，PyTorch 的 bf16 算子 {torch} ms",
+    "engine.calibrated_torch_bf16": "加载时 PyTorch 的 bf16 算子更快",
+    "engine.decode_torch_off": "PyTorch 算子（decode_ops.c 未启用：{why}）",
+    "engine.decode_not_cpu": "融合的 C 路径只用于 CPU 上的 fp32",
+    "engine.why_hybrid": "（混合模型：每个 KV 缓存组的层读自己的池）",
+    "engine.decode_hybrid": "融合的 C 路径只用于所有层都做全注意力的模型",
+    "engine.no_dense_weights": "没有稠密的 fp32 权重",
+    "engine.one_thread": "；单线程（编译时没有 OpenMP：{why}）",
+    "engine.linear_gemv": "1–{rows} 行的解码批次用 gemv.c，更多行用 oneDNN（预打包）{threads}",
+    "engine.linear_onednn": "oneDNN（预打包）；gemv.c 未启用：{why}",
+    "engine.linear_default": "PyTorch 默认实现（nn.Linear）",
+    "engine.linear_quantized": "{method} 权重（PyTorch 的仅权重量化内核），共 {n} 层",
+    "engine.decode_quantized": "融合的 C 路径以 fp32 或 bf16 运行",
+    "engine.decode_calibrated": "加载时校准，一个解码步：C 内核 {c} ms，PyTorch 算子 + oneDNN 线性层 {onednn} ms{mkl}",
+    "engine.calibrated_int8": "加载时校准，一个解码步：int8 权重上的 C 内核 {gemv} ms，逐层用 PyTorch 的 int8 内核 {torch} ms",
+    "engine.calibrated_torch_int8": "加载时 PyTorch 的 int8 内核更快",
+    "engine.calibrated_mkl_ms": "，PyTorch 算子 + nn.Linear（MKL）{ms} ms",
+    "engine.calibrated_onednn": "PyTorch 算子 + oneDNN 线性层",
+    "engine.calibrated_mkl": "PyTorch 算子 + nn.Linear（MKL）",
+    "engine.dtype_no_bf16": "auto：此 CPU 无原生 bf16",
+    "engine.dtype_small": "auto：最大的矩阵（fp32 下 {mib} MiB）放得进缓存，bf16 不划算",
+    "engine.dtype_calibrated": "auto：{flag}；加载时校准，最大的矩阵 bf16 用 {bf16} ms，fp32 用 {fp32} ms",
+    "engine.dtype_quantized": "auto：{method} 权重在 fp32 下配融合 C 算子最快（矩阵乘的输入为 bf16）",
+    "engine.no_cuda": "这个 torch 构建看不到 CUDA GPU",
+    "engine.no_mps": "Apple Metal（MPS）只在 Apple 芯片的 Mac 上可用",
+}
+if set(ENGINE_ZH) != set(WORDS):  # a sentence the engine added or dropped: its Chinese here too
+    raise ValueError(f"engine words without Chinese, or not the engine's: {sorted(set(ENGINE_ZH) ^ set(WORDS))}")
+MESSAGES.update({key: (WORDS[key], zh) for key, zh in ENGINE_ZH.items()})

@@ -16,9 +16,9 @@ import importlib
 import torch
 
 from minivlm.model.backends import quantized
-from minivlm.model.backends.base import Attention, Backend, Limits, Said
+from minivlm.model.backends.base import WORDS, Attention, Backend, Limits, Said
 
-__all__ = ["pick", "prepare_linears", "quantized", "Attention", "Backend", "Limits", "Said"]
+__all__ = ["pick", "prepare_linears", "quantized", "Attention", "Backend", "Limits", "Said", "WORDS"]
 ATTENTION = ("cpu_kernels", "flash", "flex")  # best first
 
 

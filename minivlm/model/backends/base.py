@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from minivlm.model.attention import PagedAttention
 
-# the status line's words, by id (panels/i18n/chat_text.py has the same ids with their Chinese)
+# the status line's words, by id: each English sentence written once, here (panels/i18n/chat_text.py reads them
+# and adds the Chinese under the same ids)
 WORDS = {
     "engine.attn_inplace": "in-place paged decode (C kernel over the block tables{threads}); prefill: SDPA",
     "engine.attn_flex": "in-place paged decode (FlexAttention over the block tables, compiled); prefill: SDPA",
