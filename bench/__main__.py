@@ -101,7 +101,7 @@ def main(argv=None):
     if args.peer and (args.device, args.dtype) != ("cpu", "float32"):
         raise ValueError("--peer compares CPU fp32 engines: it needs --device cpu --dtype float32")
     torch.set_num_threads(args.threads)
-    load_before = results.load_average()
+    sampler = results.LoadSampler()
     spec = SMOKE_MODEL if args.smoke else BENCH_MODEL
     name = "bench-smoke" if args.smoke else "bench-qwen2_5_vl-70m"
     model_dir = build_checkpoint(args.checkpoint_dir or os.path.join(tempfile.gettempdir(), "minivlm-" + name), spec)
@@ -123,7 +123,8 @@ def main(argv=None):
     if not args.no_record:
         model = (f"random Qwen2.5-VL architecture, {param_count(model_dir) / 1e6:.1f}M parameters, {args.dtype} on "
                  f"{args.device}; baseline: {baseline}")
-        run_info = results.run_stamp(command, args.threads, load_before, time.perf_counter() - start, repeats, model)
+        run_info = results.run_stamp(command, args.threads, sampler.first, time.perf_counter() - start, repeats, model,
+                                     load_range=sampler.stop())
         if "llamacpp" in args.peer:
             run_info["peer"] = peer_llamacpp.header_lines(details).strip()
         run_info["note"] = f"VM steal {steal.since_start()}"

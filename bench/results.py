@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 
 import torch
 
@@ -57,6 +58,27 @@ def load_average() -> list[float] | None:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
+class LoadSampler:
+    """The 1-min load average read every `period` seconds on a daemon thread while the bench runs: its range says
+    how loaded the whole run was, where readings before and after can both miss the busy middle."""
+
+    def __init__(self, period: float = 10.0):
+        self.first = load_average()  # the load before the run (1/5/15 min)
+        self.readings = [self.first[0]] if self.first else []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(period,), daemon=True)
+        self._thread.start()
+
+    def _sample(self, period: float):
+        while not self._stop.wait(period):
+            self.readings.append(load_average()[0])
+
+    def stop(self) -> list[float] | None:
+        """[min, max] of the readings so far (the sampler stops)."""
+        self._stop.set()
+        return [min(self.readings), max(self.readings)] if self.readings else None
+
+
 def git_commit() -> str:
     """The checkout's commit, '+changes' where minivlm/ or bench/ differ from it; 'unknown' outside git."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,12 +93,12 @@ def git_commit() -> str:
 
 
 def run_stamp(command: str, threads: int, load_before, seconds: float, repeats: int, model: str,
-              source: str = "measured") -> dict:
+              source: str = "measured", load_range=None) -> dict:
     """The run's own line: when, how (the exact command), on how many threads, how loaded before and after."""
     import transformers
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "source": source, "command": command, "threads": threads, "load_before": load_before,
-            "load_after": load_average(), "seconds": round(seconds), "repeats": repeats, "model": model,
+            "load_after": load_average(), "load_range": load_range, "seconds": round(seconds), "repeats": repeats, "model": model,
             "torch": torch.__version__, "transformers": transformers.__version__, "commit": git_commit()}
 
 

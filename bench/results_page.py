@@ -61,7 +61,9 @@ def run_line(label: str, run: dict) -> str:
     source = "measured" if run["source"] == "measured" else run["source"]
     load = (f"load average {run['load']}" if run.get("load") else
             f"load average (1/5/15 min) {load_text(run.get('load_before'))} before, "
-            f"{load_text(run.get('load_after'))} after")
+            f"{load_text(run.get('load_after'))} after" + (
+                f", 1-min {run['load_range'][0]:.1f}-{run['load_range'][1]:.1f} during" if run.get("load_range")
+                else ""))
     line = (f"  - **{label}** {run['date'][:16].replace('T', ' ')} UTC, {source}: `{run['command']}`; "
             f"{run['threads']} threads, {load}")
     extra = [f"{run['seconds']} s" if run.get("seconds") else "", f"repeats {run['repeats']}" if run.get("repeats")
@@ -70,13 +72,16 @@ def run_line(label: str, run: dict) -> str:
     return line + "".join(f"; {x}" for x in extra if x)
 
 
-def machine_line(letter: str, m: dict) -> str:
+def machine_line(letter: str, record: dict) -> str:
+    m, goals = record["machine"], [r["passed"] for r in record["rows"] if r.get("passed") is not None]
+    met = f"; goals met: {sum(goals)} of {len(goals)} rows with a goal" if goals else ""
     flags = " ".join(m["flags"]) or "none listed"
     absent = "not recorded" if m.get("absent") is None else " ".join(m["absent"]) or "none"
     gpu = m.get("gpu") or "no GPU"
     note = f" ({m['note']})" if m.get("note") else ""
     variant = f", runs with {m['variant']}" if m.get("variant") else ""
-    return f"- **{letter}: {m['cpu']}**{variant}, {m['cores']} cores, {gpu}; CPU flags {flags}; absent: {absent}{note}"
+    return (f"- **{letter}: {m['cpu']}**{variant}, {m['cores']} cores, {gpu}; CPU flags {flags}; absent: {absent}"
+            f"{note}{met}")
 
 
 def labelled(records: list[dict]) -> list[tuple[str, dict, dict]]:
@@ -142,7 +147,7 @@ def render(records: list[dict], history: str = "") -> str:
            "## Machines and runs",
            ""]
     for letter, rec, labels in machines:
-        out.append(machine_line(letter, rec["machine"]))
+        out.append(machine_line(letter, rec))
         out += [run_line(labels[rid], run) for rid, run in sorted(rec["runs"].items())]
     out += ["", "A cell: ratio, ✓/✗ against the goal, (engine vs baseline), the run (machine letter, run number).",
             "", "## Peers side by side", ""]

@@ -115,6 +115,8 @@ def test_markdown_option_records_the_run_and_writes_the_page(tmp_path):
     assert all(r["group"] == "memory" for r in record["rows"])
     [run_info] = record["runs"].values()
     assert run_info["command"] == "python -m bench " + " ".join(argv) and len(run_info["load_before"]) == 3
+    low, high = run_info["load_range"]  # the 1-min load sampled while it ran, from the reading before it on
+    assert 0 <= low <= run_info["load_before"][0] <= high
     page = md.read_text()
     lines = table_rows(page, "## Every row")
     assert [line.split(" | ")[0].lstrip("| ") for line in lines] == [r.metric for r in rows]
