@@ -1,11 +1,12 @@
 """Every family x quantization (int8, int4) x dtype (float32, bfloat16) on its random-weight test checkpoint: does it
-serve, and how close are its tokens to the unquantized engine's of the same dtype (max |Δ logprob| of the same token
-on the same prefix, as tests/test_quantization.py measures; greedy tokens equal), or what does the refusal say. Each family runs in
-a subprocess of its own, so a kernel that ends the process is a row that says "crashed", not a lost run (issue #52).
+serve, and how close are its tokens to the unquantized fp32 engine's (max |Δ logprob| of the same token after the
+same prefix, as tests/test_quantization.py measures; greedy tokens equal), or what does the refusal say. A first row
+a family, the unquantized bf16 engine, says how far rounding alone moves that checkpoint. Each family runs in a
+subprocess of its own, so a kernel that ends the process is a row that says "crashed", not a lost run (issue #52).
 
     python -m tools.quantization_matrix [FAMILY ...] [--json]     # prints the table (markdown), or JSON lines
 
-Two more rows use checkpoints whose widths are not multiples of 16 (hidden 40, intermediate 88), the widths that
+Two more cases use checkpoints whose widths are not multiples of 16 (hidden 40, intermediate 88), the widths that
 ended the process before the weights were padded for PyTorch's kernels (minivlm/model/backends/quantized.py)."""
 import json
 import os
@@ -51,8 +52,8 @@ def requests(text_only: bool):
 
 def closeness(outs, refs) -> tuple[float, int, int]:
     """(max |Δ logprob| of the reference's token at each position where both engines saw the same prefix, the first
-    one where they chose apart included, tokens equal, tokens). Past a divergence the prefixes differ and nothing compares; at it, the bound says the choice was a
-    near tie."""
+    one where they chose apart included, tokens equal, tokens). Past a divergence the prefixes differ and nothing
+    compares; at it, the bound says the choice was a near tie."""
     worst, same, total = 0.0, 0, 0
     for o, r in zip(outs, refs):
         same += sum(a == b for a, b in zip(o.token_ids, r.token_ids))
@@ -102,9 +103,9 @@ def run_in_subprocess(case: str, timeout: float = 600) -> list[dict]:
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or len(rows) != 1 + len(METHODS) * len(DTYPES):
         tail = (done.stderr.strip().splitlines() or [""])[-1]
-        return [dict(case=case, method=m, dtype=d, served=False, crashed=done.returncode,
-                     message=f"process ended with {done.returncode}: {tail}") for m in ("none",) + METHODS for d in DTYPES
-                if m != "none" or d == "bfloat16"]
+        settings = [("none", "bfloat16")] + [(m, d) for m in METHODS for d in DTYPES]
+        return [dict(case=case, method=m, dtype=d, served=False, crashed=done.returncode or "rows missing",
+                     message=f"process ended with {done.returncode}: {tail}") for m, d in settings]
     return rows
 
 

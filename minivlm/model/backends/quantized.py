@@ -15,7 +15,8 @@ place), which PyTorch's ops cost more than the products here.
           they multiply by the inputs quantized to int8 in blocks of 32 (q8_activations.h, llama.cpp's Q8_0 way):
           two threads read 21.5 GB/s of the 348M bench model's weights, where widening each weight to a float read
           15.4 and PyTorch's kernel 13.4
-    int4  asymmetric, one scale and zero point per group of GROUP input channels; PyTorch's packed layout,
+    int4  asymmetric, one scale and zero point per group of GROUP input channels (64 or 32 where GROUP does not
+          divide the width); PyTorch's packed layout,
           torch.ops.aten._weight_int4pack_mm_for_cpu
 
 Both are the CPU's: on CUDA and MPS the option is refused (PyTorch ships no weight-only int8 CUDA matmul of this
@@ -26,9 +27,9 @@ the int8 one reads K (input channels) 16 bf16 inputs and 16 weights at a time on
 loads that assume each input row starts 32 bytes aligned, so a K that is not a multiple of 16, or an input that
 starts elsewhere, reads past the row (inf / nan) or faults and ends the process (issue #52: K = 24, 56, 100 ...).
 The int4 one takes N (output channels) in blocks of 16 and K in whole groups. So the weights are padded here, once,
-to what the kernels take: zero input columns up to a multiple of K_MULTIPLE (int8) or of the group (int4), whose
-inputs are zeros too, and int4's output rows up to a multiple of N_MULTIPLE (their outputs dropped); and every
-input reaches a kernel through kernel_input (bf16, contiguous, ALIGN-aligned, padded). Any width then quantizes and
+to what the kernels take: input columns up to a multiple of K_MULTIPLE (int8: zeros) or of the group (int4: the
+last real column repeated), whose inputs are zeros, and int4's output rows up to a multiple of N_MULTIPLE (their
+outputs dropped); and every input reaches a kernel through kernel_input (bf16, contiguous, ALIGN-aligned, padded). Any width then quantizes and
 gives the unpadded layer's numbers; `padded_layers` names the layers that needed it."""
 import torch
 import torch.nn.functional as F
