@@ -9,12 +9,13 @@ class RecurrentManager:
     """A recurrent group's state slots: one per running request, the rest hold checkpoints (a state saved at a
     block boundary, keyed by the block key there, least recently used evicted first). A hit can only resume where a
     state was saved, so where to save decides what a later request reuses (docs/ENGINE.md, "Where recurrent state is
-    saved"): every block boundary from the prompt's last one before its generation prompt to its last one before its
+    saved"): every block boundary from the prompt's last one at or before its generation prompt to its last one before its
     last token (save_points; one or two): a follow-up turn keeps the conversation before the generation prompt
     (Qwen3.5's `<think>\\n` or `<think>\\n\\n</think>\\n\\n` is not in its history), so it resumes at the last full
     block it shares, and the same prompt again at the last one; and, while a request decodes, its latest block
     boundary (one per request, moved forward: a follow-up that quotes the answer resumes further on). Saving needs
     the step to end there: the scheduler ends a prefill chunk at each save point."""
+    kind = "recurrent"
 
     def __init__(self, num_slots: int, block_size: int, caching: bool, events, group_idx: int):
         self.num_slots, self.block_size, self.caching, self.events = num_slots, block_size, caching, events
@@ -28,8 +29,6 @@ class RecurrentManager:
         self.restore: dict[int, int] = {}  # seq_id -> checkpoint slot its admission restores from (until planned)
         self.saves: dict[int, int] = {}    # this step: seq_id -> slot its state is saved into
         self.stats = {"checkpoints_saved": 0, "checkpoint_hits": 0}
-
-    kind = "recurrent"
 
     def begin_step(self):
         self.pinned, self.saves = set(), {}
