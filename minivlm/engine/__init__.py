@@ -47,11 +47,11 @@ class Engine:
     model_type = property(lambda self: self.model.model_type)
     family = property(lambda self: self.model.family)  # minivlm.families.Family: how this model takes images
     # which backend runs, in words (str subclasses with a message id and fields: panels/i18n translates by the id)
-    attention_backend = property(lambda self: self.core.runner.backend.describe()["attention"])
+    attention_backend = property(lambda self: self.core.backend_info()["attention"])
     linear_backend = property(lambda self: self.model.linear_backend)  # the decoder's matrix products
     dtype_reason = property(lambda self: self.model.dtype_reason)  # why dtype="auto" chose it on the CPU ("" if set)
-    decode_backend = property(lambda self: self.core.runner.backend.describe()["decode"])
-    calibration = property(lambda self: self.core.runner.backend.calibration)  # the CPU step's timed choice, or ""
+    decode_backend = property(lambda self: self.core.backend_info()["decode"])
+    calibration = property(lambda self: self.core.backend_info()["calibration"])  # the CPU step's timed choice, or ""
     processor = property(lambda self: self.model.processor)
     tokenizer = property(lambda self: self.model.tokenizer)
 
@@ -189,7 +189,7 @@ class Engine:
         took its images, since the engine started), size and used (embeddings: the bound, and those held now),
         in_use (of them, used by live requests) and entries (outputs held)."""
         with self.loop.lock:
-            return self.core.scheduler.encoder.stats()
+            return self.core.encoder_cache_stats()
 
     def snapshot(self) -> KVSnapshot:
         """KVSnapshot of the pool now (plain data, safe to hand to another thread)."""

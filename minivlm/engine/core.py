@@ -18,9 +18,9 @@ from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.loader import LoadedModel
 from minivlm.engine.output_processor import OutputProcessor
 from minivlm.engine.outputs import KVSnapshot, StreamEvent
-from minivlm.engine.execute import execute
+from minivlm.engine.execute import execute_model, sample_tokens
 from minivlm.engine.grammar_masks import MaskFiller, default_mode
-from minivlm.engine.plan import StepOutcome, StepPlan
+from minivlm.engine.plan import RunnerOutput, StepPlan
 from minivlm.engine.prefix_keys import extend_keys
 from minivlm.engine.runner import ModelRunner
 from minivlm.engine.scheduler import Scheduler
@@ -45,14 +45,16 @@ class EngineCore:
         caching = config.cache_strategy != "none"
         self.block_manager = coordinator.build(self.pool, config.block_size, caching, self.events)  # every group
         self.requests = RequestRegistry()  # every admitted, unfinished request; its status moves only there
-        self.scheduler = Scheduler(self.block_manager, config, self.events, self.requests)
-        self.scheduler.whole_spans = bool(getattr(model.decoder, "bidirectional_images", False))
         self.snapshots = SnapshotBuilder(self.block_manager, model.text_config.num_hidden_layers)
-        self.scheduler.encoder.size = encoder_cache_size(config, model)  # in embeddings (engine/encoder_cache.py)
         # with the adaptive budget the tower runs in the time each step leaves of its allowance; else beside the steps
         self.vision_worker = VisionWorker(model.vision, sliced=config.max_step_slowdown is not None) \
             if config.async_vision and model.vision is not None else None
         self.runner = ModelRunner(model, self.pool.layer_caches, config, self.vision_worker)  # picks the backend, once
+        self.scheduler = Scheduler(  # chunks keep mixed steps within the backend's one fast call (fast_rows)
+            self.block_manager, config, self.events, self.requests,
+            whole_spans=bool(getattr(model.decoder, "bidirectional_images", False)),
+            encoder_cache_size=encoder_cache_size(config, model),  # in embeddings (engine/encoder_cache.py)
+            fast_rows=self.runner.limits.fast_rows)
         self.masks = MaskFiller(default_mode(self.runner.device.type))  # structured outputs' masks
         self.busy = BusyThreads() if model.device.type == "cpu" else None  # fewer threads while others hold cores
         # a token's text, for the step-through's line on every constrained step (decoding it each time cost more)
@@ -60,14 +62,13 @@ class EngineCore:
         # Sequence -> its pixels (ImageInputs), left by intake on a caller's thread; handed to the runner on admission
         self.image_inputs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._step_time: tuple[int, float] = (0, 0.0)  # the latest step: (decode tokens, seconds), for tower_slice
-        if self.scheduler.adaptive is not None:  # chunks keep mixed steps within the backend's one fast call
-            self.scheduler.adaptive.fast_rows = self.runner.limits.fast_rows
         self.outputs = OutputProcessor(model.tokenizer, model.eos_ids, config.max_model_len)
         self.speculation = SpecRecorder(self.events)  # speculative decoding's counters and events
         self.step_count = 0
         self.last_plan: StepPlan | None = None   # the plan of the latest step that ran something
         self._written: dict[int, int] = {}       # this step, before its update: seq_id -> tokens whose K/V exist
         self._step_seqs: dict[int, Sequence] = {}  # this step: every request it may touch, failed ones included
+        self._unwritten: dict[int, int] = {}     # this step: seq_id -> the first token whose K/V nobody wrote
         self.kv_publisher = None
         if config.kv_events is not None and config.kv_events.active:  # zmq is imported only when publishing
             from minivlm.kv_events.publisher import KVEventPublisher
@@ -78,13 +79,25 @@ class EngineCore:
 
     live = property(lambda self: self.requests.requests)  # seq_id -> every admitted, unfinished request
 
+    # ---- what the engine's facade asks (docs/API.md): answered here, never by reaching into the parts ----------
+    def has_work(self) -> bool:
+        """Whether a request waits or runs."""
+        return self.requests.has_work()
+
+    def encoder_cache_stats(self) -> dict[str, int]:
+        return self.scheduler.encoder.stats()
+
+    def backend_info(self) -> dict:
+        """The backend in words: its attention and decode paths, and the CPU step's timed choice (or "")."""
+        return {**self.runner.backend.describe(), "calibration": self.runner.backend.calibration}
+
     def step(self, new: list[Sequence], aborts: set[int] = frozenset()) -> StepResult:
         """One scheduler step: prefill a batch of waiting requests, or decode one token for every running one
         (chunked prefill: decodes and prefill chunks together, within the step's token budget). aborts: seq_ids the
         callers cancelled since the last step (new ones among them are admitted, then aborted)."""
         res = StepResult()
         aborted = [self.live[i] for i in aborts if i in self.live]
-        if not (new or aborted or self.scheduler.has_work()):
+        if not (new or aborted or self.has_work()):
             return res
         self._step_time = (0, 0.0)
         if not (new or aborted) and self._only_encoding():
@@ -98,7 +111,7 @@ class EngineCore:
             self._isolate("admit", [seq], lambda b: [self._admit(b[0])], res)
         for seq in aborted + [s for s in new if s.seq_id in aborts and s.finish_reason is None]:
             res.events.append((seq, self.abort(seq)))
-        if self.scheduler.has_work():
+        if self.has_work():
             self._run_step(res)
         if self.kv_publisher is not None:
             self.kv_publisher.after_step(self)  # this step's block events, one batch, queued for the sender
@@ -123,15 +136,42 @@ class EngineCore:
         if plan.requests:
             self.last_plan = plan
         start = self.clock()
-        out = execute(self, plan, res)  # images, model, sampling (engine/execute.py)
+        out = self._execute(plan, res)  # images, model, sampling (engine/execute.py)
         if not any(j.todo for j in plan.encodes) and len(out.ran) == len(plan):  # whole, no tower: a clean measurement
             self.scheduler.observe(plan, self.clock() - start)
-        events = self.update(plan, out, res)
+        events = self.update(plan, out, res, self._unwritten)
         self.masks.ahead(out.sampled, self.live)  # the next step's masks fill while this step ends
         self._written = {}
         self._attach_snapshot([(s, ev) for s, ev in events if s.wants_snapshot], res)
         res.events += [(s, ev) for s, ev in events if ev.finished or s.finish_reason is None]
         self._step_time = (sum(r.kind == "decode" for r in plan), self.clock() - start)
+
+    def _execute(self, plan: StepPlan, res: StepResult) -> RunnerOutput:
+        """The runner's two phases; between them and after, the requests they failed are failed here, and between
+        them the requests whose forward read K/V never written (a block they hit lost its publisher in this step:
+        only a failure unpublishes) are found, to sample nothing."""
+        self._unwritten = {}
+        live = self.requests
+        masks = self.masks.start(s for r in plan if r.sample and (s := live.get(r.seq_id)) is not None) \
+            if plan.requests else None
+        try:  # the masks fill beside the forward, or are left for sampling
+            out = execute_model(self.runner, plan, live)
+            self._fail_all(out, res)
+            if res.failed:
+                self._unwritten = self.scheduler.unwritten([r for r in plan if r.seq_id in out.ran], self.live)
+            sample_tokens(self.runner, out, set(self._unwritten) | out.dead, masks)
+            self._fail_all(out, res)
+        finally:
+            if masks is not None:
+                masks.wait()  # a step never ends with a fill running: update advances these matchers
+        return out
+
+    def _fail_all(self, out: RunnerOutput, res: StepResult):
+        """Fail the requests the runner's output says failed (each once; it may have left meanwhile)."""
+        for seq_id, stage, error in out.failed:
+            seq = self._step_seqs[seq_id]
+            if seq.finish_reason is None:
+                self.fail(seq, stage, error, res)
 
     def tower_slice(self) -> float:
         """Seconds the sliced vision tower may run after the latest step (0: none, or no job waiting for it)."""
@@ -157,11 +197,7 @@ class EngineCore:
 
     def _isolate(self, stage: str, seqs: list, fn, res: StepResult) -> tuple[list, list]:
         """fn over the batch; if it raises, item by item, so only the requests that fault alone fail."""
-        return isolate(seqs, fn, self._seq, lambda seq, e: self.fail(seq, stage, e, res))
-
-    def _seq(self, item) -> Sequence:
-        """The request a stage's item stands for (a Sequence, or a plan's ScheduledRequest / EncodeJob)."""
-        return item if isinstance(item, Sequence) else self._step_seqs[item.seq_id]
+        return isolate(seqs, fn, lambda seq, e: self.fail(seq, stage, e, res))
 
     def _admit(self, seq: Sequence):
         seq.arrived_step = self.step_count
@@ -175,7 +211,8 @@ class EngineCore:
             self.runner.add_inputs(seq.seq_id, inputs)
         self.requests.add(seq)  # WAITING: from here on only update writes its progress
 
-    def update(self, plan: StepPlan, out: StepOutcome, res: StepResult) -> list[tuple[Sequence, StreamEvent]]:
+    def update(self, plan: StepPlan, out: RunnerOutput, res: StepResult,
+               unwritten: dict[int, int]) -> list[tuple[Sequence, StreamEvent]]:
         """The only writer of request progress. Preempted requests restart from token 0; every request whose forward
         ran has its tokens [start, end) computed (and, the first time, its cache hits), unless it read K/V never
         written: then it is rewound to the first such token, its blocks from there unpublished, and the next plan
@@ -193,8 +230,8 @@ class EngineCore:
                     continue
                 if r.admitted and seq.num_output_tokens == 0:  # a re-admission is not a new prompt lookup
                     seq.cache_hits, seq.num_cached_tokens = list(r.hits), len(r.hits) * bs
-                seq.num_computed = out.unwritten.get(r.seq_id, r.end)
-                if r.seq_id in out.unwritten:  # what it computed rests on K/V nobody wrote: not to be reused
+                seq.num_computed = unwritten.get(r.seq_id, r.end)
+                if r.seq_id in unwritten:  # what it computed rests on K/V nobody wrote: not to be reused
                     if r.state_slot >= 0:
                         seq.num_computed = 0  # a recurrent state cannot be rewound: recomputed from a zero state
                     self.block_manager.unpublish(seq, seq.num_computed)
@@ -206,13 +243,13 @@ class EngineCore:
                     and (seq := self.live.get(r.seq_id))
                     for ev in self._isolate("advance", [seq], lambda b: self._emit(b[0], r, out), res)[1]]
 
-    def _emit(self, seq: Sequence, r, out: StepOutcome) -> list[StreamEvent]:
+    def _emit(self, seq: Sequence, r, out: RunnerOutput) -> list[StreamEvent]:
         """The token its step sampled, or (speculating) its accepted guesses and the token after them."""
         if r.seq_id in out.sampled:
             return [self._advance(seq, *out.sampled[r.seq_id])]
         return self.speculation.emit(seq, r, out.spec[r.seq_id], self._advance, self.block_manager)
 
-    def _images_taken(self, plan: StepPlan, out: StepOutcome):
+    def _images_taken(self, plan: StepPlan, out: RunnerOutput):
         """The encoder cache's book after the encode stage: outputs the plan encoded that the runner does not hold
         are forgotten; a request whose images the vision thread encoded says so in the log."""
         self.scheduler.encoder.lost(out.lost)
@@ -226,7 +263,7 @@ class EngineCore:
         """seq left the engine: its references to encoder outputs go (what no one uses stays cached, as long as it
         fits), and so do its pixels and its vision thread's job in the runner."""
         self.scheduler.encoder.release(seq.seq_id)
-        self.runner.drop_inputs(seq.seq_id)
+        self.runner.remove_request(seq.seq_id)  # its pixels, its vision thread's job and its sampling state
         self.image_inputs.pop(seq, None)  # never admitted (aborted by a close before its first step)
 
     def _advance(self, seq: Sequence, token: int, logprobs: dict | None) -> StreamEvent:

@@ -1,55 +1,54 @@
-"""Executing one plan, exactly as written: free the encoder outputs it frees, encode its images, run the forward for
-its requests, verify speculating requests' guesses, sample for those whose prefill completes, within their grammars'
-masks (filled beside the forward where a core is free for it: engine/grammar_masks.py). A stage that raises is
-retried one request at a time (plan.only: the same items, fewer of them); the requests that fail alone are failed.
-Nothing here re-plans: a request whose forward read K/V that were never written (a block it hit lost its publisher
-in this step) samples nothing, and EngineCore.update rewinds it."""
+"""Executing one plan, exactly as written, in the runner's two phases (vLLM's execute_model / sample_tokens):
+`execute_model` frees the encoder outputs the plan frees, encodes its images and runs the forward for its live
+requests; `sample_tokens` verifies speculating requests' guesses and samples for those whose prefill completes,
+within their grammars' masks. A stage that raises is retried one request at a time (plan.only: the same items, fewer
+of them); the requests that fail alone are written into the RunnerOutput's `failed`, as data: the core fails them
+between the phases and after (it alone knows which requests are alive). Nothing here re-plans and nothing here
+touches the core: a request whose forward read K/V that were never written (the core says which, between the
+phases) samples nothing, and EngineCore.update rewinds it."""
 import itertools
 
 import torch
 
-from minivlm.engine.plan import StepOutcome, StepPlan
-from minivlm.engine.step_result import StepResult, all_or_none, isolate
+from minivlm.engine.plan import RunnerOutput, StepPlan
+from minivlm.engine.step_result import all_or_none, isolate
 
 
-def execute(core, plan: StepPlan, res: StepResult) -> StepOutcome:
-    """core: the EngineCore whose runner, scheduler, live requests, grammar masks and failure path the stage uses (a
-    function of the core, not an object holding it: the core must be freed by reference counting alone)."""
-    runner, out = core.runner, StepOutcome()
+def execute_model(runner, plan: StepPlan, live) -> RunnerOutput:
+    """Images and the forward of plan's requests still in `live` (seq_ids of the engine's unfinished requests)."""
+    out = RunnerOutput()
     runner.free_encoder_outputs(plan.free_encoder_keys)
-    alive = lambda reqs: [r for r in reqs if r.seq_id in core.live]  # noqa: E731
-    jobs, took = core._isolate("vision encode", alive(plan.encodes), runner.encode_images, res) \
+    runner.add_requests(plan.new_requests)  # their sampling state, kept until they leave (the persistent batch)
+    alive = lambda reqs: [r for r in reqs if r.seq_id in live and r.seq_id not in out.dead]  # noqa: E731
+    jobs, took = isolate(alive(plan.encodes), runner.encode_images, out.fail("vision encode")) \
         if plan.encodes else ([], [])
     out.encoded = {j.seq_id: t for j, t in zip(jobs, took)}
     out.lost = tuple({j.keys[i] for j in plan.encodes for i in j.todo} - set(runner.encoder_cache))
     reqs = alive(plan)
     if not reqs:
         return out
-    masks = core.masks.start(r for r in reqs if r.sample)  # filling beside the forward, or left for sampling
-    try:
-        _run(core, plan, reqs, res, out, masks)
-    finally:
-        if masks is not None:
-            masks.wait()  # a step never ends with a fill running: update advances these matchers
+    run = lambda b: runner.forward(plan if len(b) == len(plan.requests) else plan.only(b))  # noqa: E731
+    guard = all_or_none if runner.recurrent else isolate  # a recurrent state cannot run twice
+    ran, logits = guard(reqs, run, out.fail("model run"))
+    out.ran = {r.seq_id for r in ran}
+    if ran:
+        out.logits = (ran, logits if isinstance(logits, torch.Tensor) else torch.stack(logits))
     return out
 
 
-def _run(core, plan: StepPlan, reqs: list, res: StepResult, out: StepOutcome, masks):
-    runner = core.runner
-    run = lambda b: runner.forward(plan if len(b) == len(plan.requests) else plan.only(b))  # noqa: E731
-    guard = all_or_none if runner.recurrent else isolate  # a recurrent state cannot run twice
-    ran, logits = guard(reqs, run, core._seq, lambda seq, e: core.fail(seq, "model run", e, res))
-    if not ran:
+def sample_tokens(runner, out: RunnerOutput, skip, masks):
+    """Verify and sample for the requests whose forward ran, minus `skip` (failed since, or read unwritten K/V);
+    masks: the step's grammar masks (engine/grammar_masks.py), waited for here, or None."""
+    if out.logits is None:
         return
-    out.ran = {r.seq_id for r in ran}
-    out.unwritten = core.scheduler.unwritten(ran, core.live) if res.failed else {}  # only a failure unpublishes
-    logits = logits if isinstance(logits, torch.Tensor) else torch.stack(logits)
+    ran, logits = out.logits
+    out.logits = None  # the rows are not kept past the step
     row = dict(zip((r.seq_id for r in ran), itertools.accumulate([r.num_logits for r in ran], initial=0)))
-    wanted = [r for r in ran if r.sample and r.seq_id not in out.unwritten]
+    wanted = [r for r in ran if r.sample and r.seq_id not in skip]
     spec = [r for r in wanted if r.draft]  # speculating: its guesses verified on its k + 1 rows
     if spec:
-        kept, emitted = core._isolate("verification", spec, lambda b: runner.verify_drafts(
-            b, [logits[row[r.seq_id]:row[r.seq_id] + r.num_logits] for r in b]), res)
+        kept, emitted = isolate(spec, lambda b: runner.verify_drafts(
+            b, [logits[row[r.seq_id]:row[r.seq_id] + r.num_logits] for r in b]), out.fail("verification"))
         out.spec = {r.seq_id: e for r, e in zip(kept, emitted)}
         wanted = [r for r in wanted if not r.draft]
     if not wanted:
@@ -58,7 +57,7 @@ def _run(core, plan: StepPlan, reqs: list, res: StepResult, out: StepOutcome, ma
         logits = logits[torch.tensor([row[r.seq_id] for r in wanted], device=logits.device)]
         row = {r.seq_id: i for i, r in enumerate(wanted)}
     out.masks = masks.wait() if masks is not None else None
-    sampled, tokens = core._isolate("sampling", wanted, lambda b: runner.sample_tokens(
+    sampled, tokens = isolate(wanted, lambda b: runner.sample_tokens(
         b, logits if len(b) == len(wanted) else logits[[row[r.seq_id] for r in b]],
-        out.masks.checked(b) if out.masks is not None else None), res)
+        out.masks.checked(b) if out.masks is not None else None), out.fail("sampling"))
     out.sampled = {r.seq_id: t for r, t in zip(sampled, tokens)}

@@ -101,19 +101,19 @@ class MaskFiller:
         if seqs:
             self._ahead = self._fill_beside(BatchMasks([s.seq_id for s in seqs], [s.matcher for s in seqs]))
 
-    def start(self, reqs) -> BatchMasks | None:
-        """The masks of reqs' grammars (the plan's sampling requests that have one): those filled ahead if they are
+    def start(self, seqs) -> BatchMasks | None:
+        """The masks of seqs' grammars (the step's sampling requests that have one): those filled ahead if they are
         these requests' at their current token, else started filling beside the forward or left for sampling to
         fill; None if no request has a grammar."""
-        reqs = [r for r in reqs if r.grammar is not None]
+        seqs = [s for s in seqs if s.matcher is not None]
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            if ahead.key == [(r.seq_id, r.grammar.consumed) for r in reqs]:
+            if ahead.key == [(s.seq_id, s.matcher.consumed) for s in seqs]:
                 return ahead
             ahead.settle()  # not this step's: its fill must end before any of its matchers advances
-        if not reqs:
+        if not seqs:
             return None
-        masks = BatchMasks([r.seq_id for r in reqs], [r.grammar for r in reqs])
+        masks = BatchMasks([s.seq_id for s in seqs], [s.matcher for s in seqs])
         return masks if self.mode == "sampling" else self._fill_beside(masks)
 
     def _fill_beside(self, masks: BatchMasks) -> BatchMasks:

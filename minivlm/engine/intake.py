@@ -87,12 +87,11 @@ class Intake:
                pixels: ImageInputs | None = None) -> Sequence:
         """Choice `index` of a rendered request: its RNG, grammar state, block keys and pixels."""
         cfg, model = self.config, self.model
-        generator = None
+        seed = None  # greedy: no RNG
         if params.temperature > 0:
             seed = params.seed + index if params.seed is not None else \
                 cfg.seed * 1_000_003 + next(self.seed_counter)
-            generator = torch.Generator().manual_seed(seed)
-        seq = Sequence(request, prompt, params, positions, delta, generator)
+        seq = Sequence(request, prompt, params, positions, delta, seed)
         seq.choice_index = index
         if params.structured_outputs is not None:  # compiled here, on the caller's thread, never in the step loop
             seq.matcher = self.grammars().matcher(params.structured_outputs)

@@ -119,7 +119,7 @@ class EngineLoop:
             result = self.core.step(new, aborts)
             done = [seq for seq, _ in result.failed] + [seq for seq, ev in result.events if ev.finished]
             with self._inbox_lock:
-                self._busy = self.core.scheduler.has_work()
+                self._busy = self.core.has_work()
                 for seq in done:
                     self._live.pop(seq.seq_id, None)
             for seq, item in result.failed + result.events:  # an error or a StreamEvent
@@ -142,7 +142,7 @@ class EngineLoop:
                 except Exception:  # the state that killed the loop may refuse; the callers still hear now
                     log.exception("could not release request %s", seq.request_id)
             with self._inbox_lock:
-                self._busy = self.core.scheduler.has_work()
+                self._busy = self.core.has_work()
             for seq in victims:
                 seq.sink.put((seq, RuntimeError(f"the engine loop stopped ({type(error).__name__}: {error}); "
                                                 f"request {seq.request_id} was not finished")))

@@ -9,9 +9,22 @@ from minivlm.engine.outputs import CacheHit
 from minivlm.engine.request import SamplingParams
 
 
+@dataclass(frozen=True)
+class NewRequestData:
+    """What the runner keeps of a request from the first plan that schedules it until it leaves (vLLM's
+    NewRequestData): sent once, as plain data; the runner's InputBatch builds its sampling state from it (its RNG from
+    `seed`, the tokens its penalties count from the prompt on). Later plans carry only what changes per step."""
+    seq_id: int
+    request_id: str
+    params: SamplingParams
+    seed: int | None                      # its RNG's seed (temperature > 0), else None: greedy
+    prompt_token_ids: tuple[int, ...]
+
+
 @dataclass(frozen=True, eq=False)
 class ScheduledRequest:
-    """One request's part of a step: it computes the K/V of tokens [start, end) and, when `sample`, the next token."""
+    """One request's part of a step (vLLM's per-step CachedRequestData): it computes the K/V of tokens [start, end)
+    and, when `sample`, the next token. Plain data: its sampling state is the runner's (NewRequestData, input_batch)."""
     seq_id: int
     request_id: str
     start: int
@@ -30,8 +43,6 @@ class ScheduledRequest:
     slots: tuple[int, ...] = ()            # flat KV slot of each token
     image_at: tuple[int, ...] = ()         # offsets in [0, end - start) of its image placeholder tokens
     image_rows: tuple[tuple[str, int, int], ...] = ()  # their rows, in runs: (vision key, first row, rows) of an output
-    params: SamplingParams | None = None   # how to sample (when `sample`)
-    generator: torch.Generator | None = None  # the request's own RNG (temperature > 0), advanced by sampling
     # a hybrid model's other KV-cache groups (engine/kv_cache/coordinator.py)
     sliding_table: tuple[int, ...] = ()    # its sliding-window table (0 where a block left the window: never read)
     sliding_slots: tuple[int, ...] = ()    # the sliding group's slot of each token
@@ -39,10 +50,6 @@ class ScheduledRequest:
     restore_from: int = -1                 # a checkpoint slot copied into state_slot before the forward (a prefix hit)
     save_to: int = -1                      # a slot state_slot is copied into after the forward (a checkpoint)
     spans: tuple[tuple[int, int], ...] = ()  # image token ranges that attend both ways (Gemma 3), overlapping the step
-    # how its logits are shaped before sampling (when `sample`)
-    grammar: object | None = None          # structured outputs: its matcher (the mask is filled beside the forward)
-    history: tuple[int, ...] = ()          # penalties: the tokens they count (prompt + answer; answer from num_prompt)
-    num_prompt: int = 0
     # speculative decoding (engine/speculative.py): guesses of the next tokens, computed after [start, end) and
     # verified by this step's logits at every one of them; slots past `end` hold them until accepted or given back
     draft: tuple[int, ...] = ()
@@ -155,6 +162,7 @@ class StepPlan:
     encodes: tuple[EncodeJob, ...] = ()
     budget: dict | None = None            # the adaptive token budget's decision and its measurements, if adaptive
     free_encoder_keys: tuple[str, ...] = ()  # encoder outputs evicted since the last plan: the runner deletes them first
+    new_requests: tuple[NewRequestData, ...] = ()  # requests scheduled for the first time: the runner keeps them
     block_size: int = 16                  # tokens per KV block (to_dict names the blocks that hold only guesses)
     _inputs: list = field(default_factory=list, repr=False)  # built on first use, once
 
@@ -189,18 +197,25 @@ class StepPlan:
 
 
 @dataclass
-class StepOutcome:
-    """What executing a plan produced: the requests whose images were taken (with what the vision thread's job
-    took, under async_vision), the outputs the plan encoded that the runner does not hold (every request that
-    needed them failed), the requests whose forward ran, those whose forward read K/V never written (a block they
-    hit was unpublished: its publisher failed in this step; seq_id -> the first such token: update rewinds them
-    there, and they sample nothing), and the token (with its logprobs) each sampling request drew. Plain results;
-    EngineCore.update applies them."""
+class RunnerOutput:
+    """What executing a plan produced (engine/execute.py), as plain results the core applies: the requests whose
+    images were taken (with what the vision thread's job took, under async_vision), the outputs the plan encoded
+    that the runner does not hold (every request that needed them failed), the requests whose forward ran, the token
+    (with its logprobs) each sampling request drew, a speculating request's emitted tokens, the grammar masks its
+    sampling applied, and the requests that failed, by stage: (seq_id, stage, error), in the order they failed."""
     encoded: dict[int, dict | None] = field(default_factory=dict)
     lost: tuple[str, ...] = ()
     ran: set[int] = field(default_factory=set)
-    unwritten: dict[int, int] = field(default_factory=dict)
     sampled: dict[int, tuple[int, dict | None]] = field(default_factory=dict)
     spec: dict[int, list[tuple[int, dict | None]]] = field(default_factory=dict)  # speculating: the tokens it emits
     masks: object | None = None  # the grammar masks its sampling applied (engine/grammar_masks.BatchMasks)
+    failed: list[tuple[int, str, BaseException]] = field(default_factory=list)
+    logits: tuple | None = field(default=None, repr=False)  # between the phases: (requests that ran, their rows)
 
+    @property
+    def dead(self) -> set[int]:
+        return {seq_id for seq_id, _, _ in self.failed}
+
+    def fail(self, stage: str):
+        """isolate's `fail` for one stage: the item's request failed there (recorded, not acted on)."""
+        return lambda item, error: self.failed.append((item.seq_id, stage, error))

@@ -1,14 +1,16 @@
 """Executes a step plan: frees the encoder outputs the plan frees, encodes its images into the encoder cache, runs
 the decoder over the paged KV cache on the plan's flat inputs, then samples one token per sampling request. It reads
-no request state: all it needs is in the plan, its encoder cache and the pixels the core handed it on admission."""
+no request state: all it needs is in the plan, its encoder cache, the pixels the core handed it on admission and the
+sampling state each request's NewRequestData gave its persistent batch (engine/input_batch.py)."""
 import torch
 
 from minivlm.model import backends
-from minivlm.engine.plan import EncodeJob, ScheduledRequest, StepPlan
+from minivlm.engine.plan import EncodeJob, NewRequestData, ScheduledRequest, StepPlan
 from minivlm.engine.sampler import sample, top_logprobs
 from minivlm.engine.speculative import verify
 from minivlm.engine.encoder_cache import ImageInputs
 from minivlm.engine.group_metadata import group_builders, step_metadata
+from minivlm.engine.input_batch import InputBatch
 from minivlm.engine.vision_worker import VisionWorker
 
 MAX_TOWER_ROWS = 16384  # pixel rows (Qwen's patches, or tiles) in one tower call: bounds its activations
@@ -25,6 +27,7 @@ class ModelRunner:
         self.inputs: dict[int, ImageInputs] = {}    # seq_id -> its pixels, from admission until its images are taken
         self.vision_worker = vision_worker          # async_vision: the tower's own thread
         self.pending: dict[int, tuple] = {}         # seq_id -> (image indices, Future) of its vision thread's job
+        self.batch = InputBatch()                   # each request's sampling state, sent once (engine/input_batch.py)
         self.backend = backends.pick(model, config, self.kv_caches)  # once: how this engine's steps run
         self.builders = group_builders(specs, len(layer_caches), self.block_size, self.backend.attention)  # per group
         self.recurrent = any(b.kind == "recurrent" for b in self.builders)  # states advance in place: no rerun
@@ -44,6 +47,16 @@ class ModelRunner:
             todo = [i for i, key in enumerate(inputs.keys) if key not in self.encoder_cache]
             if todo:
                 self.pending[seq_id] = (todo, self.vision_worker.start(*self._pixels(inputs, todo)))
+
+    def add_requests(self, new: tuple[NewRequestData, ...]):
+        """Requests a plan schedules for the first time: their sampling state, kept until remove_request."""
+        for n in new:
+            self.batch.add(n)
+
+    def remove_request(self, seq_id: int):
+        """The request left the engine: everything the runner kept of it goes."""
+        self.drop_inputs(seq_id)
+        self.batch.remove(seq_id)
 
     def drop_inputs(self, seq_id: int):
         """The request left the engine: its pixels, and its vision thread's job if any, are dropped."""
@@ -151,24 +164,30 @@ class ModelRunner:
             b.after(plan, self.kv_caches)  # states saved into checkpoint slots
         return logits
 
-    @staticmethod
     @torch.inference_mode()
-    def verify_drafts(reqs: list[ScheduledRequest], logits: list[torch.Tensor]) -> list[list[tuple[int, dict | None]]]:
+    def verify_drafts(self, reqs: list[ScheduledRequest], logits: list[torch.Tensor]) -> list[list[tuple[int, dict | None]]]:
         """Per speculating request, from its k + 1 rows of logits: the tokens it emits (accepted guesses, then one
         more), each with its logprobs (the model's own at that position, as without speculation)."""
         out = []
         for r, rows in zip(reqs, logits):
-            tokens = verify(rows, list(r.draft), r.params, r.generator)
-            lps = torch.log_softmax(rows.float(), dim=-1) if r.params.logprobs is not None else None
-            out.append([(t, top_logprobs(lps[j], t, r.params.logprobs) if lps is not None else None)
+            st = self.batch[r.seq_id]
+            tokens = verify(rows, list(r.draft), st.params, st.generator)
+            lps = torch.log_softmax(rows.float(), dim=-1) if st.params.logprobs is not None else None
+            out.append([(t, top_logprobs(lps[j], t, st.params.logprobs) if lps is not None else None)
                         for j, t in enumerate(tokens)])
+        for r, emitted in zip(reqs, out):
+            self.batch.sampled(r.seq_id, [t for t, _ in emitted])
         return out
 
-    @staticmethod
     @torch.inference_mode()
-    def sample_tokens(reqs: list[ScheduledRequest], logits: torch.Tensor, masks=None) -> list[tuple[int, dict | None]]:
-        """(next token, {token: logprob} or None) per request [B rows of logits], by its SamplingParams and RNG, within
-        its grammar's mask (masks: the step's, filled) if it has one."""
-        tokens, logprobs = sample(logits, [r.params for r in reqs], [r.generator for r in reqs], reqs, masks)
-        return [(tok, top_logprobs(logprobs[i], tok, r.params.logprobs) if r.params.logprobs is not None else None)
-                for i, (r, tok) in enumerate(zip(reqs, tokens))]
+    def sample_tokens(self, reqs: list[ScheduledRequest], logits: torch.Tensor,
+                      masks=None) -> list[tuple[int, dict | None]]:
+        """(next token, {token: logprob} or None) per request [B rows of logits], by its SamplingParams and RNG (its
+        state in the batch), within its grammar's mask (masks: the step's, filled) if it has one."""
+        states = [self.batch[r.seq_id] for r in reqs]
+        tokens, logprobs = sample(logits, [s.params for s in states], [s.generator for s in states], states, masks)
+        out = [(tok, top_logprobs(logprobs[i], tok, s.params.logprobs) if s.params.logprobs is not None else None)
+               for i, (s, tok) in enumerate(zip(states, tokens))]
+        for r, tok in zip(reqs, tokens):
+            self.batch.sampled(r.seq_id, [tok])
+        return out

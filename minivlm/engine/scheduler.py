@@ -8,7 +8,7 @@ from minivlm.config import EngineConfig
 from minivlm.engine.encoder_cache import DEFAULT_ENCODER_CACHE_SIZE, EncoderCacheManager
 from minivlm.engine.event_log import EventLog
 from minivlm.engine.lifecycle import RequestRegistry
-from minivlm.engine.plan import EncodeJob, Preemption, ScheduledRequest, StepPlan, preemption_reason
+from minivlm.engine.plan import EncodeJob, NewRequestData, Preemption, ScheduledRequest, StepPlan, preemption_reason
 from minivlm.engine.sequence import Sequence
 from minivlm.engine.speculative import Speculator
 from minivlm.engine.step_budget import AdaptiveTokenBudget
@@ -22,7 +22,8 @@ def image_runs(seq: Sequence) -> list[tuple[int, int]]:
 
 class Scheduler:
     def __init__(self, block_manager: KVCacheCoordinator, config: EngineConfig, events: EventLog | None = None,
-                 requests: RequestRegistry | None = None):
+                 requests: RequestRegistry | None = None, whole_spans: bool = False,
+                 encoder_cache_size: int = DEFAULT_ENCODER_CACHE_SIZE, fast_rows: int | None = None):
         self.bm = block_manager
         self.requests = requests or RequestRegistry()  # the queues it serves; their moves are lifecycle.py's
         self.events = events or EventLog(0)
@@ -31,14 +32,17 @@ class Scheduler:
         self.chunked = config.enable_chunked_prefill
         self.adaptive = AdaptiveTokenBudget(config.max_step_slowdown, config.max_num_batched_tokens) \
             if self.chunked and config.max_step_slowdown is not None else None
+        if self.adaptive is not None:  # chunks keep mixed steps within the backend's one fast call
+            self.adaptive.fast_rows = fast_rows
         self._budget = None                  # this step: the adaptive budget's decision (plain data), if any
         self._start: dict[int, int] = {}     # this step: seq_id -> first token it computes
         self._planned: dict[int, dict] = {}  # this step: seq_id -> what was decided for it
         self._preempted: list[Preemption] = []
-        self.encoder = EncoderCacheManager(DEFAULT_ENCODER_CACHE_SIZE)  # the runner's encoder outputs, as a book
+        self.encoder = EncoderCacheManager(encoder_cache_size)  # the runner's encoder outputs, as a book
         self._jobs: dict[int, EncodeJob] = {}  # this step: seq_id -> its images, taken now
         self._in_tower: frozenset[int] = frozenset()  # this step: requests whose images are on the vision thread
-        self.whole_spans = False  # Gemma 3: an image's tokens attend both ways, so a chunk never ends inside one
+        self.whole_spans = whole_spans  # Gemma 3: an image's tokens attend both ways, so a chunk never ends inside one
+        self._sent: set[int] = set()  # requests whose NewRequestData a plan carried; until they leave
         self.speculator = Speculator(config.speculative_config, config.max_model_len) \
             if config.speculative_config is not None else None
 
@@ -60,7 +64,8 @@ class Scheduler:
         self._jobs = {s.seq_id: job for s in batch if (job := self.encode_job(s)) is not None}
         reqs = tuple(self._item(s) for s in batch)
         plan = StepPlan(step, kind, reqs, tuple(self._preempted), tuple(self._jobs.values()), self._budget,
-                        free_encoder_keys=self.encoder.end_step(), block_size=self.bm.block_size)
+                        free_encoder_keys=self.encoder.end_step(), block_size=self.bm.block_size,
+                        new_requests=self._new_requests(batch))
         if reqs:
             counts = {r.request_id: r.num_tokens for r in reqs}
             extra = {"budget": self._budget} if self._budget is not None else {}
@@ -80,10 +85,8 @@ class Scheduler:
         draft = p.get("draft", ())
         return ScheduledRequest(seq.seq_id, seq.request_id, start, end, sample, kind, tuple(self.bm.table(seq)),
                                 tuple(p.get("hits", ())), tuple(p.get("new", ())), tuple(p["publishes"]),
-                                p.get("admitted", False), params=seq.params if sample else None,
-                                generator=seq.generator if sample else None, **self._inputs(seq, start, end, draft),
-                                **self.bm.group_inputs(seq, start, end), **(self._shaping(seq) if sample else {}),
-                                draft=draft, draft_at=p.get("draft_at", -1))
+                                p.get("admitted", False), **self._inputs(seq, start, end, draft),
+                                **self.bm.group_inputs(seq, start, end), draft=draft, draft_at=p.get("draft_at", -1))
 
     def _inputs(self, seq: Sequence, start: int, end: int, draft: tuple = ()) -> dict:
         """What the runner needs of seq's tokens [start, end) and its draft tokens after them: ids, positions, slots,
@@ -98,16 +101,12 @@ class Scheduler:
                 "image_rows": tuple((seq.vision_keys[i], a, n) for i, a, n in seq.image_rows(start, end))
                 if image_at else (), "encode": job is not None and bool(job.todo)}
 
-    @staticmethod
-    def _shaping(seq: Sequence) -> dict:
-        """What shapes a sampling request's logits: its grammar (whose mask is filled while the forward runs: the
-        matcher has every token so far), the tokens its penalties count."""
-        p, out = seq.params, {}
-        if seq.matcher is not None:
-            out["grammar"] = seq.matcher
-        if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0:
-            out.update(history=tuple(seq.token_ids), num_prompt=seq.num_prompt_tokens)
-        return out
+    def _new_requests(self, batch: list[Sequence]) -> tuple[NewRequestData, ...]:
+        """What the runner keeps of the batch's requests it has not been sent yet: sent once, until they leave."""
+        new = tuple(NewRequestData(s.seq_id, s.request_id, s.params, s.seed, tuple(s.token_ids[:s.num_prompt_tokens]))
+                    for s in batch if s.seq_id not in self._sent)
+        self._sent.update(n.seq_id for n in new)
+        return new
 
     def encode_job(self, seq: Sequence) -> EncodeJob | None:
         """seq's images, taken by its first chunk with image tokens (EncoderCacheManager.take: hits and misses);
@@ -285,6 +284,7 @@ class Scheduler:
     def release(self, seq: Sequence, computed: bool = True, written: int | None = None):
         """Release a finished, aborted or failed request's blocks (computed=False: its blocks from token `written`
         on never got their K/V, so they are unpublished too)."""
+        self._sent.discard(seq.seq_id)
         if computed:
             self.bm.deallocate(seq)
         else:

@@ -54,7 +54,7 @@ class Sequence:
     its block table (KVCacheCoordinator.table). seq_id is internal and unique per submission; request_id is the caller's label."""
 
     def __init__(self, request: Request, prompt: Prompt, params: SamplingParams, positions: torch.Tensor,
-                 rope_delta: int, generator: torch.Generator | None):
+                 rope_delta: int, seed: int | None):
         self.seq_id = next(_seq_ids)
         self.request_id = request.request_id
         self.cache_salt = request.cache_salt
@@ -69,7 +69,7 @@ class Sequence:
         self.vision_keys: tuple[str, ...] = ()    # each image's encoder-cache key (set by intake)
         self.image_runs = image_runs(prompt.images, self.token_types)  # (token, image, first row, rows) per run
         self.arrived_step = 0                      # the engine step that admitted it
-        self.generator = generator
+        self.seed = seed                            # its RNG's seed (temperature > 0; the runner owns the RNG)
         self.block_keys: list[str] = []    # key of each full block under the engine's strategy
         self.truth_keys: list[str] = []    # strategy-C key of each full block (ground truth for false hits)
         self.block_extras: list[tuple] = []  # the extra key material of each block_keys entry

@@ -22,35 +22,32 @@ class StepResult:
     failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
 
 
-def isolate(items: list, fn, seq_of, fail) -> tuple[list, list]:
-    """fn(batch) -> one result per item (a Sequence, or a plan's ScheduledRequest / EncodeJob; seq_of(item) is its
-    request). If the batch raises, each item runs alone, so only the requests that fault alone fail (fail(seq,
-    error)). Returns the items that went through and their results."""
+def isolate(items: list, fn, fail) -> tuple[list, list]:
+    """fn(batch) -> one result per item (a Sequence, or a plan's ScheduledRequest / EncodeJob: one request each).
+    If the batch raises, each item runs alone, so only the requests that fault alone fail (fail(item, error)).
+    Returns the items that went through and their results."""
     try:
         return items, fn(items)
     except Exception as e:
         if len(items) == 1:
-            fail(seq_of(items[0]), e)
+            fail(items[0], e)
             return [], []
     kept, results = [], []
     for item in items:
-        if seq_of(item).finish_reason is not None:
-            continue  # failed meanwhile
         try:
             results += fn([item])
             kept.append(item)
         except Exception as e:
-            fail(seq_of(item), e)
+            fail(item, e)
     return kept, results
 
 
-def all_or_none(items: list, fn, seq_of, fail) -> tuple[list, list]:
+def all_or_none(items: list, fn, fail) -> tuple[list, list]:
     """fn over the batch; if it raises, every item's request fails (a recurrent model's forward advances states in
     place, layer by layer: running a request again alone would advance its state twice)."""
     try:
         return items, fn(items)
     except Exception as e:
         for item in items:
-            if seq_of(item).finish_reason is None:
-                fail(seq_of(item), e)
+            fail(item, e)
         return [], []
