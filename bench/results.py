@@ -100,7 +100,8 @@ def run_stamp(command: str, threads: int, load_before, seconds: float, repeats: 
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "source": source, "command": command, "threads": threads, "load_before": load_before,
             "load_after": load_average(), "load_range": load_range, "seconds": round(seconds), "repeats": repeats,
-            "model": model, "torch": torch.__version__, "transformers": transformers.__version__, "commit": git_commit()}
+            "model": model, "torch": torch.__version__, "transformers": transformers.__version__,
+            "commit": git_commit()}
 
 
 def merge(record: dict | None, machine: dict, run: dict, rows: list[dict], order=(), whole_groups=True) -> dict:
