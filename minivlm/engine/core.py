@@ -109,7 +109,7 @@ class EngineCore:
         self.events.step = self.step_count
         for seq in new:
             self._isolate("admit", [seq], lambda b: [self._admit(b[0])], res)
-        for seq in aborted + [s for s in new if s.seq_id in aborts and s.finish_reason is None]:
+        for seq in aborted + [s for s in new if s.seq_id in aborts and self.requests.is_alive(s.seq_id)]:
             res.events.append((seq, self.abort(seq)))
         if self.has_work():
             self._run_step(res)
@@ -143,7 +143,7 @@ class EngineCore:
         self.masks.ahead(out.sampled, self.live)  # the next step's masks fill while this step ends
         self._written = {}
         self._attach_snapshot([(s, ev) for s, ev in events if s.wants_snapshot], res)
-        res.events += [(s, ev) for s, ev in events if ev.finished or s.finish_reason is None]
+        res.events += [(s, ev) for s, ev in events if ev.finished or self.requests.is_alive(s.seq_id)]
         self._step_time = (sum(r.kind == "decode" for r in plan), self.clock() - start)
 
     def _execute(self, plan: StepPlan, res: StepResult) -> RunnerOutput:
@@ -169,9 +169,8 @@ class EngineCore:
     def _fail_all(self, out: RunnerOutput, res: StepResult):
         """Fail the requests the runner's output says failed (each once; it may have left meanwhile)."""
         for seq_id, stage, error in out.failed:
-            seq = self._step_seqs[seq_id]
-            if seq.finish_reason is None:
-                self.fail(seq, stage, error, res)
+            if self.requests.is_alive(seq_id):
+                self.fail(self._step_seqs[seq_id], stage, error, res)
 
     def tower_slice(self) -> float:
         """Seconds the sliced vision tower may run after the latest step (0: none, or no job waiting for it)."""

@@ -96,8 +96,7 @@ class MaskFiller:
         (seq_ids; those still running with a grammar), which a decode step will sample for next."""
         if self.mode != "ahead":
             return
-        seqs = [s for i in sampled if (s := live.get(i)) is not None and s.matcher is not None
-                and s.finish_reason is None]
+        seqs = [s for i in sampled if (s := live.get(i)) is not None and s.matcher is not None]
         if seqs:
             self._ahead = self._fill_beside(BatchMasks([s.seq_id for s in seqs], [s.matcher for s in seqs]))
 

@@ -3,6 +3,13 @@ scheduler reads the two queues in order and asks these methods to move a request
 
     (intake) --add--> WAITING --run--> RUNNING --preempt--> PREEMPTED --run--> RUNNING ...
     any of them --finish--> FINISHED_STOPPED | FINISHED_LENGTH_CAPPED | FINISHED_ABORTED | FINISHED_ERROR
+
+It is the one owner of "is this request alive" (`is_alive`: admitted and unfinished). Everything else asks it (the
+core's `live`, the runner's stages through the seq_ids it is given, the grammar masks filled ahead, the step's
+failures and events) or only keeps what a request owns until the core lets go of it on `finish` (the runner's pixels
+and sampling state, the encoder cache's references, the scheduler's sent set and blocks: EngineCore._finish and fail). The
+engine loop's own book (`EngineLoop._live`, a handle's pending set) is the callers' side: submissions that have not
+had their last event delivered, admitted or not yet, kept under the inbox lock so a caller never waits for a step.
 """
 from collections import deque
 
@@ -23,6 +30,10 @@ class RequestRegistry:
         self.num_preemptions = 0
 
     def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.requests
+
+    def is_alive(self, seq_id: int) -> bool:
+        """Admitted and not finished (stopped, capped, aborted or failed): the engine's one answer."""
         return seq_id in self.requests
 
     def get(self, seq_id: int) -> Sequence | None:
