@@ -13,11 +13,6 @@ from tests.test_parity import requests
 pytestmark = pytest.mark.skipif(decode_layer.KERNELS_BF16.get() is None, reason="decode_layer_bf16.c did not build")
 
 
-class Holder:  # decode_layer.run takes decoder layers: ones that carry the struct and its kind are enough
-    def __init__(self, struct, kind):
-        self._c_layer, self._c_kind = struct, kind
-
-
 def random_layers(g, hidden, heads, kv_heads, d, inter, n=2):
     """n layers' tensors, every value a bf16 number (so the fp32 kernel can read the same weights)."""
     shapes = [("input_norm", (hidden,)), ("post_norm", (hidden,)), ("q_norm", (d,)), ("k_norm", (d,)),
@@ -32,7 +27,7 @@ MATRICES = ("qkv", "o", "gate_up", "down")
 
 def structs(layers, shape, kind):
     """decode_layer.Layer structs over the tensors: matrices as `kind` (bf16, fp32 copies, or int8 with a scale a
-    row: the bf16 values rounded to 127 steps of the row's largest), vectors fp32."""
+    row: the bf16 values rounded to 127 steps of the row's largest), vectors fp32; and the tensors they point into."""
     keep, out = [], []
     for t in layers:
         scales = {}
@@ -47,8 +42,8 @@ def structs(layers, shape, kind):
         ptrs = [ptr(k) if k in t else None for k in (
             "input_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down")]
         keep.extend(scales.values())
-        out.append(Holder(decode_layer.Layer(*ptrs, *shape, 1e-6, 1e-6, shape[3] ** -0.5,
-                                             *[scales[k].data_ptr() if scales else None for k in MATRICES]), kind))
+        out.append(decode_layer.Layer(*ptrs, *shape, 1e-6, 1e-6, shape[3] ** -0.5,
+                                      *[scales[k].data_ptr() if scales else None for k in MATRICES]))
     return out, keep
 
 
@@ -75,10 +70,11 @@ def test_the_bf16_step_writes_the_fp32_steps_kv_rounded_and_stays_close_to_it(ro
     norm = torch.nn.RMSNorm(hidden, eps=1e-5)
     results = {}
     for kind, threads in (("f32", 2), ("bf16", 1), ("bf16", 2)):  # the pool's dtype
-        held, keep = structs(layers, shape, "f32" if kind == "f32" and weights == "bf16" else weights)
+        matrices = "f32" if kind == "f32" and weights == "bf16" else weights
+        held, keep = structs(layers, shape, matrices)
         pool = [tuple(c.clone() if kind == "bf16" else c.float() for c in pair) for pair in pool16]
         step = decode_layer.DecodeStep(rows, slots, tables, lens, torch.arange(1, rows + 1), threads)
-        out = decode_layer.run(held, norm, x.clone(), cos, sin, pool, step)
+        out = decode_layer.run(decode_layer.StepWeights.of(held, norm, matrices), x.clone(), cos, sin, pool, step)
         results[kind, threads] = out, pool
     (out32, pool32), (out16, pool16_1), (out16_2, pool16_2) = results.values()
     assert torch.equal(out16, out16_2) and all(torch.equal(a, b) for p, q in zip(pool16_1, pool16_2)
@@ -125,7 +121,7 @@ def check_against_pytorchs_ops(path, label, monkeypatch, extra: dict, bound: flo
     `bound` x that of the same engine on PyTorch's ops."""
     calls = []
     run = decode_layer.run
-    monkeypatch.setattr(decode_layer, "run", lambda *a, **k: calls.append(a[6].rows) or run(*a, **k))
+    monkeypatch.setattr(decode_layer, "run", lambda *a, **k: calls.append(a[5].rows) or run(*a, **k))
     config = EngineConfig(model=path, dtype="bfloat16", device="cpu", num_blocks=128, max_model_len=1024, **extra)
     with Engine(config) as engine:
         assert engine.decode_backend.key == "engine.decode_layer_bf16"
@@ -181,12 +177,13 @@ def test_kv_rows_round_to_nearest_even_as_torch_does():
     values[-2:] = nan_bits
     held, keep = structs([t], (hidden, heads, kv_heads, d, inter), "bf16")
     bias = torch.cat([t["qkv_bias"][:(heads + kv_heads) * d].float(), values])
-    held[0]._c_layer.qkv_bias = bias.data_ptr()
+    held[0].qkv_bias = bias.data_ptr()
     pool = [tuple(torch.zeros(2, block_size, kv_heads, d, dtype=torch.bfloat16) for _ in range(2))]
     step = decode_layer.DecodeStep(1, torch.tensor([5]), torch.tensor([[0, 1]]), torch.tensor([6]),
                                    torch.arange(1, 2), 1)
     cos, sin = torch.ones(1, d), torch.zeros(1, d)
-    decode_layer.run(held, torch.nn.RMSNorm(hidden, eps=1e-6), torch.randn(1, hidden, generator=g), cos, sin, pool, step)
+    weights = decode_layer.StepWeights.of(held, torch.nn.RMSNorm(hidden, eps=1e-6), "bf16")
+    decode_layer.run(weights, torch.randn(1, hidden, generator=g), cos, sin, pool, step)
     written = pool[0][1].view(-1, kv_heads, d)[5, 0]
     want, nan = values.bfloat16(), values.isnan()
     assert torch.equal(written[~nan].view(torch.int16), want[~nan].view(torch.int16))

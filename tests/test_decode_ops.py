@@ -114,7 +114,7 @@ def test_a_large_decode_batch_in_one_c_call_equals_hf(checkpoints, engines, monk
     rows = []
     real_run = decode_layer.run
     monkeypatch.setattr(decode_layer, "run",
-                        lambda layers, norm, x, *a: rows.append(x.shape[0]) or real_run(layers, norm, x, *a))
+                        lambda weights, x, *a: rows.append(x.shape[0]) or real_run(weights, x, *a))
     engine.reset_prefix_cache()
     outs = engine.generate(reqs, SamplingParams(max_tokens=6, ignore_eos=True, logprobs=1))
     assert max(rows) == len(reqs)
@@ -161,24 +161,18 @@ def test_the_layers_in_a_team_of_two_equal_them_in_one_bit_for_bit(mixed, barrie
     angles = torch.rand(rows, d // 2, generator=g) * 40
     cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
     x = torch.randn(rows, hidden, generator=g)
+    weights = decode_layer.StepWeights.of([c for _, c in layers], final_norm)
     outs = []
     for threads in (1, 2, 2, 2, 2, 2, 2):
         step = decode_layer.DecodeStep(rows, slots, tables, lens, seq_ends, threads)
         kv = [(k.clone(), v.clone()) for k, v in caches]
-        out = decode_layer.run([layer_of(c) for _, c in layers], final_norm, x.clone(), cos, sin, kv, step, fn=fn)
-        logits = decode_layer.run([layer_of(c) for _, c in layers], final_norm, x.clone(), cos, sin, kv, step,
-                                  lm_head, last, fn=fn)
+        out = decode_layer.run(weights, x.clone(), cos, sin, kv, step, fn=fn)
+        logits = decode_layer.run(weights, x.clone(), cos, sin, kv, step, lm_head, last, fn=fn)
         outs.append([out, logits] + [c for pair in kv for c in pair])
     assert not torch.equal(outs[0][0], x)
     assert torch.allclose(outs[0][1], lm_head(outs[0][0][last]), atol=1e-5)  # the logits of the rows asked for
     for got in outs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(got, outs[0]))
-
-
-def layer_of(struct):  # decode_layer.run takes decoder layers: ones that carry the struct are enough
-    class Holder:
-        _c_layer = struct
-    return Holder()
 
 
 def test_chunked_prefills_mixed_steps_in_one_c_call_equal_hf(checkpoints, monkeypatch):

@@ -186,7 +186,8 @@ def test_the_attention_backend_is_said_as_it_is(checkpoints):
     cuda = SimpleNamespace(device="cuda", dtype=torch.bfloat16)  # the rule itself, on any machine
 
     def said(block_size):
-        return flash.attention(cuda, SimpleNamespace(block_size=block_size), None)
+        config = SimpleNamespace(block_size=block_size)
+        return flash.FlashAttention.serves(cuda, config) or flash.FlashAttention.make(cuda, config, None)
     if flash.flash_attn_with_kvcache is not None:
         assert "multiple of 256" in said(16) and said(256).describe() == "flash-attn paged kernels"
     else:

@@ -2,7 +2,7 @@
 Qwen3-VL / Qwen3 (q/k RMSNorm), Llama (SmolVLM); M-RoPE (chunked or interleaved) or 1-D RoPE, deepstack for
 Qwen3-VL. What differs comes from families.py. It reads HF checkpoints as they are; q/k/v and gate/up are fused
 into one matrix each at load. This is the reference path, in PyTorch ops: the engine's backend (model/backends/)
-picks the attention every layer calls, and may run the same step with its own kernels."""
+picks the attention every layer calls, and may replace parts of this loop with its own kernels (forward's hooks)."""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -137,12 +137,18 @@ class Decoder(nn.Module):
         return cos[:, None], sin[:, None]
 
     def forward(self, embeds, positions, kv_caches, meta: AttentionMetadata, deepstack=None,
-                last: torch.Tensor | None = None) -> torch.Tensor:
+                last: torch.Tensor | None = None, hooks=None) -> torch.Tensor:
         """embeds [T, hidden], positions [3, T]; deepstack = (rows [N], [features [N, hidden] per layer]) or None.
-        Returns the final hidden states [T, hidden], or with `last` (row indices [B]) the logits of those rows."""
+        Returns the final hidden states [T, hidden], or with `last` (row indices [B]) the logits of those rows.
+        hooks: a model backend's (backends/base.py's Hooks): its whole_step runs the step in one call where it can
+        (else None), its `layers` replace each layer's forward; this loop stays the one loop."""
+        if hooks is not None and deepstack is None:
+            out = hooks.whole_step(self, embeds, positions, kv_caches, meta, last)
+            if out is not None:
+                return out
         cos, sin = self.rope(positions, embeds.dtype)
         x = embeds
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layers if hooks is None else hooks.layers):
             x = layer(x, cos, sin, kv_caches[i], meta)
             if deepstack is not None and i < len(deepstack[1]):
                 x = x.index_add(0, deepstack[0], deepstack[1][i].to(x.dtype))  # ViT layer features at image tokens

@@ -187,7 +187,7 @@ ENGINE_ZH = {
     "engine.no_bf16_step_weights": "bf16 引擎的 C 步骤只读取 bf16 或 int8 权重",
     "engine.calibrated_bf16": "加载时校准，一个解码步：{weights} 权重上的 C 步骤 {c} ms，PyTorch 的 bf16 算子 {torch} ms",
     "engine.calibrated_torch_bf16": "加载时 PyTorch 的 bf16 算子更快",
-    "engine.decode_torch_off": "PyTorch 算子（decode_ops.c 未启用：{why}）",
+    "engine.why_decode_ops_off": "decode_ops.c 未启用：{why}",
     "engine.decode_not_cpu": "融合的 C 路径只用于 CPU 上的 fp32",
     "engine.why_hybrid": "（混合模型：每个 KV 缓存组的层读自己的池）",
     "engine.decode_hybrid": "融合的 C 路径只用于所有层都做全注意力的模型",

@@ -1,9 +1,13 @@
 """What a model backend is: the attention every decoder layer calls (an Attention: the reference's PagedAttention,
 or a subclass that reads the pool its own way) and the step around it (a Backend: the reference runs the decoder
-as it is). backends.pick chooses one of each when an engine is built; the engine reads `limits` as data and
-`describe()` as its status line. A backend's words are Said strings: English, with an id and fields that a page in
-another language keys on (panels/i18n), never the English text."""
+as it is; a Hooks backend replaces parts of the decoder's loop, never the loop). Each is a class that says whether
+it is made for this device and dtype (`runs_on`), why it does not serve an engine there (`serves`: a Said, None if
+it does) and how it is made for one (`make`); backends.pick walks its registry of them, best first, when an engine is
+built. The engine reads `limits` as data and `describe()` as its status line. A backend's words are Said strings:
+English, with an id and fields that a page in another language keys on (panels/i18n), never the English text."""
 from dataclasses import dataclass
+
+import torch
 
 from minivlm.model.attention import PagedAttention
 
@@ -31,7 +35,7 @@ WORDS = {
     "engine.calibrated_bf16": "calibrated at load, a decode step: the C step over {weights} weights {c} ms, PyTorch's "
                               "bf16 ops {torch} ms",
     "engine.calibrated_torch_bf16": "PyTorch's bf16 ops were faster at load",
-    "engine.decode_torch_off": "PyTorch ops (decode_ops.c off: {why})",
+    "engine.why_decode_ops_off": "decode_ops.c off: {why}",
     "engine.decode_not_cpu": "the fused C paths are for the CPU in fp32",
     "engine.why_hybrid": " (a hybrid model: each KV-cache group's layers read their own pool)",
     "engine.decode_hybrid": "the fused C paths are for models whose layers all attend fully",
@@ -82,10 +86,27 @@ class Limits:
 
 
 class Attention(PagedAttention):
-    """The reference attention as a backend: SDPA over gathered blocks, `why` (a Said, or "") no other serves."""
+    """The reference attention as a backend: SDPA over gathered blocks, `why` (a Said, or "") no other serves.
+    A subclass in the registry (backends.ATTENTION) says where it runs, whether it serves, and is made by `make`."""
+    name = "gathered"
 
     def __init__(self, why: str = ""):
         self.why = why
+
+    @classmethod
+    def runs_on(cls, model, config) -> bool:
+        """Whether it is made for this model's device and dtype at all (pick asks only those why not)."""
+        return True
+
+    @classmethod
+    def serves(cls, model, config) -> Said | None:
+        """None if it serves an engine of `model` with `config`, else why not (the status line says it)."""
+        return None
+
+    @classmethod
+    def make(cls, model, config, kv_caches) -> "Attention":
+        """The attention of an engine over its pool's [(k_cache, v_cache)] per layer."""
+        return cls()
 
     def describe(self) -> Said:
         return Said("engine.attn_gathered", why=self.why)
@@ -96,12 +117,25 @@ class Attention(PagedAttention):
 
 class Backend:
     """How an engine runs a step: the reference runs the decoder layer by layer in PyTorch ops. `decode` says how,
-    in words (and why no faster step serves)."""
+    in words (and why no faster step serves). A subclass in the registry (backends.STEP) also says where it runs,
+    whether it serves, and is made by make(model, config, attention, kv_caches) (where it may time itself against the
+    reference: calibrate.py); the reference itself is made by pick, with the reason no other serves."""
+    name = "pytorch"
     limits = Limits()
     calibration: Said | str = ""  # the CPU fp32 step's choice at load, timed (calibrate.py), or why not timed
 
     def __init__(self, attention: Attention, decode: Said):
         self.attention, self.decode = attention, decode
+
+    @classmethod
+    def runs_on(cls, model, config) -> bool:
+        """Whether it is made for this model's device and dtype at all (the reference: everywhere)."""
+        return True
+
+    @classmethod
+    def serves(cls, model, config) -> Said | None:
+        """None if it serves an engine of `model` with `config`, else why not (the reference's status says it)."""
+        return None
 
     def forward(self, decoder, embeds, positions, kv_caches, meta, deepstack=None, last=None):
         return decoder(embeds, positions, kv_caches, meta, deepstack, last)
@@ -112,3 +146,17 @@ class Backend:
 
     def release(self):
         self.attention.release()
+
+
+class Hooks(Backend):
+    """A backend that replaces parts of the decoder's loop (Decoder.forward's `hooks`), not the loop: the whole step
+    as one call where it takes it (`whole_step`), and each layer's forward (`layers`: one callable per layer,
+    fn(x, cos, sin, kv_cache, meta), made once)."""
+    layers: list
+
+    def whole_step(self, decoder, embeds, positions, kv_caches, meta, last) -> torch.Tensor | None:
+        """Every layer, the final norm (and the logits of the rows `last`) in one call; None: not this step."""
+        return None
+
+    def forward(self, decoder, embeds, positions, kv_caches, meta, deepstack=None, last=None):
+        return decoder(embeds, positions, kv_caches, meta, deepstack, last, hooks=self)

@@ -76,7 +76,7 @@ def choose_int8(kernels: Backend, decoder, kv_caches, block_size: int, timer=ste
     """Quantized int8 weights in an fp32 engine: the C step over them (decode_layer_int8.c in one call, or gemv_int8.c
     layer by layer where that is off) or the fused ops layer by layer around PyTorch's int8 kernel, whichever a timed
     step says is faster by MARGIN; the backend's `calibration` says the times."""
-    from minivlm.model.backends.cpu_kernels import CpuKernels, gemv, gemv_int8
+    from minivlm.model.backends.cpu_kernels import gemv, gemv_int8
     from minivlm.model.backends.quantized import Int8Linear
     if os.environ.get(SWITCH, "1") == "0" or gemv_int8.KERNELS.get() is None:
         return kernels
@@ -89,7 +89,7 @@ def choose_int8(kernels: Backend, decoder, kv_caches, block_size: int, timer=ste
     if sum(m.qweight.numel() for m in layers) * 4 < MIN_BYTES:  # untimed, as choose(): a small model's step is
         return kernels  # overhead, which the one call wins by far (timed, a busy machine's noise could pick either)
     ours = timer(kernels, decoder, kv_caches, block_size)
-    theirs_backend = CpuKernels(kernels.attention, Said("engine.calibrated_torch_int8"))
+    theirs_backend = kernels.layer_by_layer(Said("engine.calibrated_torch_int8"))
     use(0)
     theirs = timer(theirs_backend, decoder, kv_caches, block_size)
     chosen = kernels if ours <= MARGIN * theirs else theirs_backend

@@ -14,6 +14,20 @@ ENABLED = True  # False: another attention even where flash-attn is installed (c
 
 
 class FlashAttention(Attention):
+    name = "flash-attn"
+
+    @classmethod
+    def runs_on(cls, model, config) -> bool:
+        return torch.device(model.device).type == "cuda" and ENABLED
+
+    @classmethod
+    def serves(cls, model, config) -> Said | None:
+        if flash_attn_with_kvcache is None:
+            return Said("engine.why_flash_missing")
+        if model.dtype not in (torch.float16, torch.bfloat16) or config.block_size % 256:
+            return Said("engine.why_flash_shape")
+        return None
+
     def attend(self, q, k, v, k_cache, v_cache, meta, scale):
         tables = meta.block_tables.to(torch.int32)
         if not meta.is_prefill:
@@ -27,12 +41,3 @@ class FlashAttention(Attention):
     def describe(self) -> Said:
         return Said("engine.attn_flash")
 
-
-def attention(model, config, kv_caches) -> Attention | Said | None:
-    if torch.device(model.device).type != "cuda" or not ENABLED:
-        return None
-    if flash_attn_with_kvcache is None:
-        return Said("engine.why_flash_missing")
-    if model.dtype not in (torch.float16, torch.bfloat16) or config.block_size % 256:
-        return Said("engine.why_flash_shape")
-    return FlashAttention()

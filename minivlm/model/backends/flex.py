@@ -7,7 +7,7 @@ import threading
 import torch
 
 from minivlm.model.backends import paged_flex
-from minivlm.model.backends.base import Attention, Said
+from minivlm.model.backends.base import Said
 from minivlm.model.backends.in_place import CHUNK_IN_PLACE, InPlaceAttention
 
 
@@ -19,7 +19,20 @@ def most_queries(max_num_seqs: int, chunked: bool, max_num_batched_tokens: int) 
 
 
 class FlexAttention(InPlaceAttention):
+    name = "flex_attention"
     key = warmup = None  # the pool it compiles for, and the thread that compiles (start)
+
+    @classmethod
+    def runs_on(cls, model, config) -> bool:  # enforce_eager compiles nothing
+        return not config.enforce_eager and paged_flex.enabled(model.device)
+
+    @classmethod
+    def make(cls, model, config, kv_caches) -> "FlexAttention":
+        """Its compile starts here, for this engine's pool."""
+        cfg = model.text_config
+        return cls().start(kv_caches, cfg.num_attention_heads, cfg.head_dim ** -0.5,
+                           most_queries(config.max_num_seqs, config.enable_chunked_prefill,
+                                        config.max_num_batched_tokens), config.block_size)
 
     def start(self, kv_caches, heads: int, scale: float, most: int, block_size: int) -> "FlexAttention":
         """Compile every bucket up to `most` queries for this pool, on a background thread."""
@@ -51,11 +64,3 @@ class FlexAttention(InPlaceAttention):
             self.warmup.join()
             gc.collect()
 
-
-def attention(model, config, kv_caches) -> Attention | Said | None:
-    if config.enforce_eager or not paged_flex.enabled(model.device):
-        return None
-    cfg = model.text_config
-    return FlexAttention().start(kv_caches, cfg.num_attention_heads, cfg.head_dim ** -0.5,
-                                 most_queries(config.max_num_seqs, config.enable_chunked_prefill,
-                                              config.max_num_batched_tokens), config.block_size)

@@ -4,11 +4,12 @@ runs every layer in one C call (decode_layer.c); a larger one runs layer by laye
 (decode_ops.c); the decoder's linear layers run oneDNN with gemv.c for small batches (linears.py). Each part
 falls back to the reference (and the status line says why) where its kernel does not build or its switch is 0:
 MINIVLM_PAGED_CPU, MINIVLM_DECODE_LAYER, MINIVLM_DECODE_OPS (both), MINIVLM_GEMV (read at load)."""
+import functools
 import os
 
 import torch
 
-from minivlm.model.backends.base import Attention, Backend, Limits, Said
+from minivlm.model.backends.base import Attention, Backend, Hooks, Limits, Said
 from minivlm.model.backends.cpu_kernels import decode_layer, decode_ops, gemv, gemv_int8, linears, paged_cpu
 from minivlm.model.backends.in_place import InPlaceAttention
 
@@ -45,6 +46,20 @@ def prepare_linears(module, small_batches: bool) -> Said:
 
 
 class PagedCpu(InPlaceAttention):
+    """Attention that reads the pool in place on the CPU in fp32 (paged_decode.c)."""
+    name = "paged_decode.c"
+
+    @classmethod
+    def runs_on(cls, model, config) -> bool:
+        return torch.device(model.device).type == "cpu"
+
+    @classmethod
+    def serves(cls, model, config) -> Said | None:
+        if model.dtype != torch.float32:
+            return Said("engine.why_kernel", why=Said("engine.fp32_only"))
+        why = off("MINIVLM_PAGED_CPU", paged_cpu.KERNELS)
+        return None if why is None else Said("engine.why_kernel", why=why)
+
     def in_place(self, q, k_cache, v_cache, tables, lens, scale: float, meta=None) -> torch.Tensor:
         return paged_cpu.paged_decode(q, k_cache, v_cache, tables, lens, scale)
 
@@ -52,63 +67,75 @@ class PagedCpu(InPlaceAttention):
         return Said("engine.attn_inplace", threads=threads(paged_cpu.KERNELS))
 
 
-def attention(model, config, kv_caches) -> Attention | Said | None:
-    if torch.device(model.device).type != "cpu":
-        return None
-    if model.dtype != torch.float32:
-        return Said("engine.why_kernel", why=Said("engine.fp32_only"))
-    why = off("MINIVLM_PAGED_CPU", paged_cpu.KERNELS)
-    return PagedCpu() if why is None else Said("engine.why_kernel", why=why)
+class CpuKernels(Hooks):
+    """The step on the CPU in fp32: decode_layer.c for steps of up to 16 rows (the decoder's whole_step hook, where
+    `one_call`), else decode_ops.c's fused small ops layer by layer (its layers hook)."""
+    name = "cpu_kernels"
 
+    @classmethod
+    def runs_on(cls, model, config) -> bool:
+        return torch.device(model.device).type == "cpu" and model.dtype == torch.float32
 
-def backend(model, config, attention: Attention) -> Backend:
-    """The step on the CPU in fp32: one C call, or fused small ops layer by layer, or (enforce_eager, or
-    decode_ops.c off) the reference's PyTorch ops."""
-    if config.enforce_eager:
-        return Backend(attention, Said("engine.decode_torch", why="enforce_eager"))
-    why = off("MINIVLM_DECODE_OPS", decode_ops.KERNELS)
-    if why:
-        return Backend(attention, Said("engine.decode_torch_off", why=why))
-    why = off("MINIVLM_DECODE_LAYER", decode_layer.KERNELS) or off("MINIVLM_GEMV", gemv.KERNELS)
-    if why is None and not isinstance(attention, PagedCpu):  # the C step attends with paged_decode.c
-        why = off("MINIVLM_PAGED_CPU", paged_cpu.KERNELS) or "the attention is not paged_decode.c"
-    if why is None and any(decode_layer.layer_struct(layer) is None for layer in model.decoder.layers):
-        why = Said("engine.no_dense_weights")
-    if why is None and decode_layer.kernels_of(model.decoder.layers) is decode_layer.KERNELS_INT8:
-        why = off("MINIVLM_DECODE_LAYER", decode_layer.KERNELS_INT8)  # int8 layers: their own build
-    return CpuKernels(attention, why)
+    @classmethod
+    def serves(cls, model, config) -> Said | None:
+        if config.enforce_eager:
+            return "enforce_eager"
+        why = off("MINIVLM_DECODE_OPS", decode_ops.KERNELS)
+        return None if why is None else Said("engine.why_decode_ops_off", why=why)
 
+    @classmethod
+    def make(cls, model, config, attention: Attention, kv_caches) -> Backend:
+        """The fused ops, and the one call where its kernels, the attention and the weights allow; quantized int8
+        weights and dense fp32 ones then timed against PyTorch's ops (calibrate.py)."""
+        from minivlm.model.backends import calibrate
+        kind = decode_layer.weights_kind(model.decoder)
+        why = off("MINIVLM_DECODE_LAYER", decode_layer.KERNELS) or off("MINIVLM_GEMV", gemv.KERNELS)
+        if why is None and not isinstance(attention, PagedCpu):  # the C step attends with paged_decode.c
+            why = off("MINIVLM_PAGED_CPU", paged_cpu.KERNELS) or "the attention is not paged_decode.c"
+        if why is None and kind is None:
+            why = Said("engine.no_dense_weights")
+        if why is None and kind == "int8":  # int8 layers: their own build
+            why = off("MINIVLM_DECODE_LAYER", decode_layer.KERNELS_INT8)
+        kernels = cls(attention, model.decoder, why)
+        quantization = getattr(model, "quantization", None)
+        if quantization == "int8":  # which int8 kernel runs decode rows
+            return calibrate.choose_int8(kernels, model.decoder, kv_caches, config.block_size)
+        if quantization:  # int4: the fused ops around PyTorch's kernel
+            return kernels
+        return calibrate.choose(kernels, model.decoder, kv_caches, config.block_size)
 
-class CpuKernels(Backend):
-    """decode_ops.c's fused small ops layer by layer, and (one_call) decode_layer.c for steps of up to 16 rows."""
-
-    def __init__(self, attention: Attention, no_one_call: str | None):
+    def __init__(self, attention: Attention, decoder, no_one_call: str | None):
         self.one_call = no_one_call is None
         decode = Said("engine.decode_layer", rows=gemv.MAX_ROWS, threads=threads(decode_layer.KERNELS)) \
             if self.one_call else Said("engine.decode_ops", why=no_one_call, threads=threads(decode_ops.KERNELS))
         super().__init__(attention, decode)
         self.limits = Limits(fast_rows=gemv.MAX_ROWS if self.one_call else None)
+        self.step_weights = decode_layer.StepWeights.of_decoder(decoder) if self.one_call else None  # the call's
+        self.layers = [functools.partial(fused_layer, layer, i == 0) for i, layer in enumerate(decoder.layers)]
+        self.decoder = decoder
 
-    def forward(self, decoder, embeds, positions, kv_caches, meta, deepstack=None, last=None):
-        """Decoder.forward, its layers' small ops fused (or the whole step in one C call where it fits)."""
+    def layer_by_layer(self, why: str) -> "CpuKernels":
+        """The same backend without the one call (`why` says why): calibrate.choose_int8's other candidate."""
+        return CpuKernels(self.attention, self.decoder, why)
+
+    def whole_step(self, decoder, embeds, positions, kv_caches, meta, last) -> torch.Tensor | None:
+        """A decode step of a few sequences: every layer, the final norm, the logits in one call."""
+        step = decode_layer.prepare(embeds, meta) if self.one_call else None
+        if step is None:
+            return None
         cos, sin = decoder.rope(positions, embeds.dtype)
-        x = embeds.clone()  # the fused layers add into x in place: never into the caller's
-        step = decode_layer.prepare(x, meta) if self.one_call and deepstack is None else None
-        if step is not None:  # a decode step of a few sequences: every layer, the final norm, the logits in one call
-            return decode_layer.run(decoder.layers, decoder.norm, x, cos, sin, kv_caches, step,
-                                    *((decoder.lm_head, last) if last is not None else ()))
-        for i, layer in enumerate(decoder.layers):
-            x = fused_layer(layer, x, cos, sin, kv_caches[i], meta)
-            if deepstack is not None and i < len(deepstack[1]):
-                x = x.index_add(0, deepstack[0], deepstack[1][i].to(x.dtype))  # ViT layer features at image tokens
-        x = decoder.norm(x)
-        return x if last is None else decoder.compute_logits(x[last])
+        x = embeds.clone()  # the call adds into x in place: never into the caller's
+        return decode_layer.run(self.step_weights, x, cos, sin, kv_caches, step,
+                                *((decoder.lm_head, last) if last is not None else ()))
 
 
-def fused_layer(layer, x, cos, sin, kv_cache, meta) -> torch.Tensor:
+def fused_layer(layer, first: bool, x, cos, sin, kv_cache, meta) -> torch.Tensor:
     """DecoderLayer.forward in decode_ops.c's calls: norm; qkv; q/k norm, RoPE and the K/V write in one call (in
-    place on qkv); attention; o; the residual add inside the second norm's call (in place on x); the MLP."""
+    place on qkv); attention; o; the residual add inside the second norm's call (in place on x: the first layer's
+    on a copy, never on the caller's embeddings); the MLP."""
     attn, mlp, norm1, norm2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
+    if first:
+        x = x.clone()
     T, h, kv = x.shape[0], attn.heads, attn.kv_heads
     qkv = attn.qkv_proj(decode_ops.rms_norm(x, norm1.weight, norm1.eps)).view(T, h + 2 * kv, attn.head_dim)
     norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if attn.q_norm is not None else ()

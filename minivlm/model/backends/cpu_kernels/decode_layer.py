@@ -87,44 +87,80 @@ def _bf16(linear) -> torch.Tensor | None:
 
 
 def f32_copy(t: torch.Tensor | None) -> torch.Tensor | None:
-    """t as the C step reads it (fp32): a bf16 engine's norm weights and biases, copied once and kept on t's
-    owner by the caller."""
+    """t as the C step reads it (fp32): a bf16 engine's norm weights and biases, copied once and kept by the
+    caller (StepWeights.kept)."""
     return None if t is None or t.dtype == torch.float32 else t.float()
 
 
-def layer_struct(layer) -> Layer | None:
-    """The layer's weights and shape for the C call, made once (the weights never move after load): all four
-    matrices dense fp32 (decode_layers_f32), all int8 (decode_layers_int8, with their scales) or all bf16
-    (decode_layers_bf16); a bf16 engine's norms and biases as fp32 copies; else None."""
-    if "_c_layer" not in vars(layer):
-        attn, mlp = layer.self_attn, layer.mlp
-        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        mats, scales, kind = [_dense(m) for m in linears], [None] * 4, "f32"
-        if any(m is None for m in mats) and all(_int8(m) for m in linears):
-            (mats, scales), kind = zip(*(_int8(m) for m in linears)), "int8"
-        elif any(m is None for m in mats) and all(_bf16(m) is not None for m in linears):
-            mats, kind = [_bf16(m) for m in linears], "bf16"
-        c, kept = None, []
-        if all(m is not None for m in mats):
-            def floats(t):  # a small vector as fp32 (a bf16 layer's copy kept beside the layer)
-                copy = f32_copy(t)
-                if copy is None:
-                    return _ptr(t)
-                kept.append(copy)
-                return _ptr(copy)
-            norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
-            c = Layer(floats(layer.input_layernorm.weight), floats(layer.post_attention_layernorm.weight),
-                      *map(floats, norms), _ptr(mats[0]), floats(attn.qkv_proj.bias), _ptr(mats[1]),
-                      floats(attn.o_proj.bias), _ptr(mats[2]), _ptr(mats[3]), mats[3].shape[0], attn.heads,
-                      attn.kv_heads, attn.head_dim, mats[3].shape[1], layer.input_layernorm.eps,
-                      attn.q_norm.eps if attn.q_norm is not None else 0.0, attn.head_dim ** -0.5, *map(_ptr, scales))
-        layer._c_layer, layer._c_kind, layer._c_floats = c, kind, kept
-    return layer._c_layer
+def _matrices(layer) -> tuple[list, list, str] | None:
+    """The layer's four matrices (qkv, o, gate_up, down) as the C call reads them, their int8 scales, and their
+    kind: all dense fp32 ("f32"), all int8 (with scales) or all bf16; else None."""
+    attn, mlp = layer.self_attn, layer.mlp
+    linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    mats, scales, kind = [_dense(m) for m in linears], [None] * 4, "f32"
+    if any(m is None for m in mats) and all(_int8(m) for m in linears):
+        (mats, scales), kind = zip(*(_int8(m) for m in linears)), "int8"
+    elif any(m is None for m in mats) and all(_bf16(m) is not None for m in linears):
+        mats, kind = [_bf16(m) for m in linears], "bf16"
+    return (mats, scales, kind) if all(m is not None for m in mats) else None
 
 
-def kernels_of(layers, pool_dtype: torch.dtype = torch.float32) -> LazyKernels | None:
-    """The build that runs these layers (fp32, int8 or bf16 weights) over a pool of pool_dtype; None if none does."""
-    build = BUILDS.get((getattr(layers[0], "_c_kind", "f32"), pool_dtype))
+def weights_kind(decoder) -> str | None:
+    """"f32", "int8" or "bf16" where every layer's matrices are of that kind, else None (no C step)."""
+    kinds = {found[2] if found else None for found in map(_matrices, decoder.layers)}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def layer_struct(layer, kept: list) -> Layer:
+    """The layer's weights and shape for the C call (the weights never move after load); a bf16 engine's norms and
+    biases as fp32 copies, appended to `kept` (whoever holds the struct keeps them alive)."""
+    attn = layer.self_attn
+    mats, scales, _ = _matrices(layer)
+
+    def floats(t):  # a small vector as fp32
+        copy = f32_copy(t)
+        if copy is None:
+            return _ptr(t)
+        kept.append(copy)
+        return _ptr(copy)
+    norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
+    return Layer(floats(layer.input_layernorm.weight), floats(layer.post_attention_layernorm.weight),
+                 *map(floats, norms), _ptr(mats[0]), floats(attn.qkv_proj.bias), _ptr(mats[1]),
+                 floats(attn.o_proj.bias), _ptr(mats[2]), _ptr(mats[3]), mats[3].shape[0], attn.heads,
+                 attn.kv_heads, attn.head_dim, mats[3].shape[1], layer.input_layernorm.eps,
+                 attn.q_norm.eps if attn.q_norm is not None else 0.0, attn.head_dim ** -0.5, *map(_ptr, scales))
+
+
+@dataclass
+class StepWeights:
+    """What the C step reads of a decoder besides the step's own arguments, made once when its backend is made
+    (the backend holds it; nothing is stored on the modules): every layer's struct as the one array the call takes,
+    the matrices' kind, the final norm's weight in fp32 and its eps, and the fp32 copies the structs point into."""
+    layers: ctypes.Array
+    kind: str
+    norm: torch.Tensor
+    eps: float
+    kept: list
+
+    @classmethod
+    def of(cls, structs: list[Layer], final_norm, kind: str = "f32", kept: list = ()) -> "StepWeights":
+        """From Layer structs (tests make their own) and the final RMSNorm."""
+        norm = f32_copy(final_norm.weight)
+        return cls((Layer * len(structs))(*structs), kind, final_norm.weight if norm is None else norm,
+                   final_norm.eps, [*kept, norm])
+
+    @classmethod
+    def of_decoder(cls, decoder) -> "StepWeights":
+        """A decoder's (weights_kind(decoder) is not None)."""
+        kept = []
+        structs = [layer_struct(layer, kept) for layer in decoder.layers]
+        return cls.of(structs, decoder.norm, weights_kind(decoder), kept)
+
+
+def kernels_of(kind: str, pool_dtype: torch.dtype = torch.float32) -> LazyKernels | None:
+    """The build that runs layers of this kind (fp32, int8 or bf16 weights) over a pool of pool_dtype; None if none
+    does."""
+    build = BUILDS.get((kind, pool_dtype))
     return build[0] if build else None
 
 
@@ -148,29 +184,25 @@ def kernel_variant(*defines: str):
     return KERNELS.variant(*defines).decode_layers_f32
 
 
-def run(layers: list, final_norm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches,
-        step: DecodeStep, lm_head=None, last: torch.Tensor | None = None, fn=None) -> torch.Tensor:
-    """Every layer on x [rows, hidden] (fp32: the step's own embeddings), then final_norm (an RMSNorm), in place;
-    each layer's K/V go into its kv_caches entry. Returns x, or with lm_head the logits of the rows `last` [n] (in
-    the same call where its weight is dense fp32 and the layers are too; else lm_head's own, on x).
+def run(weights: StepWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches, step: DecodeStep,
+        lm_head=None, last: torch.Tensor | None = None, fn=None) -> torch.Tensor:
+    """Every layer on x [rows, hidden] (fp32: the step's own embeddings), then the final norm, in place; each
+    layer's K/V go into its kv_caches entry. Returns x, or with lm_head the logits of the rows `last` [n] (in the
+    same call where its weight is dense fp32 and the layers are too; else lm_head's own, on x).
     fn: another build of decode_layers_f32 (kernel_variant)."""
-    structs = (Layer * len(layers))(*(layer._c_layer for layer in layers))
-    ks, vs = ((_p * len(layers))(*(kv[j].data_ptr() for kv in kv_caches)) for j in (0, 1))
+    structs = weights.layers
+    ks, vs = ((_p * len(structs))(*(kv[j].data_ptr() for kv in kv_caches)) for j in (0, 1))
     scratch = torch.empty(step.scratch_floats(structs[0]))
-    kind = getattr(layers[0], "_c_kind", "f32")
-    w = _dense(lm_head) if lm_head is not None and kind == "f32" else None  # else the lm_head after the call
+    w = _dense(lm_head) if lm_head is not None and weights.kind == "f32" else None  # else the lm_head after the call
     if fn is None:
-        kernels, name = BUILDS[kind, kv_caches[0][0].dtype]
+        kernels, name = BUILDS[weights.kind, kv_caches[0][0].dtype]
         fn = getattr(kernels.get(), name)
-    if "_c_weight_f32" not in vars(final_norm):  # a bf16 engine's final norm weight as fp32, made once (else None)
-        final_norm._c_weight_f32 = f32_copy(final_norm.weight)
-    norm_w = final_norm.weight if final_norm._c_weight_f32 is None else final_norm._c_weight_f32
     rows_out = last.to(torch.int64).contiguous() if w is not None else None
     logits = torch.empty(len(rows_out), w.shape[0]) if w is not None else None
-    fn(structs, len(layers), x.data_ptr(), step.rows, cos.data_ptr(), sin.data_ptr(), ks, vs, kv_caches[0][0].shape[1],
-       step.slots.data_ptr(), step.tables.data_ptr(), step.tables.shape[1], step.lens.data_ptr(),
-       step.seq_ends.data_ptr(), len(step.seq_ends), norm_w.data_ptr(), final_norm.eps, _ptr(w),
-       _ptr(getattr(lm_head, "bias", None)), 0 if w is None else w.shape[0], _ptr(rows_out),
+    fn(structs, len(structs), x.data_ptr(), step.rows, cos.data_ptr(), sin.data_ptr(), ks, vs,
+       kv_caches[0][0].shape[1], step.slots.data_ptr(), step.tables.data_ptr(), step.tables.shape[1],
+       step.lens.data_ptr(), step.seq_ends.data_ptr(), len(step.seq_ends), weights.norm.data_ptr(), weights.eps,
+       _ptr(w), _ptr(getattr(lm_head, "bias", None)), 0 if w is None else w.shape[0], _ptr(rows_out),
        0 if w is None else len(rows_out), _ptr(logits), scratch.data_ptr(), step.threads)
     if lm_head is not None and w is None:  # no dense fp32 weight in the call (int8 layers): PyTorch's logits
         return lm_head(x[last])
