@@ -19,6 +19,7 @@ from panels.i18n.errors import localize_error
 ERROR_TITLE = t(EN, "chat.error_title")
 ERROR_TITLES = CATALOGUE["chat.error_title"]  # a bubble keeps the language it was written in
 PAUSED_NOTE = t(EN, "chat.paused")
+REBUILT_MARK = "⟳"  # how the chat's line starts when it speaks of a rebuild (chat.cleared_for_model, chat.rebuilt_note)
 EXAMPLES = [("red_circle.png", "Describe the picture."), ("blue_circle.png", "What color is the shape?"),
             ("green_triangle.png", "What shape is it?"), ("yellow_square.png", "Where is the yellow square?"),
             ("two_shapes.png", "Describe the picture."), ("three_shapes.png", "Describe the picture."),
@@ -284,12 +285,13 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None, engine_changed=N
     def answered_by():
         return holder.builds, holder.config.model
 
-    def after_rebuild(history, by, request: gr.Request):
+    def after_rebuild(history, line, by, request: gr.Request):
         """The header rebuilt the engine: another model's conversation goes (with a line that says so); the same
         model's stays, and the line says the next answer computes it again. The examples follow the model."""
         examples = [gr.Dataset(visible=v) for v in example_sets(holder.config.model)]
-        if not history or by is None or by[0] == holder.builds:
-            return gr.skip(), gr.skip(), gr.skip(), *examples
+        if not history or by is None or by[0] == holder.builds:  # an empty chat keeps no note of an older rebuild
+            stale = not history and (line or "").startswith(REBUILT_MARK)
+            return gr.skip(), "" if stale else gr.skip(), gr.skip(), *examples
         lang, model = lang_of(request), holder.config.model
         if by[1] != model:
             return [], t(lang, "chat.cleared_for_model", model=model_name(model), old=model_name(by[1])), None, \
@@ -298,10 +300,10 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None, engine_changed=N
 
     rebuilt_outputs = [chatbot, stats, served, *[examples.dataset for examples in sets]]
     if engine_changed is not None:
-        engine_changed.change(after_rebuild, [chatbot, served], rebuilt_outputs, api_name=False, queue=False,
+        engine_changed.change(after_rebuild, [chatbot, stats, served], rebuilt_outputs, api_name=False, queue=False,
                               show_progress="hidden")
     if demo is not None:
-        demo.load(after_rebuild, [chatbot, served], rebuilt_outputs, api_name=False, queue=False,
+        demo.load(after_rebuild, [chatbot, stats, served], rebuilt_outputs, api_name=False, queue=False,
                   show_progress="hidden")
 
     sampling = [max_tokens, temperature, top_p, top_k, seed, ignore_eos, system_prompt, json_schema]

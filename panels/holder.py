@@ -154,7 +154,7 @@ class EngineHolder:
             return t(lang, "header.cost_first")
         snap = engine.snapshot()
         active = len(set(snap.running) | set(snap.waiting))
-        cached = sum(b.block_hash is not None for b in snap.blocks)
+        cached = len(engine.prefix_tree())  # the blocks a lookup finds, in use or free: the KV tab's tree counts them
         requests = t(lang, "header.cost_running", n=active, s="s" if active != 1 else "") if active \
             else t(lang, "header.cost_none")
         blocks = t(lang, "header.cost_cached", n=cached, s="s" if cached != 1 else "") if cached \

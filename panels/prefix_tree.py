@@ -111,11 +111,12 @@ def tree_figure(nodes, hover_of=hover, title: str | None = None, lang: str = EN)
                              marker=dict(size=node + 10, symbol="square-open", color=NEXT_EVICTED,
                                          line=dict(width=3))))
     orphans = sum(n.orphan for n in nodes)
+    in_use = sum(n.ref_count > 0 for n in nodes)  # the rest: the block map's "cached" (free, found by a lookup)
     roots = sum(n.parent_key is None for n in nodes)
     branches = sum(1 for n in nodes if sum(m.parent_block == n.block_id for m in nodes) > 1)
     fig.update_layout(
         title=dict(font=dict(size=14), text=title or t(
-            lang, "tree.title", n=len(nodes), roots=roots, s_roots="s" if roots != 1 else "", branches=branches,
+            lang, "tree.title", n=len(nodes), in_use=in_use, free=len(nodes) - in_use, roots=roots, s_roots="s" if roots != 1 else "", branches=branches,
             s_branches="s" if branches != 1 else "", orphans=t(lang, "tree.orphans", n=orphans) if orphans else "")),
         height=190 + int(rows * row_px), margin=dict(l=10, r=10, t=100, b=10),
         # ticks far enough apart for their numbers (12 px, up to 3 digits); the axis title below them (automargin)

@@ -132,7 +132,8 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         context = gr.Number(4096, label=L("vram.context"), precision=0, minimum=1, elem_id="vram-context")
         seqs = gr.Slider(1, 256, value=8, step=1, label=L("vram.seqs"), elem_id="vram-seqs")
     with gr.Row():
-        dtype = gr.Dropdown(["bfloat16", "float16", "float32", "int8", "int4"], value="bfloat16", label=L("vram.dtype"))
+        dtype = gr.Dropdown(["bfloat16", "float16", "float32", "int8", "int4"], value="bfloat16", label=L("vram.dtype"),
+                            elem_id="vram-dtype")
         kv_dtype = gr.Dropdown(["auto", "bfloat16", "float16", "float32", "fp8"], value="auto", label=L("vram.kv_dtype"))
         block_size = gr.Dropdown([8, 16, 32, 64], value=16, label=L("vram.block_size"))
         chunk = gr.Number(0, label=L("vram.chunk"), precision=0, minimum=0, elem_id="vram-chunk")

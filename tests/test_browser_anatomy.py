@@ -102,7 +102,7 @@ def test_kv_tab_shows_the_prefix_tree_and_paging(app, page, shots):
         return el && el.data.filter(t => (t.name || '').endsWith(' block'))
                              .reduce((n, t) => n + t.x.length, 0) === {len(nodes)}; }}""")
     title = page.evaluate("document.querySelector('#kv-tree .js-plotly-plot').layout.title.text")
-    assert f"{len(nodes)} cached blocks" in title and "1 branch point" in title
+    assert f"{len(nodes)} blocks a lookup finds" in title and "1 branch point" in title
     assert "Paged vs contiguous" in page.locator("#kv-summary").inner_text()
     page.locator("#kv-tree").screenshot(path=os.path.join(shots, "prefix_tree.png"))
 

@@ -138,3 +138,54 @@ def test_a_checkpoint_without_tokenizer_files_is_refused_and_the_old_engine_serv
     page.locator("#chat-input textarea").press("Enter")
     page.wait_for_function("document.querySelector('#chat-stats')?.innerText.includes('finish:')")
     assert page.locator("#chatbot .message-row.bot-row, #chatbot [data-testid=bot]").last.inner_text().strip() == "blue"
+
+
+def ask(page, picture: str = "blue_circle.png"):
+    """One question about an example picture in the chat; waits for its statistics line."""
+    before = page.locator("#chat-stats").inner_text()
+    page.locator("#chat-input input[type=file]").set_input_files(os.path.join(EXAMPLES_DIR, picture))
+    page.locator("#chat-input img").first.wait_for()  # uploaded: its thumbnail shows in the box
+    page.locator("#chat-input textarea").fill("What color is the shape?")
+    page.locator("#chat-input textarea").press("Enter")
+    page.wait_for_function("(before) => { const s = document.querySelector('#chat-stats')?.innerText || ''; "
+                           "return s.includes('finish:') && !s.includes(before.split('finish:')[0] || '\\u0000'); }",
+                           arg=before)
+
+
+MESSAGES = "#chatbot [data-testid=user], #chatbot [data-testid=bot]"
+
+
+def test_switching_models_clears_the_chat_and_shows_the_models_examples(app, page, tiled):
+    """#52: the header loads another model: the conversation with the previous one is cleared and the chat's line
+    says so (never the old engine's statistics as if nothing happened); a rebuild of the same model keeps the
+    conversation and says another engine answered it. The examples fit the model: the tiny model's trained scenes
+    while it serves, open questions for another one."""
+    holder, _ = app
+    tiny = holder.config.model
+    open_tab(page, "Chat")
+    page.get_by_role("button", name="Clear chat").click()
+    try:
+        ask(page)
+        assert page.locator(MESSAGES).count() >= 2
+        assert page.locator("#chat-examples").is_visible() and not page.locator("#chat-examples-general").is_visible()
+        load_from_header(page, tiled["smolvlm"], "smolvlm")
+        page.wait_for_function("document.querySelector('#chat-stats')?.innerText.includes('now serves')")
+        line = page.locator("#chat-stats").inner_text()
+        assert "smolvlm" in line and "cleared" in line and "finish:" not in line, line
+        assert page.locator(MESSAGES).count() == 0
+        page.locator("#chat-examples-general").wait_for()
+        assert not page.locator("#chat-examples").is_visible()
+    finally:
+        load_from_header(page, tiny, None)
+        page.wait_for_function("/\\(qwen[\\w]*\\) on/.test(document.querySelector('#engine-status')?.innerText)")
+    page.locator("#chat-examples").wait_for()  # the tiny model's scenes again
+    assert not page.locator("#chat-examples-general").is_visible()
+    ask(page, "red_circle.png")  # another file: the file input ignores the same one twice
+    shown = page.locator(MESSAGES).count()
+    try:  # the same model rebuilt (another prefix cache): the conversation stays, and the line says why it may differ
+        page.locator("#strategy-picker").get_by_label("B", exact=True).check()
+        page.wait_for_function("document.querySelector('#chat-stats')?.innerText.includes('rebuilt')")
+        assert page.locator(MESSAGES).count() == shown
+    finally:
+        page.locator("#strategy-picker").get_by_label("C", exact=True).check()
+        page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('prefix cache: C')")

@@ -293,6 +293,35 @@ def test_the_default_map_has_no_empty_band(app, page):
         pg.context.close()
 
 
+def test_the_header_the_kv_summary_and_the_tree_count_the_same_cached_blocks(app, page):
+    """#52: after a real run (8 requests over three pictures: equal prompts computed in the same step leave copies
+    of a block under one key, which no lookup finds), the rebuild note above the tabs, the KV tab's summary and the
+    prefix tree count the prefix cache alike: the blocks a lookup finds (engine.prefix_tree()), of which the free
+    ones are the summary's and the map's "cached"."""
+    holder = app[0]
+    pg = new_page(page, app[1], 1400)
+    try:
+        open_tab(pg, "KV blocks (live)")
+        launch_and_wait(pg, 8, 24)
+        engine = holder.get()
+        nodes, snap = engine.prefix_tree(), engine.snapshot()
+        found = {n.block_id for n in nodes}
+        free = sum(n.ref_count == 0 for n in nodes)
+        assert {b.block_id for b in snap.blocks if b.cached} == {n.block_id for n in nodes if n.ref_count == 0}
+        assert all(b.block_id in found for b in snap.blocks if b.cached)
+        said = f"{len(nodes)} blocks a lookup finds ({len(nodes) - free} in use, {free} cached and free)"
+        pg.wait_for_function("(said) => document.querySelector('#kv-tree .js-plotly-plot')?.layout.title.text"
+                             ".includes(said)", arg=said)
+        pg.locator("#kv-back").click()  # the run opens on its fullest step: back to the state the tree shows
+        pg.wait_for_function(f"/step {snap.step} · live/.test(document.querySelector('#kv-summary')?.innerText)")
+        summary = pg.locator("#kv-summary").inner_text()
+        assert re.search(rf"/ cached {free} / free", summary), summary
+        pg.wait_for_function("(n) => document.querySelector('#rebuild-note')?.innerText.includes(`${n} cached block`)",
+                             arg=len(nodes))  # what a rebuild would empty: the same blocks
+    finally:
+        pg.context.close()
+
+
 def inside(a: dict, b: dict) -> bool:
     return b["x"] - 1 <= a["x"] and a["x"] + a["width"] <= b["x"] + b["width"] + 1 and \
         b["y"] - 1 <= a["y"] and a["y"] + a["height"] <= b["y"] + b["height"] + 1

@@ -62,7 +62,8 @@ class SnapshotBuilder:
                         fill[b] = (n, kind)
         for b in changed:
             blk = bm.blocks[b]
-            cached = blk.ref_count == 0 and blk.key is not None
+            # cached: a lookup finds it (a copy of a block computed twice at once holds its key but is never found)
+            cached = blk.ref_count == 0 and blk.key is not None and bm.key_to_block.get(blk.key) == b
             n, kind = fill.get(b, (bs if cached else 0, blk.kind if cached else "free"))
             self.infos[b] = BlockInfo(b, blk.ref_count, n, blk.key[:16] if blk.key else None,
                                       owners.get(b, []), kind, cached)

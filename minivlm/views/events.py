@@ -12,6 +12,7 @@ class _Replay:
     def __init__(self, num_blocks: int, block_size: int, base: KVSnapshot | None):
         self.num_blocks, self.bs = num_blocks, block_size
         self.keys: list[str | None] = [None] * num_blocks
+        self.found: dict[str, int] = {}  # key (16 hex) -> the block a lookup finds: the first stored, as the engine's
         self.cached_kind = ["free"] * num_blocks
         self.tables: dict[str, list[int]] = {}
         self.types: dict[str, list[int]] = {}      # token types per request (1 = image placeholder)
@@ -24,6 +25,7 @@ class _Replay:
             if base.running or base.waiting or base.num_blocks != num_blocks:
                 raise ValueError("a replay base must be a snapshot of this pool taken while no request was queued")
             self.keys = [b.block_hash if b.cached else None for b in base.blocks]
+            self.found = {b.block_hash: b.block_id for b in base.blocks if b.cached}
             self.cached_kind = [b.kind for b in base.blocks]
             self.step, self.preemptions = base.step, base.num_preemptions
 
@@ -54,13 +56,17 @@ class _Replay:
         elif ev.kind == "BlockStored":
             for b, key in zip(f["block_ids"], f["block_hashes"]):
                 self.keys[b] = key
+                self.found.setdefault(key[:16], b)
                 self.cached_kind[b] = f["block_kind"]
         elif ev.kind == "BlockRemoved":
             for b in f["block_ids"]:
+                if self.keys[b] is not None and self.found.get(self.keys[b][:16]) == b:
+                    del self.found[self.keys[b][:16]]
                 self.keys[b] = None
         elif ev.kind == "AllBlocksCleared":
             held = {b for t in self.tables.values() for b in t}
             self.keys = [k if b in held else None for b, k in enumerate(self.keys)]
+            self.found = {k: b for k, b in self.found.items() if b in held}
         elif ev.kind in ("preempted", "finished"):
             self.tables.pop(rid, None)
             for queue in (self.running, self.waiting):
@@ -80,7 +86,7 @@ class _Replay:
                     fill[b] = (n, kind)
         blocks = []
         for b in range(self.num_blocks):
-            cached = b not in owners and self.keys[b] is not None
+            cached = b not in owners and self.keys[b] is not None and self.found.get(self.keys[b][:16]) == b
             n, kind = fill.get(b, (bs if cached else 0, self.cached_kind[b] if cached else "free"))
             key = self.keys[b]
             blocks.append(BlockInfo(b, len(owners.get(b, [])), n, key[:16] if key else None, owners.get(b, []),

@@ -160,10 +160,12 @@ MESSAGES = {
                    "块 {id} · {kind} · {n} 个 token<br>键 {key}…<br>父块：{parent}<br>{state}"),
     "tree.kind_block": ("{kind} block", "{kind} 块"),
     "tree.next_evicted": ("next to be evicted", "下一个被驱逐的"),
-    "tree.title": ("Prefix cache as a tree: {n} cached blocks, {roots} root{s_roots}, {branches} branch point{s_branches}{orphans}"
+    "tree.title": ("Prefix cache as a tree: {n} blocks a lookup finds ({in_use} in use, {free} cached and free), {roots} "
+                   "root{s_roots}, {branches} branch point{s_branches}{orphans}"
                    "<br><sup>a lookup walks right from a root while the keys match · faded: free but cached (revivable) "
                    "· ×n: shared by n requests · red ring: the next block the free queue overwrites</sup>",
-                   "前缀缓存树：{n} 个已缓存的块，{roots} 个根，{branches} 个分叉点{orphans}"
+                   "前缀缓存树：查找能找到的 {n} 个块（{in_use} 个在用，{free} 个已缓存且空闲），{roots} 个根，"
+                   "{branches} 个分叉点{orphans}"
                    "<br><sup>查找从根出发向右走，直到键不再匹配 · 淡色：空闲但仍缓存（可复活）· ×n：被 n 个请求共享 · "
                    "红框：空闲队列下一个要覆盖的块</sup>"),
     "tree.orphans": (", {n} orphaned (parent evicted)", "，{n} 个孤块（父块已驱逐）"),
