@@ -9,6 +9,7 @@ import pytest
 from minivlm import Engine, EngineConfig, Request, SamplingParams
 from minivlm.views.events import describe_plan, replay
 from minivlm.experiments.mm_cache import GREEN, Q, RED, shape_image
+from minivlm.engine.outputs import CacheHit
 from minivlm.engine.plan import StepPlan
 from minivlm.engine.prefix_keys import extend_keys
 from minivlm.engine.sequence import GUARDED, Sequence, StateWriteError
@@ -159,3 +160,40 @@ def test_readme_quotes_the_plans_of_the_step_through_lesson(doc):
               for e in events if e.kind == "scheduled"}
         assert zh[7].startswith(ZH_PLANS[0]) and zh[11] == ZH_PLANS[1]
         assert all(p in readme for p in ZH_PLANS), [p for p in ZH_PLANS if p not in readme]
+
+
+def test_the_plan_is_plain_data_and_the_runner_keeps_each_requests_sampling_state(checkpoints):
+    """No mutable object rides in a plan: a request's params and seed reach the runner once (NewRequestData, in the
+    first plan that schedules it; a preempted request is not sent again), and its sampling state lives in the
+    runner's batch until it leaves; the tokens the penalties count there are the request's own tokens, step after
+    step, though the runner only extends them by what it samples."""
+    sent, plain, drift, seen = [], [], [], set()
+    params = SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.8, seed=3, repetition_penalty=1.3,
+                            presence_penalty=0.2)
+    with chunked_engine(checkpoints["qwen3_vl"]) as engine:
+        def check(core):
+            plan = core.last_plan
+            if plan is None or plan.step != core.step_count:
+                return
+            sent.extend((plan.step, n.seq_id) for n in plan.new_requests)
+            seen.update(r.seq_id for r in plan)
+            for r in plan:
+                for f in dataclasses.fields(r):
+                    value = getattr(r, f.name)
+                    items = value if isinstance(value, tuple) else (value,)
+                    plain.append(all(isinstance(v, (int, str, tuple, type(None), CacheHit))
+                                     or (f.name == "positions" and v is not None) for v in items))
+            for seq in core.live.values():
+                if seq.seq_id in core.runner.batch:
+                    drift.append(core.runner.batch[seq.seq_id].history != seq.token_ids)
+        engine.core.after_step = check
+        reqs = [Request(prompt=f"Describe the scene {i}.", images=[shape_image(GREEN, size=(96 + 16 * i, 96))],
+                        request_id=f"pen-{i}") for i in range(4)]
+        outs = engine.generate(reqs, params)
+        events = engine.events()
+        left = dict(engine.core.runner.batch.states)
+    assert any(e.kind == "preempted" for e in events), "the tight pool preempts"
+    assert sorted(i for _, i in sent) == sorted(seen), "each request sent once, by the first plan that schedules it"
+    assert plain and all(plain) and drift and not any(drift)
+    assert not left, "a request's state leaves the runner with it"
+    assert all(len(o.token_ids) == 30 for o in outs)
