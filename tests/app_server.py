@@ -62,15 +62,17 @@ def running_app(*args: str, log_path: str, timeout: float = 240, env: dict | Non
 
 
 @contextlib.contextmanager
-def app_in_process(num_blocks: int, shared: bool = False, operator_token: str | None = None, model: str | None = None):
+def app_in_process(num_blocks: int, shared: bool = False, operator_token: str | None = None, model: str | None = None,
+                   quantization: str | None = None):
     """The app served from this process on a free port, so a test reads the same engine the page shows:
     yields (holder, url). shared=True: as `python app.py --shared` (read-only header, per-session KV runs);
-    operator_token: as if $MINIVLM_ADMIN_TOKEN were set; model: a checkpoint dir other than the tiny model."""
+    operator_token: as if $MINIVLM_ADMIN_TOKEN were set; model: a checkpoint dir other than the tiny model;
+    quantization: as `--quantization`."""
     import app as app_module
     from minivlm import EngineConfig
     from panels.holder import EngineHolder
     holder = EngineHolder(EngineConfig(model=model or APP_MODEL or EngineConfig().model, device="cpu",
-                                       num_blocks=num_blocks),
+                                       num_blocks=num_blocks, quantization=quantization),
                           shared=shared, operator_token=operator_token)
     holder.load()
     port = free_port()
