@@ -28,7 +28,9 @@ QWEN3_5 = (
     "{%- elif item.type == 'text' %}{{- item.text }}{%- endif %}{%- endfor %}{%- endif %}"
     "{{- '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' + GEN }}{%- endif %}")
-THINKING = {"on": "'<think>\\n'", "off": "'<think>\\n\\n</think>\\n\\n'"}
+THINKING = {"on": "'<think>\\n'", "off": "'<think>\\n\\n</think>\\n\\n'"}  # "kept": the checkpoint's own
+# template, whose history keeps the generation prompt (`<|im_start|>assistant\n` + the answer): turn 2 shares all of
+# turn 1's prompt and its answer, so it resumes from the state saved where the prompt ended or a decode reached
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,7 @@ def qwen3_5(tmp_path_factory):
         shutil.copytree(base, path)
         (path / "chat_template.jinja").write_text(QWEN3_5.replace("GEN", gen))
         out[mode] = str(path)
+    out["kept"] = base
     return out
 
 
@@ -99,7 +102,7 @@ def check_follow_ups(e):
     assert residues == set(range(BS))
 
 
-@pytest.mark.parametrize("mode", ["on", "off"])
+@pytest.mark.parametrize("mode", ["on", "off", "kept"])
 def test_qwen3_5_follow_up_reuses_every_shared_block_at_every_length(qwen3_5, mode):
     e = engine(qwen3_5[mode])
     check_follow_ups(e)

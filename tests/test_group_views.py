@@ -12,6 +12,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams, load_image
+from minivlm.inputs.prompt import build_prompt
 from minivlm.views.cache_study import max_logprob_diff
 from minivlm.views.events import replay
 
@@ -152,12 +153,19 @@ def test_the_sliding_table_drawn_holds_the_windows_exact_blocks(hybrid_checkpoin
 
 def test_the_recurrent_slots_drawn_are_the_free_queues_and_a_resume_says_its_checkpoint(hybrid_checkpoints):
     """Qwen3.5, 2 requests at most and 4 checkpoints: request 1 runs in slot 0 and its state at the prompt's last
-    block boundary is saved in slot 1; the same prompt again resumes from slot 1 and runs in slot 2 (slot 0 went back
-    to the end of the free queue)."""
+    block boundary is saved in slot 1 (a prompt whose generation prompt lies in its last block and whose end is no
+    boundary: one save point, engine/kv_cache/recurrent.py); the same prompt again resumes from slot 1 and runs in
+    slot 2 (slot 0 went back to the end of the free queue)."""
     with make(hybrid_checkpoints["qwen3_5"], max_num_seqs=2, state_checkpoints=4) as e:
         bs = e.config.block_size
-        req = Request(prompt="Hello there, please count slowly from one to twenty, then tell me a long story.")
-        prompt = len(e.anatomy(req).tokens)
+        for words in range(1, 40):
+            req = Request(prompt="Hello there, please count slowly from one to twenty, then tell me a long story."
+                          + " again" * words)
+            rendered = build_prompt(e.model.family, e.processor, req.to_messages(), None, 4)
+            prompt, tail = len(rendered.token_ids), rendered.generation_tokens
+            if prompt % bs and (prompt - max(tail, 1)) // bs == (prompt - 1) // bs:
+                break
+        assert len(e.anatomy(req).tokens) == prompt
         boundary = (prompt - 1) // bs * bs
         tokens = max(1, 15 - prompt % bs)  # its decode reaches no block boundary: no decode checkpoint
         run = Run(e, owned=False)

@@ -73,11 +73,10 @@ class RecurrentManager:
 
     def plan_save(self, seq, start: int, end: int) -> int:
         """The slot seq's state is copied to after this step (-1: none): at one of the prompt's save points, or at a
-        block boundary while it decodes."""
+        block boundary the prompt's end or a decode reaches (a follow-up that keeps the whole prompt resumes there)."""
         if not self.caching or end % self.block_size or end == 0 or end <= start:
             return -1
-        decoding = start >= seq.num_prompt_tokens - 1
-        if not decoding and end not in self.save_points(seq):
+        if end < seq.num_prompt_tokens and end not in self.save_points(seq):
             return -1
         i = end // self.block_size - 1
         if i < len(seq.block_keys) and seq.block_keys[i] in self.checkpoints:
