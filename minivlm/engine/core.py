@@ -151,7 +151,7 @@ class EngineCore:
         them the requests whose forward read K/V never written (a block they hit lost its publisher in this step:
         only a failure unpublishes) are found, to sample nothing."""
         self._unwritten = {}
-        live = self.requests
+        live = self.live  # the registry's own seq_id -> request (lifecycle.py): who is alive
         masks = self.masks.start(s for r in plan if r.sample and (s := live.get(r.seq_id)) is not None) \
             if plan.requests else None
         try:  # the masks fill beside the forward, or are left for sampling

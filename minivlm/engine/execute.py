@@ -19,7 +19,11 @@ def execute_model(runner, plan: StepPlan, live) -> RunnerOutput:
     out = RunnerOutput()
     runner.free_encoder_outputs(plan.free_encoder_keys)
     runner.add_requests(plan.new_requests)  # their sampling state, kept until they leave (the persistent batch)
-    alive = lambda reqs: [r for r in reqs if r.seq_id in live and r.seq_id not in out.dead]  # noqa: E731
+
+    def alive(reqs):  # still unfinished, and not failed in an earlier stage of this step
+        dead = out.dead
+        return [r for r in reqs if r.seq_id in live and r.seq_id not in dead]
+
     jobs, took = isolate(alive(plan.encodes), runner.encode_images, out.fail("vision encode")) \
         if plan.encodes else ([], [])
     out.encoded = {j.seq_id: t for j, t in zip(jobs, took)}
