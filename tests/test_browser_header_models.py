@@ -143,6 +143,7 @@ def test_a_checkpoint_without_tokenizer_files_is_refused_and_the_old_engine_serv
 def ask(page, picture: str = "blue_circle.png"):
     """One question about an example picture in the chat; waits for its statistics line."""
     before = page.locator("#chat-stats").inner_text()
+    page.locator("#chat-input input[type=file]").evaluate("(el) => { el.value = ''; }")  # the same file again counts
     page.locator("#chat-input input[type=file]").set_input_files(os.path.join(EXAMPLES_DIR, picture))
     page.locator("#chat-input img").first.wait_for()  # uploaded: its thumbnail shows in the box
     page.locator("#chat-input textarea").fill("What color is the shape?")
@@ -180,7 +181,7 @@ def test_switching_models_clears_the_chat_and_shows_the_models_examples(app, pag
         page.wait_for_function("/\\(qwen[\\w]*\\) on/.test(document.querySelector('#engine-status')?.innerText)")
     page.locator("#chat-examples").wait_for()  # the tiny model's scenes again
     assert not page.locator("#chat-examples-general").is_visible()
-    ask(page, "red_circle.png")  # another file: the file input ignores the same one twice
+    ask(page, "red_circle.png")
     shown = page.locator(MESSAGES).count()
     try:  # the same model rebuilt (another prefix cache): the conversation stays, and the line says why it may differ
         page.locator("#strategy-picker").get_by_label("B", exact=True).check()
