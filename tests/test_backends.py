@@ -101,3 +101,47 @@ def test_a_compiler_without_openmp_builds_the_kernels_for_one_thread(tmp_path, m
     assert len(list(cache.glob("gemv_*.so.refused"))) == 3 and len(list(cache.glob("gemv_*.so"))) == 1
     x, w, b = torch.randn(5, 96), torch.randn(40, 96), torch.randn(40)
     assert torch.allclose(gemv.linear(x, w, b, lib.gemv_f32), F.linear(x, w, b), atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_backend_keeps_its_kernel_state_itself_and_runs_the_decoders_one_loop(dtype):
+    """The C step's state (each layer's struct of weight pointers, a bf16 engine's fp32 norm copies) is the backend's
+    own: picking it leaves every module of the decoder with the attributes it had, and two backends on the same
+    weights hold state of their own. The step runs the decoder's forward with its hooks (no loop of its own)."""
+    import torch
+    from minivlm import EngineConfig
+    from minivlm.loader import LoadedModel
+    from minivlm.model import backends
+    from minivlm.model.backends.base import Hooks
+    config = EngineConfig(device="cpu", dtype=dtype, num_blocks=16)
+    model = LoadedModel(config)
+    before = {name: dict(vars(m)) for name, m in model.decoder.named_modules()}
+    kv_caches = [tuple(torch.zeros(16, config.block_size, model.text_config.num_key_value_heads,
+                                   model.text_config.head_dim, dtype=model.dtype) for _ in range(2))
+                 for _ in model.decoder.layers]
+    first, second = (backends.pick(model, config, kv_caches) for _ in range(2))
+    after = {name: dict(vars(m)) for name, m in model.decoder.named_modules()}
+    assert before.keys() == after.keys()
+    for name in before:  # the same attributes, each the same object (parameters and buffers in their dicts)
+        assert before[name].keys() == after[name].keys(), name
+        assert all(before[name][k] is after[name][k] for k in before[name]), name
+    assert isinstance(first, Hooks) and first.step_weights is not second.step_weights
+    assert type(first).forward is Hooks.forward and type(first).whole_step is not Hooks.whole_step
+
+
+@pytest.mark.parametrize("device, dtype, decode, attention", [
+    ("mps", "float32", "PyTorch ops (the fused C paths are for the CPU in fp32)", "SDPA over gathered blocks"),
+    ("cpu", "float16", "PyTorch ops (the fused C paths are for the CPU in fp32)",
+     "SDPA over gathered blocks (in-place kernel: fp32 only)")])
+def test_where_no_class_of_the_registry_serves_the_reference_says_the_first_reason(device, dtype, decode, attention):
+    """pick asks only the classes made for the device and dtype (runs_on): on MPS none is, so the reference runs
+    without a reason for attention; on the CPU in fp16 the C attention kernel is, and says why it does not serve."""
+    from types import SimpleNamespace
+
+    import torch
+    from minivlm import EngineConfig
+    from minivlm.model import backends
+    model = SimpleNamespace(device=torch.device(device), dtype=getattr(torch, dtype), decoder=SimpleNamespace())
+    picked = backends.pick(model, EngineConfig(), None)
+    assert type(picked) is backends.Backend and type(picked.attention) is backends.Attention
+    assert picked.describe() == {"decode": decode, "attention": attention}
