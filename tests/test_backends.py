@@ -7,7 +7,7 @@ import os
 import pytest
 
 from minivlm import SamplingParams
-from minivlm.model.backends.base import WORDS
+from minivlm.model.backends.base import WORDS, Said
 from minivlm.model.backends.cpu_kernels import decode_layer, decode_ops, gemv, paged_cpu
 from minivlm.model.backends.cpu_kernels.c_build import LazyKernels
 from tests.test_parity import check_against_hf, requests
@@ -145,3 +145,13 @@ def test_where_no_class_of_the_registry_serves_the_reference_says_the_first_reas
     picked = backends.pick(model, EngineConfig(), None)
     assert type(picked) is backends.Backend and type(picked.attention) is backends.Attention
     assert picked.describe() == {"decode": decode, "attention": attention}
+    assert picked.passed_over == ({"paged_decode.c": Said("engine.why_kernel", why=Said("engine.fp32_only"))}
+                                  if device == "cpu" else {})  # those asked, by name: why not
+
+
+def test_the_registry_says_why_each_class_asked_before_the_picked_one_did_not_serve(engines):
+    from minivlm.model.backends.cpu_kernels import CpuKernels
+    engine = engines["qwen2_5_vl"]
+    assert type(engine.core.runner.backend) is CpuKernels and engine.core.runner.backend.passed_over == {}
+    with engine.isolated(num_blocks=32, enforce_eager=True) as eager:
+        assert eager.core.runner.backend.passed_over == {"cpu_kernels": "enforce_eager"}

@@ -12,7 +12,8 @@ serves, and says so in words (Engine.decode_backend, attention_backend, linear_b
 The registry is two lists of classes, best first: the attention every layer calls (ATTENTION) and the step around
 it (STEP). pick asks each class made for the model's device and dtype (runs_on) whether it serves this engine
 (serves: None, or why not), and makes the first that does; where none does, the reference, saying the first
-reason it was given. Modules are imported when asked, so an engine loads only the kernels it may run."""
+reason it was given. A new backend is one more class behind this interface (base.py), named in its list. Modules
+are imported when asked, so an engine loads only the kernels it may run."""
 import importlib
 
 import torch
@@ -34,34 +35,37 @@ def cpu_fp32(device, dtype) -> bool:
     return torch.device(device).type == "cpu" and dtype == torch.float32
 
 
-def first_that_serves(registry: tuple[str, ...], model, config) -> tuple[type | None, list]:
+def first_that_serves(registry: tuple[str, ...], model, config) -> tuple[type | None, dict]:
     """The first class of the registry made for this model's device and dtype that serves this engine (None if
-    none does), and the reasons the ones before it gave."""
-    reasons = []
+    none does), and why each one asked before it did not ({name: why}, in the order asked)."""
+    passed_over = {}
     for cls in map(_class, registry):
         if cls.runs_on(model, config):
             why = cls.serves(model, config)
             if why is None:
-                return cls, reasons
-            reasons.append(why)
-    return None, reasons
+                return cls, passed_over
+            passed_over[cls.name] = why
+    return None, passed_over
 
 
 def pick(model, config, kv_caches) -> Backend:
     """The backend of an engine on `model` (a LoadedModel) with `config` (an EngineConfig) over its pool's
-    [(k_cache, v_cache)] per layer (FlexAttention starts compiling for it here)."""
+    [(k_cache, v_cache)] per layer (FlexAttention starts compiling for it here). Its `passed_over` says why each
+    class asked before the picked ones did not serve ({name: why})."""
     if getattr(model.decoder, "layer_specs", None):  # a hybrid model: the reference, group by group
         return Backend(Attention(Said("engine.why_hybrid")),
                        Said("engine.decode_torch", why=Said("engine.decode_hybrid")))
-    cls, reasons = first_that_serves(ATTENTION, model, config)
-    attention = cls.make(model, config, kv_caches) if cls else Attention(reasons[0] if reasons else "")
-    cls, reasons = first_that_serves(STEP, model, config)
+    cls, attention_passed = first_that_serves(ATTENTION, model, config)
+    attention = cls.make(model, config, kv_caches) if cls else Attention(next(iter(attention_passed.values()), ""))
+    cls, step_passed = first_that_serves(STEP, model, config)
     if cls is not None:
-        return cls.make(model, config, attention, kv_caches)
-    if not reasons:  # no step is made for this device and dtype
-        reasons = [Said("engine.decode_quantized" if getattr(model, "quantization", None) else
-                        "engine.decode_not_cpu")]
-    return Backend(attention, Said("engine.decode_torch", why=reasons[0]))
+        backend = cls.make(model, config, attention, kv_caches)
+    else:
+        why = next(iter(step_passed.values()), None) or Said(  # else no step is made for this device and dtype
+            "engine.decode_quantized" if getattr(model, "quantization", None) else "engine.decode_not_cpu")
+        backend = Backend(attention, Said("engine.decode_torch", why=why))
+    backend.passed_over = attention_passed | step_passed
+    return backend
 
 
 def prepare_linears(module, device, dtype, small_batches: bool = False) -> Said:
