@@ -123,6 +123,7 @@ class Backend:
     name = "pytorch"
     limits = Limits()
     calibration: Said | str = ""  # the CPU fp32 step's choice at load, timed (calibrate.py), or why not timed
+    passed_over: dict = {}  # the registry's classes asked before this one (and its attention), by name: why not
 
     def __init__(self, attention: Attention, decode: Said):
         self.attention, self.decode = attention, decode
