@@ -40,9 +40,11 @@ CSS = f"""
    first picture */
 :is(#anat-img1, #anat-img2, #chatbot) label[data-testid=block-label] {{ position: static; margin-bottom: 4px;
   max-width: calc(100% - 96px); }}  /* room for the buttons at the right */
-/* a label never runs out of its box: a long identifier (gpu_memory_utilization) breaks inside it */
+/* a label never runs out of its box: a slider's number box goes under a label too long to share its line, and a
+   long identifier (gpu_memory_utilization) breaks inside it only where it alone is wider than the box */
 span[data-testid=block-info] {{ overflow-wrap: anywhere; }}
-label:has(> span[data-testid=block-info]) {{ min-width: 0; }}
+.head:has(> label > span[data-testid=block-info]) {{ flex-wrap: wrap; row-gap: 4px; }}
+.head > label:has(> span[data-testid=block-info]) {{ flex: 1 1 auto; min-width: 0; max-width: 100%; }}
 /* a figure narrower than the width its words need (its layout.meta.min_width, set by the page script) scrolls
    sideways in its box: the page itself never gets wider than the screen */
 .block:has(> .js-plotly-plot) {{ overflow-x: auto; }}
