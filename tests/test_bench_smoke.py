@@ -33,7 +33,7 @@ METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-o
                f"grammar mask per decode step, batch 8, tiny model ({name})",
                *(f"same ({name}), the masks filled {mode}" for mode in MaskFiller.MODES))),
            "single-stream decode, bf16 vs fp32", "single-stream decode, int8 vs fp32",
-           "single-stream decode, int8, bf16 engine vs fp32",
+           "single-stream decode, int8, bf16 engine vs fp32", "single-stream decode, int4 vs fp32",
            "one busy process: single-stream decode vs HF generate",
            "one busy process: engine on the free cores vs its thread count fixed"]
 
