@@ -166,8 +166,9 @@ def test_the_plan_is_plain_data_and_the_runner_keeps_each_requests_sampling_stat
     """No mutable object rides in a plan: a request's params and seed reach the runner once (NewRequestData, in the
     first plan that schedules it; a preempted request is not sent again), and its sampling state lives in the
     runner's batch until it leaves; the tokens the penalties count there are the request's own tokens, step after
-    step, though the runner only extends them by what it samples."""
-    sent, plain, drift, seen = [], [], [], set()
+    step, though the runner only extends them by what it samples; and so is its block table, though the plans carry
+    only the blocks each step adds."""
+    sent, plain, drift, tables, seen = [], [], [], [], set()
     params = SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.8, seed=3, repetition_penalty=1.3,
                             presence_penalty=0.2)
     with chunked_engine(checkpoints["qwen3_vl"]) as engine:
@@ -186,6 +187,8 @@ def test_the_plan_is_plain_data_and_the_runner_keeps_each_requests_sampling_stat
             for seq in core.live.values():
                 if seq.seq_id in core.runner.batch:
                     drift.append(core.runner.batch[seq.seq_id].history != seq.token_ids)
+            for seq in core.scheduler.running:  # the table the runner kept from the deltas is the block manager's
+                tables.append(core.runner.batch[seq.seq_id].block_table == core.block_manager.table(seq))
         engine.core.after_step = check
         reqs = [Request(prompt=f"Describe the scene {i}.", images=[shape_image(GREEN, size=(96 + 16 * i, 96))],
                         request_id=f"pen-{i}") for i in range(4)]
@@ -194,6 +197,6 @@ def test_the_plan_is_plain_data_and_the_runner_keeps_each_requests_sampling_stat
         left = dict(engine.core.runner.batch.states)
     assert any(e.kind == "preempted" for e in events), "the tight pool preempts"
     assert sorted(i for _, i in sent) == sorted(seen), "each request sent once, by the first plan that schedules it"
-    assert plain and all(plain) and drift and not any(drift)
+    assert plain and all(plain) and drift and not any(drift) and tables and all(tables)
     assert not left, "a request's state leaves the runner with it"
     assert all(len(o.token_ids) == 30 for o in outs)

@@ -18,7 +18,7 @@ def execute_model(runner, plan: StepPlan, live) -> RunnerOutput:
     """Images and the forward of plan's requests still in `live` (seq_ids of the engine's unfinished requests)."""
     out = RunnerOutput()
     runner.free_encoder_outputs(plan.free_encoder_keys)
-    runner.add_requests(plan.new_requests)  # their sampling state, kept until they leave (the persistent batch)
+    runner.update_batch(plan)  # new requests' sampling state, every request's table: the persistent batch
 
     def alive(reqs):  # still unfinished, and not failed in an earlier stage of this step
         dead = out.dead

@@ -1,8 +1,9 @@
-"""The runner's persistent batch (vLLM's InputBatch, reduced to what sampling needs): each request's sampling state,
-built once from its NewRequestData and kept across steps (and preemptions) until the request leaves. The plan carries
-no mutable object: the RNG lives here, and so do the tokens the penalties count, extended by the tokens the runner
-itself samples instead of being copied out of the request every step."""
-from dataclasses import dataclass
+"""The runner's persistent batch (vLLM's InputBatch, reduced): each request's sampling state, built once from its
+NewRequestData and kept across steps (and preemptions) until the request leaves, and its block table, kept by each
+step's delta (the blocks it got; a re-admission starts again from its hits). The plan carries no mutable object and
+no whole table: the RNG lives here, and so do the tokens the penalties count, extended by the tokens the runner itself
+samples instead of being copied out of the request every step."""
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +21,7 @@ class RequestState:
     generator: torch.Generator | None
     history: list[int]  # empty when no penalty reads it
     num_prompt: int
+    block_table: list[int] = field(default_factory=list)  # its KV blocks, kept by the plans' deltas
 
     @classmethod
     def from_new(cls, new: NewRequestData) -> "RequestState":
@@ -44,6 +46,15 @@ class InputBatch:
 
     def add(self, new: NewRequestData):
         self.states[new.seq_id] = RequestState.from_new(new)
+
+    def update_tables(self, reqs):
+        """Each scheduled request's table from this step's delta: admitted, its hits; then what is left of it (the
+        blocks of guesses rejected since the last step were given back from its end), and the blocks it got now."""
+        for r in reqs:
+            state = self.states[r.seq_id]
+            table = [h.block_id for h in r.hits] if r.admitted else state.block_table
+            keep = r.num_blocks - len(r.new_blocks)
+            state.block_table = (table if len(table) == keep else table[:keep]) + list(r.new_blocks)
 
     def remove(self, seq_id: int):
         self.states.pop(seq_id, None)

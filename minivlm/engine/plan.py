@@ -31,9 +31,10 @@ class ScheduledRequest:
     end: int
     sample: bool                          # end is the sequence's length: a token is sampled after it
     kind: str                             # prefill (whole or its rest) | chunk (more prefill follows) | decode
-    block_table: tuple[int, ...]          # the whole table after this step's allocations
+    num_blocks: int                       # its table's length after this step's allocations (guesses given back
+                                          # since the last step shortened it); the runner keeps the table itself
     hits: tuple[CacheHit, ...] = ()       # blocks shared from the prefix cache (admissions only)
-    new_blocks: tuple[int, ...] = ()      # blocks allocated to it in this step
+    new_blocks: tuple[int, ...] = ()      # blocks allocated to it in this step: appended to its table
     publishes: tuple[tuple[int, str], ...] = ()  # (block id, key) of the full blocks this step's K/V complete
     admitted: bool = False                # it left the waiting queue in this step
     encode: bool = False                  # the tower encodes some of its images in this step (see StepPlan.encodes)
@@ -132,7 +133,8 @@ class StepInputs:
     state_slots: torch.Tensor | None = None     # [B] each request's recurrent state slot
 
     @classmethod
-    def build(cls, reqs) -> "StepInputs":
+    def build(cls, reqs, tables) -> "StepInputs":
+        """From the requests' per-step data and their block tables (the runner's: InputBatch.block_table)."""
         q_lens = [r.num_tokens for r in reqs]
         offsets = torch.tensor([0] + q_lens).cumsum(0).tolist()
         at = [offsets[n] + i for n, r in enumerate(reqs) for i in r.image_at]
@@ -143,7 +145,7 @@ class StepInputs:
         if reqs[0].state_slot >= 0:
             groups["state_slots"] = torch.tensor([r.state_slot for r in reqs])
         return cls(torch.tensor([t for r in reqs for t in r.token_ids]), torch.cat([r.positions for r in reqs], dim=1),
-                   torch.tensor([s for r in reqs for s in r.slots]), padded([r.block_table for r in reqs]),
+                   torch.tensor([s for r in reqs for s in r.slots]), padded(tables),
                    q_lens, [r.end + len(r.draft) for r in reqs], torch.tensor(at, dtype=torch.long),
                    [run for r in reqs for run in r.image_rows],
                    torch.tensor([row for n, r in enumerate(reqs) for row in range(offsets[n + 1] - r.num_logits,
@@ -174,8 +176,15 @@ class StepPlan:
 
     @property
     def inputs(self) -> StepInputs:
+        """The forward's flat tensors, once the runner has built them (build_inputs)."""
         if not self._inputs:
-            self._inputs.append(StepInputs.build(self.requests))
+            raise RuntimeError(f"step {self.step}: the runner builds a plan's inputs (build_inputs) before reading them")
+        return self._inputs[0]
+
+    def build_inputs(self, tables) -> StepInputs:
+        """The flat tensors, built once from the requests and their block tables (in request order)."""
+        if not self._inputs:
+            self._inputs.append(StepInputs.build(self.requests, tables))
         return self._inputs[0]
 
     def only(self, reqs) -> "StepPlan":
@@ -192,8 +201,12 @@ class StepPlan:
                  "encode": r.encode, **r.group_fields(), **self.guess_blocks(r)} for r in self.requests]
 
     def guess_blocks(self, r: ScheduledRequest) -> dict:
-        """A speculating request's blocks that hold only its guesses (those past its own tokens' blocks)."""
-        return {"draft_blocks": list(r.block_table[-(-r.end // self.block_size):])} if r.draft else {}
+        """A speculating request's blocks that hold only its guesses (those past its own tokens' blocks: the last of
+        its table, allocated in this step since the guesses of the step before were given back)."""
+        if not r.draft:
+            return {}
+        n = r.num_blocks + (r.end // -self.block_size)  # blocks past ceil(end / block size)
+        return {"draft_blocks": list(r.new_blocks[len(r.new_blocks) - n:]) if n > 0 else []}
 
 
 @dataclass

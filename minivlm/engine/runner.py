@@ -5,7 +5,7 @@ sampling state each request's NewRequestData gave its persistent batch (engine/i
 import torch
 
 from minivlm.model import backends
-from minivlm.engine.plan import EncodeJob, NewRequestData, ScheduledRequest, StepPlan
+from minivlm.engine.plan import EncodeJob, ScheduledRequest, StepPlan
 from minivlm.engine.sampler import sample, top_logprobs
 from minivlm.engine.speculative import verify
 from minivlm.engine.encoder_cache import ImageInputs
@@ -48,10 +48,12 @@ class ModelRunner:
             if todo:
                 self.pending[seq_id] = (todo, self.vision_worker.start(*self._pixels(inputs, todo)))
 
-    def add_requests(self, new: tuple[NewRequestData, ...]):
-        """Requests a plan schedules for the first time: their sampling state, kept until remove_request."""
-        for n in new:
+    def update_batch(self, plan: StepPlan):
+        """The plan's deltas into the persistent batch: the requests it schedules for the first time (their sampling
+        state, kept until remove_request), then every scheduled request's block table."""
+        for n in plan.new_requests:
             self.batch.add(n)
+        self.batch.update_tables(plan.requests)
 
     def remove_request(self, seq_id: int):
         """The request left the engine: everything the runner kept of it goes."""
@@ -145,7 +147,7 @@ class ModelRunner:
         """Compute K/V for each planned request's tokens [start, end) (a whole prefill, a prefill chunk or one decode
         token); return the next-token logits after each one's last token [B, vocab]. Image placeholders take their
         rows of the encoder cache's outputs, by (vision key, row)."""
-        x, dev = plan.inputs, self.device
+        x, dev = plan.build_inputs([self.batch[r.seq_id].block_table for r in plan]), self.device
         embeds = self.decoder.embed_tokens(x.input_ids.to(dev))
         deepstack = None
         if x.image_rows:

@@ -83,7 +83,7 @@ class Scheduler:
             "prefill" if end == len(seq) else "chunk"
         sample = end == len(seq)
         draft = p.get("draft", ())
-        return ScheduledRequest(seq.seq_id, seq.request_id, start, end, sample, kind, tuple(self.bm.table(seq)),
+        return ScheduledRequest(seq.seq_id, seq.request_id, start, end, sample, kind, len(self.bm.table(seq)),
                                 tuple(p.get("hits", ())), tuple(p.get("new", ())), tuple(p["publishes"]),
                                 p.get("admitted", False), **self._inputs(seq, start, end, draft),
                                 **self.bm.group_inputs(seq, start, end), draft=draft, draft_at=p.get("draft_at", -1))
@@ -276,7 +276,7 @@ class Scheduler:
         bs = self.bm.block_size
         if not self.bm.caching:
             return req.start
-        for i, b in enumerate(req.block_table[:req.start // bs]):
+        for i, b in enumerate(self.bm.table(seq)[:req.start // bs]):
             if b in bad or (i < len(seq.block_keys) and self.bm.blocks[b].key != seq.block_keys[i]):
                 return i * bs
         return req.start
