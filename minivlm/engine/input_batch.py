@@ -52,9 +52,11 @@ class InputBatch:
         blocks of guesses rejected since the last step were given back from its end), and the blocks it got now."""
         for r in reqs:
             state = self.states[r.seq_id]
-            table = [h.block_id for h in r.hits] if r.admitted else state.block_table
-            keep = r.num_blocks - len(r.new_blocks)
-            state.block_table = (table if len(table) == keep else table[:keep]) + list(r.new_blocks)
+            if r.admitted:
+                state.block_table = [h.block_id for h in r.hits]
+            table = state.block_table  # changed in place: a step costs its new blocks, not the table
+            del table[r.num_blocks - len(r.new_blocks):]
+            table.extend(r.new_blocks)
 
     def remove(self, seq_id: int):
         self.states.pop(seq_id, None)
