@@ -187,14 +187,16 @@ def test_vram_matrix_table_and_new_presets(page):  # noqa: F811 (fixture)
         page.set_viewport_size({"width": 1400, "height": 1000})
 
 
-def test_an_int8_engine_is_named_so_and_presets_the_calculator():
+def test_an_int8_engine_is_named_so_and_presets_the_calculator(page):  # noqa: F811 (fixture)
     """#52, `python app.py --quantization int8`: the engine column's head names the quantization next to the
     compute dtype (its weights figure is the int8 one: memory_report's), and picking this engine's model presets
     the weights dtype to int8."""
-    from tests.app_server import app_in_process, browser_page
-    from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
-    with app_in_process(64, quantization="int8") as (holder, url), \
-            browser_page(url, CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS) as pg:
+    from tests.app_server import app_in_process
+    with app_in_process(64, quantization="int8") as (holder, url):
+        pg = page.context.browser.new_page(viewport={"width": 1400, "height": 1000})  # the module's browser
+        pg.set_default_timeout(TIMEOUT_MS)
+        pg.goto(url)
+        pg.wait_for_selector("#chatbot")
         report = holder.get().memory_report()
         open_tab(pg, "VRAM budget")
         wait_for(pg, lambda: any("int8" in h for h in pg.locator("#vram-engine th").all_inner_texts()), "int8")
@@ -205,3 +207,4 @@ def test_an_int8_engine_is_named_so_and_presets_the_calculator():
         assert lines[at + 2] == f"{report.weights_bytes / 2**20:,.2f}", lines  # the int8 weights, as allocated
         choose(pg, "vram-model", "this engine's model")
         wait_for(pg, lambda: pg.locator("#vram-dtype input").first.input_value() == "int8", "the int8 preset")
+        pg.close()
