@@ -141,6 +141,32 @@ def test_int4_engine_stays_within_its_bound_of_fp32():
     assert worst <= INT4_BOUND and same / total >= 0.9, (worst, same, total)
 
 
+@pytest.mark.parametrize("case", ["tiny", "qwen3_5"])
+def test_a_dequantized_checkpoint_holds_exactly_the_weights_the_kernels_multiply_by(case, tmp_path):
+    """tools/dequantized_checkpoint.py, the matrix's truth for the serving path: loaded as a plain checkpoint, every
+    quantized layer's weight is its dequantized one (through fused q/k/v, gate/up and Qwen3.5's in_proj), the
+    lm_head its int8 one (the tiny checkpoint's, tied, untied from the embeddings), every other tensor the original."""
+    from minivlm.loader import LoadedModel
+    from tools.dequantized_checkpoint import quantized_weights, write_dequantized
+    from tools.quantization_matrix import make_checkpoint
+
+    def weights(model: LoadedModel) -> dict:  # oneDNN's prepacked weights read back dense (a reorder: exact)
+        return {n: p.to_dense() if p.layout == torch._mkldnn else p
+                for n, p in model.decoder.named_parameters(remove_duplicate=False)}
+    path = make_checkpoint(case, str(tmp_path / "ckpt"))
+    original = weights(LoadedModel(EngineConfig(model=path, device="cpu", dtype="float32")))
+    assert torch.equal(original["lm_head.weight"], original["embed_tokens.weight"]) == (case == "tiny")  # tied
+    for method in ("int8", "int4"):
+        quantized = LoadedModel(EngineConfig(model=path, device="cpu", dtype="float32", quantization=method))
+        want = {**original, **quantized_weights(quantized.decoder)}
+        plain = LoadedModel(EngineConfig(model=write_dequantized(path, quantized.decoder, str(tmp_path / method)),
+                                         device="cpu", dtype="float32"))
+        got = weights(plain)
+        assert got.keys() == want.keys() and "layers.0.mlp.down_proj.weight" in quantized_weights(quantized.decoder)
+        assert all(torch.equal(got[n], want[n]) for n in want), [n for n in want if not torch.equal(got[n], want[n])]
+        assert not torch.equal(got["lm_head.weight"], got["embed_tokens.weight"])  # int8's lm_head, its own
+
+
 def test_quantization_is_refused_where_pytorchs_kernels_do_not_run():
     with pytest.raises(ValueError, match="runs on the CPU"):
         quantize(nn.Module(), "int8", "cuda", torch.bfloat16)
