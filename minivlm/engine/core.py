@@ -68,7 +68,6 @@ class EngineCore:
         self.last_plan: StepPlan | None = None   # the plan of the latest step that ran something
         self._written: dict[int, int] = {}       # this step, before its update: seq_id -> tokens whose K/V exist
         self._step_seqs: dict[int, Sequence] = {}  # this step: every request it may touch, failed ones included
-        self._unwritten: dict[int, int] = {}     # this step: seq_id -> the first token whose K/V nobody wrote
         self.kv_publisher = None
         if config.kv_events is not None and config.kv_events.active:  # zmq is imported only when publishing
             from minivlm.kv_events.publisher import KVEventPublisher
@@ -80,8 +79,7 @@ class EngineCore:
     live = property(lambda self: self.requests.requests)  # seq_id -> every admitted, unfinished request
 
     # ---- what the engine's facade asks (docs/API.md): answered here, never by reaching into the parts ----------
-    def has_work(self) -> bool:
-        """Whether a request waits or runs."""
+    def has_work(self) -> bool:  # a request waits or runs
         return self.requests.has_work()
 
     def encoder_cache_stats(self) -> dict[str, int]:
@@ -136,41 +134,40 @@ class EngineCore:
         if plan.requests:
             self.last_plan = plan
         start = self.clock()
-        out = self._execute(plan, res)  # images, model, sampling (engine/execute.py)
+        out, unwritten = self._execute(plan, res)  # images, model, sampling (engine/execute.py)
         if not any(j.todo for j in plan.encodes) and len(out.ran) == len(plan):  # whole, no tower: a clean measurement
             self.scheduler.observe(plan, self.clock() - start)
-        events = self.update(plan, out, res, self._unwritten)
+        events = self.update(plan, out, res, unwritten)
         self.masks.ahead(out.sampled, self.live)  # the next step's masks fill while this step ends
         self._written = {}
         self._attach_snapshot([(s, ev) for s, ev in events if s.wants_snapshot], res)
         res.events += [(s, ev) for s, ev in events if ev.finished or self.requests.is_alive(s.seq_id)]
         self._step_time = (sum(r.kind == "decode" for r in plan), self.clock() - start)
 
-    def _execute(self, plan: StepPlan, res: StepResult) -> RunnerOutput:
-        """The runner's two phases; between them and after, the requests they failed are failed here, and between
-        them the requests whose forward read K/V never written (a block they hit lost its publisher in this step:
-        only a failure unpublishes) are found, to sample nothing."""
-        self._unwritten = {}
-        live = self.live  # the registry's own seq_id -> request (lifecycle.py): who is alive
+    def _execute(self, plan: StepPlan, res: StepResult) -> tuple[RunnerOutput, dict[int, int]]:
+        """The runner's two phases; after each, the requests its output says failed are failed here (each once), and
+        between them the requests whose forward read K/V never written (a block they hit lost its publisher in this
+        step: only a failure unpublishes) are found (seq_id -> first such token), to sample nothing."""
+        live, unwritten = self.live, {}  # live: the registry's own seq_id -> request (lifecycle.py)
         masks = self.masks.start(s for r in plan if r.sample and (s := live.get(r.seq_id)) is not None) \
             if plan.requests else None
+
+        def fail_all():
+            for i, stage, e in out.failed:
+                if self.requests.is_alive(i):
+                    self.fail(self._step_seqs[i], stage, e, res)
+
         try:  # the masks fill beside the forward, or are left for sampling
             out = execute_model(self.runner, plan, live)
-            self._fail_all(out, res)
+            fail_all()
             if res.failed:
-                self._unwritten = self.scheduler.unwritten([r for r in plan if r.seq_id in out.ran], self.live)
-            sample_tokens(self.runner, out, set(self._unwritten) | out.dead, masks)
-            self._fail_all(out, res)
+                unwritten = self.scheduler.unwritten([r for r in plan if r.seq_id in out.ran], live)
+            sample_tokens(self.runner, out, set(unwritten) | out.dead, masks)
+            fail_all()
         finally:
             if masks is not None:
                 masks.wait()  # a step never ends with a fill running: update advances these matchers
-        return out
-
-    def _fail_all(self, out: RunnerOutput, res: StepResult):
-        """Fail the requests the runner's output says failed (each once; it may have left meanwhile)."""
-        for seq_id, stage, error in out.failed:
-            if self.requests.is_alive(seq_id):
-                self.fail(self._step_seqs[seq_id], stage, error, res)
+        return out, unwritten
 
     def tower_slice(self) -> float:
         """Seconds the sliced vision tower may run after the latest step (0: none, or no job waiting for it)."""
