@@ -198,3 +198,21 @@ def test_generation_config_fills_only_what_a_request_leaves_unset(checkpoints, t
     finally:
         demo.close()
         holder.engine.close()
+
+
+@pytest.mark.parametrize("strategy", ["C", "none"])
+def test_blocks_leaving_the_window_are_said_cached_only_where_a_lookup_finds_them(checkpoints, strategy):
+    """A sliding-window block given back as the window moves is 'cached' exactly when a later prefix lookup finds
+    it (its key is the one indexed); without prefix caching none is, and the sentence says which."""
+    from minivlm.views.events import describe
+    e = engine(checkpoints["gemma3"], cache_strategy=strategy)
+    since = e.snapshot().last_event_seq
+    e.generate(Request(messages=chat((LONG, None))), SamplingParams(max_tokens=40, ignore_eos=True))
+    left = [ev for ev in e.events(since) if ev.kind == "freed" and ev.fields.get("window")]
+    assert left
+    cached = [b for ev in left for b in ev.fields["cached"]]
+    assert bool(cached) == (strategy != "none")
+    for ev in left:
+        assert set(ev.fields["cached"]) <= set(ev.fields["block_ids"])
+        said = describe(ev)
+        assert ("not cached" in said or "the rest not" in said) == (ev.fields["cached"] != ev.fields["block_ids"])

@@ -198,8 +198,11 @@ def describe(ev: EngineEvent) -> str:
         n = len(f["token_ids"])
         return f"{rid} filled {sw}block {f['block_ids'][0]} ({n}/{n}) → stored under key {f['block_hashes'][0][:8]}…"
     if ev.kind == "freed" and f.get("window"):
+        kept = f.get("cached", f["block_ids"])  # the blocks a later prefix lookup finds
+        where = ("they stay cached until reused" if len(kept) == len(f["block_ids"]) else "not cached" if not kept
+                 else f"{_blocks(kept)} stay cached until reused, the rest not")
         return (f"{rid} gave back {sw}{_blocks(f['block_ids'])}: no later token of it can see them (its "
-                f"{f['window']}-token window moved on); they stay cached until reused")
+                f"{f['window']}-token window moved on); {where}")
     if ev.kind == "freed" and f.get("rejected_draft"):
         return f"{rid} gave back {sw}{_blocks(f['block_ids'])}, which held only guesses it did not keep (never cached)"
     if ev.kind == "freed":

@@ -44,7 +44,11 @@ def describe_in(ev, lang: str) -> str:
         return t(lang, "ev.stored", rid=rid, sw=sw, block=f["block_ids"][0], n=len(f["token_ids"]),
                  key=f["block_hashes"][0][:8])
     if ev.kind == "freed" and f.get("window"):
-        return t(lang, "ev.left_window", rid=rid, sw=sw, blocks=_blocks(lang, f["block_ids"]), window=f["window"])
+        kept = f.get("cached", f["block_ids"])
+        where = t(lang, "ev.window_kept") if len(kept) == len(f["block_ids"]) else \
+            t(lang, "ev.window_not_kept") if not kept else t(lang, "ev.window_some_kept", kept=_blocks(lang, kept))
+        return t(lang, "ev.left_window", rid=rid, sw=sw, blocks=_blocks(lang, f["block_ids"]), window=f["window"],
+                 where=where)
     if ev.kind == "freed" and f.get("rejected_draft"):
         return t(lang, "ev.freed_guesses", rid=rid, sw=sw, blocks=_blocks(lang, f["block_ids"]))
     if ev.kind == "freed":

@@ -14,9 +14,11 @@ MESSAGES = {
     "ev.got": ("{rid} got {sw}{blocks}", "{rid} 分到了{sw}{blocks}"),
     "ev.sw": ("sliding-window ", "滑动窗口"),
     "ev.left_window": ("{rid} gave back {sw}{blocks}: no later token of it can see them (its {window}-token window "
-                       "moved on); they stay cached until reused",
-                       "{rid} 归还了{sw}{blocks}：它之后的 token 都看不到它们了（{window} 个 token 的窗口已经移过）；"
-                       "内容保留在缓存中，直到被重新使用"),
+                       "moved on); {where}",
+                       "{rid} 归还了{sw}{blocks}：它之后的 token 都看不到它们了（{window} 个 token 的窗口已经移过）；{where}"),
+    "ev.window_kept": ("they stay cached until reused", "内容保留在缓存中，直到被重新使用"),
+    "ev.window_not_kept": ("not cached", "内容没有缓存"),
+    "ev.window_some_kept": ("{kept} stay cached until reused, the rest not", "{kept}的内容保留在缓存中，直到被重新使用，其余没有缓存"),
     "ev.state_saved": ("{rid}'s recurrent state after {tokens} tokens saved in slot {slot} (checkpoint under key "
                        "{key}…): a later request with this prefix resumes there",
                        "{rid} 在 {tokens} 个 token 之后的循环状态存入槽位 {slot}（检查点，键 {key}…）：之后前缀相同的请求从这里继续"),

@@ -108,8 +108,7 @@ class RecurrentManager:
         i = end // self.block_size - 1
         self.events.emit("state_saved", seq.request_id, slot=slot, token=end, group=self.group_idx, block_hash=key,
                          parent_block_hash=seq.block_keys[i - 1] if i else None,
-                         token_ids=seq.block_tokens(i, self.block_size), extra_keys=seq.block_extras[i],
-                         reason=f"its state after {end} tokens, saved for a later prefix hit")
+                         token_ids=seq.block_tokens(i, self.block_size), extra_keys=seq.block_extras[i])
 
     def deallocate(self, seq):
         """seq leaves (finished, preempted, failed): its running slot and any unsaved checkpoint slot go back."""

@@ -57,8 +57,9 @@ class SlidingWindowManager(FullAttentionManager):
                 gone.append(self._drop(table[i]))
                 table[i] = None
         if gone:
-            self.events.emit("freed", seq.request_id, block_ids=[b for b in gone if b is not None], group=self.group_idx,
-                             window=self.window)  # they left its window
+            left = [b for b in gone if b is not None]
+            self.events.emit("freed", seq.request_id, block_ids=left, cached=self.servable(left), group=self.group_idx,
+                             window=self.window)  # they left its window; cached: what a later lookup finds
         need = self.blocks_to_advance(seq, start, end)
         if need > self.num_free:  # the pool is sized so that this never happens (budget/kv_groups.py)
             raise RuntimeError(f"sliding-window pool exhausted: {seq.request_id} needs {need} blocks, {self.num_free} free")
