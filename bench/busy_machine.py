@@ -1,6 +1,6 @@
 """13. Speed that survives a busy machine (#44 item 4): single-stream decode with one other process spinning on a
 core beside it (as a browser, Gradio's threads or a test run do in real use), against the same quiet. The engine
-runs on the cores the rest of the machine leaves free (engine/busy_threads.py); the same engine with its thread
+runs on the cores the rest of the machine leaves free (engine/execution/busy_threads.py); the same engine with its thread
 count fixed shows what that saves, and HF `generate` (fixed threads, as PyTorch runs by default) is context: its
 step is Python-bound on one core, so a second core taken costs it little. The goal against a peer that is
 bandwidth-bound like the engine (llama.cpp keeping 80 % of the quiet ratio) is peer_quantized.py's. Runs alternate;

@@ -3,7 +3,7 @@ grammar, side by side with the same requests unconstrained. The tiny model's ste
 grammar's share is as large here as it gets. The engine is paused and stepped from this thread, each decode step
 timed on its own (no loop thread, no reader in between: on a busy 2-core machine their hand-offs move a step by
 more than the grammar costs); runs alternate (A B A B ...) and the medians are compared. Where the engine fills the
-masks (engine/grammar_masks.py: ahead, beside the forward, or at sampling) decides what they cost the step: the time
+masks (engine/sampling/grammar_masks.py: ahead, beside the forward, or at sampling) decides what they cost the step: the time
 the step thread spends on them (handing them over, waiting for what was not done, applying them to the batch's
 logits), plus whatever the rest of the step lost to a fill running beside it (the constrained step less the mask
 functions, each token's advance and the step-through's `constrained` event, against the same with the masks filled
@@ -16,7 +16,9 @@ from collections import defaultdict
 
 import torch
 
-from minivlm.engine import core as engine_core, grammar_masks, structured_output
+from minivlm.engine import core as engine_core
+from minivlm.engine.sampling import grammar_masks
+from minivlm.engine.sampling import structured_output
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams, StructuredOutputsParams as SO
 
@@ -54,7 +56,7 @@ def timed(engine, spent: dict):
                (engine.core.runner, "forward", "forward"), (structured_output.Matcher, "advance", "advance"),
                (engine_core, "constrained_events", "events")]
     if engine.intake.grammars().backend == "xgrammar":  # its matchers advance in their own class
-        from minivlm.engine.structured_xgrammar import XMatcher
+        from minivlm.engine.sampling.structured_xgrammar import XMatcher
         targets.append((XMatcher, "advance", "advance"))
     saved = [(owner, name, wrap(owner, name, key)) for owner, name, key in targets]
     try:

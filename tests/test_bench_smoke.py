@@ -6,7 +6,7 @@ import math
 import pytest
 
 from bench.__main__ import main
-from minivlm.engine.grammar_masks import MaskFiller
+from minivlm.engine.sampling.grammar_masks import MaskFiller
 
 METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-one time / engine prefill-only time",
            "varied: throughput vs HF padded batch", "uniform: throughput vs HF one-by-one",

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from minivlm.engine.kv_cache.full_attention import FullAttentionManager
 from minivlm.model.rope import mrope_positions
 from minivlm.inputs.prompt import Prompt
-from minivlm.engine.prefix_keys import extend_keys
+from minivlm.engine.kv_cache.prefix_keys import extend_keys
 from minivlm.engine.request import Request, SamplingParams
 from minivlm.engine.sequence import Sequence
 

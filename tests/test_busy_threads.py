@@ -1,4 +1,4 @@
-"""The busy-machine thread count (engine/busy_threads.py): from the CPU time the rest of the machine took, fewer
+"""The busy-machine thread count (engine/execution/busy_threads.py): from the CPU time the rest of the machine took, fewer
 threads while another process holds a core, all of them back once it stops; and a real busy process beside a real
 engine is seen as one core taken."""
 import multiprocessing
@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from minivlm.engine import busy_threads
-from minivlm.engine.busy_threads import BusyThreads
+from minivlm.engine.execution import busy_threads
+from minivlm.engine.execution.busy_threads import BusyThreads
 
 
 class Machine:

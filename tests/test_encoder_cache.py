@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minivlm import Request, SamplingParams
-from minivlm.engine.encoder_cache import EncoderCacheManager, embedding_bytes, encoder_cache_size
+from minivlm.engine.encoder.encoder_cache import EncoderCacheManager, embedding_bytes, encoder_cache_size
 from minivlm.experiments.mm_cache import BLUE, GREEN, Q, RED, shape_image
 from tests.faults import inject
 

@@ -5,14 +5,14 @@ its last one) and its latest decode boundary, so a follow-up turn that parts any
 at the last full block it shares, at every prompt length mod the block size; nothing leaks."""
 from minivlm.engine.event_log import EventLog
 from minivlm.engine.kv_cache.coordinator import build
-from minivlm.engine.kv_pool import GroupPool
+from minivlm.engine.kv_cache.kv_pool import GroupPool
 from tests.test_block_manager import BS, make_seq  # block size 4, strategy-C keys
 
 WINDOW = 8  # a query sees itself and the 7 tokens before it
 
 
 class Pool:
-    """The sizes engine/kv_pool.py would give (no tensors: only the bookkeeping is under test)."""
+    """The sizes engine/kv_cache/kv_pool.py would give (no tensors: only the bookkeeping is under test)."""
 
     def __init__(self, full=16, sliding=None, slots=None):
         self.groups = {"full_attention": GroupPool("full_attention", [3], None, full, [])}
@@ -190,7 +190,7 @@ def test_a_decoder_with_two_sliding_windows_is_refused_by_name():
 
 
 class PlainPool:
-    """What engine/kv_pool.py gives a plain model: no groups, one pool of blocks for every layer."""
+    """What engine/kv_cache/kv_pool.py gives a plain model: no groups, one pool of blocks for every layer."""
     groups: dict = {}
 
     def __init__(self, blocks: int, layers: int = 4):

@@ -3,7 +3,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from minivlm.config import DEFAULT_MODEL
-from minivlm.engine.output_processor import IncrementalDetokenizer
+from minivlm.engine.sampling.output_processor import IncrementalDetokenizer
 
 TEXT = "Le cœur a ses raisons — 世界は広い 🎉🙂 naïve café, ünïcödé… ok. "
 

@@ -10,8 +10,8 @@ from minivlm import Engine, EngineConfig, Request, SamplingParams
 from minivlm.views.events import describe_plan, replay
 from minivlm.experiments.mm_cache import GREEN, Q, RED, shape_image
 from minivlm.engine.outputs import CacheHit
-from minivlm.engine.plan import StepPlan
-from minivlm.engine.prefix_keys import extend_keys
+from minivlm.engine.scheduling.plan import StepPlan
+from minivlm.engine.kv_cache.prefix_keys import extend_keys
 from minivlm.engine.sequence import GUARDED, Sequence, StateWriteError
 
 LONG = SamplingParams(max_tokens=30, ignore_eos=True)

@@ -11,7 +11,7 @@ from PIL import Image
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
 from minivlm.config import SpeculativeConfig
-from minivlm.engine.speculative import propose, verify
+from minivlm.engine.spec_decode.ngram import propose, verify
 from panels.holder import EXAMPLES_DIR
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
@@ -126,7 +126,7 @@ def test_rejection_sampling_keeps_the_target_distribution():
     torch.manual_seed(0)
     logits = torch.randn(3, 12) * 2
     params = SamplingParams(temperature=0.8, top_k=8, top_p=0.95)
-    from minivlm.engine.sampler import filter_top_k_top_p
+    from minivlm.engine.sampling.sampler import filter_top_k_top_p
     target = filter_top_k_top_p(logits[:1] / 0.8, torch.tensor([8]), torch.tensor([0.95])).softmax(-1)[0]
     gen = torch.Generator().manual_seed(1)
     for draft in ([int(target.argmax()), 3], [int(target.argsort()[-4]), 5]):

@@ -1,4 +1,4 @@
-"""Chunked prefill's adaptive token budget (minivlm/engine/step_budget.py): the engine measures what a decode step
+"""Chunked prefill's adaptive token budget (minivlm/engine/scheduling/step_budget.py): the engine measures what a decode step
 and a prompt token cost and sizes each mixed step's chunk so the step stays within `max_step_slowdown` x a decode
 step. The truth: a forward whose cost we set (a known time per step and per prompt token) gives a known budget;
 the tokens stay those of the unchunked engine."""
@@ -8,7 +8,7 @@ import pytest
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
 from minivlm.config import DEFAULT_STEP_SLOWDOWN
-from minivlm.engine.step_budget import AdaptiveTokenBudget
+from minivlm.engine.scheduling.step_budget import AdaptiveTokenBudget
 from minivlm.experiments.mm_cache import BLUE, shape_image
 from panels.decisions import decision_log
 from panels.i18n import EN, ZH

@@ -1,4 +1,4 @@
-"""The grammar masks' fast paths (engine/structured_output.py) against llguidance's own: the CPU apply (numpy, one
+"""The grammar masks' fast paths (engine/sampling/structured_output.py) against llguidance's own: the CPU apply (numpy, one
 pass) leaves logits exactly as llguidance's torch kernel does, and the step-through's counts and ids read the same
 tokens as a bit-by-bit reading of the mask, for vocabularies that fill their last word and ones that do not."""
 from types import SimpleNamespace
@@ -7,8 +7,8 @@ import llguidance.torch as lltorch
 import pytest
 import torch
 
-from minivlm.engine.grammar_masks import BatchMasks
-from minivlm.engine.structured_output import FEW, allowed_ids, apply_bitmasks, constrained_events
+from minivlm.engine.sampling.grammar_masks import BatchMasks
+from minivlm.engine.sampling.structured_output import FEW, allowed_ids, apply_bitmasks, constrained_events
 
 
 def random_masks(n: int, vocab: int, gen) -> list[torch.Tensor]:

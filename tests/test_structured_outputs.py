@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams, StructuredOutputsParams as SO
-from minivlm.engine.grammar_masks import MaskFiller, default_mode
-from minivlm.engine.logits_shaping import shape_logits
+from minivlm.engine.sampling.grammar_masks import MaskFiller, default_mode
+from minivlm.engine.sampling.logits_shaping import shape_logits
 from minivlm.refusals import Refused
 from panels.holder import EXAMPLES_DIR
 

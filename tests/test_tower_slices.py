@@ -14,7 +14,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
 from minivlm.experiments.mm_cache import GREEN, shape_image
-from minivlm.engine.vision_worker import VisionWorker
+from minivlm.engine.encoder.vision_worker import VisionWorker
 from minivlm.model import tower_boundaries
 from minivlm.views.events import describe
 from panels.i18n import ZH
@@ -134,7 +134,7 @@ def test_the_engine_lends_the_tower_only_time_between_steps(path, unchunked):
 def test_a_unit_known_to_overrun_the_slice_waits_for_the_next_one():
     """A unit's expected time is what the same unit took the last time, not the decaying longest recent one: after
     many short units a known long one does not start late in a slice (and so overrun it); the next slice runs it."""
-    from minivlm.engine.tower_slices import TowerSlices
+    from minivlm.engine.encoder.tower_slices import TowerSlices
     slices, ran = TowerSlices(), []
 
     def job():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minivlm import Request, SamplingParams
-from minivlm.engine.prefix_keys import block_key
+from minivlm.engine.kv_cache.prefix_keys import block_key
 from minivlm.inputs.video import MAX_SOURCE_FRAMES, MAX_VIDEO_BYTES
 from tests.conftest import FAMILIES
 from tests.test_video import request_of

@@ -1,11 +1,11 @@
-"""The vision tower runs once a step over every new image of the step's requests (minivlm/engine/runner.py): the
+"""The vision tower runs once a step over every new image of the step's requests (minivlm/engine/execution/runner.py): the
 truth is each request run alone, one tower call per request. Same tokens, logprobs within 1e-4, in the Qwen-VL
 families (grids, DeepStack features) and the tiled ones (SmolVLM, InternVL); an image two requests share goes
 through the tower once; a step over MAX_TOWER_ROWS pixel rows splits into calls under it."""
 import pytest
 
 from minivlm import Request, SamplingParams
-from minivlm.engine import runner as runner_module
+from minivlm.engine.execution import runner as runner_module
 from minivlm.experiments.mm_cache import BLUE, GREEN, RED, shape_image
 
 PARAMS = SamplingParams(max_tokens=5, ignore_eos=True, logprobs=1)

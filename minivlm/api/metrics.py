@@ -151,7 +151,7 @@ def encoder_cache_metrics(engine, labels, name):
 
 
 def spec_decode_metrics(engine, labels, name):
-    """vLLM's speculative-decoding counters, when the engine speculates (engine/speculative.py): speculating steps of
+    """vLLM's speculative-decoding counters, when the engine speculates (engine/spec_decode/ngram.py): speculating steps of
     a request (drafts), guessed tokens, accepted ones, and accepted ones per draft position."""
     stats = engine.spec_decode_stats() if hasattr(engine, "spec_decode_stats") else None
     if stats is None:

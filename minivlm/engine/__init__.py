@@ -14,7 +14,7 @@ from minivlm.loader import LoadedModel
 from minivlm.engine.handle import RequestHandle
 from minivlm.engine.loop import EngineLoop
 from minivlm.engine.outputs import StreamEvent
-from minivlm.engine.prefix_tree import prefix_forest
+from minivlm.engine.kv_cache.prefix_tree import prefix_forest
 from minivlm.engine.request import Request, SamplingParams
 from minivlm.engine.sequence import Sequence
 from minivlm.engine.outputs import KVSnapshot, MemoryReport
@@ -185,7 +185,7 @@ class Engine:
             return dataclasses.replace(s, accepted_per_pos=list(s.accepted_per_pos))
 
     def encoder_cache_stats(self) -> dict[str, int]:
-        """The encoder cache's counters (minivlm.engine.encoder_cache): hits and misses (one per image whose request
+        """The encoder cache's counters (minivlm.engine.encoder.encoder_cache): hits and misses (one per image whose request
         took its images, since the engine started), size and used (embeddings: the bound, and those held now),
         in_use (of them, used by live requests) and entries (outputs held)."""
         with self.loop.lock:
@@ -210,6 +210,6 @@ class Engine:
         return build_anatomy(self, request)
 
     def prefix_tree(self):
-        """The prefix cache now as a forest of chained keys (list[TreeNode], minivlm.engine.prefix_tree)."""
+        """The prefix cache now as a forest of chained keys (list[TreeNode], minivlm.engine.kv_cache.prefix_tree)."""
         with self.loop.lock:
             return prefix_forest(self.core.block_manager)

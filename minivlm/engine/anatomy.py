@@ -3,11 +3,11 @@ Everything comes from the engine's own code path (make_sequence: processor, posi
 prefix_keys.block_key per strategy), so what is shown is what the engine computes, not a re-derivation."""
 from dataclasses import dataclass, field
 
-from minivlm.engine.snapshot import block_kind
-from minivlm.engine.snapshot import holds_video, video_spans
+from minivlm.engine.kv_cache.snapshot import block_kind
+from minivlm.engine.kv_cache.snapshot import holds_video, video_spans
 from minivlm.inputs.images import load_image
 from minivlm.inputs.prompt import split_images
-from minivlm.engine.prefix_keys import block_key
+from minivlm.engine.kv_cache.prefix_keys import block_key
 from minivlm.engine.request import Request, SamplingParams
 
 KEY_STRATEGIES = ("A", "B", "C")

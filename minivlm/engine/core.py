@@ -7,29 +7,29 @@ import logging
 import time
 import weakref
 
-from minivlm.engine.busy_threads import BusyThreads
-from minivlm.engine.encoder_cache import encoder_cache_size
+from minivlm.engine.execution.busy_threads import BusyThreads
+from minivlm.engine.encoder.encoder_cache import encoder_cache_size
 from minivlm.config import EngineConfig
 from minivlm.engine.event_log import EventLog
 from minivlm.inputs.image_layout import runs
 from minivlm.engine.kv_cache import coordinator
-from minivlm.engine.kv_pool import KVPool
+from minivlm.engine.kv_cache.kv_pool import KVPool
 from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.loader import LoadedModel
-from minivlm.engine.output_processor import OutputProcessor
+from minivlm.engine.sampling.output_processor import OutputProcessor
 from minivlm.engine.outputs import KVSnapshot, StreamEvent
-from minivlm.engine.execute import execute_model, sample_tokens
-from minivlm.engine.grammar_masks import MaskFiller, default_mode
-from minivlm.engine.plan import RunnerOutput, StepPlan
-from minivlm.engine.prefix_keys import extend_keys
-from minivlm.engine.runner import ModelRunner
-from minivlm.engine.scheduler import Scheduler
+from minivlm.engine.execution.execute import execute_model, sample_tokens
+from minivlm.engine.sampling.grammar_masks import MaskFiller, default_mode
+from minivlm.engine.scheduling.plan import RunnerOutput, StepPlan
+from minivlm.engine.kv_cache.prefix_keys import extend_keys
+from minivlm.engine.execution.runner import ModelRunner
+from minivlm.engine.scheduling.scheduler import Scheduler
 from minivlm.engine.sequence import Sequence, writing
 from minivlm.engine.step_result import RequestFailed, StepResult, isolate
-from minivlm.engine.snapshot import SnapshotBuilder, video_spans
-from minivlm.engine.speculative import SpecRecorder
-from minivlm.engine.structured_output import constrained_events
-from minivlm.engine.vision_worker import VisionWorker
+from minivlm.engine.kv_cache.snapshot import SnapshotBuilder, video_spans
+from minivlm.engine.spec_decode.ngram import SpecRecorder
+from minivlm.engine.sampling.structured_output import constrained_events
+from minivlm.engine.encoder.vision_worker import VisionWorker
 
 log = logging.getLogger("minivlm")
 
@@ -53,7 +53,7 @@ class EngineCore:
         self.scheduler = Scheduler(  # chunks keep mixed steps within the backend's one fast call (fast_rows)
             self.block_manager, config, self.events, self.requests,
             whole_spans=bool(getattr(model.decoder, "bidirectional_images", False)),
-            encoder_cache_size=encoder_cache_size(config, model),  # in embeddings (engine/encoder_cache.py)
+            encoder_cache_size=encoder_cache_size(config, model),  # in embeddings (engine/encoder/encoder_cache.py)
             fast_rows=self.runner.limits.fast_rows)
         self.masks = MaskFiller(default_mode(self.runner.device.type))  # structured outputs' masks
         self.busy = BusyThreads() if model.device.type == "cpu" else None  # fewer threads while others hold cores
@@ -134,7 +134,7 @@ class EngineCore:
         if plan.requests:
             self.last_plan = plan
         start = self.clock()
-        out, unwritten = self._execute(plan, res)  # images, model, sampling (engine/execute.py)
+        out, unwritten = self._execute(plan, res)  # images, model, sampling (engine/execution/execute.py)
         if not any(j.todo for j in plan.encodes) and len(out.ran) == len(plan):  # whole, no tower: a clean measurement
             self.scheduler.observe(plan, self.clock() - start)
         events = self.update(plan, out, res, unwritten)

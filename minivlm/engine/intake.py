@@ -12,8 +12,8 @@ from minivlm.config import EngineConfig
 from minivlm.loader import LoadedModel
 from minivlm.model.rope import mrope_positions
 from minivlm.inputs.prompt import Prompt, build_prompt
-from minivlm.engine.encoder_cache import ImageInputs
-from minivlm.engine.prefix_keys import extend_keys
+from minivlm.engine.encoder.encoder_cache import ImageInputs
+from minivlm.engine.kv_cache.prefix_keys import extend_keys
 from minivlm.engine.request import Request, SamplingParams
 from minivlm.engine.sequence import Sequence
 from minivlm.inputs.video_prompt import vision_runs
@@ -108,11 +108,11 @@ class Intake:
         """The engine's grammar compiler, made on first use (the grammar library is imported only when a request
         asks): xgrammar's where EngineConfig.structured_outputs_backend and the install allow it, else llguidance's."""
         if self._grammars is None:
-            from minivlm.engine.structured_output import GrammarCompiler
+            from minivlm.engine.sampling.structured_output import GrammarCompiler
             args, backend = (self.model.tokenizer, self.model.text_config.vocab_size), \
                 self.config.structured_outputs_backend
             if backend != "guidance" and xgrammar_installed():
-                from minivlm.engine.structured_xgrammar import XGrammarCompiler
+                from minivlm.engine.sampling.structured_xgrammar import XGrammarCompiler
                 try:
                     self._grammars = XGrammarCompiler(*args)
                 except Exception:  # a tokenizer xgrammar cannot read: "auto" serves with llguidance

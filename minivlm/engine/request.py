@@ -49,7 +49,7 @@ MAX_N = 16  # choices one request may ask for (each is a request of its own insi
 @dataclass
 class StructuredOutputsParams:
     """Constrain the answer (vLLM's names), exactly one of: a JSON Schema (dict or JSON text), any JSON object, a
-    regex, a choice among strings, or an EBNF grammar in the `root ::= ...` form (engine/structured_output.py)."""
+    regex, a choice among strings, or an EBNF grammar in the `root ::= ...` form (engine/sampling/structured_output.py)."""
     json: dict | str | None = None
     json_object: bool = False
     regex: str | None = None

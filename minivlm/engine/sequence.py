@@ -1,5 +1,5 @@
 """Per-request state while a request lives in the scheduler: tokens, positions, where its images' rows are, keys.
-It holds no pixels and no image embeddings: the runner keeps those (engine/encoder_cache.py). Its progress
+It holds no pixels and no image embeddings: the runner keeps those (engine/encoder/encoder_cache.py). Its progress
 (computed tokens, tokens, keys, logprobs) is written only by EngineCore.update
 once the engine has admitted it: anywhere else a write raises (the plan is the only writer)."""
 import contextlib
@@ -78,7 +78,7 @@ class Sequence:
         self.cache_hits: list[CacheHit] = []
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.detokenizer = None                     # the output path's per-request text state
-        self.matcher = None                         # structured outputs: its grammar's state (engine/structured_output.py)
+        self.matcher = None                         # structured outputs: its grammar's state (engine/sampling/structured_output.py)
         self.choice_index = 0                       # n > 1: which of the request's choices this is
         self._status: RequestStatus | None = None  # None until the engine admits it (lifecycle.py writes it)
         self.sink = None                            # the submitting caller's RequestHandle (thread-safe)

@@ -3,7 +3,7 @@ events), plain-English sentences and the step plan in a line, events by step. Th
 numbers; every sentence is said here (and in the page's language by panels/i18n/events.py, from the same fields)."""
 from minivlm.engine.event_log import EngineEvent
 from minivlm.engine.outputs import BlockInfo, KVSnapshot
-from minivlm.engine.snapshot import block_fill
+from minivlm.engine.kv_cache.snapshot import block_fill
 
 
 class _Replay:

@@ -151,7 +151,7 @@ class KVCacheCoordinator:
 
 
 def build(pool, block_size: int, caching: bool, events: EventLog | None = None) -> KVCacheCoordinator:
-    """The coordinator of a pool (engine/kv_pool.py): one manager per group, numbered as the KV events name them."""
+    """The coordinator of a pool (engine/kv_cache/kv_pool.py): one manager per group, numbered as the KV events name them."""
     events = events or EventLog(0)
     if not pool.groups:  # a plain model: one full-attention group over every layer
         return KVCacheCoordinator(FullAttentionManager(pool.num_blocks, block_size, caching, events), [],

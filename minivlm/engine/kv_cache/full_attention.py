@@ -5,7 +5,7 @@ from collections import deque
 
 from minivlm.engine.event_log import EventLog
 from minivlm.engine.outputs import CacheHit
-from minivlm.engine.snapshot import block_kind, holds_video, video_spans
+from minivlm.engine.kv_cache.snapshot import block_kind, holds_video, video_spans
 
 
 class Block:

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from minivlm.engine.tower_slices import TowerSlices
+from minivlm.engine.encoder.tower_slices import TowerSlices
 
 
 NICE = 10  # the tower's thread yields the CPU to the decode steps: a stream's next token beats a new request's TTFT

@@ -18,7 +18,7 @@ def shape_logits(logits: torch.Tensor, reqs, masks=None) -> torch.Tensor:
             penalize(logits[i], torch.tensor(r.history, device=logits.device), r.num_prompt, p, vocab)
     masked = [i for i, r in enumerate(reqs) if masks is not None and r.seq_id in masks.row]
     if masked:
-        from minivlm.engine.structured_output import apply_bitmasks
+        from minivlm.engine.sampling.structured_output import apply_bitmasks
         at = [masks.row[reqs[i].seq_id] for i in masked]
         apply_bitmasks(logits, masked, masks.bits if at == list(range(len(masks.row))) else masks.bits[at])
     return logits

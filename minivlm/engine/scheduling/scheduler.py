@@ -1,17 +1,17 @@
 """Continuous batching: admit waiting requests while blocks and budgets allow (prefill), otherwise advance
 every running request by one token (decode), preempting the newest by recompute when blocks run out. Each step's
-decisions come out as one immutable StepPlan (minivlm.engine.plan); the scheduler writes no request progress."""
+decisions come out as one immutable StepPlan (minivlm.engine.scheduling.plan); the scheduler writes no request progress."""
 from collections import deque
 
 from minivlm.engine.kv_cache.coordinator import KVCacheCoordinator
 from minivlm.config import EngineConfig
-from minivlm.engine.encoder_cache import DEFAULT_ENCODER_CACHE_SIZE, EncoderCacheManager
+from minivlm.engine.encoder.encoder_cache import DEFAULT_ENCODER_CACHE_SIZE, EncoderCacheManager
 from minivlm.engine.event_log import EventLog
 from minivlm.engine.lifecycle import RequestRegistry
-from minivlm.engine.plan import EncodeJob, NewRequestData, Preemption, ScheduledRequest, StepPlan, preemption_reason
+from minivlm.engine.scheduling.plan import EncodeJob, NewRequestData, Preemption, ScheduledRequest, StepPlan, preemption_reason
 from minivlm.engine.sequence import Sequence
-from minivlm.engine.speculative import Speculator
-from minivlm.engine.step_budget import AdaptiveTokenBudget
+from minivlm.engine.spec_decode.ngram import Speculator
+from minivlm.engine.scheduling.step_budget import AdaptiveTokenBudget
 from minivlm.inputs.image_layout import runs
 
 

@@ -10,7 +10,7 @@ import itertools
 
 import torch
 
-from minivlm.engine.plan import RunnerOutput, StepPlan
+from minivlm.engine.scheduling.plan import RunnerOutput, StepPlan
 from minivlm.engine.step_result import all_or_none, isolate
 
 
@@ -42,7 +42,7 @@ def execute_model(runner, plan: StepPlan, live) -> RunnerOutput:
 
 def sample_tokens(runner, out: RunnerOutput, skip, masks):
     """Verify and sample for the requests whose forward ran, minus `skip` (failed since, or read unwritten K/V);
-    masks: the step's grammar masks (engine/grammar_masks.py), waited for here, or None."""
+    masks: the step's grammar masks (engine/sampling/grammar_masks.py), waited for here, or None."""
     if out.logits is None:
         return
     ran, logits = out.logits

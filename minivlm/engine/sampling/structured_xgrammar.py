@@ -11,7 +11,7 @@ import json
 import torch
 import xgrammar
 
-from minivlm.engine.structured_output import GrammarCompiler, allowed_ids, source
+from minivlm.engine.sampling.structured_output import GrammarCompiler, allowed_ids, source
 from minivlm.refusals import Refused
 
 

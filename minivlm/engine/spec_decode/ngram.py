@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minivlm.config import SpeculativeConfig
-from minivlm.engine.sampler import filter_top_k_top_p
+from minivlm.engine.sampling.sampler import filter_top_k_top_p
 
 
 def propose(tokens: list[int], types: list[int], cfg: SpeculativeConfig, k: int) -> tuple[list[int], int]:

@@ -51,7 +51,7 @@ class ScheduledRequest:
     restore_from: int = -1                 # a checkpoint slot copied into state_slot before the forward (a prefix hit)
     save_to: int = -1                      # a slot state_slot is copied into after the forward (a checkpoint)
     spans: tuple[tuple[int, int], ...] = ()  # image token ranges that attend both ways (Gemma 3), overlapping the step
-    # speculative decoding (engine/speculative.py): guesses of the next tokens, computed after [start, end) and
+    # speculative decoding (engine/spec_decode/ngram.py): guesses of the next tokens, computed after [start, end) and
     # verified by this step's logits at every one of them; slots past `end` hold them until accepted or given back
     draft: tuple[int, ...] = ()
     draft_at: int = -1                     # where in its tokens the guess was found
@@ -102,7 +102,7 @@ def preemption_reason(victim: str, needed_by: str, blocks: int, freed: int, toke
 @dataclass(frozen=True, eq=False)
 class EncodeJob:
     """A request's images, taken in this step (its first chunk with image tokens): each image's output is held by
-    the runner's encoder cache from now on, and those of `todo` are encoded in this step (engine/encoder_cache.py).
+    the runner's encoder cache from now on, and those of `todo` are encoded in this step (engine/encoder/encoder_cache.py).
     The runner has the pixels (it got them when the request was admitted) and drops them once the job has run."""
     seq_id: int
     request_id: str
@@ -211,7 +211,7 @@ class StepPlan:
 
 @dataclass
 class RunnerOutput:
-    """What executing a plan produced (engine/execute.py), as plain results the core applies: the requests whose
+    """What executing a plan produced (engine/execution/execute.py), as plain results the core applies: the requests whose
     images were taken (with what the vision thread's job took, under async_vision), the outputs the plan encoded
     that the runner does not hold (every request that needed them failed), the requests whose forward ran, the token
     (with its logprobs) each sampling request drew, a speculating request's emitted tokens, the grammar masks its

@@ -1,17 +1,17 @@
 """Executes a step plan: frees the encoder outputs the plan frees, encodes its images into the encoder cache, runs
 the decoder over the paged KV cache on the plan's flat inputs, then samples one token per sampling request. It reads
 no request state: all it needs is in the plan, its encoder cache, the pixels the core handed it on admission and the
-sampling state each request's NewRequestData gave its persistent batch (engine/input_batch.py)."""
+sampling state each request's NewRequestData gave its persistent batch (engine/execution/input_batch.py)."""
 import torch
 
 from minivlm.model import backends
-from minivlm.engine.plan import EncodeJob, ScheduledRequest, StepPlan
-from minivlm.engine.sampler import sample, top_logprobs
-from minivlm.engine.speculative import verify
-from minivlm.engine.encoder_cache import ImageInputs
-from minivlm.engine.group_metadata import group_builders, step_metadata
-from minivlm.engine.input_batch import InputBatch
-from minivlm.engine.vision_worker import VisionWorker
+from minivlm.engine.scheduling.plan import EncodeJob, ScheduledRequest, StepPlan
+from minivlm.engine.sampling.sampler import sample, top_logprobs
+from minivlm.engine.spec_decode.ngram import verify
+from minivlm.engine.encoder.encoder_cache import ImageInputs
+from minivlm.engine.execution.group_metadata import group_builders, step_metadata
+from minivlm.engine.execution.input_batch import InputBatch
+from minivlm.engine.encoder.vision_worker import VisionWorker
 
 MAX_TOWER_ROWS = 16384  # pixel rows (Qwen's patches, or tiles) in one tower call: bounds its activations
 
@@ -27,7 +27,7 @@ class ModelRunner:
         self.inputs: dict[int, ImageInputs] = {}    # seq_id -> its pixels, from admission until its images are taken
         self.vision_worker = vision_worker          # async_vision: the tower's own thread
         self.pending: dict[int, tuple] = {}         # seq_id -> (image indices, Future) of its vision thread's job
-        self.batch = InputBatch()                   # each request's sampling state, sent once (engine/input_batch.py)
+        self.batch = InputBatch()                   # each request's sampling state, sent once (engine/execution/input_batch.py)
         self.backend = backends.pick(model, config, self.kv_caches)  # once: how this engine's steps run
         self.builders = group_builders(specs, len(layer_caches), self.block_size, self.backend.attention)  # per group
         self.recurrent = any(b.kind == "recurrent" for b in self.builders)  # states advance in place: no rerun
@@ -38,7 +38,7 @@ class ModelRunner:
         self.kv_caches = None
         self.backend.release()
 
-    # ---- encoder outputs: the runner's half of the encoder cache (engine/encoder_cache.py) ----------------------
+    # ---- encoder outputs: the runner's half of the encoder cache (engine/encoder/encoder_cache.py) ----------------------
     def add_inputs(self, seq_id: int, inputs: ImageInputs):
         """A newly admitted request's pixels, kept until its images are taken (or it leaves). async_vision: its
         images whose outputs are not held go to the vision thread now."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minivlm.engine.plan import NewRequestData
+from minivlm.engine.scheduling.plan import NewRequestData
 from minivlm.engine.request import SamplingParams
 
 

@@ -132,7 +132,7 @@ class Matcher:
 
     def fill(self, bits: torch.Tensor, row: int):
         """The next token's bitmask into bits[row] (bits: a contiguous [n, words] int32 tensor), in place: llguidance
-        writes it directly, with the GIL released (engine/grammar_masks.py may run this beside the forward)."""
+        writes it directly, with the GIL released (engine/sampling/grammar_masks.py may run this beside the forward)."""
         self.m.unsafe_compute_mask_ptr(bits.data_ptr() + row * self.words * 4, self.words * 4)
 
     def advance(self, token: int):

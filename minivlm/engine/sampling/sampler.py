@@ -2,7 +2,7 @@
 (one sort, one softmax each), each drawn with its request's own generator."""
 import torch
 
-from minivlm.engine.logits_shaping import shape_logits
+from minivlm.engine.sampling.logits_shaping import shape_logits
 from minivlm.engine.request import SamplingParams
 
 

@@ -1,0 +1,1 @@
+"""From logits to tokens: penalties, bias, grammar masks, sampling, detokenising."""

@@ -1,0 +1,1 @@
+"""Planning a step: who runs, how many tokens, what is preempted; the plan as data."""
