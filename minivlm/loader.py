@@ -138,8 +138,8 @@ class LoadedModel:
         if config.quantization:  # weight-only int8 / int4 through PyTorch's kernels (model/backends/quantized.py)
             n = backends.quantized.quantize(self.decoder, config.quantization, self.device, self.dtype)
             padded = len(backends.quantized.padded_layers(self.decoder))  # widths PyTorch's kernels do not take
-            self.linear_backend = backends.Said("engine.linear_quantized", method=config.quantization, n=n,
-                                                padded=padded)
+            self.linear_backend = backends.Said("engine.linear_quantized_padded" if padded else "engine.linear_quantized",
+                                                method=config.quantization, n=n, padded=padded)
             backends.prepare_linears(self.decoder, self.device, self.dtype, small_batches=True)  # the rest: lm_head
         else:  # the device's linear layers, once (the CPU's kernels start compiling here, while the rest loads)
             self.linear_backend = backends.prepare_linears(self.decoder, self.device, self.dtype, small_batches=True)

@@ -77,9 +77,11 @@ def test_each_quantization_serves_the_model_its_weights_define_or_is_refused_by_
         if r["method"] in BOUNDS:
             assert r["worst"] <= allowed(rows, r), (r, allowed(rows, r))
         padded = padded_by_the_kernels_rules(r["widths"])
-        assert f"in {len(r['widths'])} layers ({padded} padded to the kernel's width)" in r["status"], r
-        zh = localize_status(Said("engine.linear_quantized", **r["status_fields"]), ZH)
-        assert f"共 {len(r['widths'])} 层（其中 {padded} 层补齐" in zh, zh
+        said = f"in {len(r['widths'])} layers" + (f" ({padded} padded to the kernel's width)" if padded else "")
+        assert said in r["status"] and (padded or "padded" not in r["status"]), r
+        zh = localize_status(Said(r["status_key"], **r["status_fields"]), ZH)
+        assert f"共 {len(r['widths'])} 层" + (f"（其中 {padded} 层补齐" if padded else "") in zh, zh
+        assert padded or "补齐" not in zh, zh
     if case.endswith(":odd"):  # the widths are the point: they reached PyTorch's kernels padded, and it is said
         assert all(r["padded"] and f"({r['padded']} padded" in r["status"] for r in rows
                    if r["served"] and r["method"] != "none")

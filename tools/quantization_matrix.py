@@ -114,7 +114,7 @@ def run_case(case: str) -> list[dict]:
                 exact_drift = closeness(e.generate(reqs, params), truth)[0]
             rows.append({**row, "served": True, "worst": worst, "same": same, "total": total, "padded": len(padded),
                          "exact": exact, "exact_same": exact_same, "exact_drift": exact_drift, "widths": widths,
-                         "status": str(status), "status_fields": status.fields})
+                         "status": str(status), "status_key": status.key, "status_fields": status.fields})
     return rows
 
 

@@ -196,8 +196,9 @@ ENGINE_ZH = {
     "engine.linear_gemv": "1–{rows} 行的解码批次用 gemv.c，更多行用 oneDNN（预打包）{threads}",
     "engine.linear_onednn": "oneDNN（预打包）；gemv.c 未启用：{why}",
     "engine.linear_default": "PyTorch 默认实现（nn.Linear）",
-    "engine.linear_quantized": "{method} 权重（PyTorch 的仅权重量化内核），共 {n} 层（其中 {padded} 层补齐到内核"
-                               "要求的宽度）",
+    "engine.linear_quantized": "{method} 权重（PyTorch 的仅权重量化内核），共 {n} 层",
+    "engine.linear_quantized_padded": "{method} 权重（PyTorch 的仅权重量化内核），共 {n} 层（其中 {padded} 层补齐到"
+                                      "内核要求的宽度）",
     "engine.decode_quantized": "融合的 C 路径以 fp32 或 bf16 运行",
     "engine.decode_calibrated": "加载时校准，一个解码步：C 内核 {c} ms，PyTorch 算子 + oneDNN 线性层 {onednn} ms{mkl}",
     "engine.calibrated_int8": "加载时校准，一个解码步：int8 权重上的 C 内核 {gemv} ms，逐层用 PyTorch 的 int8 内核 {torch} ms",

@@ -44,8 +44,9 @@ WORDS = {
     "engine.linear_gemv": "gemv.c for decode batches of 1-{rows}, oneDNN (prepacked) above{threads}",
     "engine.linear_onednn": "oneDNN (prepacked); gemv.c off: {why}",
     "engine.linear_default": "PyTorch's default (nn.Linear)",
-    "engine.linear_quantized": "{method} weights (PyTorch's weight-only kernel) in {n} layers ({padded} padded to "
-                               "the kernel's width)",
+    "engine.linear_quantized": "{method} weights (PyTorch's weight-only kernel) in {n} layers",
+    "engine.linear_quantized_padded": "{method} weights (PyTorch's weight-only kernel) in {n} layers ({padded} padded "
+                                      "to the kernel's width)",
     "engine.decode_quantized": "the fused C paths run in fp32 or bf16",
     "engine.decode_calibrated": "calibrated at load, a decode step: C kernels {c} ms, PyTorch ops with oneDNN linears "
                                 "{onednn} ms{mkl}",
