@@ -87,23 +87,27 @@ class Limits:
     fast_rows: int | None = None  # the most rows a step runs as one fast call (past them it costs ~2x); None: no edge
 
 
-class Attention(PagedAttention):
+class Registered:
+    """What pick asks of every class in a registry: is it made for this model's device and dtype at all (runs_on;
+    only those are asked why not), and does it serve an engine of `model` with `config` (None, else why not: the
+    status line says it). The references run everywhere and serve always."""
+
+    @classmethod
+    def runs_on(cls, model, config) -> bool:
+        return True
+
+    @classmethod
+    def serves(cls, model, config) -> Said | None:
+        return None
+
+
+class Attention(Registered, PagedAttention):
     """The reference attention as a backend: SDPA over gathered blocks, `why` (a Said, or "") no other serves.
     A subclass in the registry (backends.ATTENTION) says where it runs, whether it serves, and is made by `make`."""
     name = "gathered"
 
     def __init__(self, why: str = ""):
         self.why = why
-
-    @classmethod
-    def runs_on(cls, model, config) -> bool:
-        """Whether it is made for this model's device and dtype at all (pick asks only those why not)."""
-        return True
-
-    @classmethod
-    def serves(cls, model, config) -> Said | None:
-        """None if it serves an engine of `model` with `config`, else why not (the status line says it)."""
-        return None
 
     @classmethod
     def make(cls, model, config, kv_caches) -> "Attention":
@@ -117,7 +121,7 @@ class Attention(PagedAttention):
         """Let go of the pool (a backend compiling for it stops)."""
 
 
-class Backend:
+class Backend(Registered):
     """How an engine runs a step: the reference runs the decoder layer by layer in PyTorch ops. `decode` says how,
     in words (and why no faster step serves). A subclass in the registry (backends.STEP) also says where it runs,
     whether it serves, and is made by make(model, config, attention, kv_caches) (where it may time itself against the
@@ -129,16 +133,6 @@ class Backend:
 
     def __init__(self, attention: Attention, decode: Said):
         self.attention, self.decode = attention, decode
-
-    @classmethod
-    def runs_on(cls, model, config) -> bool:
-        """Whether it is made for this model's device and dtype at all (the reference: everywhere)."""
-        return True
-
-    @classmethod
-    def serves(cls, model, config) -> Said | None:
-        """None if it serves an engine of `model` with `config`, else why not (the reference's status says it)."""
-        return None
 
     def forward(self, decoder, embeds, positions, kv_caches, meta, deepstack=None, last=None):
         return decoder(embeds, positions, kv_caches, meta, deepstack, last)
