@@ -47,14 +47,14 @@ def test_chat_then_anatomy_of_the_same_request(served, shots):
     page.wait_for_function("/\\d+ prompt tokens/.test(document.querySelector('#anat-summary').innerText)")
     page.wait_for_function(f"{PLOT.format('anat-strip')}?.data?.[1]?.hovertext?.length > 0")
     before = page.locator("#anat-summary").inner_text()  # the tab's own request, which may be the longer one
-    page.locator("#anat-from-chat").click()  # the conversation so far: the question, its image and the answer
+    page.locator("#anat-from-chat").click()  # the chat's last request, exactly as the engine received it
     page.wait_for_function("([n, before]) => { const s = document.querySelector('#anat-summary').innerText; "
                            "const m = /^\\s*(\\d+) prompt tokens/.exec(s); "
-                           "return s !== before && m && +m[1] > n; }",  # no queue/progress text above it
-                           arg=[prompt_tokens, before])  # drawn anew, and the answer is part of it
+                           "return s !== before && m && +m[1] === n; }",  # no queue/progress text above it
+                           arg=[prompt_tokens, before])  # drawn anew: the tokens the engine received
     summary = page.locator("#anat-summary").inner_text()
     shown = int(re.search(r"(\d+) prompt tokens = \d+ text \+ (\d+) image", summary).group(1))
-    assert shown > prompt_tokens  # the answer is part of it now
+    assert shown == prompt_tokens  # that request's num_prompt_tokens (its answer is not part of it)
     page.wait_for_function(f"{PLOT.format('anat-strip')}?.data?.[1]?.hovertext?.length === {shown}")
     if tiled:  # the same image tokens as the engine makes of that picture
         from minivlm import Request, SamplingParams
