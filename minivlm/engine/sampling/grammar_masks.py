@@ -25,14 +25,25 @@ def default_mode(device: str) -> str:
 
 
 class BatchMasks:
-    """One step's masks: bits [n, words] int32, row i for the request seq_ids[i] (bit t of a row: token t allowed)."""
+    """One step's masks: bits [rows, words] int32 (bit t of a row: token t allowed). Request seq_ids[i] has one row,
+    or, speculating (drafts[i] non-empty), one at its last token and one after each guess: row j is its grammar's mask
+    after the guesses before j, as if those had been accepted (vLLM's spec-decode bitmask). row: seq_id -> its first
+    row; rows: seq_id -> (first row, rows)."""
 
-    def __init__(self, seq_ids: list[int], matchers: list):
-        self.row = {seq_id: i for i, seq_id in enumerate(seq_ids)}
-        self.key = [(seq_id, m.consumed) for seq_id, m in zip(seq_ids, matchers)]  # whose state, after how many tokens
-        self.matchers = matchers
+    def __init__(self, seq_ids: list[int], matchers: list, drafts: list[tuple] | None = None,
+                 stops: list[frozenset] | None = None, ends: list[bool] | None = None):
+        drafts = drafts or [()] * len(matchers)
+        first = [0]
+        for d in drafts:
+            first.append(first[-1] + 1 + len(d))
+        self.row = {seq_id: first[i] for i, seq_id in enumerate(seq_ids)}
+        self.rows = {seq_id: (first[i], 1 + len(d)) for i, (seq_id, d) in enumerate(zip(seq_ids, drafts))}
+        self.key = [(seq_id, m.consumed, tuple(d)) for seq_id, m, d in zip(seq_ids, matchers, drafts)]  # whose state,
+        self.matchers, self.drafts = matchers, drafts  # after how many tokens, along which guesses
+        self.stops = stops or [frozenset()] * len(matchers)  # tokens its matcher is never fed (EOS)
+        self.ends = ends or [True] * len(matchers)  # whether a stop token ends its answer (not ignore_eos)
         self.vocab_size = matchers[0].vocab_size
-        self.bits = torch.empty(len(matchers), matchers[0].words, dtype=torch.int32)
+        self.bits = torch.empty(first[-1], matchers[0].words, dtype=torch.int32)
         self.errors: dict[int, BaseException] = {}  # row -> what its matcher raised (the row allows nothing)
         self.filling: Future | None = None  # the worker's fill, when it runs beside the forward
 
@@ -51,14 +62,17 @@ class BatchMasks:
             self.filling.result()
 
     def fill(self):
-        """Each matcher's mask into its row (the library writes it in place); a matcher that raises
-        leaves its row empty and its error for sampling (that request fails, the others sample)."""
+        """Each matcher's masks into its rows (the library writes them in place); a matcher that raises leaves its
+        rows empty and its error for sampling (that request fails, the others sample)."""
         for i, m in enumerate(self.matchers):
+            at = self.row[self.key[i][0]]
             try:
-                m.fill(self.bits, i)
+                m.fill(self.bits, at)
+                if self.drafts[i]:
+                    fill_along_draft(m, self.bits, at, self.drafts[i], self.stops[i], self.ends[i])
             except Exception as e:  # noqa: BLE001
-                self.bits[i] = 0
-                self.errors[i] = e
+                self.bits[at:at + 1 + len(self.drafts[i])] = 0
+                self.errors[at] = e
 
     def checked(self, reqs) -> "BatchMasks":
         """self, or what the matcher of one of reqs raised (sampling is retried request by request: that one fails)."""
@@ -76,6 +90,33 @@ class BatchMasks:
         return counts
 
 
+def fill_along_draft(matcher, bits: torch.Tensor, at: int, draft: tuple, stops: frozenset, ends: bool):
+    """Rows at + 1 .. at + len(draft) of bits: the matcher's mask after each guess (row at holds it before the first),
+    the matcher walked over the guesses the grammar allows and rolled back, so it ends where it began. The walk stops
+    at a guess the grammar forbids (verification rejects it there), after one that completes the grammar, and at a
+    stop token that ends the answer: the rows after it are never read (every token allowed, so sampling them is
+    defined). A stop token that does not end the answer (ignore_eos) is not fed, as the output path does not."""
+    bits[at + 1:at + 1 + len(draft)] = -1
+    walked = 0
+    try:
+        for j, token in enumerate(draft):
+            row = at + j
+            if not int(bits[row, token // 32]) >> (token % 32) & 1:
+                return  # the grammar forbids this guess
+            if token in stops:
+                if ends:
+                    return
+                bits[row + 1] = bits[row]
+                continue
+            matcher.advance(token)
+            walked += 1
+            if matcher.finished():
+                return  # the answer ends with this guess
+            matcher.fill(bits, row + 1)
+    finally:
+        matcher.rollback(walked)
+
+
 class MaskFiller:
     """Makes each step's BatchMasks, filled where `mode` says (MODES): "ahead", on a worker thread from the moment the
     step before has advanced its matchers (while that step ends and the next is planned; what is left, beside the
@@ -83,10 +124,11 @@ class MaskFiller:
     sampling asks."""
     MODES = ("ahead", "beside", "sampling")
 
-    def __init__(self, mode: str):
+    def __init__(self, mode: str, stops=frozenset()):
         if mode not in self.MODES:
             raise ValueError(f"mask fill mode must be one of {self.MODES}, got {mode!r}")
         self.mode = mode
+        self.stops = frozenset(stops)  # the model's EOS tokens: the output path never feeds them to a matcher
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._ahead: BatchMasks | None = None  # the next step's masks, filling since the last step's update
@@ -100,19 +142,22 @@ class MaskFiller:
         if seqs:
             self._ahead = self._fill_beside(BatchMasks([s.seq_id for s in seqs], [s.matcher for s in seqs]))
 
-    def start(self, seqs) -> BatchMasks | None:
-        """The masks of seqs' grammars (the step's sampling requests that have one): those filled ahead if they are
-        these requests' at their current token, else started filling beside the forward or left for sampling to
-        fill; None if no request has a grammar."""
+    def start(self, seqs, drafts: dict | None = None) -> BatchMasks | None:
+        """The masks of seqs' grammars (the step's sampling requests that have one; drafts: seq_id -> the guesses a
+        speculating one verifies, a row after each): those filled ahead if they are these requests' at their current
+        token, else started filling beside the forward or left for sampling to fill; None if no request has a
+        grammar."""
         seqs = [s for s in seqs if s.matcher is not None]
+        guesses = [tuple((drafts or {}).get(s.seq_id, ())) for s in seqs]
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            if ahead.key == [(s.seq_id, s.matcher.consumed) for s in seqs]:
+            if ahead.key == [(s.seq_id, s.matcher.consumed, d) for s, d in zip(seqs, guesses)]:
                 return ahead
             ahead.settle()  # not this step's: its fill must end before any of its matchers advances
         if not seqs:
             return None
-        masks = BatchMasks([s.seq_id for s in seqs], [s.matcher for s in seqs])
+        masks = BatchMasks([s.seq_id for s in seqs], [s.matcher for s in seqs], guesses,
+                           [self.stops] * len(seqs), [not s.params.ignore_eos for s in seqs])
         return masks if self.mode == "sampling" else self._fill_beside(masks)
 
     def _fill_beside(self, masks: BatchMasks) -> BatchMasks:

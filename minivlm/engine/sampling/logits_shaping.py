@@ -20,8 +20,28 @@ def shape_logits(logits: torch.Tensor, reqs, masks=None) -> torch.Tensor:
     if masked:
         from minivlm.engine.sampling.structured_output import apply_bitmasks
         at = [masks.row[reqs[i].seq_id] for i in masked]
-        apply_bitmasks(logits, masked, masks.bits if at == list(range(len(masks.row))) else masks.bits[at])
+        apply_bitmasks(logits, masked, masks.bits if at == list(range(masks.bits.shape[0])) else masks.bits[at])
     return logits
+
+
+def shape_draft_rows(rows: torch.Tensor, state, draft, masks=None) -> torch.Tensor:
+    """A speculating request's k + 1 rows (fp32, a copy the caller may change), in place: row j shaped as the token
+    after its first j guesses would be if they were accepted: the same logit bias, its penalties counting its history
+    and those j guesses, its grammar's mask after them (masks.rows: its rows, walked along the draft). state: its
+    persistent-batch row (.seq_id, .params, .history, .num_prompt)."""
+    p, vocab = state.params, rows.shape[-1]
+    if p.logit_bias:
+        rows[:, torch.tensor(list(p.logit_bias), device=rows.device)] += torch.tensor(
+            list(p.logit_bias.values()), device=rows.device)
+    if state.history:
+        seen = torch.tensor(list(state.history) + list(draft), device=rows.device)
+        for j in range(rows.shape[0]):
+            penalize(rows[j], seen[:len(state.history) + j], state.num_prompt, p, vocab)
+    if masks is not None and state.seq_id in masks.rows:
+        from minivlm.engine.sampling.structured_output import apply_bitmasks
+        first, n = masks.rows[state.seq_id]
+        apply_bitmasks(rows, list(range(n)), masks.bits[first:first + n])
+    return rows
 
 
 def penalize(row: torch.Tensor, history: torch.Tensor, num_prompt: int, p, vocab: int):

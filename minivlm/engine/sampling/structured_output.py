@@ -142,6 +142,12 @@ class Matcher:
                           n=self.consumed, error=(self.m.get_error() or "a token it did not allow")[:200])
         self.consumed += 1
 
+    def rollback(self, n: int):
+        """Forget the last n tokens taken (speculative decoding: the guesses walked for their masks)."""
+        if n and not self.m.rollback(n):
+            raise RuntimeError(f"llguidance could not roll back {n} token(s): {self.m.get_error()}")
+        self.consumed -= n
+
     def finished(self) -> bool:
         """The grammar can take no more tokens: the answer is complete."""
         return self.m.is_stopped()
@@ -191,12 +197,13 @@ def constrained_events(events, masks, sampled: dict, seqs: dict, token_text):
     batch, where a pass per row had cost as much as the masks' fill), which one was chosen. masks: the step's
     BatchMasks; sampled: seq_id -> (token, logprobs); token_text: a token id's text."""
     vocab, counts = masks.vocab_size, masks.counts()
-    few = np.flatnonzero(counts <= FEW).tolist()
+    few = [i for i in masks.row.values() if counts[i] <= FEW]
     ids = {}
     if few:
         allowed = np.unpackbits(masks.bits.numpy()[few].view(np.uint8), axis=1, count=vocab, bitorder="little")
         ids = {i: np.flatnonzero(bits).tolist() for i, bits in zip(few, allowed)}
-    for (seq_id, i), count in zip(masks.row.items(), counts.tolist()):
+    for seq_id, i in masks.row.items():  # a speculating request's first row: the mask before its guesses
+        count = int(counts[i])
         if seq_id in sampled and (seq := seqs.get(seq_id)) is not None:
             token = sampled[seq_id][0]
             events.emit("constrained", seq.request_id, allowed=count, vocab=vocab, token=token, text=token_text(token),

@@ -81,6 +81,13 @@ class XMatcher:
         self.consumed += 1
         self._done = None
 
+    def rollback(self, n: int):
+        """Forget the last n tokens taken (speculative decoding: the guesses walked for their masks)."""
+        if n:
+            self.m.rollback(n)  # a matcher built without max_rollback_tokens keeps every step (xgrammar 0.2)
+            self.consumed -= n
+            self._done = None
+
     def finished(self) -> bool:
         """The grammar can take no more tokens (llguidance's is_stopped): complete, and its mask allows nothing but a
         stop token. Only a complete grammar builds that mask, once per state."""

@@ -2,15 +2,22 @@
 token; a cheap proposer guesses the next k tokens and one forward verifies them all, so each accepted guess is a
 token for free. The proposer needs no model: it finds the request's last few tokens earlier in its own tokens
 (prompt and answer) and proposes what followed there, which pays off where an answer copies (reading text back,
-quoting the question). Verification keeps the output exactly what decoding without speculation gives: greedy
-requests accept a guess while it equals the argmax; sampled ones use rejection sampling (the draft's probability is
-1 on its token, so a guess d is kept with probability p(d), else a token is drawn from p without d)."""
+quoting the question). Verification (rejection_sampler.py) keeps the output exactly what decoding without speculation
+gives, grammars, penalties and logit bias included."""
+import logging
 from dataclasses import dataclass, field
 
-import torch
-
 from minivlm.config import SpeculativeConfig
-from minivlm.engine.sampling.sampler import filter_top_k_top_p
+from minivlm.engine.spec_decode.rejection_sampler import verify  # noqa: F401 -- where callers found it first
+
+log = logging.getLogger("minivlm")
+
+# why a request cannot speculate on this model: state that verification cannot yet roll back to the accepted tokens
+NOT_ON_THIS_MODEL = {
+    "recurrent_state": "the model's recurrent state advances in place over every guess and cannot yet be rolled back "
+                       "to the accepted ones",
+    "sliding_window": "the model's sliding-window blocks would have to stay until no accepted position can see them",
+}
 
 
 def propose(tokens: list[int], types: list[int], cfg: SpeculativeConfig, k: int) -> tuple[list[int], int]:
@@ -36,34 +43,6 @@ def propose(tokens: list[int], types: list[int], cfg: SpeculativeConfig, k: int)
     return [], -1
 
 
-def verify(logits: torch.Tensor, draft: list[int], params, generator) -> list[int]:
-    """The tokens a speculating request emits: logits [k + 1, vocab] at its last token and at each draft. Greedy:
-    the drafts up to the first that is not the argmax, then the argmax there (or after all k). Sampled: rejection
-    sampling against a one-hot draft, then a bonus token after all k."""
-    if params.temperature <= 0:
-        best = logits.argmax(dim=-1).tolist()
-        out = []
-        for j, d in enumerate(draft):
-            out.append(best[j])
-            if best[j] != d:
-                return out
-        return out + [best[len(draft)]]
-    rows = logits.float() / params.temperature
-    k = rows.shape[0]
-    rows = filter_top_k_top_p(rows, torch.full((k,), params.top_k), torch.full((k,), float(params.top_p)))
-    probs = rows.softmax(-1).cpu()
-    out = []
-    for j, d in enumerate(draft):
-        if torch.rand(1, generator=generator).item() < probs[j, d].item():
-            out.append(d)
-            continue
-        residual = probs[j].clone()
-        residual[d] = 0.0
-        out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator).item()))
-        return out
-    return out + [int(torch.multinomial(probs[len(draft)], 1, generator=generator).item())]
-
-
 @dataclass
 class SpecStats:
     """vLLM's spec_decode counters: drafts (speculating steps of a request), draft tokens, accepted tokens, and the
@@ -84,20 +63,31 @@ class SpecStats:
 
 
 class Speculator:
-    """The scheduler's side: which decoding requests speculate this step, and their guesses with room for them.
-    A request speculates only where verification keeps its output exact with no more state to roll back than KV
-    slots: no grammar, penalties or logit bias (they reshape the logits verification reads), no recurrent state
-    (a state cannot be rewound), and only as far as its max_tokens, max_model_len, the step's token budget and the
-    free blocks allow."""
+    """The scheduler's side: which decoding requests speculate this step, and their guesses with room for them. Any
+    request may: a grammar, penalties or a logit bias shape each guess's logits as they would shape that token's
+    (rejection_sampler.py). Not on a model whose other state cannot be rolled back yet (NOT_ON_THIS_MODEL: said once
+    per request in a `not_speculated` event, and once per reason in the log); and only as far as its max_tokens,
+    max_model_len, the step's token budget and the free blocks allow."""
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int):
-        self.config, self.max_model_len = config, max_model_len
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, events=None):
+        self.config, self.max_model_len, self.events = config, max_model_len, events
+        self.said: set[str] = set()   # reasons already logged
+
+    @staticmethod
+    def why_not(bm) -> str | None:
+        """The reason (a NOT_ON_THIS_MODEL key) no request of this pool can speculate, or None."""
+        if getattr(bm, "states", None) is not None:
+            return "recurrent_state"
+        if getattr(bm, "sliding", None) is not None:
+            return "sliding_window"
+        return None
 
     def draft(self, seq, budget: int | None, bm, others: int = 0) -> tuple[tuple[int, ...], int]:
         p = seq.params
-        if (seq.num_output_tokens == 0 or seq.num_computed != len(seq) - 1 or seq.matcher is not None
-                or p.logit_bias or p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
-                or getattr(bm, "states", None) is not None or getattr(bm, "sliding", None) is not None):
+        if seq.num_output_tokens == 0 or seq.num_computed != len(seq) - 1:
+            return (), -1
+        if (reason := self.why_not(bm)) is not None:
+            self.refuse(seq, reason)
             return (), -1
         k = min(self.config.num_speculative_tokens, p.max_tokens - seq.num_output_tokens - 1,
                 self.max_model_len - len(seq) - 1, budget - 1 if budget is not None else 1 << 30)
@@ -112,6 +102,15 @@ class Speculator:
         if draft:
             bm.reserve(seq, len(seq) + len(draft))
         return tuple(draft), at
+
+    def refuse(self, seq, reason: str):
+        """Say why seq does not speculate: a `not_speculated` event on its first decode step, a log line the first time
+        a reason comes up."""
+        if reason not in self.said:
+            self.said.add(reason)
+            log.warning("speculative decoding does not apply (%s): %s", reason, NOT_ON_THIS_MODEL[reason])
+        if seq.num_output_tokens == 1 and self.events is not None:  # its first decode step
+            self.events.emit("not_speculated", seq.request_id, reason=reason)
 
 
 class SpecRecorder:
@@ -130,8 +129,8 @@ class SpecRecorder:
             seq.num_computed = r.end + j
             events.append(advance(seq, token, logprobs))
             if events[-1].finished:
-                break
-        self.record(seq, r, len(tokens) - 1, bm.trim(seq))
+                break  # a guess that ends the answer (EOS, a stop string, a complete grammar): nothing after counts
+        self.record(seq, r, min(len(tokens) - 1, len(events)), bm.trim(seq))
         return events
 
     def record(self, seq, r, accepted: int, freed_blocks: list[int]):
