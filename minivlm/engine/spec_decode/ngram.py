@@ -11,6 +11,7 @@ from minivlm.config import SpeculativeConfig
 from minivlm.engine.spec_decode.rejection_sampler import verify  # noqa: F401 -- where callers found it first
 
 log = logging.getLogger("minivlm")
+SHAPED_VERIFY = False  # the runner's verify_drafts passes masks and its batch rows to rejection_sampler.verify_request
 
 # why a request cannot speculate on this model: state that verification cannot yet roll back to the accepted tokens
 NOT_ON_THIS_MODEL = {
@@ -86,6 +87,9 @@ class Speculator:
         p = seq.params
         if seq.num_output_tokens == 0 or seq.num_computed != len(seq) - 1:
             return (), -1
+        if not SHAPED_VERIFY and (seq.matcher is not None or p.logit_bias or p.presence_penalty
+                                  or p.frequency_penalty or p.repetition_penalty != 1.0):
+            return (), -1  # until the runner hands verification the masks and the batch state (being wired)
         if (reason := self.why_not(bm)) is not None:
             self.refuse(seq, reason)
             return (), -1
