@@ -4,6 +4,7 @@ attention details (looked up by the text model's own model_type), and the proces
 from dataclasses import dataclass
 
 from transformers.models.gemma3 import Gemma3Config, Gemma3Processor
+from transformers.models.gemma4 import Gemma4Config, Gemma4Processor
 from transformers.models.idefics3 import Idefics3Config, Idefics3Processor
 from transformers.models.internvl import InternVLConfig, InternVLProcessor
 from transformers.models.qwen2 import Qwen2Config
@@ -60,6 +61,25 @@ class Gemma3ImageOnlyProcessor(Gemma3Processor):
                          **kwargs)
 
 
+class ImagesAndTextOnly(ProcessorMixin):
+    """Placed between a processor that hands ProcessorMixin every sub-processor by name (Gemma 4's) and
+    ProcessorMixin: only the image processor and the tokenizer are kept (a video processor needs torchvision; audio
+    is refused, so no feature extractor)."""
+
+    def __init__(self, *args, image_processor=None, tokenizer=None, chat_template=None, feature_extractor=None,
+                 video_processor=None, **kwargs):
+        super().__init__(image_processor, tokenizer, chat_template=chat_template, **kwargs)
+
+
+class Gemma4ImageOnlyProcessor(Gemma4Processor, ImagesAndTextOnly):
+    """Gemma 4 processor for images and text; image_seq_length named so from_pretrained passes the checkpoint's."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, image_seq_length: int = 280,
+                 **kwargs):
+        super().__init__(None, image_processor, tokenizer, None, chat_template=chat_template,
+                         image_seq_length=image_seq_length, **kwargs)
+
+
 class SmolVLMImageOnlyProcessor(SmolVLMProcessor):
     """SmolVLM2 processor for images and text only. image_seq_len is named so from_pretrained passes the
     checkpoint's value (ProcessorMixin passes only named parameters; a missing one would silently default to 169)."""
@@ -89,7 +109,9 @@ class Family:
     config_class: type
     processor_class: type | None    # the image-only processor; None: a text model (tokenizer only)
     images: str                     # "patches" (Qwen native resolution) | "tiles" (crops + global view) |
-                                    # "fixed" (Gemma 3: mm_tokens_per_image per image or pan-and-scan crop) | "none"
+                                    # "fixed" (Gemma 3: mm_tokens_per_image per image or pan-and-scan crop) |
+                                    # "budget" (Gemma 4: resized to fit a soft-token budget, patches pooled k x k) |
+                                    # "none"
     mrope: bool                     # 3-axis M-RoPE positions (else 1-D: every axis the same counter)
     knobs: tuple[str, ...] = ()     # mm_processor_kwargs a request may set
     tiling: str = ""                # tiles: "grid" (SmolVLM: max_image_size tiles + a global view, <row_i_col_j>
@@ -117,6 +139,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            interleaved_mrope=True, decoder="qwen3_5.Qwen3_5Decoder"),
     Family("gemma3", "Gemma 3", Gemma3Config, Gemma3ImageOnlyProcessor, "fixed", False, ("do_pan_and_scan",),
            decoder="gemma3.Gemma3Decoder"),
+    Family("gemma4", "Gemma 4", Gemma4Config, Gemma4ImageOnlyProcessor, "budget", False, ("max_soft_tokens",),
+           decoder="gemma4.Gemma4Decoder"),
     Family("smolvlm", "SmolVLM2", SmolVLMConfig, SmolVLMImageOnlyProcessor, "tiles", False,
            ("do_image_splitting", "max_image_size", "size"), tiling="grid"),
     Family("idefics3", "Idefics3 (SmolVLM)", Idefics3Config, Idefics3Processor, "tiles", False,
@@ -140,8 +164,10 @@ REFUSED = {
     "qwen3_5_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",
     "qwen3_next": "a mixture-of-experts decoder with Gated DeltaNet layers (minivlm's hybrid decoders have dense MLPs; "
                   "Qwen3.5 runs)",
-    "gemma4": "Gemma 4 (per-layer embeddings, shared KV across layers, its own vision and audio towers) is not wired "
-              "in; Gemma 3 runs",
+    "gemma4_unified": "Gemma 4 12B (gemma4_unified: an encoder-free patch embedder whose image processor exists only "
+                      "on torchvision) is not wired in; the gemma4 checkpoints (E2B, E4B, 31B) run",
+    "gemma4_assistant": "Gemma 4's drafter (gemma4_assistant) is a speculative-decoding draft model, not a model to "
+                        "serve on its own",
     "qwen3_vl_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",
     "qwen3_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",
     "gemma3_text": "Gemma 3's text-only checkpoints (1B) are not wired in yet; the multimodal gemma3 ones run",
@@ -154,7 +180,7 @@ def get_family(model_type: str) -> Family:
         return FAMILIES[model_type]
     why = f": {REFUSED[model_type]}" if model_type in REFUSED else ""
     raise ValueError(f"unsupported architecture {model_type!r}{why}. minivlm runs {', '.join(FAMILIES)} "
-                     f"(Qwen-VL, SmolVLM2/Idefics3, InternVL3/3.5, and text-only Qwen2/Qwen3)")
+                     f"(Qwen-VL, Qwen3.5, Gemma 3/4, SmolVLM2/Idefics3, InternVL3/3.5, and text-only Qwen2/Qwen3)")
 
 
 def decoder_facts(text_model_type: str) -> DecoderFacts:

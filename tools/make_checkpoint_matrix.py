@@ -1,7 +1,8 @@
 """Random-weight checkpoints of the families beyond Qwen-VL, in their published layout: SmolVLM2 / Idefics3 (SigLIP
 + pixel shuffle + Llama, tiles + a global view), InternVL3.5 (InternViT + pixel-shuffle MLP + Qwen3 or Qwen2,
 448-px crops + a thumbnail, scaled down) and text-only Qwen2 / Qwen3, each saved by transformers with its processor;
-the CLI also makes the hybrid ones (tools/make_checkpoint_qwen3_5.py, tools/make_checkpoint_gemma3.py)."""
+the CLI also makes the hybrid ones (tools/make_checkpoint_qwen3_5.py, tools/make_checkpoint_gemma3.py,
+tools/make_checkpoint_gemma4.py)."""
 import json
 import os
 
@@ -109,6 +110,8 @@ CLI_FAMILIES = {
     "internvl": "InternVL3.5 (-HF): InternViT crops + a thumbnail; --decoder qwen3 (default) or qwen2",
     "qwen3_5": "Qwen3.5: Gated DeltaNet (recurrent state) in 3 of 4 layers, Qwen3-VL's tower without deepstack",
     "gemma3": "Gemma 3: sliding-window layers (window 24) and a global one, SigLIP, images attend both ways",
+    "gemma4": "Gemma 4 (E2B-like): shared-KV layers, sliding + full layers with their own head sizes, per-layer "
+              "embeddings, its variable-resolution tower (70 soft tokens), an audio tower (audio input refused)",
     "qwen2": "Qwen2 / Qwen2.5 text-only (no images)",
     "qwen3": "Qwen3 text-only (no images)",
 }
@@ -158,6 +161,9 @@ def main(argv=None) -> str:
     elif args.family == "gemma3":
         from tools.make_checkpoint_gemma3 import make_gemma3_checkpoint
         path = make_gemma3_checkpoint(args.out_dir, seed=args.seed, **({} if args.tie is None else {"tie": args.tie}))
+    elif args.family == "gemma4":
+        from tools.make_checkpoint_gemma4 import make_gemma4_checkpoint
+        path = make_gemma4_checkpoint(args.out_dir, seed=args.seed, **({} if args.tie is None else {"tie": args.tie}))
     else:
         path = make_matrix_checkpoint(args.family, args.out_dir, seed=args.seed, decoder=args.decoder,
                                       tie=bool(args.tie))
