@@ -25,6 +25,15 @@ def vision_peak(s: ModelShape, patches: int, act: int, eager: bool, tp: int = 1)
                    + (f" + {split(s.vision_heads, n)} heads × {patches}² eager scores" if eager else ""))
 
 
+def patch_embedder_peak(s: ModelShape, positions: int, act: int) -> tuple[int, str]:
+    """Gemma 4 12B's encoder-free embedder over one image's `positions` merged patches: the float32 pixels, then
+    per position its LayerNormed pixels, the dense output, its norm, the position sum and the norm after it."""
+    pixels = (s.patch_size * s.merge_size) ** 2 * s.in_channels
+    return (positions * pixels * 4 + positions * (pixels + 4 * s.vision_width) * act,
+            f"{positions} merged patches × ({pixels} pixels + 4 · {s.vision_width}) · {act} B + float32 pixel values"
+            " (no encoder layers)")
+
+
 def tiled_vision_peak(s: ModelShape, tiles: int, patches: int, act: int, eager: bool, tp: int = 1) -> tuple[int, str]:
     """Live bytes at the peak of encoding one image's `tiles` tiles as one batch (`patches` ViT positions over all of
     them): as vision_peak, without rotary tables, with q/k/v/output (4 widths) in attention and fc1 + GELU (2) in the
@@ -45,7 +54,10 @@ def prefill_peak(s: ModelShape, tokens: int, num_seqs: int, act: int, eager: boo
     term); the last-position logits are gathered whole on every GPU."""
     h, heads = s.hidden, split(s.heads, tp)
     q, kv = heads * s.head_dim, kv_heads_per_gpu(s.kv_heads, tp) * s.head_dim
-    qk_norm = s.text_family in ("qwen3", "qwen3_5", "gemma3")
+    if s.layer_kv:  # Gemma 4: the widest layer (its full layers' global_head_dim)
+        q = heads * max(d for _, d in s.layer_kv)
+        kv = max(kv_heads_per_gpu(n, tp) * d for n, d in s.layer_kv)
+    qk_norm = s.text_family in ("qwen3", "qwen3_5", "gemma3", "gemma4")
     attn = 3 * h + 3 * q + 3 * kv + (q + kv if qk_norm else 0)  # + q/k norm outputs (Qwen3, Qwen3.5, Gemma 3)
     attn += q if s.text_family == "qwen3_5" else 0  # Qwen3.5's output gate, as wide as the queries
     mlp = 3 * h + 3 * split(s.intermediate, tp)

@@ -20,12 +20,12 @@ group's, as vLLM reports it, and kv_cache_bytes all groups together (hybrid_kv.p
 import math
 from dataclasses import dataclass, field
 
-from minivlm.budget.activations import prefill_peak, tiled_vision_peak, vision_peak
+from minivlm.budget.activations import patch_embedder_peak, prefill_peak, tiled_vision_peak, vision_peak
 from minivlm.budget.devices import device_memory, tensor_parallel_for
 from minivlm.budget.hybrid_kv import hybrid_kv
 from minivlm.budget.kv_groups import STATE_DTYPE, layer_groups
 from minivlm.budget.limits import why_it_does_not_fit
-from minivlm.budget.params import text_params, vision_params
+from minivlm.budget.params import audio_params, text_params, vision_params
 from minivlm.budget.shapes import HYBRID, hf_config, model_shape
 from minivlm.budget.tensor_parallel import check_tensor_parallel, kv_heads_per_gpu, vision_split
 from minivlm.budget.video_tokens import video_plan
@@ -176,6 +176,8 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
 
     if not images_per_request:
         vis_peak, vis_formula = 0, "no images" if s.has_vision else "text-only model: no vision encoder"
+    elif s.vision_kind == "gemma4_patches":  # Gemma 4 12B: no encoder, one projection of merged patches
+        vis_peak, vis_formula = patch_embedder_peak(s, plan.patches, act)
     elif s.vision_kind in ("siglip", "internvit", "gemma3_siglip"):
         vis_peak, vis_formula = tiled_vision_peak(s, plan.tiles, plan.patches, act, eager, tp)
     else:
@@ -224,6 +226,8 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
         BudgetItem("LLM prefill peak (step token budget)", llm_peak, llm_formula),
         BudgetItem("Framework overhead", overhead, "CUDA context, library workspaces, allocator fragmentation"),
         *kv_rows,
+        *([BudgetItem("Audio tower (not loaded)", 0, f"{sum(audio_params(s).values()):,} params the engine does not "
+                      "load: minivlm serves text, images and video, and refuses audio input")] if s.audio_kind else []),
         *([BudgetItem("Measured weights beyond the prediction", used_weights - predicted,
                       f"weights_bytes {used_weights:,} passed in minus the formula's {predicted:,}")]
           if used_weights != predicted else []),
@@ -232,8 +236,8 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
     ]
     est = Estimate(
         weights_bytes=used_weights, predicted_weights_bytes=predicted, text_weights_bytes=text_b,
-        vision_weights_bytes=vision_b, num_parameters=sum(counts) if tp == 1 else
-        sum(text_params(s).values()) + sum(vision_params(s).values()),
+        vision_weights_bytes=vision_b, num_parameters=sum(text_params(s).values()) + sum(vision_params(s).values())
+        + sum(audio_params(s).values()),
         kv_bytes_per_token=per_token, block_size=block_size, num_blocks=num_blocks, kv_cache_bytes=kv_cache,
         max_concurrency=concurrency, vision_tokens_per_image=image_tokens,
         resized_image=plan.resized, tokens_per_request=request_tokens, fits_context=needed_tokens <= max_model_len,

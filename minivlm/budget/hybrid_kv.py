@@ -7,11 +7,13 @@ Requests at once (a hybrid model's memory per request of T tokens, checkpoints i
     per request = ceil(T / block_size) full blocks + min(ceil(T / block_size), window blocks) sliding blocks
                   + its state slot (and, by default, its 2 checkpoint slots)
     at once     = (usable − fixed checkpoints) // per request        (fixed: state_checkpoints when given)
-    all full    = usable // (ceil(T / block_size) · block_size · 2 · layers · kv_heads · head_dim · bytes)
+    all full    = usable // (ceil(T / block_size) · block_size · bytes per token if every layer kept every token)
+                  (each attention layer at its own heads and head_dim, a recurrent layer at the full layers' size;
+                  Gemma 4's shared layers keep nothing either way)
 """
 from dataclasses import dataclass
 
-from minivlm.budget.kv_groups import GroupShape, GroupSizes, size_groups, sliding_blocks, window_blocks
+from minivlm.budget.kv_groups import SHARED, GroupShape, GroupSizes, size_groups, sliding_blocks, window_blocks
 from minivlm.budget.weights import DTYPE_BYTES
 
 
@@ -29,7 +31,7 @@ def request_bytes(groups: list[GroupShape], dtype: str, tokens: int, block_size:
     blocks = -(-tokens // block_size)
     return sum(block_size * g.bytes_per_token(dtype) *
                (sliding_blocks(tokens, g.window, chunk, block_size) if g.kind == "sliding_window" else blocks)
-               for g in groups if g.kind != "recurrent")
+               for g in groups if g.kind not in ("recurrent", SHARED))
 
 
 def hybrid_kv(groups: list[GroupShape], kv_dtype: str, usable: int, block_size: int, num_seqs: int,
@@ -44,9 +46,10 @@ def hybrid_kv(groups: list[GroupShape], kv_dtype: str, usable: int, block_size: 
     fixed, slots_each = (0, 3) if state_checkpoints is None else (state_checkpoints, 1)
     per_request = request_bytes(groups, kv_dtype, request_tokens, block_size, chunk) + slots_each * slot
     at_once = max(0, (usable - fixed * slot) // per_request) if per_request else 0
-    attention = next(g for g in groups if g.kind != "recurrent")
-    layers = sum(len(g.layers) for g in groups)
-    full_token = 2 * layers * attention.kv_heads * attention.head_dim * DTYPE_BYTES[kv_dtype]
+    attention = next(g for g in groups if g.kind not in ("recurrent", SHARED))
+    recurrent_layers = sum(len(g.layers) for g in groups if g.kind == "recurrent")
+    full_token = sum(g.bytes_per_token(kv_dtype) for g in groups if g.kind not in ("recurrent", SHARED)) + \
+        2 * recurrent_layers * attention.kv_heads * attention.head_dim * DTYPE_BYTES[kv_dtype]
     all_full = max(0, usable // (-(-request_tokens // block_size) * block_size * full_token))
     full = sizes.group("full_attention")
     per_token = full.shape.bytes_per_token(kv_dtype) if full else 0
@@ -59,6 +62,11 @@ def group_row(size, kv_dtype: str, sizes: GroupSizes, num_seqs: int, chunk: int,
     g, bs, b = size.shape, sizes.block_size, DTYPE_BYTES[kv_dtype]
     per_token = (f"{g.bytes_per_token(kv_dtype):,} B/token (2 · {len(g.layers)} layers · {g.kv_heads} kv heads · "
                  f"{g.head_dim} head_dim · {b} B {kv_dtype}{split_note})")
+    if g.kind == SHARED:
+        reads = ", ".join(f"{source}" for source in sorted(set(g.sources)))
+        return ("KV cache: shared-KV layers (free)", 0,
+                f"{len(g.layers)} layers ({g.layers[0]}–{g.layers[-1]}) read the K/V of layers {reads} (the last "
+                f"earlier layer of their type) from those layers' blocks: 0 blocks, 0 B")
     if g.kind == "full_attention":
         return ("KV cache: full-attention layers", size.bytes, f"{size.blocks:,} blocks × {bs} tokens × {per_token}")
     if g.kind == "sliding_window":

@@ -6,6 +6,12 @@ the calculator shows the same numbers, so the two cannot disagree.
     sliding_window  the same per token, but a running request holds at most its window plus the step's chunk
     recurrent       a fixed state per request per layer (Qwen3.5's Gated DeltaNet: a conv state and a delta-rule
                     state), in slots: one per running request plus the checkpoints the prefix cache may reuse
+    kv_shared       nothing: Gemma 4's last num_kv_shared_layers read the K/V of the last earlier layer of their
+                    type (sliding or full), from that layer's blocks; no blocks, no bytes
+
+Gemma 4's sliding and full groups each have their own KV heads and head_dim (per_layer_config: head_dim on sliding
+layers, global_head_dim on full ones). attention_k_eq_v (the full layers of the 12B / 26B / 31B) shares one
+projection for keys and values, not the cache: K is normed and rotated, V normed only, so both are kept.
 
 One budget B (bytes), f / s the bytes of one block of the full / sliding group, r one slot of the recurrent group:
 
@@ -20,12 +26,14 @@ One budget B (bytes), f / s the bytes of one block of the full / sliding group, 
 import math
 from dataclasses import dataclass
 
-from minivlm.budget.shapes import HYBRID, hf_config
+from minivlm.budget.shapes import HYBRID, hf_config, model_shape
 from minivlm.budget.tensor_parallel import kv_heads_per_gpu, split
 from minivlm.budget.weights import DTYPE_BYTES, dtype_name
 
 KIND_OF = {"full_attention": "full_attention", "sliding_attention": "sliding_window",
            "linear_attention": "recurrent"}  # HF's layer_types -> the cache kind (model/cache_spec.py's KINDS)
+SHARED = "kv_shared"  # the kind of Gemma 4's layers that read another layer's K/V
+ORDER = list(KIND_OF.values()) + [SHARED]  # groups in this order, full attention first
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,7 @@ class GroupShape:
     window: int | None = None
     state_shapes: tuple[tuple[int, ...], ...] = ()
     state_dtypes: tuple[str | None, ...] = ()
+    sources: tuple[int, ...] = ()  # kv_shared: the layer each one reads K/V from
 
     def bytes_per_token(self, dtype: str) -> int:
         """K and V of one token in every layer of the group."""
@@ -61,8 +70,12 @@ def layer_groups(model_config, tensor_parallel_size: int = 1, state_dtype: str =
     heads. state_dtype: both tensors in it; default float32, as the engine's decoder allocates them (the delta rule
     returns a float32 state: HF's torch_chunk_gated_delta_rule computes in float32 and its cache keeps that).
     "auto": HF's own split, the conv state in the KV dtype and the delta-rule state in the config's mamba_ssm_dtype
-    (else float32). Models that are not hybrid: one full_attention group with every layer (today's formula)."""
+    (else float32). Models that are not hybrid: one full_attention group with every layer (today's formula).
+    Gemma 4: each attention group with its own heads and head_dim, and a kv_shared group of the layers that keep none."""
     cfg = hf_config(model_config)
+    s = model_shape(cfg)
+    if s.layer_kv:
+        return gemma4_groups(s, tensor_parallel_size)
     t = getattr(cfg, "text_config", None) or cfg
     heads, tp = kv_heads_per_gpu(t.num_key_value_heads or t.num_attention_heads, tensor_parallel_size), \
         tensor_parallel_size
@@ -81,6 +94,34 @@ def layer_groups(model_config, tensor_parallel_size: int = 1, state_dtype: str =
         else:
             window = int(t.sliding_window) if kind == "sliding_window" else None
             groups.append(GroupShape(kind, layers, heads, head_dim, window))
+    return groups
+
+
+def kv_sources(s) -> tuple[int, ...]:
+    """Each layer's K/V source: itself, or (a shared layer) the last earlier non-shared layer of its type."""
+    first = s.layers - s.kv_shared_layers
+    sources = []
+    for i, kind in enumerate(s.kinds):
+        earlier = [j for j in range(min(i, first)) if s.kinds[j] == kind]
+        if i >= first and not earlier:
+            raise ValueError(f"shared layer {i} ({kind}) has no earlier {kind} layer to read K/V from")
+        sources.append(i if i < first else earlier[-1])
+    return tuple(sources)
+
+
+def gemma4_groups(s, tp: int) -> list[GroupShape]:
+    """Gemma 4's groups: sliding and full layers that keep their own K/V, at their own (KV heads, head_dim) per GPU,
+    and the shared layers (kv_shared: no bytes, each naming its source)."""
+    sources, groups = kv_sources(s), []
+    for layer_type, kind in KIND_OF.items():
+        layers = tuple(i for i, name in enumerate(s.kinds) if name == layer_type and sources[i] == i)
+        if layers:
+            heads, head_dim = s.layer_kv[layers[0]]
+            window = s.sliding_window if kind == "sliding_window" else None
+            groups.append(GroupShape(kind, layers, kv_heads_per_gpu(heads, tp), head_dim, window))
+    shared = tuple(i for i in range(s.layers) if sources[i] != i)
+    if shared:
+        groups.append(GroupShape(SHARED, shared, sources=tuple(sources[i] for i in shared)))
     return groups
 
 
@@ -105,10 +146,13 @@ def groups_from_specs(specs) -> list[GroupShape]:
     groups = []
     for (kind, window), layers in by_key.items():
         spec = specs[layers[0]]
+        if kind == SHARED:  # keeps nothing; names the layer each one reads
+            groups.append(GroupShape(SHARED, tuple(layers), sources=tuple(getattr(specs[i], "source", -1) for i in layers)))
+            continue
         dtype = dtype_name(spec.state_dtype) if spec.state_dtype is not None else None
         groups.append(GroupShape(kind, tuple(layers), spec.kv_heads, spec.head_dim, window,
                                  tuple(tuple(s) for s in spec.state_shapes), (dtype,) * len(spec.state_shapes)))
-    return sorted(groups, key=lambda g: list(KIND_OF.values()).index(g.kind))
+    return sorted(groups, key=lambda g: ORDER.index(g.kind))
 
 
 def is_hybrid(groups: list[GroupShape]) -> bool:
@@ -192,6 +236,9 @@ def size_groups(groups: list[GroupShape], dtype: str, kv_budget_bytes: int | Non
     per_request = -(-max_model_len // block_size)
     sized, concurrency = [], []
     for g in groups:
+        if g.kind == SHARED:  # reads its sources' blocks: owns none
+            sized.append(GroupSize(g, 0, 0, 0))
+            continue
         if g.kind == "recurrent":
             sized.append(GroupSize(g, 0, slots, slots * g.bytes_per_slot(dtype)))
             concurrency.append(max_num_seqs if slots else 0)  # a running request needs its slot

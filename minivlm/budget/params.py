@@ -6,40 +6,19 @@ mirrors one module of transformers' modeling code, split over tp GPUs as tensor_
 the totals against models built on the meta device (whole and sharded) and against the tensors stored in real
 checkpoints.
 """
-from dataclasses import dataclass
-
+from minivlm.budget.linears import LinearShape, column, row  # noqa: F401 (LinearShape: imported from here too)
+from minivlm.budget.params_gemma4 import GEMMA4_TOWERS, gemma4_audio_params, gemma4_layer_linears, gemma4_text_params
 from minivlm.budget.params_tiled import TILED_TOWERS
 from minivlm.budget.shapes import QWEN3_TOWERS, ModelShape, model_shape
 from minivlm.budget.tensor_parallel import kv_heads_per_gpu, split, vision_split, vocab_per_gpu
 
 
-@dataclass(frozen=True)
-class LinearShape:
-    """The shape of one nn.Linear (or the matrix of a conv / embedding): weight out x in, optional bias of size out."""
-    name: str
-    out_features: int
-    in_features: int
-    bias: bool = False
-
-    @property
-    def params(self) -> int:
-        return self.out_features * self.in_features + (self.out_features if self.bias else 0)
-
-
-def column(name: str, out_features: int, in_features: int, bias: bool, tp: int) -> LinearShape:
-    """A column-parallel linear on one GPU: the outputs (and their biases) split."""
-    return LinearShape(name, split(out_features, tp), in_features, bias)
-
-
-def row(name: str, out_features: int, in_features: int, bias: bool, tp: int) -> LinearShape:
-    """A row-parallel linear on one GPU: the inputs split, the bias whole."""
-    return LinearShape(name, out_features, split(in_features, tp), bias)
-
-
 def decoder_linears(s: ModelShape, tp: int = 1, kind: str = "full_attention") -> list[LinearShape]:
     """The Linear layers of one LLM decoder layer of `kind` on one GPU: GQA projections (biased q/k/v in Qwen2/2.5;
     Qwen3.5's q_proj twice as wide: queries and their output gate) or Qwen3.5's Gated DeltaNet projections, and the
-    gated MLP (biased only where a Llama config sets mlp_bias)."""
+    gated MLP (biased only where a Llama config sets mlp_bias). Gemma 4: the first layer of that kind's."""
+    if s.text_family == "gemma4":
+        return gemma4_layer_linears(s, s.kinds.index(kind), tp)
     mlp = [column("gate_proj", s.intermediate, s.hidden, s.mlp_bias, tp),
            column("up_proj", s.intermediate, s.hidden, s.mlp_bias, tp),
            row("down_proj", s.hidden, s.intermediate, s.mlp_bias, tp)]
@@ -69,8 +48,17 @@ def layer_params(s: ModelShape, kind: str, tp: int = 1) -> int:
     return params
 
 
+def layer_linears(s: ModelShape, tp: int = 1) -> list[list[LinearShape]]:
+    """Every decoder layer's Linear layers on one GPU, in order (Gemma 4's differ layer by layer: params_gemma4)."""
+    if s.text_family == "gemma4":
+        return [gemma4_layer_linears(s, i, tp) for i in range(s.layers)]
+    return [decoder_linears(s, tp, kind) for kind in s.kinds]
+
+
 def text_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
     """LLM parameters on one GPU by part; lm_head is 0 when tied (it shares the embedding's storage)."""
+    if s.text_family == "gemma4":  # per-layer K/V shapes, shared layers, per-layer embeddings, experts
+        return gemma4_text_params(s, tp)
     per_kind = {kind: layer_params(s, kind, tp) for kind in set(s.kinds)}
     rows = vocab_per_gpu(s.vocab, tp)
     return {"embed_tokens": rows * s.hidden, "decoder_layers": sum(per_kind[kind] for kind in s.kinds),
@@ -82,6 +70,8 @@ def vision_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
     tiled tower's parts: params_tiled.py; none for a text-only model)."""
     if s.vision_kind in TILED_TOWERS:
         return TILED_TOWERS[s.vision_kind](s, tp)
+    if s.vision_kind in GEMMA4_TOWERS:
+        return GEMMA4_TOWERS[s.vision_kind](s, tp)
     if not s.has_vision:
         return {}
     w, i, out, merged = s.vision_width, s.vision_intermediate, s.vision_out, s.vision_width * s.merge_size ** 2
@@ -103,8 +93,14 @@ def vision_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
             "deepstack_mergers": s.deepstack * (2 * merged + merger_mlp)}  # LayerNorm after the 2x2 shuffle
 
 
+def audio_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
+    """Audio tower parameters by part (Gemma 4 E2B / E4B / 12B; none for the others): counted in the model's size,
+    not in the weights minivlm loads (it serves text, images and video)."""
+    return gemma4_audio_params(s, tp)
+
+
 def parameter_count(model_config, tp: int = 1) -> int:
     """Unique parameters of the whole model on one of tp GPUs (a tied lm_head counted once), as model.parameters()
-    counts them (tp = 1: the whole model)."""
+    counts them (tp = 1: the whole model), an audio tower included."""
     s = model_config if isinstance(model_config, ModelShape) else model_shape(model_config)
-    return sum(text_params(s, tp).values()) + sum(vision_params(s, tp).values())
+    return sum(text_params(s, tp).values()) + sum(vision_params(s, tp).values()) + sum(audio_params(s, tp).values())

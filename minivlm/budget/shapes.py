@@ -2,13 +2,16 @@
 
 The calculator's families are its own (not the engine's registry): the Qwen-VL ones, the tiled VLMs SmolVLM /
 Idefics3 and InternVL, the text-only Qwen2 / Qwen3 decoders, and the hybrid ones whose layers keep different things
-between steps (kv_groups.py): Qwen3.5 (Gated DeltaNet recurrent layers, every 4th full attention) and Gemma 3
-(sliding-window layers, every 6th full attention)."""
+between steps (kv_groups.py): Qwen3.5 (Gated DeltaNet recurrent layers, every 4th full attention), Gemma 3
+(sliding-window layers, every 6th full attention) and Gemma 4 (sliding and full layers of different head sizes, the
+last layers reading earlier layers' K/V: shapes_gemma4.py)."""
 import json
 import os
 from dataclasses import dataclass
 
 from transformers import AutoConfig, PreTrainedConfig
+
+from minivlm.budget.shapes_gemma4 import GEMMA4, gemma4_audio_dims, gemma4_text_dims, gemma4_vision_dims
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -16,11 +19,11 @@ PRESET_DIR = os.path.join(ROOT, "assets", "presets")
 QWEN_VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 TILED = ("smolvlm", "idefics3", "internvl")  # vision towers on fixed-size tiles, then a pixel-shuffle projector
 TEXT_ONLY = ("qwen2", "qwen3")
-HYBRID = ("qwen3_5", "gemma3")  # decoder layers of more than one kind (kv_groups.py)
+HYBRID = ("qwen3_5", "gemma3") + GEMMA4  # decoder layers of more than one kind (kv_groups.py)
 SUPPORTED = QWEN_VL + TILED + TEXT_ONLY + HYBRID
 QWEN_PATCHES = QWEN_VL + ("qwen3_5",)  # native-resolution patches, resized by smart_resize
 QWEN3_TOWERS = ("qwen3_vl", "qwen3_5")  # Qwen3-VL's tower layout (Qwen3.5's is the same without deepstack)
-TEXT_FAMILIES = ("qwen2", "qwen3", "llama", "qwen3_5", "gemma3")  # decoder layouts params.py knows
+TEXT_FAMILIES = ("qwen2", "qwen3", "llama", "qwen3_5", "gemma3", "gemma4")  # decoder layouts params.py knows
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,27 @@ class ModelShape:
     linear_k_dim: int = 0
     linear_v_dim: int = 0
     linear_conv_kernel: int = 0
+    layer_kv: tuple[tuple[int, int], ...] = ()  # Gemma 4: (KV heads, head_dim) per layer (sliding and full differ)
+    global_kv_heads: int = 0  # Gemma 4's full layers (kv_heads / head_dim: its sliding layers)
+    global_head_dim: int = 0
+    k_eq_v: bool = False  # Gemma 4's full layers: one projection for keys and values (no v_proj)
+    kv_shared_layers: int = 0  # Gemma 4: the last n layers read an earlier layer's K/V and keep none
+    ple_dim: int = 0  # Gemma 4's per-layer embeddings: width per layer, and their vocabulary
+    ple_vocab: int = 0
+    double_wide_mlp: bool = False  # Gemma 4 E2B: the shared layers' MLPs twice as wide
+    experts: int = 0  # Gemma 4 26B-A4B: experts beside the dense MLP in every layer
+    expert_intermediate: int = 0
+    top_k_experts: int = 0
+    vision_kv_heads: int = 0  # Gemma 4's tower (0: vision_heads)
+    vision_head_dim: int = 0
+    vision_proj_in: int = 0  # Gemma 4: the width its embedder projects into the text hidden size
+    audio_kind: str = ""  # "" (no audio tower), "gemma4_conformer" (E2B / E4B), "gemma4_frames" (12B)
+    audio_width: int = 0
+    audio_depth: int = 0
+    audio_heads: int = 0
+    audio_conv_channels: tuple[int, ...] = ()
+    audio_conv_kernel: int = 0
+    audio_out: int = 0
 
     @property
     def has_vision(self) -> bool:
@@ -76,6 +100,11 @@ class ModelShape:
     def kinds(self) -> tuple[str, ...]:
         """Each decoder layer's kind (all full_attention unless the config says otherwise)."""
         return self.layer_types or ("full_attention",) * self.layers
+
+    @property
+    def shared_kv(self) -> tuple[int, ...]:
+        """Layers that read another layer's K/V (Gemma 4's last num_kv_shared_layers) and keep none of their own."""
+        return tuple(range(self.layers - self.kv_shared_layers, self.layers)) if self.kv_shared_layers else ()
 
     @property
     def conv_dim(self) -> int:
@@ -123,7 +152,8 @@ def text_family(t) -> str:
     """The decoder layout of a text config: qwen2 (Qwen2, Qwen2-VL, Qwen2.5-VL), qwen3 (Qwen3, Qwen3-VL) or llama."""
     kind = t.model_type
     family = "qwen3_5" if kind.startswith("qwen3_5") else "gemma3" if kind.startswith("gemma3") else \
-        "qwen3" if kind.startswith("qwen3") else "qwen2" if kind.startswith("qwen2") else kind
+        "gemma4" if kind.startswith("gemma4") else "qwen3" if kind.startswith("qwen3") else \
+        "qwen2" if kind.startswith("qwen2") else kind
     if family not in TEXT_FAMILIES:
         raise ValueError(f"text model_type {kind!r} is not a decoder the budget knows; known: {TEXT_FAMILIES}")
     return family
@@ -140,6 +170,8 @@ def vision_dims(cfg) -> dict:
     if family in TEXT_ONLY:
         return dict(vision_width=0, vision_intermediate=0, vision_depth=0, vision_heads=0, vision_out=0, patch_size=0,
                     temporal_patch_size=0, merge_size=0, in_channels=0, num_position_embeddings=0, deepstack=0)
+    if family in GEMMA4:  # a ViT with pooling, or no encoder at all (shapes_gemma4.py)
+        return gemma4_vision_dims(cfg)
     v = cfg.vision_config
     if family == "gemma3":  # a SigLIP tower on one fixed-size image, average-pooled to mm_tokens_per_image
         pool = round((_pair(v.image_size) // _pair(v.patch_size)) / cfg.mm_tokens_per_image ** 0.5)
@@ -180,13 +212,16 @@ def model_shape(model_config) -> ModelShape:
     if family not in SUPPORTED:
         raise ValueError(f"model_type {family!r} is not a supported family; supported: {SUPPORTED}")
     t = cfg if family in TEXT_ONLY else cfg.text_config
-    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    if family in GEMMA4:  # K/V shapes per layer (its global head_dim is ambiguous), PLE, experts, audio
+        kv = dict(gemma4_text_dims(t), **gemma4_audio_dims(cfg))
+    else:
+        kv = dict(kv_heads=t.num_key_value_heads or t.num_attention_heads,
+                  head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads)
     return ModelShape(
         family=family, vocab=t.vocab_size, hidden=t.hidden_size, intermediate=t.intermediate_size,
-        layers=t.num_hidden_layers, heads=t.num_attention_heads, kv_heads=t.num_key_value_heads or
-        t.num_attention_heads, head_dim=head_dim, tied=bool(cfg.tie_word_embeddings),
+        layers=t.num_hidden_layers, heads=t.num_attention_heads, tied=bool(cfg.tie_word_embeddings),
         attention_bias=bool(getattr(t, "attention_bias", False)), text_family=text_family(t),
-        mlp_bias=bool(getattr(t, "mlp_bias", False)), **vision_dims(cfg), **hybrid_dims(family, t))
+        mlp_bias=bool(getattr(t, "mlp_bias", False)), **kv, **vision_dims(cfg), **hybrid_dims(family, t))
 
 
 def hybrid_dims(family: str, t) -> dict:

@@ -1,11 +1,14 @@
 """How many LLM tokens an image becomes: the Qwen-VL resize rule (smart_resize) and the 2x2 patch merge; the tiled
-families' rules are in tiling.py; Gemma 3's is a fixed count per image; image_plan() answers for any family."""
+families' rules are in tiling.py; Gemma 3's is a fixed count per image, Gemma 4's a soft-token budget
+(soft_tokens.py); image_plan() answers for any family."""
 import json
 import math
 import os
 from dataclasses import dataclass
 
 from minivlm.budget.shapes import QWEN_PATCHES, TEXT_ONLY, hf_config, load_model_preset, model_shape
+from minivlm.budget.shapes_gemma4 import GEMMA4
+from minivlm.budget.soft_tokens import DEFAULT_SOFT_TOKENS, GEMMA4_MARKERS, soft_token_size
 from minivlm.budget.tiling import internvl_tiles, smolvlm_tiles
 
 # Image processor defaults of the published Qwen-VL checkpoints' preprocessor_config.json, per family (kept here,
@@ -162,6 +165,12 @@ def image_plan(model_config, height: int, width: int, min_pixels=None, max_pixel
         tokens = (_saved_processor(model_config) or {}).get("image_seq_length", cfg.mm_tokens_per_image)
         side = s.vision_image_size
         return ImagePlan(tokens, GEMMA3_MARKERS, 1, (side // s.patch_size) ** 2, (side, side))
+    if family in GEMMA4:  # resized into the soft-token budget; the encoder sees the whole budget's patches (padded)
+        budget = (_saved_processor(model_config) or {}).get("max_soft_tokens", DEFAULT_SOFT_TOKENS)
+        resized = soft_token_size(height, width, s.patch_size, s.merge_size, budget)
+        tokens = (resized[0] // s.patch_size) * (resized[1] // s.patch_size) // s.merge_size ** 2
+        positions = budget * s.merge_size ** 2 if family == "gemma4" else budget  # ViT patches | merged patches
+        return ImagePlan(tokens, GEMMA4_MARKERS, 1, positions, resized)
     p = tiled_processor_settings(model_config, cfg=cfg, shape=s)
     per_tile = (s.vision_image_size // s.patch_size) ** 2
     if family == "internvl":

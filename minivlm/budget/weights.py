@@ -1,7 +1,7 @@
 """Bytes of weights and of one token's KV cache on one GPU, for float, int8 and int4 checkpoints."""
 import math
 
-from minivlm.budget.params import decoder_linears, text_params, vision_params
+from minivlm.budget.params import decoder_linears, layer_linears, text_params, vision_params  # noqa: F401
 from minivlm.budget.shapes import ModelShape
 from minivlm.budget.tensor_parallel import kv_heads_per_gpu
 
@@ -39,7 +39,7 @@ def weight_bytes(s: ModelShape, dtype: str, tp: int = 1,
     if dtype not in QUANTIZED:
         b = DTYPE_BYTES[dtype]
         return text * b, vision * b, f"{text:,} params × {b} B ({dtype})", f"{vision:,} params × {b} B ({dtype})"
-    layers = [decoder_linears(s, tp, kind) for kind in s.kinds]  # hybrid models: each layer's own kind
+    layers = layer_linears(s, tp)  # hybrid models: each layer's own kind (Gemma 4: each layer's own shapes)
     quantized = sum(linear_bytes(lin.out_features, lin.in_features, dtype) for linears in layers for lin in linears)
     plain = text - sum(lin.out_features * lin.in_features for linears in layers for lin in linears)
     overhead = "fp16 scale per output row" if dtype == "int8" else f"fp16 scale + 4-bit zero per {INT4_GROUP} weights"
@@ -50,5 +50,9 @@ def weight_bytes(s: ModelShape, dtype: str, tp: int = 1,
 
 def kv_bytes_per_token(s: ModelShape, kv_dtype: str, tp: int = 1) -> int:
     """K and V of every layer for one token on one GPU: 2 · layers · kv heads per GPU · head_dim · bytes (GQA: KV
-    heads, not query heads; split over the GPUs, at least one each)."""
+    heads, not query heads; split over the GPUs, at least one each). Gemma 4: each layer's own heads and head_dim,
+    nothing for the layers that read another layer's K/V."""
+    if s.layer_kv:
+        return sum(2 * kv_heads_per_gpu(h, tp) * d * DTYPE_BYTES[kv_dtype] for i, (h, d) in enumerate(s.layer_kv)
+                   if i not in s.shared_kv)
     return 2 * s.layers * kv_heads_per_gpu(s.kv_heads, tp) * s.head_dim * DTYPE_BYTES[kv_dtype]
