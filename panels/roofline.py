@@ -1,0 +1,104 @@
+"""Roofline tab: what one step of the engine must read and compute (minivlm.budget.roofline, the VRAM calculator's
+byte counts), the bound this machine sets (minivlm.budget.machine: copy bandwidth and matmul rate, measured once per
+process), and how close the engine's own steps come (minivlm.views.roofline_points: each step's time from the event
+log). Any model preset is shown predicted only, on this machine's bound, without loading it."""
+import gradio as gr
+from gradio.context import Context
+
+from minivlm.budget.machine import measure_machine
+from minivlm.budget.roofline import image_cost, model_costs
+from minivlm.budget.shapes import model_shape
+from minivlm.views.roofline_points import engine_costs, measure_points, predicted_points
+
+from panels.holder import EngineHolder, gpu
+from panels.i18n import LANGUAGES, L, lang_of, t
+from panels.i18n.errors import localize_error
+from panels.roofline_figure import num, roofline_figure, sentence, table
+from panels.vram import THIS_ENGINE, preset_choices
+
+DTYPES = ["bfloat16", "float16", "float32", "int8", "int4"]
+IMAGE_SIDE = 448  # the image line's picture: 448 × 448, a common size for every family
+
+
+def machine_of(engine):
+    """This machine's bound on the engine's device, in the dtype it computes in (cached per process)."""
+    return measure_machine(engine.device, engine.memory_report().dtype)
+
+
+def machine_line(machine, lang: str) -> str:
+    return t(lang, "roof.machine", device=machine.device, dtype=machine.dtype, gbs=num(machine.bandwidth / 1e9),
+             copies=machine.copy_runs, gflops=num(machine.flops / 1e9), products=machine.matmul_runs,
+             secs=f"{machine.seconds:.2f}", ridge=num(machine.ridge))
+
+
+def image_line(config, dtype: str, machine, lang: str) -> str:
+    """One image through the vision tower: its bytes and FLOPs, and the bound they set on this machine."""
+    if not model_shape(config).has_vision:
+        return t(lang, "roof.text_only")
+    cost = image_cost(config, dtype, IMAGE_SIDE, IMAGE_SIDE)
+    return t(lang, "roof.image", w=IMAGE_SIDE, h=IMAGE_SIDE, patches=f"{cost.notes['patches']:,}",
+             weights=num(cost.parts["vision weights"] / 1e6), acts=num(cost.parts["vision activations"] / 1e6),
+             gflop=num(cost.flops / 1e9), best=num(1e3 * machine.bound_s(cost.bytes, cost.flops)))
+
+
+def build(holder: EngineHolder, switch: gr.Radio | None = None):
+    """Lay out the tab and wire it (api names: roofline, roofline_measure). It draws when first opened (the
+    machine is measured then, once per process), on a change of model or dtype, and in the switched language."""
+    tab = Context.block  # the Tab this is built in: its first opening draws it
+    gr.Markdown(L("roof.intro"))
+    with gr.Row():
+        model = gr.Dropdown(preset_choices(), value=THIS_ENGINE, label=L("roof.model"), elem_id="roof-model")
+        dtype = gr.Dropdown(DTYPES, value="bfloat16", label=L("roof.dtype"), elem_id="roof-dtype")
+        measure = gr.Button(L("roof.measure"), variant="primary", elem_id="roof-measure")
+    machine_md = gr.Markdown(elem_id="roof-machine")
+    note = gr.Markdown(elem_id="roof-note")
+    plot = gr.Plot(label=L("roof.plot"), elem_id="roof-plot")
+    said = gr.Markdown(label=L("roof.sentences"), elem_id="roof-sentences")
+    image_md = gr.Markdown(elem_id="roof-image")
+    steps = gr.Dataframe(label=L("roof.table"), wrap=True, elem_id="roof-table")
+    measured = gr.State(None)  # this session's measured points of the engine's model (None: not measured)
+
+    def draw(model_name, weights_dtype, points, request: gr.Request = None):
+        lang = lang_of(request)
+        engine = holder.get()
+        machine = machine_of(engine)
+        try:
+            if model_name == THIS_ENGINE:
+                config, shown_dtype = engine.hf_config, engine.config.quantization or engine.memory_report().dtype
+                shown = engine.config.model.rstrip("/").rsplit("/", 1)[-1]
+                if points:
+                    head = t(lang, "roof.measured_note", n=len(points), steps=sum(p.steps for p in points))
+                else:
+                    head, points = t(lang, "roof.engine_note"), predicted_points(engine_costs(engine), machine)
+            else:
+                config, shown_dtype, shown = model_name, weights_dtype, model_name
+                points = predicted_points(model_costs(model_name, weights_dtype), machine)
+                head = t(lang, "roof.predicted_note", model=model_name, dtype=weights_dtype)
+            if not points:
+                return machine_line(machine, lang), t(lang, "roof.no_times"), None, "", "", None
+            lines = "\n".join(f"- {sentence(p, machine, lang)}" for p in points)
+            return (machine_line(machine, lang), head, roofline_figure(machine, points, shown, lang), lines,
+                    image_line(config, shown_dtype, machine, lang), table(points, lang))
+        except ValueError as e:
+            raise gr.Error(localize_error(e, lang))
+
+    @gpu
+    def run(request: gr.Request = None):
+        """Measure the engine's steps (on an isolated pool of its weights), then show them."""
+        engine = holder.get()
+        return measure_points(engine, machine_of(engine)), THIS_ENGINE
+
+    outputs = [machine_md, note, plot, said, image_md, steps]
+    inputs = [model, dtype, measured]
+    gr.on([model.change, dtype.change], draw, inputs, outputs, api_name="roofline", concurrency_id="roofline",
+          show_progress="hidden")
+    measure.click(run, None, [measured, model], api_name="roofline_measure", concurrency_id="roofline_measure",
+                  concurrency_limit=1).then(draw, inputs, outputs, api_name=False, show_progress="hidden")
+    if isinstance(tab, gr.Tab):
+        tab.select(draw, inputs, outputs, api_name=False, concurrency_id="roofline", show_progress="hidden")
+    if switch is not None:
+        def relang(chosen, model_name, weights_dtype, points, request: gr.Request):
+            LANGUAGES.set(request, chosen)
+            return gr.update(choices=preset_choices(chosen)), *draw(model_name, weights_dtype, points, request)
+        switch.change(relang, [switch, *inputs], [model, *outputs], api_name=False, concurrency_id="roofline",
+                      show_progress="hidden")
