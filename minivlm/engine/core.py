@@ -77,6 +77,7 @@ class EngineCore:
         self.clock = time.perf_counter  # what step times are measured with (a test may give a clock of its own)
 
     live = property(lambda self: self.requests.requests)  # seq_id -> every admitted, unfinished request
+    clock = property(lambda self: self.events.clock, lambda self, c: setattr(self.events, "clock", c))  # stamps events
 
     # ---- what the engine's facade asks (docs/API.md): answered here, never by reaching into the parts ----------
     def has_work(self) -> bool:  # a request waits or runs
@@ -111,6 +112,7 @@ class EngineCore:
             res.events.append((seq, self.abort(seq)))
         if self.has_work():
             self._run_step(res)
+        self.events.end_step()  # when this step ended: its tokens' time (minivlm/views/timeline.py)
         if self.kv_publisher is not None:
             self.kv_publisher.after_step(self)  # this step's block events, one batch, queued for the sender
         if self.after_step is not None:

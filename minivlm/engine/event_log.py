@@ -1,6 +1,8 @@
 """The event log: every decision the engine makes, in order, tagged with its scheduler step. It is the one
 source for replay (the KV state at any step), step-through, timelines and per-run counters. Block events use
-vLLM's KV-event names (BlockStored, BlockRemoved, AllBlocksCleared) and fields."""
+vLLM's KV-event names (BlockStored, BlockRemoved, AllBlocksCleared) and fields. Every event carries the time it was
+emitted, read from the engine's clock (EngineCore.clock, which a test may replace); a step's `scheduled` event also
+learns when its step started and ended (the wall-clock timeline, minivlm/views/timeline.py)."""
 import dataclasses
 import json
 import marshal
@@ -21,6 +23,7 @@ class EngineEvent:
     kind: str
     request_id: str | None        # None for block-only events
     fields: dict = field(default_factory=dict)
+    time: float | None = None     # the engine's clock when it was emitted (None: a log without a clock)
 
     def __getattr__(self, name):
         try:
@@ -35,7 +38,7 @@ class EngineEvent:
                 return dataclasses.asdict(v)
             return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
         return {"seq": self.seq, "step": self.step, "kind": self.kind, "request_id": self.request_id,
-                **{k: plain(v) for k, v in self.fields.items()}}
+                "time": self.time, **{k: plain(v) for k, v in self.fields.items()}}
 
 
 class EventLog:
@@ -44,12 +47,26 @@ class EventLog:
     The ring holds each event as a tuple of (seq, step, kind, request_id, fields marshalled to bytes): objects the
     cycle collector never walks. Kept as EngineEvents (a dict and lists per request of each plan), a full ring of
     8-stream decode steps is ~900k tracked objects and a 282 ms full collection, a stall in every stream. An
-    event is rebuilt when read: `marshal` keeps lists lists and tuples tuples, so readers see what was emitted."""
+    event is rebuilt when read: `marshal` keeps lists lists and tuples tuples, so readers see what was emitted.
 
-    def __init__(self, capacity: int):
-        self.capacity = capacity
+    `clock` (a function of no arguments, seconds) stamps each record; None leaves events untimed. A `scheduled`
+    record is extended once, by end_step, with (when its step started, when it ended): readers see them as the
+    event's `started` and `ended` fields."""
+
+    def __init__(self, capacity: int, clock=None):
+        self.capacity, self.clock = capacity, clock
         self.ring: deque[tuple] = deque(maxlen=max(capacity, 1))
-        self.next_seq, self.dropped, self.step = 1, 0, 0
+        self.next_seq, self.dropped, self._step, self.started = 1, 0, 0, None
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    @step.setter
+    def step(self, step: int):
+        """A new step begins: its number tags the events that follow, and the clock says when it began."""
+        self._step, clock = step, self.clock
+        self.started = clock() if clock is not None else None
 
     def emit(self, kind: str, request_id: str | None = None, **fields):
         if not self.capacity:
@@ -60,8 +77,23 @@ class EventLog:
             packed = marshal.dumps(fields)
         except ValueError:  # a value marshal cannot write (CacheHit): kept as it is, the rare event that has one
             packed = fields
-        self.ring.append((self.next_seq, self.step, kind, request_id, packed))
+        clock = self.clock
+        self.ring.append((self.next_seq, self._step, kind, request_id, packed, clock() if clock is not None else None))
         self.next_seq += 1
+
+    def end_step(self):
+        """The step's work is done (its tokens go to their callers now): its `scheduled` record, a few records from
+        the newest end, gets (started, ended). A step that scheduled nothing has none to extend."""
+        clock, ring = self.clock, self.ring
+        if clock is None or not self.capacity:
+            return
+        for i in range(len(ring) - 1, -1, -1):  # newest first: the plan was emitted before this step's other events
+            record = ring[i]
+            if record[1] != self._step:
+                return
+            if record[2] == "scheduled":
+                ring[i] = record[:6] + (self.started, clock())  # flat: a tuple of atoms stays untracked
+                return
 
     def since(self, seq: int = 0) -> list[EngineEvent]:
         """Events with .seq > seq, in order (seq numbers in the ring are consecutive)."""
@@ -87,8 +119,14 @@ class EventLog:
 
 def unpack(records: list[tuple]) -> list[EngineEvent]:
     """EngineEvents from the ring's records; each call builds fresh objects (a reader may keep or change them)."""
-    return [EngineEvent(seq, step, kind, request_id, marshal.loads(packed) if type(packed) is bytes else dict(packed))
-            for seq, step, kind, request_id, packed in records]
+    return [_event(*r) for r in records]
+
+
+def _event(seq, step, kind, request_id, packed, time, *span) -> EngineEvent:
+    fields = marshal.loads(packed) if type(packed) is bytes else dict(packed)
+    if span:  # a scheduled record its step's end extended
+        fields["started"], fields["ended"] = span
+    return EngineEvent(seq, step, kind, request_id, fields, time)
 
 
 def to_jsonl(events: list[EngineEvent]) -> str:
