@@ -17,6 +17,7 @@ from minivlm.model import backends
 from minivlm.model.decoder import Decoder
 from minivlm.model.vision import VisionTower
 from minivlm.model.vision_gemma3 import Gemma3VisionTower
+from minivlm.model.vision_gemma4 import Gemma4VisionTower
 from minivlm.model.vision_tiled import TiledVisionTower
 from minivlm.inputs.processor import load_processor
 FETCH_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer*"]
@@ -75,15 +76,19 @@ def load_state_dict(model_dir: str) -> dict[str, torch.Tensor]:
 
 
 # where each family keeps its vision half: Qwen's "visual." prefix is dropped, the others' module names are kept
-VISION_PREFIXES = ("visual.", "vision_model.", "connector.", "vision_tower.", "multi_modal_projector.")
+VISION_PREFIXES = ("visual.", "vision_model.", "connector.", "vision_tower.", "multi_modal_projector.", "embed_vision.")
+UNSERVED_PREFIXES = ("audio_tower.", "embed_audio.")  # Gemma 4's audio half: audio input is refused, never run
 
 
 def split_state_dict(state: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     """Split into (text decoder, vision) dicts. Handles the 5.x layout (model.language_model.*), the older hub ones
-    (model.layers.*; InternVL's language_model.model.* and language_model.lm_head) and text-only checkpoints."""
+    (model.layers.*; InternVL's language_model.model.* and language_model.lm_head) and text-only checkpoints; an
+    audio tower's weights are left out."""
     text, vision = {}, {}
     for key, tensor in state.items():
         k = key.removeprefix("model.")
+        if k.startswith(UNSERVED_PREFIXES):
+            continue
         if k.startswith(VISION_PREFIXES):
             vision[k.removeprefix("visual.")] = tensor
         elif k.startswith(("language_model.", "text_model.")):
@@ -132,6 +137,9 @@ class LoadedModel:
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False) or getattr(text_cfg, "tie_word_embeddings", False))
         with torch.device("meta"):  # no random init of weights we are about to overwrite
             self.decoder = decoder_class(self.family)(self.model_type, text_cfg, tied)
+        if hasattr(self.decoder, "placeholder_ids"):  # Gemma 4: the tokens whose per-layer embedding is the pad's
+            self.decoder.placeholder_ids = tuple(getattr(self.hf_config, f"{m}_token_id", None) for m in
+                                                 ("image", "video", "audio") if getattr(self.hf_config, f"{m}_token_id", None) is not None)
         self.decoder.load_weights(text_sd, tied, self.device, self.dtype)
         self.decoder.eval()
         self.quantization = config.quantization
@@ -159,6 +167,8 @@ class LoadedModel:
             return VisionTower(self.model_type, self.hf_config.vision_config, vision_sd, self.device, self.dtype)
         if self.family.images == "fixed":
             return Gemma3VisionTower(self.hf_config, vision_sd, self.device, self.dtype)
+        if self.family.images == "budget":
+            return Gemma4VisionTower(self.hf_config, vision_sd, self.device, self.dtype)
         return TiledVisionTower(self.model_type, self.hf_config, vision_sd, self.device, self.dtype)
 
     def _eos_ids(self) -> set[int]:

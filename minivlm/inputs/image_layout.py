@@ -118,6 +118,19 @@ def gemma3_views(processor, sizes: list[tuple[int, int]], call: dict) -> list[in
             for w, h in sizes]
 
 
+def gemma4_settings(processor, kw: dict) -> tuple[dict, tuple]:
+    """Gemma 4: the soft-token budget (one of its image processor's five) sets the resize and the token count."""
+    from transformers.models.gemma4.image_processing_pil_gemma4 import _SUPPORTED_SOFT_TOKENS
+    ip = processor.image_processor
+    budget = kw.get("max_soft_tokens", ip.max_soft_tokens)
+    if isinstance(budget, bool) or budget not in _SUPPORTED_SOFT_TOKENS:
+        raise bad_kwarg("mm_processor_kwargs 'max_soft_tokens' must be one of {allowed}, got {value}",
+                        allowed=", ".join(map(str, _SUPPORTED_SOFT_TOKENS)), value=repr(budget))
+    call = {"max_soft_tokens": budget} if "max_soft_tokens" in kw else {}
+    return call, (("max_soft_tokens", budget), ("patch", ip.patch_size), ("pool", ip.pooling_kernel_size), ip.resample,
+                  ip.rescale_factor, ip.do_normalize, tuple(ip.image_mean), tuple(ip.image_std))
+
+
 def image_settings(family, processor, mm_kwargs: dict | None) -> tuple[dict, tuple]:
     """Validate per-request overrides against the family's knobs; return (processor call kwargs, key-C settings)."""
     kw = dict(mm_kwargs or {})
@@ -134,6 +147,8 @@ def image_settings(family, processor, mm_kwargs: dict | None) -> tuple[dict, tup
         return smolvlm_settings(processor, kw)
     if family.images == "fixed":
         return gemma3_settings(processor, kw)
+    if family.images == "budget":
+        return gemma4_settings(processor, kw)
     return {}, ()
 
 
@@ -192,6 +207,8 @@ def locate_images(family, processor, out, types: list[int], sizes: list[tuple[in
         return [ImageSpan(s, e, e - s, g[0] * g[1] * g[2], g, None, False) for (s, e), g in zip(found, grids)]
     if family.images == "fixed":
         return gemma3_spans(processor, found, sizes, call)
+    if family.images == "budget":  # Gemma 4: one run of soft tokens per image, one row of pixel_values each
+        return [ImageSpan(s, e, e - s, 1, None, None, False) for s, e in found]
     if family.tiling == "crops":
         ip, per = processor.image_processor, processor.image_seq_length
         lo, hi = call.get("min_patches", ip.min_patches), call.get("max_patches", ip.max_patches)

@@ -47,7 +47,8 @@ class Prompt:
     token_types: list[int]            # 0 text, 1 image or video placeholder
     pixel_values: torch.Tensor | None  # Qwen: [patches, dim]; tiled: [tiles, 3, H, W]; Gemma 3: [views, 3, H, W]
     images: list[ImageInfo]
-    pixel_mask: torch.Tensor | None = None  # SmolVLM: [tiles, H, W], which pixels of a padded tile are real
+    pixel_mask: torch.Tensor | None = None  # SmolVLM: [tiles, H, W], which pixels of a padded tile are real;
+                                            # Gemma 4: [images, patches, 2], each patch's (x, y), (-1, -1) padding
     generation_tokens: int = 0        # the chat template's generation prompt at its end (a follow-up turn keeps
                                       # everything before it: where recurrent state is saved, engine/kv_cache/recurrent.py)
 
@@ -133,7 +134,7 @@ def build_prompt(family, processor, messages: list[dict], mm_kwargs: dict | None
     images = [ImageInfo(content_hash(im), sp.grid_thw, sp.start, sp.num_tokens, settings, notes, sp.end,
                         sp.pixel_rows, sp.tiles, sp.thumbnail) for (im, notes), sp in zip(loaded, spans)]
     pixels = out.get("pixel_values") if loaded else None
-    mask = out.get("pixel_attention_mask") if loaded else None
+    mask = out.get("pixel_attention_mask", out.get("image_position_ids")) if loaded else None
     if pixels is not None and family.images == "tiles" and pixels.dim() == 5:  # SmolVLM: [1, tiles, 3, H, W]
         pixels, mask = pixels[0], (mask[0] if mask is not None else None)
     if videos:

@@ -1,0 +1,287 @@
+"""Gemma 4's text decoder over paged KV (transformers' Gemma4TextModel as Gemma4ForConditionalGeneration runs it).
+What it adds to Gemma 3's sliding / full hybrid:
+
+- KV-shared layers: the last num_kv_shared_layers compute no K/V; each attends over the K/V of the last earlier layer
+  of its own type (its source), read from the source's blocks with the source's metadata. They keep nothing between
+  steps (CacheSpec kind "kv_shared", naming the source). The checkpoints' k_proj / v_proj / k_norm of these layers
+  are dropped at load, as transformers drops them.
+- Sliding and full layers with their own head size (head_dim, global_head_dim) and RoPE (proportional on the full
+  layers: only a fraction of the angles rotate), both from transformers' per-layer config.
+- Per-layer embeddings: a second table over the vocabulary, num_layers x hidden_size_per_layer_input wide, mixed with
+  a projection of the input embeddings and fed to every layer through a gate; image positions read the pad token's row.
+- Norms that scale by w (not 1 + w), q/k/v norms (v's without a weight), attention scale 1, a learned scalar per
+  layer, double-wide MLPs on the shared layers where use_double_wide_mlp says, and a final logit softcap."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minivlm.model.cache_spec import CacheSpec
+from minivlm.model.decoder import load_strictly
+from minivlm.model.gemma3 import ScaledEmbedding, gelu_tanh
+from minivlm.model.rope import apply_rope
+
+SPEC_KIND = {"sliding_attention": "sliding_window", "full_attention": "full_attention"}  # HF's layer type -> ours
+ROPE_TYPES = ("default", "proportional")
+SHARED_KEYS = ("k_proj", "v_proj", "k_norm", "v_norm")  # what a shared layer's checkpoint carries and nobody reads
+
+
+class ScaleNorm(nn.Module):
+    """Gemma 4's RMSNorm: x * (mean(x²) + eps)^-0.5 in fp32, times the weight itself (no weight: v and the
+    embedders' norms), cast back (HF's order and its pow, not rsqrt)."""
+
+    def __init__(self, dim: int, eps: float, with_scale: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        return (h if self.weight is None else h * self.weight.float()).to(x.dtype)
+
+
+def shared_sources(cfg) -> list[int]:
+    """Each layer's K/V source: itself, or (a shared layer) the last earlier non-shared layer of its type."""
+    first_shared = cfg.num_hidden_layers - cfg.num_kv_shared_layers
+    types = cfg.layer_types[:cfg.num_hidden_layers]
+    out = []
+    for i, t in enumerate(types):
+        if i < first_shared:
+            out.append(i)
+            continue
+        earlier = [j for j in range(first_shared) if types[j] == t]
+        if not earlier:
+            raise ValueError(f"Gemma 4 text config: shared layer {i} ({t}) has no earlier {t} layer to read K/V from")
+        out.append(earlier[-1])
+    return out
+
+
+class Gemma4Attention(nn.Module):
+    """q (and, unless shared, k and v) as one matrix product; attention_k_eq_v full layers use k as v."""
+
+    def __init__(self, cfg, layer: int, shared: bool):
+        super().__init__()
+        lc = cfg.per_layer_config[layer]
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, lc.num_key_value_heads, lc.head_dim
+        self.shared = shared
+        self.k_is_v = bool(cfg.attention_k_eq_v) and cfg.layer_types[layer] == "full_attention"
+        kv_rows = 0 if shared else self.kv_heads * (1 if self.k_is_v else 2)
+        bias = bool(cfg.attention_bias)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.heads + kv_rows) * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.q_norm = ScaleNorm(self.head_dim, cfg.rms_norm_eps)
+        if not shared:
+            self.k_norm = ScaleNorm(self.head_dim, cfg.rms_norm_eps)
+            self.v_norm = ScaleNorm(self.head_dim, cfg.rms_norm_eps, with_scale=False)
+
+    def forward(self, x, cos, sin, kv_cache, meta, step_kv: tuple | None):
+        """step_kv: a shared layer's source K/V of this step's tokens (the source already wrote them to its blocks).
+        Returns (output, this layer's step K/V or None)."""
+        T, h, kv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
+        out = self.qkv_proj(x).view(T, -1, d)
+        q = apply_rope(self.q_norm(out[:, :h]), cos, sin)
+        if self.shared:  # read the source's blocks, write nothing
+            k, v = step_kv
+            o = meta.attention.attend(q, k, v, kv_cache[0], kv_cache[1], meta, 1.0)
+            return self.o_proj(o.reshape(T, -1)), None
+        raw_k = out[:, h:h + kv]
+        k = apply_rope(self.k_norm(raw_k), cos, sin)
+        v = self.v_norm(raw_k if self.k_is_v else out[:, h + kv:])
+        o = meta.attention(q, k, v, kv_cache[0], kv_cache[1], meta, 1.0)  # scale 1: q and k are normed
+        return self.o_proj(o.reshape(T, -1)), (k, v)
+
+
+class GatedMLP(nn.Module):
+    """down(gelu_tanh(gate(x)) * up(x)), gate and up as one matrix product."""
+
+    def __init__(self, hidden: int, width: int):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden, 2 * width, bias=False)
+        self.down_proj = nn.Linear(width, hidden, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(gelu_tanh(gate) * up)
+
+
+class Gemma4Layer(nn.Module):
+    """Sandwich norms around attention and MLP, then the per-layer input through its gate, then the layer scalar."""
+
+    def __init__(self, cfg, layer: int, shared: bool):
+        super().__init__()
+        eps, hidden = cfg.rms_norm_eps, cfg.hidden_size
+        self.self_attn = Gemma4Attention(cfg, layer, shared)
+        wide = 2 if cfg.use_double_wide_mlp and shared else 1
+        self.mlp = GatedMLP(hidden, cfg.intermediate_size * wide)
+        self.input_layernorm = ScaleNorm(hidden, eps)
+        self.post_attention_layernorm = ScaleNorm(hidden, eps)
+        self.pre_feedforward_layernorm = ScaleNorm(hidden, eps)
+        self.post_feedforward_layernorm = ScaleNorm(hidden, eps)
+        self.register_buffer("layer_scalar", torch.ones(1))  # in the checkpoint
+        self.per_layer = bool(cfg.hidden_size_per_layer_input)
+        if self.per_layer:
+            self.per_layer_input_gate = nn.Linear(hidden, cfg.hidden_size_per_layer_input, bias=False)
+            self.per_layer_projection = nn.Linear(cfg.hidden_size_per_layer_input, hidden, bias=False)
+            self.post_per_layer_input_norm = ScaleNorm(hidden, eps)
+
+    def forward(self, x, per_layer_input, cos, sin, kv_cache, meta, step_kv):
+        a, kv = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, step_kv)
+        x = x + self.post_attention_layernorm(a)
+        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        if self.per_layer:
+            gated = gelu_tanh(self.per_layer_input_gate(x)) * per_layer_input
+            x = x + self.post_per_layer_input_norm(self.per_layer_projection(gated))
+        return x * self.layer_scalar, kv
+
+
+class TokenEmbedding(ScaledEmbedding):
+    """Gemma's scaled token embeddings, which also carry the token ids they were made from: the per-layer embeddings
+    read the ids, and the engine hands the decoder embeddings (image rows written into them in place)."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = super().forward(ids)
+        out.token_ids = ids
+        return out
+
+
+def check_config(cfg):
+    """Refuse, naming the setting, what this decoder would compute differently from transformers' Gemma 4."""
+    why = []
+    if cfg.enable_moe_block or cfg.num_experts:
+        why.append(f"enable_moe_block={cfg.enable_moe_block}, num_experts={cfg.num_experts} (a mixture-of-experts "
+                   f"block, e.g. Gemma 4 26B-A4B: minivlm builds dense MLPs only)")
+    if cfg.hidden_activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        why.append(f"hidden_activation={cfg.hidden_activation!r} (only GeLU-tanh)")
+    if cfg.use_bidirectional_attention == "all":
+        why.append("use_bidirectional_attention='all' (no causal decoder)")
+    unknown = set(cfg.layer_types) - set(SPEC_KIND)
+    if unknown:
+        why.append(f"layer_types {sorted(unknown)} (only sliding_attention and full_attention)")
+    for kind in set(cfg.layer_types) & set(SPEC_KIND):
+        rope_type = (cfg.rope_parameters.get(kind) or {}).get("rope_type", "default")
+        if rope_type not in ROPE_TYPES:
+            why.append(f"{kind} rope_type={rope_type!r} (only {' and '.join(ROPE_TYPES)})")
+    if why:
+        raise ValueError(f"Gemma 4 text config not supported: {'; '.join(why)}")
+
+
+class Gemma4Decoder(nn.Module):
+    """Gemma 4's text decoder on flattened tokens; forward takes one metadata per cache kind."""
+
+    def __init__(self, model_type: str, text_cfg, tie_word_embeddings: bool):
+        super().__init__()
+        check_config(text_cfg)
+        cfg = self.cfg = text_cfg
+        n = cfg.num_hidden_layers
+        self.sources = shared_sources(cfg)
+        self.types = list(cfg.layer_types[:n])
+        self.kinds = [SPEC_KIND[t] for t in self.types]
+        self.bidirectional_images = cfg.use_bidirectional_attention == "vision"  # then on sliding layers only
+        self.layer_specs = [self.spec(i) for i in range(n)]
+        self.embed_tokens = TokenEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.ple = cfg.hidden_size_per_layer_input
+        if self.ple:
+            self.embed_tokens_per_layer = ScaledEmbedding(cfg.vocab_size_per_layer_input, n * self.ple)
+            self.embed_tokens_per_layer.scale = self.ple ** 0.5
+            self.per_layer_model_projection = nn.Linear(cfg.hidden_size, n * self.ple, bias=False)
+            self.per_layer_projection_norm = ScaleNorm(self.ple, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(Gemma4Layer(cfg, i, self.sources[i] != i) for i in range(n))
+        self.norm = ScaleNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.pad_id = cfg.pad_token_id
+        self.placeholder_ids: tuple[int, ...] = ()  # image / video / audio tokens (set by the loader from the config)
+        self.inv_freq = {}
+
+    def spec(self, i: int) -> CacheSpec:
+        """Layer i's CacheSpec: its own K/V (sliding or full, with its type's head size), or none (shared)."""
+        lc, kind = self.cfg.per_layer_config[i], self.kinds[i]
+        window = self.cfg.sliding_window if kind == "sliding_window" else None
+        if self.sources[i] != i:
+            return CacheSpec(kind, window=window, kv_heads=lc.num_key_value_heads, head_dim=lc.head_dim)
+        return CacheSpec(kind, window=window, kv_heads=lc.num_key_value_heads, head_dim=lc.head_dim)
+
+    def load_weights(self, state: dict, tied: bool, device, dtype):
+        """Drop the shared layers' unread K/V weights, fuse q/k/v and gate/up, load strictly, make both RoPEs."""
+        from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
+        state = dict(state)
+        for i, src in enumerate(self.sources):
+            if src != i:
+                for name in SHARED_KEYS:
+                    for part in ("weight", "bias"):
+                        state.pop(f"layers.{i}.self_attn.{name}.{part}", None)
+        load_strictly(self, fuse(state), tied, device, dtype)
+        rotary = Gemma4TextRotaryEmbedding(self.cfg)  # transformers' own inverse frequencies per layer type
+        self.inv_freq = {t: getattr(rotary, f"{t}_inv_freq").to(device) for t in set(self.types)}
+        self.rope_scale = {t: getattr(rotary, f"{t}_attention_scaling") for t in set(self.types)}
+
+    def rope(self, layer_type: str, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, head_dim of that type] at 1-D positions [T] (HF's fp32 product)."""
+        freqs = positions[:, None].float() * self.inv_freq[layer_type]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        scale = self.rope_scale[layer_type]
+        return (emb.cos() * scale).to(dtype)[:, None], (emb.sin() * scale).to(dtype)[:, None]
+
+    def per_layer_inputs(self, ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """[T, layers, ple]: the token's own row (the pad token's at image positions) and a projection of the
+        input embeddings (image rows included), each normed or scaled as HF does, averaged by 1/sqrt(2)."""
+        n = len(self.layers)
+        token = torch.where(torch.isin(ids, torch.tensor(self.placeholder_ids, device=ids.device)), self.pad_id, ids)
+        own = self.embed_tokens_per_layer(token).reshape(-1, n, self.ple)
+        proj = self.per_layer_model_projection(embeds) * self.cfg.hidden_size ** -0.5
+        proj = self.per_layer_projection_norm(proj.reshape(-1, n, self.ple))
+        return (proj + own) * 2.0 ** -0.5
+
+    def forward(self, embeds, positions, kv_caches, metas: dict, deepstack=None,
+                last: torch.Tensor | None = None) -> torch.Tensor:
+        """embeds [T, hidden] from embed_tokens (image rows written in), positions [3, T] (1-D: three equal rows),
+        metas {cache kind: AttentionMetadata}. Returns the final hidden states, or with `last` the softcapped logits
+        of those rows."""
+        if deepstack is not None:
+            raise ValueError("Gemma 4 has no deepstack features")
+        ids = getattr(embeds, "token_ids", None)
+        if self.ple and ids is None:
+            raise ValueError("Gemma 4's decoder takes the embeddings its embed_tokens made (they carry the token ids "
+                             "its per-layer embeddings read)")
+        ple = self.per_layer_inputs(ids, embeds) if self.ple else None
+        ropes = {t: self.rope(t, positions[0], embeds.dtype) for t in self.inv_freq}
+        metas = causal_full_layers(metas) if self.bidirectional_images else metas
+        x, step_kv = embeds, {}
+        for i, layer in enumerate(self.layers):
+            src = self.sources[i]
+            x, kv = layer(x, None if ple is None else ple[:, i], *ropes[self.types[i]], kv_caches[src],
+                          metas[self.kinds[i]], step_kv.get(src))
+            if kv is not None:
+                step_kv[i] = kv
+        x = self.norm(x)
+        return x if last is None else self.compute_logits(x[last])
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        cap = self.cfg.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def causal_full_layers(metas: dict) -> dict:
+    """use_bidirectional_attention='vision': images see each other both ways on the sliding layers only; the full
+    layers stay causal (HF's create_masks_for_vision_model), so their metadata drops the spans."""
+    import dataclasses
+    full = metas.get("full_attention")
+    if full is None or full.spans is None:
+        return metas
+    parts = [(rows, dataclasses.replace(p, spans=None)) for rows, p in full.parts] if full.parts else full.parts
+    return {**metas, "full_attention": dataclasses.replace(full, spans=None, parts=parts)}
+
+
+def fuse(state: dict) -> dict:
+    """Each layer's q/k/v that it has (a shared layer only q; attention_k_eq_v no v) as one qkv_proj, gate/up as one
+    gate_up_proj, in that order."""
+    state = dict(state)
+    for key in [k for k in state if ".self_attn.q_proj." in k]:
+        parts = [key.replace(".q_proj.", f".{p}.") for p in ("q_proj", "k_proj", "v_proj")]
+        state[key.replace(".q_proj.", ".qkv_proj.")] = torch.cat([state.pop(p) for p in parts if p in state])
+    for key in [k for k in state if ".mlp.gate_proj." in k]:
+        up = key.replace(".gate_proj.", ".up_proj.")
+        state[key.replace(".gate_proj.", ".gate_up_proj.")] = torch.cat([state.pop(key), state.pop(up)])
+    return state
