@@ -16,7 +16,7 @@ import transformers
 from bench import results, results_page, steal
 from bench import (busy_machine, chunked_prefill, events_overhead, hybrid_decode, kv_events_overhead, long_context,
                    memory, panel_overhead, peer_llamacpp, prefix_cache, quantized, single_stream, speculative,
-                   structured_decode, throughput)
+                   structured_decode, throughput, timeline_overhead)
 from bench.report import machine, text_table
 from bench.workload import (BENCH_MODEL, SMOKE_MODEL, build_checkpoint, hf_generate, load_hf, make_engine,
                             mixed_requests, param_count)
@@ -24,7 +24,8 @@ from minivlm import SamplingParams
 
 MEASUREMENTS = {"throughput": throughput.measure, "single_stream": single_stream.measure,
                 "prefix_cache": prefix_cache.measure, "memory": memory.measure, "panel": panel_overhead.measure,
-                "events": events_overhead.measure, "chunked_prefill": chunked_prefill.measure,
+                "events": events_overhead.measure, "timeline": timeline_overhead.measure,
+                "chunked_prefill": chunked_prefill.measure,
                 "kv_events": kv_events_overhead.measure, "long_context": long_context.measure,
                 "hybrid_decode": hybrid_decode.measure, "speculative": speculative.measure,
                 "structured_decode": structured_decode.measure, "quantized": quantized.measure,

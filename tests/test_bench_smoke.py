@@ -14,7 +14,7 @@ METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-o
            "single-stream decode vs bandwidth bound", "TTFT repeated image+prompt (C) vs cold",
            "TTFT same image, new text (C) vs cold", "KV used / allocated at peak (paged vs contiguous)",
            "KV waste per request", "stream() + snapshot every step vs generate()",
-           "decode throughput, event log on vs off",
+           "decode throughput, event log on vs off", "timeline stamps: cost per decode step (batch 8)",
            "ITL p50, 8 streams + 448² arrivals: chunked + async vision vs whole prefill",
            "ITL p99, 8 streams + 448² arrivals: chunked + async vision vs whole prefill",
            "ITL p99, same, the tower in the step: chunked vs whole",
@@ -70,7 +70,8 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
             if line.startswith("| ") and not line.startswith("| row |")] == [r.metric for r in rows]
     raw = json.loads(js.read_text())
     assert set(raw) == {"throughput_varied", "throughput_uniform", "single_stream", "prefix_cache", "memory",
-                        "panel_overhead", "events_overhead", "chunked_prefill", "kv_events_overhead",
+                        "panel_overhead", "events_overhead", "timeline_overhead", "chunked_prefill",
+                        "kv_events_overhead",
                         "long_context_8", "long_context_1", "hybrid_qwen3_5", "hybrid_gemma3",
                         "speculative copy-heavy (its answer repeats)", "speculative no n-gram found", "speculative hf",
                         "structured_decode", "quantized", "busy_machine"}
