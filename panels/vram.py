@@ -1,9 +1,9 @@
 """VRAM budget tab: minivlm.budget.estimate for a model, a device (one GPU or several, tensor parallel) and a workload:
 the plan per GPU as a stacked bar, the workload's KV demand against the pool, why it does not fit in words, which
 GPUs would fit it, the matrix VLMs on 16 / 24 / 48 / 80 GB GPUs, and what this engine really allocated
-(memory_report). A hybrid model (Qwen3.5, Gemma 3) shows its KV-cache groups row by row and how many more requests
-it fits than a model of its dimensions whose every layer were full attention (chunked prefill: a sliding request
-holds its window plus one step's chunk)."""
+(memory_report). A hybrid model (Qwen3.5, Gemma 3, Gemma 4) shows its KV-cache groups row by row (Gemma 4's
+shared-KV layers as a free row) and how many more requests it fits than a model of its dimensions whose every layer
+were full attention (chunked prefill: a sliding request holds its window plus one step's chunk)."""
 import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
@@ -17,7 +17,8 @@ from panels.holder import EngineHolder, gpu
 from panels.page import header_widths
 from panels.i18n import EN, LANGUAGES, L, lang_of, t
 from panels.i18n.budget import limit_sentences, word
-from panels.vram_tables import comparison, gpu_table, headline, matrix_cell, matrix_table, _fmt  # noqa: F401
+from panels.vram_tables import (breakdown_table, comparison, gpu_table, headline, matrix_cell, matrix_table,  # noqa: F401
+                                _fmt)
 from panels.i18n.errors import localize_error
 
 THIS_ENGINE = "this engine's model"
@@ -32,7 +33,8 @@ GIB = 2 ** 30
 # Picker titles per model_type, in the order the families are listed.
 FAMILY_TITLES = {"qwen3_vl": "Qwen3-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen2_vl": "Qwen2-VL", "smolvlm": "SmolVLM2",
                  "idefics3": "Idefics3", "internvl": "InternVL3.5", "qwen3_5": "Qwen3.5 (hybrid)",
-                 "gemma3": "Gemma 3 (hybrid)", "qwen3": "Qwen3 (text)", "qwen2": "Qwen2.5 (text)"}
+                 "gemma3": "Gemma 3 (hybrid)", "gemma4": "Gemma 4 (hybrid, shared KV)",
+                 "gemma4_unified": "Gemma 4 (no vision encoder)", "qwen3": "Qwen3 (text)", "qwen2": "Qwen2.5 (text)"}
 
 
 def preset_choices(lang: str = EN) -> list[tuple[str, str]]:
@@ -185,8 +187,7 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         title = shown if est.tensor_parallel_size == 1 or multi else f"{est.tensor_parallel_size} × {shown}"
         fig = budget_figure(estimate_parts(est), engine_parts(report), est.memory_bytes, est.budget_bytes, title,
                             report.device, kv_tokens=(est.kv_pool_tokens, est.kv_demand_tokens, demand), lang=lang)
-        table = pd.DataFrame([(word(lang, "item", b.name), f"{b.bytes / GIB:,.3f}", b.formula) for b in est.breakdown],
-                             columns=[t(lang, "col.item"), t(lang, "col.gib"), t(lang, "col.formula")])
+        table = breakdown_table(est, lang)
         quantized = holder.get().config.quantization
         return headline(est, shown, int(concurrent_requests), lang), fig, comparison(est, report, lang, quantized), \
             table

@@ -5,12 +5,12 @@ import pandas as pd
 
 from minivlm.budget.planner import MATRIX_GPUS
 
-from panels.i18n import EN, t
+from panels.i18n import EN, t, word
 from panels.i18n.budget import limit_sentences, limit_words
 
 GIB = 2 ** 30
 GROUP_WORDS = {"full_attention": "vram.group.full_attention", "sliding_window": "vram.group.sliding_window",
-               "recurrent": "vram.group.recurrent"}  # a KV-cache group's layers in words
+               "recurrent": "vram.group.recurrent", "kv_shared": "vram.group.kv_shared"}  # a group's layers in words
 
 
 def matrix_cell(est, lang: str = EN) -> str:
@@ -48,6 +48,12 @@ def comparison(est, rep, lang: str = EN, quantization: str | None = None) -> pd.
                                  t(lang, "col.engine", device=rep.device, dtype=engine_dtype(rep, quantization, lang))])
 
 
+def breakdown_table(est, lang: str = EN) -> pd.DataFrame:
+    """The estimate's rows: item (in the page's language), GiB, formula (Gemma 4's shared-KV layers: a 0 GiB row)."""
+    return pd.DataFrame([(word(lang, "item", b.name), f"{b.bytes / GIB:,.3f}", b.formula) for b in est.breakdown],
+                        columns=[t(lang, "col.item"), t(lang, "col.gib"), t(lang, "col.formula")])
+
+
 def engine_dtype(rep, quantization: str | None, lang: str = EN) -> str:
     """The engine's dtype in words: "float32", or "int8 weights, float32 compute" under --quantization."""
     return t(lang, "vram.quantized", method=quantization, dtype=rep.dtype) if quantization else rep.dtype
@@ -76,7 +82,8 @@ def more_than_full(est) -> str:
 
 
 def group_words(est, lang: str) -> str:
-    """A hybrid model's layers by group: "6 full-attention + 18 recurrent layers"."""
+    """A hybrid model's layers by group: "6 full-attention + 18 recurrent layers" (Gemma 4: "+ 20 shared-KV layers
+    (free: ...)")."""
     return " + ".join(t(lang, GROUP_WORDS[g.shape.kind], n=len(g.shape.layers), window=g.shape.window)
                       for g in est.kv_groups.groups)
 

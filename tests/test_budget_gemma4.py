@@ -179,3 +179,19 @@ def test_calculator_equals_the_engines_allocation(gemma4_checkpoint):
     assert (report.num_blocks, report.kv_cache_bytes, report.kv_cache_tokens) == \
         (est.num_blocks, est.kv_cache_bytes, est.kv_pool_tokens)
     assert report.max_concurrency == pytest.approx(est.max_concurrency)
+
+
+def test_the_vram_tab_shows_the_shared_layers_as_free():
+    """The breakdown's shared-KV row is 0 GiB and the verdict names those layers as free, in English and Chinese;
+    the picker lists every Gemma 4 preset."""
+    from panels.i18n import EN, ZH
+    from panels.vram import preset_choices
+    from panels.vram_tables import breakdown_table, headline
+    est = estimate("gemma-4-E2B-it", device="L4")
+    for lang, item, group in ((EN, "KV cache: shared-KV layers (free)", "20 shared-KV layers (free"),
+                              (ZH, "KV 缓存：共享 KV 层（不占内存）", "20 层共享 KV（不占内存")):
+        table = breakdown_table(est, lang)
+        row = table[table.iloc[:, 0] == item]
+        assert len(row) == 1 and row.iloc[0, 1] == "0.000", lang
+        assert group in headline(est, "L4", 8, lang)
+    assert set(PRESETS) <= {value for _, value in preset_choices()}

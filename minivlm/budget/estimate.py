@@ -218,7 +218,10 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
                    f"divide by {tp})")
     breakdown = [
         BudgetItem("LLM weights", text_b, text_formula + on_gpus
-                   + ("; lm_head tied to the embeddings" if s.tied else "")),
+                   + ("; lm_head tied to the embeddings" if s.tied else "")
+                   + (f"; {s.experts} experts of {s.expert_intermediate} ({s.top_k_experts} per token) in every layer: "
+                      "planned here, but minivlm builds no experts and refuses to load this model" if s.experts
+                      else "")),
         BudgetItem("Vision tower weights", vision_b, vision_formula + vision_note if s.has_vision else
                    "text-only model: no vision tower"),
         BudgetItem("Activation peak", peak, f"max(vision encoder {vis_peak:,}, LLM prefill {llm_peak:,})"),

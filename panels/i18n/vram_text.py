@@ -56,6 +56,8 @@ MESSAGES = {
     "vram.group.full_attention": ("{n} full-attention layers", "{n} 层全注意力"),
     "vram.group.sliding_window": ("{n} sliding-window layers ({window} tokens)", "{n} 层滑动窗口（{window} 个 token）"),
     "vram.group.recurrent": ("{n} recurrent layers", "{n} 层循环状态"),
+    "vram.group.kv_shared": ("{n} shared-KV layers (free: they read earlier layers' K/V)",
+                             "{n} 层共享 KV（不占内存：读取前面层的 K/V）"),
     "limit.context": ("{images}{text} text tokens = {needed} tokens per request > max_model_len {limit}",
                       "{images}{text} 个文本 token = 每个请求 {needed} 个 token > max_model_len {limit}"),
     "limit.context_images": ("{n} image{s} × {per_image} tokens ({vision} vision + {around}) + ",
@@ -114,6 +116,8 @@ MESSAGES = {
     "item.KV cache: full-attention layers": ("KV cache: full-attention layers", "KV 缓存：全注意力层"),
     "item.KV cache: sliding-window layers": ("KV cache: sliding-window layers", "KV 缓存：滑动窗口层"),
     "item.Recurrent state (slots)": ("Recurrent state (slots)", "循环状态（槽位）"),
+    "item.KV cache: shared-KV layers (free)": ("KV cache: shared-KV layers (free)", "KV 缓存：共享 KV 层（不占内存）"),
+    "item.Audio tower (not loaded)": ("Audio tower (not loaded)", "音频塔（不加载）"),
     "item.Measured weights beyond the prediction": ("Measured weights beyond the prediction", "实测权重超出预测的部分"),
     "item.Unallocated": ("Unallocated", "未分配"), "item.Over budget": ("Over budget", "超出预算"),
     "vram.video_line": ("**video: {secs} s at {fps} fps** ({w}×{h} frames) → {frames} frames in {pairs} pairs of "
