@@ -2,11 +2,10 @@
 the full-attention pool (engine/kv_cache/coordinator.py explains the groups): so the KV tab's group views, its block map and
 its decision log all come from one source and agree at every replayed step.
 
-    sliding window  a request's table as its admission gave it (the plan's sliding_table), then its sliding
-                    "allocated" events append; each step it is planned from token `start` on, its blocks wholly before
-                    the window of `start` left it (None), as the engine's advance() gives them back; finished /
-                    preempted drop the table
-    recurrent       a request's state slot (the plan's state_slot) until it leaves; the checkpoints from
+    sliding window  a request's table, kept by its part of each plan (the `scheduled` event's `groups`, by group id:
+                    the table at admission, the blocks taken, the indices out of the window, None from then on), as
+                    the runner's batch keeps it; finished / preempted drop the table
+    recurrent       a request's state slot (its part's `slot`) until it leaves; the checkpoints from
                     state_saved / state_evicted, a request's decode checkpoint replacing its previous one (the engine
                     frees that one without an event), reset_prefix_cache clearing them all
 Pure functions of the events, a template of the groups (names, layers, window, sizes: engine.snapshot().groups) and
@@ -37,10 +36,9 @@ class GroupReplay:
 
     def __init__(self, template: list[GroupInfo], block_size: int, base: KVSnapshot | None = None):
         self.template, self.bs = template, block_size
-        self.index = {i: g for i, g in enumerate(template)}  # events name a group by its place in snap.groups
-        self.sliding = next((g for g in template if g.kind == "sliding_window"), None)
-        self.tables: dict[str, list[int | None]] = {}
-        self.slots: dict[str, int] = {}
+        self.index = {i: g for i, g in enumerate(template)}  # events and plans name a group by its place in snap.groups
+        self.tables: dict[int, dict[str, list[int | None]]] = {i: {} for i in self.index}  # group id -> request -> table
+        self.slots: dict[int, dict[str, int]] = {i: {} for i in self.index}                # group id -> request -> slot
         self.resumed: dict[str, int] = {}
         self.prompt: dict[str, int] = {}
         self.latest: dict[str, str] = {}   # request -> key of its moving decode checkpoint
@@ -49,10 +47,6 @@ class GroupReplay:
         self.checkpoints: dict[str, int] = dict(next((g.checkpoints for g in base_groups if g.kind == "recurrent"), {}))
         self.saved_at: dict[str, tuple[int, str | None]] = {}
 
-    def first_needed(self, start: int) -> int:
-        """The first block a query at `start` may read (engine/kv_cache/sliding_window.py)."""
-        return max(0, start - self.sliding.window + 1) // self.bs
-
     def boundary(self, rid: str) -> int:
         """The prompt's last block boundary: a checkpoint past it is the request's moving decode checkpoint."""
         return (self.prompt.get(rid, 0) - 1) // self.bs * self.bs
@@ -60,14 +54,11 @@ class GroupReplay:
     def apply(self, ev):
         rid, f, kind = ev.request_id, ev.fields, ev.kind
         self.step = ev.step
-        group = self.index.get(f.get("group")) if f.get("group") else None
         if kind == "arrived":
             self.prompt[rid] = f["num_prompt_tokens"]
         elif kind == "scheduled":
             for r in f["plan"]:
                 self._planned(r)
-        elif group is not None and group.kind == "sliding_window" and kind == "allocated" and rid in self.tables:
-            self.tables[rid] += f["block_ids"]  # a running request's (an admission's are in its plan's table)
         elif kind == "state_saved":
             key = f["block_hash"]
             if f["token"] > self.boundary(rid):  # its decode checkpoint moved on: the previous one was freed
@@ -82,40 +73,46 @@ class GroupReplay:
             self.checkpoints.clear()
             self.latest.clear()
         elif kind in ("preempted", "finished") and rid is not None:
-            for held in (self.tables, self.slots, self.latest, self.resumed):
+            for held in (*self.tables.values(), *self.slots.values(), self.latest, self.resumed):
                 held.pop(rid, None)
 
     def _planned(self, r: dict):
+        """A request's part of a plan in every group but the full one (the replayed map's): a state slot, or a table's
+        delta applied as the runner applies it (engine/kv_cache/group_steps.py), None where a block left the window."""
         rid = r["request_id"]
-        if "state_slot" in r:
-            self.slots[rid] = r["state_slot"]
-        if "restore_from" in r:
-            self.resumed[rid] = r["restore_from"]
-        if self.sliding is None:
-            return
-        if "sliding_table" in r:
-            self.tables[rid] = list(r["sliding_table"])
-        if rid in self.tables:  # computing from `start` on, its blocks before the window left it (a "freed" event
-            first = self.first_needed(r["start"])  # names only those nobody else holds, so the rule, not the event)
-            self.tables[rid] = [None if i < first else b for i, b in enumerate(self.tables[rid])]
+        for g, part in enumerate(r.get("groups", ())):
+            if g == 0 or g not in self.index:
+                continue
+            if "slot" in part:
+                self.slots[g][rid] = part["slot"]
+                if part["restore_from"] >= 0:
+                    self.resumed[rid] = part["restore_from"]
+                continue
+            table = self.tables[g].setdefault(rid, [])
+            if "shared" in part:
+                table[:] = part["shared"]
+            del table[part["num_blocks"] - len(part["new_blocks"]):]
+            table += part["new_blocks"]
+            for i in part["dropped"]:
+                table[i] = None
 
     def frame(self, full: KVSnapshot) -> GroupFrame:
         """The groups now; `full` is the replayed full-attention pool of the same step."""
         holders = set(full.running) | set(full.waiting)
         out = []
-        for g in self.template:
-            if g.kind == "full_attention":
+        for i, g in enumerate(self.template):
+            if i == 0:
                 free = sum(b.ref_count == 0 for b in full.blocks)
                 out.append(dataclasses.replace(g, free=free, block_tables={r: list(t) for r, t in
                                                                            full.block_tables.items()}))
-            elif g.kind == "sliding_window":
-                tables = {r: list(t) for r, t in self.tables.items() if r in holders}
-                held = {b for t in tables.values() for b in t if b is not None}
-                out.append(dataclasses.replace(g, free=g.size - len(held), block_tables=tables, checkpoints={}))
-            else:
-                slots = {r: [s] for r, s in self.slots.items() if r in holders}
+            elif g.kind == "recurrent":
+                slots = {r: [s] for r, s in self.slots[i].items() if r in holders}
                 out.append(dataclasses.replace(g, free=g.size - len(slots) - len(self.checkpoints),
                                                block_tables=slots, checkpoints=dict(self.checkpoints)))
+            else:
+                tables = {r: list(t) for r, t in self.tables[i].items() if r in holders}
+                held = {b for t in tables.values() for b in t if b is not None}
+                out.append(dataclasses.replace(g, free=g.size - len(held), block_tables=tables, checkpoints={}))
         resumed = {r: s for r, s in self.resumed.items() if r in holders}
         return GroupFrame(full.step, out, dict(self.saved_at), resumed)
 

@@ -44,7 +44,7 @@ def run_chunks(bm, seq, chunks):
 
 def test_sliding_blocks_leave_the_window_and_a_decode_holds_at_most_window_plus_two():
     bm = build(Pool(full=16, sliding=8), BS, True, EventLog(100))
-    sw = bm.others[0]
+    sw = bm.managers[1]
     seq = make_seq(list(range(100, 120)))  # 20 tokens: 5 blocks
     run_chunks(bm, seq, [8, 8, 4])
     # chunk 0-7 took sliding blocks 0,1; chunk 8-15 took 2,3 (its first query, at 8, still sees token 1);
@@ -72,7 +72,7 @@ def test_a_sliding_prefix_hit_needs_the_window_before_it_cached():
     assert len(bm.match_prefix(again)) == 5
     hits = bm.allocate(again)
     assert [h.block_id for h in hits] == [0, 1, 2, 3, 4]
-    assert bm.others[0].table(again)[:3] == [None, None, None] and bm.others[0].table(again)[3:] == [3, 4]
+    assert bm.managers[1].table(again)[:3] == [None, None, None] and bm.managers[1].table(again)[3:] == [3, 4]
     bm.deallocate(again)
     # evict the sliding blocks of tokens 12-19 (a long request takes every free block): the hit must shrink to
     # where the window is still cached
@@ -85,14 +85,14 @@ def test_a_sliding_prefix_hit_needs_the_window_before_it_cached():
 
 def test_recurrent_checkpoints_at_the_prompt_boundary_serve_the_next_turn():
     bm = build(Pool(full=32, slots=4), BS, True, EventLog(100))
-    st = bm.others[0]
+    st = bm.managers[1]
     turn1 = make_seq(list(range(100, 118)))  # 18 tokens: the prompt's last boundary is at 16
     hits = bm.allocate(turn1)
     assert hits == [] and st.slot_of[turn1.seq_id] == 0
     end = cut(bm, turn1, 0, 18)
     assert end == 16  # the chunk is cut there so the state can be saved
     bm.advance(turn1, 0, end)
-    assert bm.group_inputs(turn1, 0, 16)["save_to"] == 1
+    assert bm.step_parts(turn1, 0, 16)[1].save_to == 1
     bm.publish(turn1, 16, 0)
     turn1.num_computed = 16
     bm.ran(turn1)
@@ -103,13 +103,13 @@ def test_recurrent_checkpoints_at_the_prompt_boundary_serve_the_next_turn():
     bm.begin_step()
     hits = bm.allocate(turn2)
     assert len(hits) == 4  # 16 of turn 1's 18 prompt tokens
-    assert bm.group_inputs(turn2, 16, 24)["restore_from"] == 1
+    assert bm.step_parts(turn2, 16, 24)[1].restore_from == 1
     assert st.stats["checkpoint_hits"] == 1
 
 
 def test_checkpoints_are_evicted_least_recently_used_and_slots_do_not_leak():
     bm = build(Pool(full=32, slots=3), BS, True, EventLog(100))
-    st = bm.others[0]
+    st = bm.managers[1]
     prompts = [[200 + i] + list(range(100, 117)) for i in range(3)]  # 18 tokens each, saved at 16
     for p in prompts:
         bm.begin_step()
@@ -148,7 +148,7 @@ def test_a_follow_up_that_parts_in_the_generation_prompt_resumes_at_every_shared
             assert len(hits) == shared // BS, (tail, dropped, n, len(hits))
             bm.deallocate(turn2)
             # the save points, and the prompt's end when it is a block boundary (a follow-up keeping it all resumes there)
-            assert len(bm.others[0].checkpoints) == len(bm.save_points(turn1)) + (n % BS == 0)
+            assert len(bm.managers[1].checkpoints) == len(bm.save_points(turn1)) + (n % BS == 0)
             assert len(bm.save_points(turn1)) <= 1 + -(-max(tail - 1, 0) // BS)  # two at most while tail <= BS + 1
 
 
@@ -168,13 +168,13 @@ def test_save_points_cost_one_checkpoint_or_two_and_the_chunks_end_there():
     while start < len(seq):
         end = cut(bm, seq, start, len(seq))
         bm.advance(seq, start, end)
-        ends.append((end, bm.group_inputs(seq, start, end)["save_to"]))
+        ends.append((end, bm.step_parts(seq, start, end)[1].save_to))
         bm.publish(seq, end, start)
         seq.num_computed = end
         bm.ran(seq)
         start = end
     assert ends == [(12, 1), (16, 2), (18, -1)]
-    assert list(bm.others[0].checkpoints.values()) == [1, 2]
+    assert list(bm.managers[1].checkpoints.values()) == [1, 2]
 
 
 def test_a_decoder_with_two_sliding_windows_is_refused_by_name():
@@ -198,7 +198,7 @@ class PlainPool:
 
 
 def test_one_coordinator_drives_a_plain_a_sliding_and_a_recurrent_model_through_the_same_calls():
-    """The same calls (allocate, advance, publish, ran, group_inputs, deallocate) on a plain model (one group), a
+    """The same calls (allocate, advance, publish, ran, step_parts, deallocate) on a plain model (one group), a
     sliding one and a recurrent one: each computes a 20-token prompt in chunks, the same prompt again hits the cache
     as far as its groups can serve, and every group ends with nothing held."""
     runs = {}
@@ -207,17 +207,61 @@ def test_one_coordinator_drives_a_plain_a_sliding_and_a_recurrent_model_through_
         first = make_seq(list(range(100, 120)))
         bm.begin_step()
         run_chunks(bm, first, [8, 8, 8])
-        inputs = bm.group_inputs(first, 19, 20)
+        inputs = [type(part).__name__ for part in bm.step_parts(first, 19, 20)]
         bm.deallocate(first)
         again = make_seq(list(range(100, 120)) + [1])
         bm.begin_step()
         hits = bm.allocate(again)
-        runs[name] = (bm.table(again)[:len(hits)], sorted(inputs), [g.kind for g in bm.groups([again])])
+        runs[name] = (bm.table(again)[:len(hits)], inputs, [g.kind for g in bm.groups([again])])
         bm.deallocate(again)
         assert bm.num_free == 16 and all(g.free + len(g.checkpoints) == g.size for g in bm.groups([]))
-    assert runs["plain"] == ([0, 1, 2, 3, 4], [], ["full_attention"])
-    assert runs["sliding"] == ([0, 1, 2, 3, 4], ["sliding_slots", "sliding_table"], ["full_attention", "sliding_window"])
+    assert runs["plain"] == ([0, 1, 2, 3, 4], ["AttentionGroupStep"], ["full_attention"])
+    assert runs["sliding"] == ([0, 1, 2, 3, 4], ["AttentionGroupStep"] * 2, ["full_attention", "sliding_window"])
     # the recurrent group saved its state at 16 (the prompt's save point: no template) and at 20 (where the prompt
     # ends on a block boundary), so the same prompt and one more token resumes at 20, as far as the full group
-    assert runs["recurrent"] == ([0, 1, 2, 3, 4], ["restore_from", "save_to", "state_slot"],
+    assert runs["recurrent"] == ([0, 1, 2, 3, 4], ["AttentionGroupStep", "StateGroupStep"],
                                  ["full_attention", "recurrent"])
+
+
+def step_and_keep(bm, seq, kept, start, end, admitted=False):
+    """One step of seq as the scheduler plans it and the runner keeps it: advance, each group's part (step_parts),
+    each kept table changed by its part (AttentionGroupStep.apply, as engine/execution/input_batch.py does)."""
+    bm.advance(seq, start, end)
+    parts = bm.step_parts(seq, start, end)
+    bm.publish(seq, end, start)
+    seq.num_computed = end
+    bm.ran(seq)
+    for part, table in zip(parts, kept):
+        part.apply(table, admitted)
+    return parts
+
+
+def test_each_groups_part_rebuilds_its_table_at_every_step():
+    """The plan carries every group's table as a delta (the table at admission, blocks taken, indices given back out of
+    the window): applied step after step, they give each manager's own table exactly (0 where a block left the
+    window), chunked then decoded, for every prompt length mod the block size, a prefix hit's admission included."""
+    for n in range(17, 17 + BS):
+        bm = build(Pool(full=32, sliding=12), BS, True, EventLog(1000))
+        for prompt in (list(range(100, 100 + n)), list(range(100, 100 + n)) + [1, 2]):  # the second hits the first
+            seq, kept = make_seq(prompt), [[], []]
+            bm.begin_step()
+            start = len(bm.allocate(seq)) * BS
+            admitted = True
+            while start < len(seq):
+                end = min(len(seq), start + 6)  # chunk edges cross block and window edges
+                step_and_keep(bm, seq, kept, start, end, admitted)
+                assert kept == [bm.table(seq), [b if b is not None else 0 for b in bm.managers[1].table(seq)]]
+                start, admitted = end, False
+                bm.begin_step()
+            dropped = []
+            for t in range(len(seq), len(seq) + 9):  # decode: one token a step, a block now and then
+                seq.token_ids.append(7)
+                bm.begin_step()
+                bm.append_slot(seq)
+                parts = step_and_keep(bm, seq, kept, t, t + 1)
+                dropped += parts[1].dropped
+                assert parts[0].slots == (bm.table(seq)[t // BS] * BS + t % BS,)
+                assert kept == [bm.table(seq), [b if b is not None else 0 for b in bm.managers[1].table(seq)]]
+            assert dropped and not parts[0].dropped  # the window moved while decoding; the full group keeps all
+            bm.deallocate(seq)
+        assert bm.num_free == 32 and bm.managers[1].num_free == 12

@@ -162,6 +162,13 @@ def test_readme_quotes_the_plans_of_the_step_through_lesson(doc):
         assert all(p in readme for p in ZH_PLANS), [p for p in ZH_PLANS if p not in readme]
 
 
+def frozen_ints(part) -> bool:
+    """A group's part of a plan (AttentionGroupStep, StateGroupStep): frozen, of ints and tuples of ints only."""
+    return dataclasses.is_dataclass(part) and part.__dataclass_params__.frozen and all(
+        isinstance(v, int) or (isinstance(v, tuple) and all(isinstance(i, int) for i in v))
+        for v in (getattr(part, f.name) for f in dataclasses.fields(part)))
+
+
 def test_the_plan_is_plain_data_and_the_runner_keeps_each_requests_sampling_state(checkpoints):
     """No mutable object rides in a plan: a request's params and seed reach the runner once (NewRequestData, in the
     first plan that schedules it; a preempted request is not sent again), and its sampling state lives in the
@@ -183,7 +190,8 @@ def test_the_plan_is_plain_data_and_the_runner_keeps_each_requests_sampling_stat
                     value = getattr(r, f.name)
                     items = value if isinstance(value, tuple) else (value,)
                     plain.append(all(isinstance(v, (int, str, tuple, type(None), CacheHit))
-                                     or (f.name == "positions" and v is not None) for v in items))
+                                     or (f.name == "positions" and v is not None)
+                                     or (f.name == "groups" and frozen_ints(v)) for v in items))
             for seq in core.live.values():
                 if seq.seq_id in core.runner.batch:
                     drift.append(core.runner.batch[seq.seq_id].history != seq.token_ids)

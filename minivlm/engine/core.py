@@ -230,7 +230,7 @@ class EngineCore:
                     seq.cache_hits, seq.num_cached_tokens = list(r.hits), len(r.hits) * bs
                 seq.num_computed = unwritten.get(r.seq_id, r.end)
                 if r.seq_id in unwritten:  # what it computed rests on K/V nobody wrote: not to be reused
-                    if r.state_slot >= 0:
+                    if not self.block_manager.rewinds:
                         seq.num_computed = 0  # a recurrent state cannot be rewound: recomputed from a zero state
                     self.block_manager.unpublish(seq, seq.num_computed)
                 self.block_manager.ran(seq)  # a state it saved becomes a checkpoint

@@ -1,22 +1,36 @@
 """One metadata builder per KV-cache group kind (engine/kv_cache/coordinator.py explains the groups): what a step's
-plan becomes for the layers of that group, and what the group's memory needs around the forward. A plain model has
-one builder (full attention); a hybrid model one per group, and its decoder reads them by kind."""
+plan becomes for the layers of that group, and what the group's memory needs around the forward. Each builder reads
+its group's part of every request (`r.groups[self.group]`, the class it names in `part`: AttentionGroupStep or
+StateGroupStep) and its group's table in the runner's batch; a plain model has one builder (full attention), a hybrid
+model one per group, and its decoder reads them by kind. A new kind of group is one more builder class here."""
+import torch
+
+from minivlm.engine.scheduling.plan import AttentionGroupStep, StateGroupStep
 from minivlm.model.attention import AttentionMetadata
 from minivlm.model.cache_spec import StateMetadata, group_layers
 
 
+def padded(tables) -> torch.Tensor:
+    """Block tables as one [B, max blocks] tensor, padded with block 0."""
+    width = max(len(t) for t in tables)
+    return torch.tensor([list(t) + [0] * (width - len(t)) for t in tables])
+
+
 class FullAttentionBuilder:
-    """Every token's slot and each request's block table in the full-attention pool; image spans that attend both
-    ways (Gemma 3) go with them."""
-    kind = "full_attention"
+    """Every token's slot and each request's block table in the group's pool; image spans that attend both ways
+    (Gemma 3) go with them."""
+    kind, part = "full_attention", AttentionGroupStep
 
-    def __init__(self, layers: list[int], block_size: int, attention, window: int | None = None):
-        self.layers, self.block_size, self.attention, self.window = layers, block_size, attention, window
+    def __init__(self, group: int, layers: list[int], spec, block_size: int, attention):
+        self.group, self.layers, self.block_size, self.attention = group, layers, block_size, attention
+        self.window = spec.window if spec is not None else None
 
-    def build(self, plan, dev, spans):
-        x = plan.inputs
-        return AttentionMetadata.build(x.slot_mapping.to(dev), x.q_lens, x.ctx_lens, x.block_tables.to(dev),
-                                       self.block_size, dev, self.attention, spans=spans)
+    def build(self, plan, batch, dev, spans):
+        x, g = plan.inputs, self.group
+        slots = torch.tensor([s for r in plan for s in r.groups[g].slots])
+        tables = padded([batch[r.seq_id].tables[g] for r in plan])
+        return AttentionMetadata.build(slots.to(dev), x.q_lens, x.ctx_lens, tables.to(dev), self.block_size, dev,
+                                       self.attention, window=self.window, spans=spans)
 
     def before(self, plan, caches):
         """Nothing: a request's K/V are written by the forward itself."""
@@ -26,40 +40,35 @@ class FullAttentionBuilder:
 
 
 class SlidingWindowBuilder(FullAttentionBuilder):
-    """The sliding-window pool's slots and tables (0 where a block left the window: the mask never reads it)."""
+    """The same over the sliding-window pool, under its window (0 in a table where a block left the window: the mask
+    never reads it)."""
     kind = "sliding_window"
-
-    def build(self, plan, dev, spans):
-        x = plan.inputs
-        return AttentionMetadata.build(x.sliding_slots.to(dev), x.q_lens, x.ctx_lens, x.sliding_tables.to(dev),
-                                       self.block_size, dev, self.attention, window=self.window, spans=spans)
 
 
 class RecurrentBuilder:
     """Each request's state slot; before the forward a slot starts from zeros (from token 0) or from the checkpoint
     its prefix hit resumes, after it the states a plan saves are copied into their checkpoint slots."""
-    kind = "recurrent"
+    kind, part = "recurrent", StateGroupStep
 
-    def __init__(self, layers: list[int]):
-        self.layers = layers
+    def __init__(self, group: int, layers: list[int], spec=None, block_size: int = 0, attention=None):
+        self.group, self.layers = group, layers
 
-    def build(self, plan, dev, spans):
-        x = plan.inputs
-        return StateMetadata(x.state_slots.to(dev), x.q_lens, max(x.q_lens) > 1)
+    def build(self, plan, batch, dev, spans):
+        slots = torch.tensor([r.groups[self.group].slot for r in plan])
+        return StateMetadata(slots.to(dev), plan.inputs.q_lens, max(plan.inputs.q_lens) > 1)
 
     def before(self, plan, caches):
         for r in plan:
-            if r.state_slot < 0:
-                continue
+            part = r.groups[self.group]
             if r.start == 0:
                 for i in self.layers:
                     for t in caches[i]:
-                        t[r.state_slot].zero_()
-            elif r.restore_from >= 0:
-                self.copy(caches, [(r.restore_from, r.state_slot)])
+                        t[part.slot].zero_()
+            elif part.restore_from >= 0:
+                self.copy(caches, [(part.restore_from, part.slot)])
 
     def after(self, plan, caches):
-        self.copy(caches, [(r.state_slot, r.save_to) for r in plan if r.save_to >= 0])  # checkpoints
+        self.copy(caches, [(p.slot, p.save_to) for r in plan if (p := r.groups[self.group]).save_to >= 0])
 
     def copy(self, caches, pairs: list[tuple[int, int]]):
         for src, dst in pairs:
@@ -68,22 +77,21 @@ class RecurrentBuilder:
                     t[dst].copy_(t[src])
 
 
+BUILDERS = {cls.kind: cls for cls in (FullAttentionBuilder, SlidingWindowBuilder, RecurrentBuilder)}
+
+
 def group_builders(specs: list, num_layers: int, block_size: int, attention) -> list:
-    """The builders of a decoder's groups (specs: its layer_specs; none for a plain model: one full group)."""
+    """The builders of a decoder's groups, in group-id order (specs: its layer_specs; none for a plain model: one
+    full-attention group over every layer)."""
     if not specs:
-        return [FullAttentionBuilder(list(range(num_layers)), block_size, attention)]
-    out = []
-    for kind, layers in group_layers(specs).items():
-        if kind == "recurrent":
-            out.append(RecurrentBuilder(layers))
-        else:
-            cls = SlidingWindowBuilder if kind == "sliding_window" else FullAttentionBuilder
-            out.append(cls(layers, block_size, attention, specs[layers[0]].window))
-    return out
+        return [FullAttentionBuilder(0, list(range(num_layers)), None, block_size, attention)]
+    return [BUILDERS[kind](g, layers, specs[layers[0]], block_size, attention)
+            for g, (kind, layers) in enumerate(group_layers(specs).items())]
 
 
-def step_metadata(builders: list, plan, dev, grouped: bool):
+def step_metadata(builders: list, plan, batch, dev, grouped: bool):
     """Each group's metadata for this plan, by kind (grouped: a hybrid decoder), else the one group's."""
     spans = [list(r.spans) for r in plan] if any(r.spans for r in plan) else None
-    metas = {b.kind: b.build(plan, dev, spans) for b in builders}
-    return metas if grouped else metas["full_attention"]
+    if not grouped:
+        return builders[0].build(plan, batch, dev, spans)
+    return {b.kind: b.build(plan, batch, dev, spans) for b in builders}

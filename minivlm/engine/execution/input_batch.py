@@ -1,6 +1,7 @@
 """The runner's persistent batch (vLLM's InputBatch, reduced): each request's sampling state, built once from its
-NewRequestData and kept across steps (and preemptions) until the request leaves, and its block table, kept by each
-step's delta (the blocks it got; a re-admission starts again from its hits). The plan carries no mutable object and
+NewRequestData and kept across steps (and preemptions) until the request leaves, and its table in every KV-cache group,
+kept by each step's per-group delta (the blocks it got, those given back out of the window; a re-admission starts
+again from its hits). The plan carries no mutable object and
 no whole table: the RNG lives here, and so do the tokens the penalties count, extended by the tokens the runner itself
 samples instead of being copied out of the request every step."""
 from dataclasses import dataclass, field
@@ -21,7 +22,12 @@ class RequestState:
     generator: torch.Generator | None
     history: list[int]  # empty when no penalty reads it
     num_prompt: int
-    block_table: list[int] = field(default_factory=list)  # its KV blocks, kept by the plans' deltas
+    tables: list[list[int]] = field(default_factory=list)  # per group id: its KV blocks, kept by the plans' deltas
+
+    @property
+    def block_table(self) -> list[int]:
+        """Group 0's table (the full-attention group's: the block map's)."""
+        return self.tables[0] if self.tables else []
 
     @classmethod
     def from_new(cls, new: NewRequestData) -> "RequestState":
@@ -48,15 +54,14 @@ class InputBatch:
         self.states[new.seq_id] = RequestState.from_new(new)
 
     def update_tables(self, reqs):
-        """Each scheduled request's table from this step's delta: admitted, its hits; then what is left of it (the
-        blocks of guesses rejected since the last step were given back from its end), and the blocks it got now."""
+        """Each scheduled request's table in every group from this step's part of it (AttentionGroupStep.apply:
+        admitted, its hits; then what is left of it, the blocks it got now, those that left the window)."""
         for r in reqs:
-            state = self.states[r.seq_id]
-            if r.admitted:
-                state.block_table = [h.block_id for h in r.hits]
-            table = state.block_table  # changed in place: a step costs its new blocks, not the table
-            del table[r.num_blocks - len(r.new_blocks):]
-            table.extend(r.new_blocks)
+            tables = self.states[r.seq_id].tables
+            while len(tables) < len(r.groups):
+                tables.append([])
+            for part, table in zip(r.groups, tables):
+                part.apply(table, r.admitted)
 
     def remove(self, seq_id: int):
         self.states.pop(seq_id, None)

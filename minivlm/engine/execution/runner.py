@@ -50,7 +50,7 @@ class ModelRunner:
 
     def update_batch(self, plan: StepPlan):
         """The plan's deltas into the persistent batch: the requests it schedules for the first time (their sampling
-        state, kept until remove_request), then every scheduled request's block table."""
+        state, kept until remove_request), then every scheduled request's table in each group."""
         for n in plan.new_requests:
             self.batch.add(n)
         self.batch.update_tables(plan.requests)
@@ -147,7 +147,7 @@ class ModelRunner:
         """Compute K/V for each planned request's tokens [start, end) (a whole prefill, a prefill chunk or one decode
         token); return the next-token logits after each one's last token [B, vocab]. Image placeholders take their
         rows of the encoder cache's outputs, by (vision key, row)."""
-        x, dev = plan.build_inputs([self.batch[r.seq_id].block_table for r in plan]), self.device
+        x, dev = plan.build_inputs(), self.device
         embeds = self.decoder.embed_tokens(x.input_ids.to(dev))
         deepstack = None
         if x.image_rows:
@@ -157,7 +157,7 @@ class ModelRunner:
             if runs[0][0][1]:
                 deepstack = (at, [torch.cat([deep[j][a:a + n] for (_, deep), a, n in runs])
                                   for j in range(len(runs[0][0][1]))])
-        meta = step_metadata(self.builders, plan, dev, self.hybrid)
+        meta = step_metadata(self.builders, plan, self.batch, dev, self.hybrid)
         for b in self.builders:
             b.before(plan, self.kv_caches)  # a recurrent state starts from zeros or its checkpoint
         logits = self.backend.forward(self.decoder, embeds, x.positions.to(dev), self.kv_caches, meta, deepstack,

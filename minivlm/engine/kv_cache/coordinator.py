@@ -10,12 +10,19 @@ pool, its own table per request and its own manager; a plain model is one full-a
     recurrent       RecurrentManager (recurrent.py): one state slot per running request; for the prefix cache the
                     state is saved into a checkpoint slot at chosen block boundaries, keyed by the block key there
 
-Every group's manager but the full one answers the same calls, which the coordinator makes for each in turn:
-longest_hit (how much of a hit it can serve), admit, advance (take and drop what no query can see, plan saves),
-publish / register (cache), ran, inputs (the runner's part), deallocate / forget (free), unpublish, reset,
-save_points, info. The prefix-hit rule is the fixed point every group can serve: the full group offers h blocks,
-the sliding group needs the blocks inside the window before h, the recurrent group a checkpoint at exactly h; h
-shrinks until all agree. Chunking stays the scheduler's: a group only says where it saves (save_points)."""
+Every group's manager answers the same calls, which the coordinator makes for each in turn (`managers`, indexed by
+group id, as the plan's parts and the KV events number them): longest_hit (how much of a hit it can serve), admit,
+begin_step, advance (take and drop what no query can see, plan saves), publish / register (cache), ran, step_part (its
+part of the plan: an AttentionGroupStep or a StateGroupStep, group_steps.py), deallocate / forget (free), unpublish,
+reset, save_points, info, wire. The prefix-hit rule is the fixed point every group can serve: the full group offers h
+blocks, the sliding group needs the blocks inside the window before h, the recurrent group a checkpoint at exactly h;
+h shrinks until all agree. Chunking stays the scheduler's: a group only says where it saves (save_points).
+
+One group still leads: the full-attention group (group 0). Only it holds every block of a prompt under its key, so
+only it can offer a hit for the others to shorten (a sliding group gives blocks back, a recurrent one keeps states at
+a few boundaries); and its table is the one the block map, the prefix tree, preemption and decode growth (can_append,
+append_slot, reserve, trim: the others grow in advance) are told in, so the coordinator reads it through as
+`blocks`, `tables`, `table(seq)`. Every model has that group: a decoder without one is refused by kv_pool.py."""
 from minivlm.engine.event_log import EventLog
 from minivlm.engine.kv_cache.full_attention import FullAttentionManager
 from minivlm.engine.kv_cache.recurrent import RecurrentManager
@@ -24,16 +31,16 @@ from minivlm.engine.outputs import GroupInfo
 
 
 class KVCacheCoordinator:
-    """The scheduler's, the core's and the snapshot's one object: the full-attention group's blocks (read through
-    as before: blocks, tables, table(seq), free, key_to_block, stats, dirty) and every group driven together."""
+    """The scheduler's, the core's and the snapshot's one object: every group's manager driven together, and the
+    leading full-attention group's blocks read through (blocks, tables, table(seq), free, key_to_block, stats, dirty)."""
 
-    def __init__(self, full: FullAttentionManager, others: list | None = None,
-                 layers: list[list[int]] | None = None):
-        self.full, self.others = full, list(others or [])
-        self.layers = layers or [[]] * (1 + len(self.others))  # each group's decoder layers, full group first
-        self.block_size, self.caching, self.events = full.block_size, full.caching, full.events
+    def __init__(self, managers: list, layers: list[list[int]] | None = None):
+        self.managers = list(managers)   # by group id; group 0 is the full-attention group, which leads
+        self.full = self.managers[0]
+        self.layers = layers or [[]] * len(self.managers)  # each group's decoder layers
+        self.block_size, self.caching, self.events = self.full.block_size, self.full.caching, self.full.events
 
-    # ---- the full group's blocks: the block map, the prefix tree, the plan's block table ----
+    # ---- the leading group's blocks: the block map, the prefix tree, preemption ----
     blocks = property(lambda self: self.full.blocks)
     tables = property(lambda self: self.full.tables)
     free = property(lambda self: self.full.free)
@@ -45,17 +52,32 @@ class KVCacheCoordinator:
     def table(self, seq) -> list[int]:
         return self.full.table(seq)
 
+    @property
+    def rewinds(self) -> bool:
+        """Every group can go back to an earlier token (a recurrent state cannot: it is recomputed from zero)."""
+        return all(g.rewinds for g in self.managers)
+
     def blocks_needed(self, num_tokens: int) -> int:
         return self.full.blocks_needed(num_tokens)
 
+    @property
+    def speculates(self) -> bool:
+        """Guesses can be held and given back: one full-attention group (a recurrent state cannot be rewound past a
+        rejected guess; a sliding group takes blocks up to a step's own tokens only)."""
+        return len(self.managers) == 1
+
+    # the group of a kind, or None: what spec_decode/ngram.py's why_not asks (prefer `speculates`)
+    states = property(lambda self: next((g for g in self.managers if g.kind == "recurrent"), None))
+    sliding = property(lambda self: next((g for g in self.managers if g.kind == "sliding_window"), None))
+
     # ---- admission: the longest hit every group serves ----
     def match_prefix(self, seq) -> list[int]:
-        """The full group's hit, shortened until every group can serve it."""
+        """The leading group's hit, shortened until every group can serve it."""
         hits = self.full.match_prefix(seq)
         n = len(hits)
         while True:
             m = n
-            for g in self.others:
+            for g in self.managers:
                 m = g.longest_hit(seq, m)
             if m == n:
                 return hits[:n]
@@ -65,49 +87,46 @@ class KVCacheCoordinator:
         return self.full.can_allocate(seq, self.match_prefix(seq))
 
     def allocate(self, seq):
+        """seq's tables with the hit every group serves; returns the leading group's CacheHits."""
         hits = self.full.allocate(seq, self.match_prefix(seq))
-        for g in self.others:
+        for g in self.managers:
             g.admit(seq, len(hits))
         return hits
 
     # ---- each step ----
     def begin_step(self):
         """A new plan starts."""
-        for g in self.others:
+        for g in self.managers:
             g.begin_step()
 
     def save_points(self, seq) -> list[int]:
         """Tokens after which some group saves seq's state (the scheduler ends its chunks there)."""
-        return sorted({p for g in self.others for p in g.save_points(seq)})
+        return sorted({p for g in self.managers for p in g.save_points(seq)})
 
     def advance(self, seq, start: int, end: int):
         """Before seq computes tokens [start, end): every group's blocks taken and given back, saves planned."""
-        for g in self.others:
+        for g in self.managers:
             g.advance(seq, start, end)
 
     def publish(self, seq, end: int, start: int | None = None) -> list[tuple[int, str]]:
-        for g in self.others:
-            g.publish(seq, end, start)
-        return self.full.publish(seq, end, start)
+        """Every group caches the full blocks [start, end) completes; the leading group's (last, as its events always
+        came) are the plan's."""
+        return [g.publish(seq, end, start) for g in reversed(self.managers)][-1]
 
     def register(self, seq, i: int) -> list[tuple[int, str]]:
-        for g in self.others:
-            g.register(seq, i)
-        return self.full.register(seq, i)
+        return [g.register(seq, i) for g in reversed(self.managers)][-1]
 
     def ran(self, seq):
         """seq's step ran (num_computed moved): a state saved by it becomes a checkpoint."""
-        for g in self.others:
+        for g in self.managers:
             g.ran(seq)
 
-    def group_inputs(self, seq, start: int, end: int) -> dict:
-        """What the runner needs of seq in the other groups (its sliding table, its state slot and their copies)."""
-        out = {}
-        for g in self.others:
-            out.update(g.inputs(seq, start, end))
-        return out
+    def step_parts(self, seq, start: int, end: int) -> tuple:
+        """seq's part of this step in every group, by group id (the plan's ScheduledRequest.groups); [start, end):
+        the tokens it computes, its draft's included."""
+        return tuple(g.step_part(seq, start, end) for g in self.managers)
 
-    # ---- growth while decoding (the full group; the others grow in advance) ----
+    # ---- growth while decoding (the leading group; the others grow in advance) ----
     def can_append(self, seq) -> bool:
         return self.full.can_append(seq)
 
@@ -122,52 +141,41 @@ class KVCacheCoordinator:
 
     # ---- leaving ----
     def deallocate(self, seq):
-        self.full.deallocate(seq)
-        for g in self.others:
+        for g in self.managers:
             g.deallocate(seq)
 
     def forget(self, seq, written: int | None = None):
-        for g in self.others:
+        for g in reversed(self.managers):
             g.forget(seq, written)
-        self.full.forget(seq, written)
 
     def unpublish(self, seq, start: int):
-        for g in self.others:
+        for g in reversed(self.managers):
             g.unpublish(seq, start)
-        self.full.unpublish(seq, start)
 
     def reset(self):
-        self.full.reset()
-        for g in self.others:
+        for g in self.managers:
             g.reset()
 
     def groups(self, seqs) -> list[GroupInfo]:
         """Every group now, with the tables of `seqs` (running, and waiting ones that hold blocks)."""
         rid = {s.seq_id: s.request_id for s in seqs}
-        full = self.full
-        return [GroupInfo("full_attention", "full_attention", self.layers[0], None, len(full.blocks), full.num_free,
-                          {rid[k]: list(t) for k, t in full.tables.items() if k in rid})] + \
-            [g.info(layers, rid) for g, layers in zip(self.others, self.layers[1:])]
+        return [g.info(layers, rid) for g, layers in zip(self.managers, self.layers)]
+
+
+MANAGERS = {cls.kind: cls for cls in (FullAttentionManager, SlidingWindowManager, RecurrentManager)}
 
 
 def build(pool, block_size: int, caching: bool, events: EventLog | None = None) -> KVCacheCoordinator:
-    """The coordinator of a pool (engine/kv_cache/kv_pool.py): one manager per group, numbered as the KV events name them."""
+    """The coordinator of a pool (engine/kv_cache/kv_pool.py): one manager per group, numbered as the KV events name
+    them (full attention first)."""
     events = events or EventLog(0)
     if not pool.groups:  # a plain model: one full-attention group over every layer
-        return KVCacheCoordinator(FullAttentionManager(pool.num_blocks, block_size, caching, events), [],
+        return KVCacheCoordinator([FullAttentionManager(pool.num_blocks, block_size, caching, events)],
                                   [list(range(len(pool.layer_caches)))])
-    others, layers = [], [pool.groups["full_attention"].layers]
-    for kind, g in pool.groups.items():
-        if kind == "full_attention":
-            continue
-        idx = 1 + len(others)
-        others.append(SlidingWindowManager(g.window, g.size, block_size, caching, events, group_idx=idx)
-                      if kind == "sliding_window" else RecurrentManager(g.size, block_size, caching, events, idx))
-        layers.append(g.layers)
-    full = FullAttentionManager(pool.groups["full_attention"].size, block_size, caching, events)
-    return KVCacheCoordinator(full, others, layers)
+    managers = [MANAGERS[g.kind].make(g, idx, block_size, caching, events) for idx, g in enumerate(pool.groups.values())]
+    return KVCacheCoordinator(managers, [g.layers for g in pool.groups.values()])
 
 
 def wire_groups(coordinator: KVCacheCoordinator) -> dict[int, tuple[str, int | None]]:
     """group_idx -> (kind, sliding window) of every group, as the KV events name them."""
-    return {0: ("full_attention", None), **{g.group_idx: g.wire() for g in coordinator.others}}
+    return {idx: g.wire() for idx, g in enumerate(coordinator.managers)}

@@ -4,7 +4,8 @@ the coordinator (coordinator.py) asks the other groups how much of its hit they 
 from collections import deque
 
 from minivlm.engine.event_log import EventLog
-from minivlm.engine.outputs import CacheHit
+from minivlm.engine.kv_cache.group_steps import AttentionGroupStep
+from minivlm.engine.outputs import CacheHit, GroupInfo
 from minivlm.engine.kv_cache.snapshot import block_kind, holds_video, video_spans
 
 
@@ -34,6 +35,22 @@ class FullAttentionManager:
         self.dirty: set[int] = set()  # blocks whose state changed since the last snapshot
         self.tables: dict[int, list[int]] = {}  # seq_id -> its block table (vLLM's req_to_blocks); only here written
         self.group_idx = 0  # which KV-cache group this pool is (0: the full-attention one; coordinator.py numbers the others)
+        # this step, per seq_id: what its part of the plan says (step_part): blocks taken, its table at admission,
+        # indices given back out of the window (sliding_window.py)
+        self.taken: dict[int, list[int]] = {}
+        self.shared: dict[int, list[int]] = {}
+        self.dropped: dict[int, list[int]] = {}
+
+    kind = "full_attention"
+    window = None
+    rewinds = True  # K/V past a token are simply overwritten when it is computed again
+
+    @classmethod
+    def make(cls, pool, group_idx: int, block_size: int, caching: bool, events):
+        """The manager of one group of a pool (kv_pool.GroupPool: its size in blocks)."""
+        made = cls(pool.size, block_size, caching, events)
+        made.group_idx = group_idx
+        return made
 
     def table(self, seq) -> list[int]:
         """seq's physical block ids in logical order (empty when it holds none); read it, never write it."""
@@ -89,6 +106,7 @@ class FullAttentionManager:
             self.stats["true_hits"] += sum(not h.false_hit for h in cache_hits)
         fresh = [self._take_free() for _ in range(len(hits), self.blocks_needed(len(seq)))]
         table += fresh
+        self.shared[seq.seq_id], self.taken[seq.seq_id] = list(hits), list(fresh)
         self.events.emit("allocated", seq.request_id, block_ids=fresh, **self._group())
         return cache_hits
 
@@ -135,6 +153,8 @@ class FullAttentionManager:
     def deallocate(self, seq):
         """Drop seq's references; blocks reaching zero go to the free queue, tail blocks first to be evicted."""
         freed = []
+        for step in (self.taken, self.shared, self.dropped):
+            step.pop(seq.seq_id, None)
         for b in reversed(self.tables.pop(seq.seq_id, [])):
             if b is None:  # a sliding-window block already given back (sliding_window.py)
                 continue
@@ -181,6 +201,7 @@ class FullAttentionManager:
         table = self.tables[seq.seq_id]
         if self.blocks_needed(len(seq)) > len(table):
             table.append(self._take_free())
+            self.taken.setdefault(seq.seq_id, []).append(table[-1])
             self.events.emit("allocated", seq.request_id, block_ids=table[-1:], **self._group())
 
     def reserve(self, seq, num_tokens: int):
@@ -188,6 +209,7 @@ class FullAttentionManager:
         table = self.tables[seq.seq_id]
         while self.blocks_needed(num_tokens) > len(table):
             table.append(self._take_free())
+            self.taken.setdefault(seq.seq_id, []).append(table[-1])
             self.events.emit("allocated", seq.request_id, block_ids=table[-1:], **self._group())
 
     def trim(self, seq) -> list[int]:
@@ -214,6 +236,41 @@ class FullAttentionManager:
         self.key_to_block = {k: b for k, b in self.key_to_block.items() if self.blocks[b].ref_count > 0}
         if not self.group_idx:
             self.events.emit("AllBlocksCleared")
+
+    # ---- the interface every group's manager answers (coordinator.py) ----
+    def begin_step(self):
+        """A new plan starts: nothing taken in it yet."""
+        self.taken, self.shared, self.dropped = {}, {}, {}
+
+    def longest_hit(self, seq, n: int) -> int:
+        """Every block of the hit is one of its own (it offered them: match_prefix)."""
+        return n
+
+    def admit(self, seq, n: int):
+        """Its table is made by allocate, which the coordinator calls with the hit (its CacheHits are the plan's)."""
+
+    def save_points(self, seq) -> list[int]:
+        return []
+
+    def advance(self, seq, start: int, end: int):
+        """Nothing: its blocks come at admission and as a decode reaches them (append_slot, reserve)."""
+
+    def ran(self, seq):
+        """Its K/V are in its blocks once written: nothing more to do."""
+
+    def step_part(self, seq, start: int, end: int) -> AttentionGroupStep:
+        """seq's part of this step in this group: its table's change, and the slot of each token in [start, end)."""
+        table, bs, sid = self.table(seq), self.block_size, seq.seq_id
+        return AttentionGroupStep(len(table), tuple(self.taken.get(sid, ())), tuple(self.shared.get(sid, ())),
+                                  tuple(self.dropped.get(sid, ())),
+                                  tuple(table[t // bs] * bs + t % bs for t in range(start, end)))
+
+    def info(self, layers: list[int], rid: dict[int, str]) -> GroupInfo:
+        return GroupInfo(self.kind, self.kind, layers, self.window, len(self.blocks), self.num_free,
+                         {rid[k]: list(t) for k, t in self.tables.items() if k in rid})
+
+    def wire(self) -> tuple[str, int | None]:
+        return self.kind, self.window
 
     def _group(self) -> dict:
         """Events of another group than the full-attention one say which (the block map and the prefix tree are

@@ -2,6 +2,7 @@
 one interface)."""
 from collections import OrderedDict, deque
 
+from minivlm.engine.kv_cache.group_steps import StateGroupStep
 from minivlm.engine.outputs import GroupInfo
 
 
@@ -16,6 +17,7 @@ class RecurrentManager:
     boundary (one per request, moved forward: a follow-up that quotes the answer resumes further on). Saving needs
     the step to end there: the scheduler ends a prefill chunk at each save point."""
     kind = "recurrent"
+    rewinds = False  # a state holds every token before it: it cannot go back to an earlier one
 
     def __init__(self, num_slots: int, block_size: int, caching: bool, events, group_idx: int):
         self.num_slots, self.block_size, self.caching, self.events = num_slots, block_size, caching, events
@@ -29,6 +31,11 @@ class RecurrentManager:
         self.restore: dict[int, int] = {}  # seq_id -> checkpoint slot its admission restores from (until planned)
         self.saves: dict[int, int] = {}    # this step: seq_id -> slot its state is saved into
         self.stats = {"checkpoints_saved": 0, "checkpoint_hits": 0}
+
+    @classmethod
+    def make(cls, pool, group_idx: int, block_size: int, caching: bool, events):
+        """The manager of the pool's recurrent group (kv_pool.GroupPool: its size in state slots)."""
+        return cls(pool.size, block_size, caching, events, group_idx)
 
     def begin_step(self):
         self.pinned, self.saves = set(), {}
@@ -134,10 +141,9 @@ class RecurrentManager:
     def unpublish(self, seq, start: int):
         """A state is saved only after its step ran whole: nothing to take back."""
 
-    def inputs(self, seq, start: int, end: int) -> dict:
-        """The runner's part of seq in this group: its slot, the checkpoint it restores from, the slot it saves to."""
-        return {"state_slot": self.slot_of[seq.seq_id], "restore_from": self.restore.pop(seq.seq_id, -1),
-                "save_to": self.saves.get(seq.seq_id, -1)}
+    def step_part(self, seq, start: int, end: int) -> StateGroupStep:
+        """seq's part of this step in this group: its slot, the checkpoint it restores from, the slot it saves to."""
+        return StateGroupStep(self.slot_of[seq.seq_id], self.restore.pop(seq.seq_id, -1), self.saves.get(seq.seq_id, -1))
 
     def info(self, layers: list[int], rid: dict[int, str]) -> GroupInfo:
         return GroupInfo(self.kind, self.kind, layers, None, self.num_slots, len(self.free),

@@ -1,6 +1,5 @@
 """The sliding-window group's manager (coordinator.py explains the groups and their one interface)."""
 from minivlm.engine.kv_cache.full_attention import FullAttentionManager
-from minivlm.engine.outputs import GroupInfo
 
 
 class SlidingWindowManager(FullAttentionManager):
@@ -12,6 +11,10 @@ class SlidingWindowManager(FullAttentionManager):
     def __init__(self, window: int, *args, group_idx: int = 1, **kwargs):
         super().__init__(*args, **kwargs)
         self.window, self.group_idx = window, group_idx
+
+    @classmethod
+    def make(cls, pool, group_idx: int, block_size: int, caching: bool, events):
+        return cls(pool.window, pool.size, block_size, caching, events, group_idx=group_idx)
 
     def first_needed(self, start: int) -> int:
         """The first block a query at token `start` (or later) may read."""
@@ -35,6 +38,7 @@ class SlidingWindowManager(FullAttentionManager):
         inside it (shared)."""
         table = self.tables.setdefault(seq.seq_id, [])
         first = self.first_needed(n * self.block_size)
+        self.taken[seq.seq_id], self.dropped[seq.seq_id] = [], list(range(first))  # never held: before the window
         table += [None] * first
         for i in range(first, n):
             b = self.key_to_block[seq.block_keys[i]]
@@ -43,6 +47,7 @@ class SlidingWindowManager(FullAttentionManager):
             self.blocks[b].ref_count += 1
             self.dirty.add(b)
             table.append(b)
+        self.shared[seq.seq_id] = [0 if b is None else b for b in table]
 
     def blocks_to_advance(self, seq, start: int, end: int) -> int:
         """Fresh blocks seq needs to compute tokens [start, end)."""
@@ -56,6 +61,7 @@ class SlidingWindowManager(FullAttentionManager):
             if table[i] is not None:
                 gone.append(self._drop(table[i]))
                 table[i] = None
+                self.dropped.setdefault(seq.seq_id, []).append(i)
         if gone:
             left = [b for b in gone if b is not None]
             self.events.emit("freed", seq.request_id, block_ids=left, cached=self.servable(left), group=self.group_idx,
@@ -65,6 +71,7 @@ class SlidingWindowManager(FullAttentionManager):
             raise RuntimeError(f"sliding-window pool exhausted: {seq.request_id} needs {need} blocks, {self.num_free} free")
         fresh = [self._take_free() for _ in range(need)]
         table += fresh
+        self.taken.setdefault(seq.seq_id, []).extend(fresh)
         if fresh:
             self.events.emit("allocated", seq.request_id, block_ids=fresh, group=self.group_idx)
         return fresh
@@ -80,26 +87,3 @@ class SlidingWindowManager(FullAttentionManager):
 
     def register(self, seq, i: int) -> list[tuple[int, str]]:
         return super().register(seq, i) if seq.seq_id in self.tables else []
-
-    def begin_step(self):
-        """Nothing is decided per step here."""
-
-    def save_points(self, seq) -> list[int]:
-        return []
-
-    def ran(self, seq):
-        """Its K/V are in its blocks once written: nothing more to do."""
-
-    def inputs(self, seq, start: int, end: int) -> dict:
-        """The runner's part of seq in this group: its table (0 where blocks left the window: never read) and the
-        slot of each token it computes."""
-        table, bs = self.table(seq), self.block_size
-        return {"sliding_table": tuple(b if b is not None else 0 for b in table),
-                "sliding_slots": tuple(table[t // bs] * bs + t % bs for t in range(start, end))}
-
-    def info(self, layers: list[int], rid: dict[int, str]) -> GroupInfo:
-        return GroupInfo(self.kind, self.kind, layers, self.window, len(self.blocks), self.num_free,
-                         {rid[k]: list(t) for k, t in self.tables.items() if k in rid})
-
-    def wire(self) -> tuple[str, int | None]:
-        return self.kind, self.window

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from minivlm.engine.kv_cache.group_steps import AttentionGroupStep, StateGroupStep  # noqa: F401 (the plan's parts)
 from minivlm.engine.outputs import CacheHit
 from minivlm.engine.request import SamplingParams
 
@@ -31,25 +32,18 @@ class ScheduledRequest:
     end: int
     sample: bool                          # end is the sequence's length: a token is sampled after it
     kind: str                             # prefill (whole or its rest) | chunk (more prefill follows) | decode
-    num_blocks: int                       # its table's length after this step's allocations (guesses given back
-                                          # since the last step shortened it); the runner keeps the table itself
     hits: tuple[CacheHit, ...] = ()       # blocks shared from the prefix cache (admissions only)
-    new_blocks: tuple[int, ...] = ()      # blocks allocated to it in this step: appended to its table
     publishes: tuple[tuple[int, str], ...] = ()  # (block id, key) of the full blocks this step's K/V complete
     admitted: bool = False                # it left the waiting queue in this step
     encode: bool = False                  # the tower encodes some of its images in this step (see StepPlan.encodes)
     # what the runner needs of it, computed once when planned
     token_ids: tuple[int, ...] = ()
     positions: torch.Tensor | None = None  # [3, end - start] M-RoPE positions
-    slots: tuple[int, ...] = ()            # flat KV slot of each token
     image_at: tuple[int, ...] = ()         # offsets in [0, end - start) of its image placeholder tokens
     image_rows: tuple[tuple[str, int, int], ...] = ()  # their rows, in runs: (vision key, first row, rows) of an output
-    # a hybrid model's other KV-cache groups (engine/kv_cache/coordinator.py)
-    sliding_table: tuple[int, ...] = ()    # its sliding-window table (0 where a block left the window: never read)
-    sliding_slots: tuple[int, ...] = ()    # the sliding group's slot of each token
-    state_slot: int = -1                   # its recurrent state's slot
-    restore_from: int = -1                 # a checkpoint slot copied into state_slot before the forward (a prefix hit)
-    save_to: int = -1                      # a slot state_slot is copied into after the forward (a checkpoint)
+    # each KV-cache group's part, indexed by group id (vLLM's per-group block ids): an AttentionGroupStep or a
+    # StateGroupStep, made by that group's manager (engine/kv_cache/coordinator.py)
+    groups: tuple = ()
     spans: tuple[tuple[int, int], ...] = ()  # image token ranges that attend both ways (Gemma 3), overlapping the step
     # speculative decoding (engine/spec_decode/ngram.py): guesses of the next tokens, computed after [start, end) and
     # verified by this step's logits at every one of them; slots past `end` hold them until accepted or given back
@@ -66,17 +60,29 @@ class ScheduledRequest:
         """Rows of logits it needs: one, or (speculating) one at its last token and one at each guess."""
         return 1 + len(self.draft)
 
+    # group 0's part as the plan and the `scheduled` event have always named it (the full-attention group: the block
+    # map's, coordinator.py says why it leads)
+    num_blocks = property(lambda self: self.groups[0].num_blocks)
+    new_blocks = property(lambda self: self.groups[0].new_blocks)
+    slots = property(lambda self: self.groups[0].slots)
+
     def group_fields(self) -> dict:
-        """A hybrid model's other groups in the `scheduled` event, so a replay knows them: the recurrent state's slot
-        (and the checkpoint it resumes from), the sliding table given at admission (later steps' allocated / freed
-        events change it; 0 stands for a block out of the window)."""
-        out = {"state_slot": self.state_slot} if self.state_slot >= 0 else {}
+        """A hybrid model's groups in the `scheduled` event, so a replay rebuilds each group's table at any step:
+        `groups`, every group's part (by group id), and, as before, the recurrent state's slot (and the checkpoint it
+        resumes from) and, on admission, the sliding table."""
+        out = {}
         if self.draft:  # the guesses and the slots that hold them until accepted or given back
             out.update(draft=list(self.draft), draft_slots=list(self.slots[-len(self.draft):]))
-        if self.restore_from >= 0:
-            out["restore_from"] = self.restore_from
-        if self.admitted and self.sliding_table:
-            out["sliding_table"] = list(self.sliding_table)
+        if len(self.groups) < 2:
+            return out
+        for g in self.groups[1:]:  # the older names (docs/API.md keeps them): one sliding and one recurrent group
+            if isinstance(g, StateGroupStep):
+                out["state_slot"] = g.slot
+                if g.restore_from >= 0:
+                    out["restore_from"] = g.restore_from
+            elif self.admitted and "sliding_table" not in out:
+                out["sliding_table"] = g.apply([], True)
+        out["groups"] = [g.to_dict(self.admitted) for g in self.groups]
         return out
 
 
@@ -110,46 +116,29 @@ class EncodeJob:
     todo: tuple[int, ...] = ()            # the images whose outputs the tower (or the vision thread's job) gives now
 
 
-def padded(tables) -> torch.Tensor:
-    """Block tables as one [B, max blocks] tensor, padded with block 0."""
-    width = max(len(t) for t in tables)
-    return torch.tensor([list(t) + [0] * (width - len(t)) for t in tables])
-
-
 @dataclass(frozen=True, eq=False)
 class StepInputs:
-    """The flat tensors of a step's forward, built once from its requests (on the CPU; the runner moves them)."""
+    """The flat tensors of a step's forward that every group shares, built once from its requests (on the CPU; the
+    runner moves them). Each group's slots and tables are its metadata builder's (engine/execution/group_metadata.py)."""
     input_ids: torch.Tensor               # [T]
     positions: torch.Tensor               # [3, T]
-    slot_mapping: torch.Tensor            # [T]
-    block_tables: torch.Tensor            # [B, max blocks], padded with block 0
     q_lens: list[int]
     ctx_lens: list[int]
     image_at: torch.Tensor                # [I] rows of T that hold image placeholders
     image_rows: list[tuple[str, int, int]]  # their encoder-output rows, in runs: (vision key, first row, rows)
     last: torch.Tensor                    # each request's last row in T (its logits); a speculating one's k + 1 rows
-    sliding_slots: torch.Tensor | None = None   # [T] the sliding-window group's slot of each token
-    sliding_tables: torch.Tensor | None = None  # [B, max blocks]
-    state_slots: torch.Tensor | None = None     # [B] each request's recurrent state slot
 
     @classmethod
-    def build(cls, reqs, tables) -> "StepInputs":
-        """From the requests' per-step data and their block tables (the runner's: InputBatch.block_table)."""
+    def build(cls, reqs) -> "StepInputs":
+        """From the requests' per-step data."""
         q_lens = [r.num_tokens for r in reqs]
         offsets = torch.tensor([0] + q_lens).cumsum(0).tolist()
         at = [offsets[n] + i for n, r in enumerate(reqs) for i in r.image_at]
-        groups = {}
-        if reqs[0].sliding_table:
-            groups["sliding_tables"] = padded([r.sliding_table for r in reqs])
-            groups["sliding_slots"] = torch.tensor([s for r in reqs for s in r.sliding_slots])
-        if reqs[0].state_slot >= 0:
-            groups["state_slots"] = torch.tensor([r.state_slot for r in reqs])
         return cls(torch.tensor([t for r in reqs for t in r.token_ids]), torch.cat([r.positions for r in reqs], dim=1),
-                   torch.tensor([s for r in reqs for s in r.slots]), padded(tables),
                    q_lens, [r.end + len(r.draft) for r in reqs], torch.tensor(at, dtype=torch.long),
                    [run for r in reqs for run in r.image_rows],
                    torch.tensor([row for n, r in enumerate(reqs) for row in range(offsets[n + 1] - r.num_logits,
-                                                                               offsets[n + 1])]), **groups)
+                                                                               offsets[n + 1])]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -181,10 +170,10 @@ class StepPlan:
             raise RuntimeError(f"step {self.step}: the runner builds a plan's inputs (build_inputs) before reading them")
         return self._inputs[0]
 
-    def build_inputs(self, tables) -> StepInputs:
-        """The flat tensors, built once from the requests and their block tables (in request order)."""
+    def build_inputs(self) -> StepInputs:
+        """The flat tensors every group shares, built once from the requests."""
         if not self._inputs:
-            self._inputs.append(StepInputs.build(self.requests, tables))
+            self._inputs.append(StepInputs.build(self.requests))
         return self._inputs[0]
 
     def only(self, reqs) -> "StepPlan":

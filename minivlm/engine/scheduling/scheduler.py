@@ -83,21 +83,20 @@ class Scheduler:
             "prefill" if end == len(seq) else "chunk"
         sample = end == len(seq)
         draft = p.get("draft", ())
-        return ScheduledRequest(seq.seq_id, seq.request_id, start, end, sample, kind, len(self.bm.table(seq)),
-                                tuple(p.get("hits", ())), tuple(p.get("new", ())), tuple(p["publishes"]),
-                                p.get("admitted", False), **self._inputs(seq, start, end, draft),
-                                **self.bm.group_inputs(seq, start, end), draft=draft, draft_at=p.get("draft_at", -1))
+        return ScheduledRequest(seq.seq_id, seq.request_id, start, end, sample, kind, hits=tuple(p.get("hits", ())),
+                                publishes=tuple(p["publishes"]), admitted=p.get("admitted", False),
+                                **self._inputs(seq, start, end, draft), draft=draft, draft_at=p.get("draft_at", -1),
+                                groups=self.bm.step_parts(seq, start, end + len(draft)))  # each group's, by its manager
 
     def _inputs(self, seq: Sequence, start: int, end: int, draft: tuple = ()) -> dict:
-        """What the runner needs of seq's tokens [start, end) and its draft tokens after them: ids, positions, slots,
+        """What the runner needs of seq's tokens [start, end) and its draft tokens after them: ids, positions,
         where its image tokens are and their rows in the encoder cache's outputs (vision key, first row, rows)."""
-        bs, table, k = self.bm.block_size, self.bm.table(seq), len(draft)
+        k = len(draft)
         image_at = tuple(i for i, t in enumerate(seq.token_types[start:end]) if t) if seq.images else ()
         job = self._jobs.get(seq.seq_id)
         spans = tuple((a, b) for a, b in image_runs(seq) if b > start and a < end) if self.whole_spans else ()
         return {"token_ids": tuple(seq.token_ids[start:end]) + draft, "positions": seq.positions(start, end + k),
-                "spans": spans,
-                "slots": tuple(table[t // bs] * bs + t % bs for t in range(start, end + k)), "image_at": image_at,
+                "spans": spans, "image_at": image_at,
                 "image_rows": tuple((seq.vision_keys[i], a, n) for i, a, n in seq.image_rows(start, end))
                 if image_at else (), "encode": job is not None and bool(job.todo)}
 
@@ -176,8 +175,7 @@ class Scheduler:
                 hits = self.bm.allocate(seq)  # the whole prompt's blocks: a prefill never waits for memory midway
                 start = len(hits) * self.bm.block_size
                 self._start[seq.seq_id] = start
-                self._plan(seq, start, len(seq) - start if whole else budget,
-                           hits=hits, new=self.bm.table(seq)[len(hits):], admitted=True)
+                self._plan(seq, start, len(seq) - start if whole else budget, hits=hits, admitted=True)
             except Exception as e:
                 failed.append((seq, self._drop(seq, e)))
                 dropped.add(seq.seq_id)  # the core finishes it after this plan; the next in line goes on
@@ -203,13 +201,12 @@ class Scheduler:
                     victim = pending.pop()  # newest first: it has the least work to redo
                     self.preempt(victim, seq.request_id)
                 else:
-                    had = len(self.bm.table(seq))
                     self.bm.append_slot(seq)
                     start = seq.num_computed
                     draft, at = self.speculator.draft(seq, budget, self.bm, len(pending)) if self.speculator \
                         else ((), -1)
-                    self._plan(seq, start, budget if budget is not None else len(seq) - start,
-                               new=self.bm.table(seq)[had:], draft=draft, draft_at=at)
+                    self._plan(seq, start, budget if budget is not None else len(seq) - start, draft=draft,
+                               draft_at=at)
                     batch.append(seq)
                     if budget is not None:
                         budget -= self._count(seq)
