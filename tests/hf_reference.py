@@ -42,7 +42,7 @@ def teacher_forced_logprobs(path: str, request, generated: list[int], dtype=torc
     for name in ("mm_token_type_ids", "token_type_ids"):  # Qwen-VL: mandatory with image_grid_thw; Gemma 3: its
         if name in inputs:                                   # images' tokens attend both ways by them
             kwargs[name] = torch.cat([inputs[name], torch.zeros(1, len(generated), dtype=torch.long)], dim=1)
-    for name in ("image_grid_thw", "pixel_attention_mask"):
+    for name in ("image_grid_thw", "pixel_attention_mask", "image_position_ids"):  # Gemma 4: its patches' (x, y)
         if name in inputs:
             kwargs[name] = inputs[name]
     if "pixel_values" in inputs:

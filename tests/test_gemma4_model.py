@@ -1,0 +1,182 @@
+"""Gemma 4 (minivlm/model/gemma4.py, vision_gemma4.py) served by the engine against transformers'
+Gemma4ForConditionalGeneration on the same random checkpoint (tools/make_checkpoint_gemma4.py: ten layers, the last
+four reading earlier layers' K/V, sliding head 12 / full head 20, per-layer embeddings, a 24-token window that every
+prompt outgrows), fp32. Each engine output's tokens and top-5 logprobs are checked against HF's teacher-forced
+log-probabilities over the prompt HF's own processor renders (tests/hf_reference.py): max |Δ| <= 1e-4, single and
+batched, with images, on a prefix-cache repeat, with 16-token chunks, in a 10-block pool that preempts."""
+import pytest
+import torch
+from PIL import Image
+
+from minivlm import Engine, EngineConfig, Request, SamplingParams
+from minivlm.refusals import Refused
+from tests.hf_reference import teacher_forced_logprobs
+from tools.make_checkpoint_gemma4 import SLIDING_WINDOW, make_gemma4_checkpoint
+
+TOL = 1e-4
+BLOCK = 8
+QUESTION = "Describe the image. What color is the shape? What shape is it? How many shapes are there?"
+
+
+def scene(w, h, color):
+    img = Image.new("RGB", (w, h), (230, 230, 230))
+    img.paste(color, (w // 4, h // 4, w // 2, h // 2))
+    return img
+
+
+def ask(*images, text=QUESTION, **kw) -> Request:
+    return Request(messages=[{"role": "user", "content": [*({"type": "image", "image": im} for im in images),
+                                                          {"type": "text", "text": text}]}], **kw)
+
+
+WIDE = ask(scene(200, 130, (220, 30, 30)))                                  # 60 soft tokens
+TWO = ask(scene(90, 60, (40, 70, 220)), scene(48, 160, (30, 200, 60)), text=QUESTION + " Where is it?")
+TEXT = Request(messages=[{"role": "user", "content": "Hello, how are you? The quick brown fox jumps over the lazy "
+                                                     "dog. " * 3}])
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return make_gemma4_checkpoint(str(tmp_path_factory.mktemp("gemma4") / "ckpt"), seed=5)
+
+
+def engine(path, **kw) -> Engine:
+    return Engine(EngineConfig(model=path, device="cpu", dtype="float32", block_size=BLOCK,
+                               num_blocks=kw.pop("num_blocks", 96), max_model_len=kw.pop("max_model_len", 512), **kw))
+
+
+def greedy(n: int = 6) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=5)
+
+
+def gap_to_hf(path, request, out) -> float:
+    """The engine's tokens must be HF's argmax at each position; returns max |Δ| over each step's top-5 logprobs."""
+    ref = teacher_forced_logprobs(path, request, out.token_ids)
+    assert ref.argmax(-1).tolist() == out.token_ids
+    assert all(len(d) >= 5 for d in out.logprobs)
+    return max(abs(ref[i, t].item() - lp) for i, d in enumerate(out.logprobs) for t, lp in d.items())
+
+
+def test_an_image_request_equals_hf(path):
+    with engine(path) as e:
+        out = e.generate(WIDE, greedy(8))
+    assert out.num_prompt_tokens > SLIDING_WINDOW + 60  # the window slid past the image
+    assert gap_to_hf(path, WIDE, out) <= TOL
+
+
+def test_a_batch_and_its_prefix_cache_repeat_equal_hf(path):
+    """Three requests in one batch (two images of other sizes, text only), then the image one again: served from
+    the prefix cache (sliding and full blocks), the same answer."""
+    with engine(path) as e:
+        outs = e.generate([WIDE, TWO, TEXT], greedy())
+        again = e.generate(WIDE, greedy())
+    for request, out in zip((WIDE, TWO, TEXT), outs):
+        assert gap_to_hf(path, request, out) <= TOL
+    assert again.num_cached_tokens >= (outs[0].num_prompt_tokens // BLOCK - 1) * BLOCK
+    assert again.token_ids == outs[0].token_ids and gap_to_hf(path, WIDE, again) <= TOL
+
+
+def test_the_shared_layers_read_their_sources_and_the_checkpoints_kv_weights_are_unread(path):
+    """Layers 6-9 compute no K/V: 6-8 read layer 5 (the last sliding layer before them), 9 reads layer 4 (the last
+    full one); the k_proj / v_proj / k_norm the checkpoint carries for them (random) load nowhere."""
+    from safetensors import safe_open
+    with engine(path) as e:
+        decoder = e.model.decoder
+        assert decoder.sources == [0, 1, 2, 3, 4, 5, 5, 5, 5, 4]
+        assert [s.head_dim for s in decoder.layer_specs] == [12, 12, 12, 12, 20, 12, 12, 12, 12, 20]
+        for i in range(6, 10):
+            attn = decoder.layers[i].self_attn
+            assert attn.qkv_proj.out_features == 4 * attn.head_dim and not hasattr(attn, "k_norm")
+    with safe_open(f"{path}/model.safetensors", "pt") as f:
+        assert "model.language_model.layers.9.self_attn.k_proj.weight" in f.keys()
+
+
+@pytest.mark.slow
+def test_sixteen_token_chunks_equal_hf(path):
+    with engine(path, enable_chunked_prefill=True, max_num_batched_tokens=16) as e:
+        outs = e.generate([WIDE, TWO], greedy())
+    for request, out in zip((WIDE, TWO), outs):
+        assert gap_to_hf(path, request, out) <= TOL
+
+
+@pytest.mark.slow
+def test_a_ten_block_pool_preempts_and_still_equals_hf(path):
+    """An image request (6 blocks of 16) and a text one (2) fit 10 blocks at admission, not once each has decoded
+    30 tokens: the newest is preempted, recomputed, and both equal HF."""
+    a = ask(scene(60, 60, (220, 30, 30)), text="Colour?")
+    b = Request(messages=[{"role": "user", "content": "Hello, how are you? The quick brown fox jumps."}])
+    with Engine(EngineConfig(model=path, device="cpu", dtype="float32", block_size=16, num_blocks=10,
+                             max_model_len=160)) as e:
+        outs = e.generate([a, b], greedy(30))
+        kinds = [ev.kind for ev in e.events()]
+    assert "preempted" in kinds
+    for request, out in zip((a, b), outs):
+        assert gap_to_hf(path, request, out) <= TOL
+
+
+def test_a_sliding_group_holds_only_its_window(path):
+    """Once a long text request's prompt is computed (that step's chunk: the whole prompt), its sliding-window table
+    holds at most ceil((window - 1 + 1) / block) + 1 blocks while it decodes; the full group every block of its
+    tokens."""
+    with engine(path) as e:
+        e.pause()
+        e.submit(TEXT, greedy(4))
+        held = []
+        for _ in range(6):
+            e.step()
+            snap = e.snapshot()
+            groups = {g.kind: g for g in snap.groups}
+            for rid, table in groups["sliding_window"].block_tables.items():
+                held.append((sum(b is not None for b in table), len(groups["full_attention"].block_tables[rid])))
+        e.resume()
+    limit = -(-SLIDING_WINDOW // BLOCK) + 1
+    assert len(held) > 2 and held[0][0] == held[0][1] > limit  # the prefill step: the whole prompt
+    assert all(live <= limit < full for live, full in held[1:])
+
+
+def test_a_soft_token_budget_is_a_knob_and_in_key_c(path):
+    """max_soft_tokens (one of 70, 140, 280, 560, 1120) changes the image's token count exactly as HF's processor
+    counts it, and enters the prefix key: the same image under another budget is no prefix hit."""
+    with engine(path) as e:
+        small = e.anatomy(ask(scene(200, 130, (220, 30, 30))))
+        big = e.anatomy(ask(scene(200, 130, (220, 30, 30)), mm_processor_kwargs={"max_soft_tokens": 140}))
+        with pytest.raises(Refused, match=r"max_soft_tokens' must be one of 70, 140, 280, 560, 1120, got 100"):
+            e.generate(ask(scene(20, 20, (1, 2, 3)), mm_processor_kwargs={"max_soft_tokens": 100}), greedy(1))
+    from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
+    for anatomy, budget in ((small, 70), (big, 140)):
+        h, w = get_aspect_ratio_preserving_size(130, 200, 8, budget * 9, 3)
+        assert anatomy.images[0].num_tokens == (h // 8) * (w // 8) // 9
+    assert small.images[0].num_tokens != big.images[0].num_tokens
+    # block 0 (<bos>, the turn, <|image>, the first soft tokens) has the same tokens under both budgets: only its
+    # key C, which holds the budget, tells them apart
+    assert small.blocks[0].keys["A"] == big.blocks[0].keys["A"] and small.blocks[0].keys["C"] != big.blocks[0].keys["C"]
+
+
+def test_unsupported_settings_are_refused_by_name():
+    from transformers import Gemma4TextConfig
+
+    from minivlm.model.gemma4 import Gemma4Decoder
+    moe = Gemma4TextConfig(num_hidden_layers=2, enable_moe_block=True, num_experts=4, top_k_experts=2,
+                           moe_intermediate_size=8, layer_types=["sliding_attention", "full_attention"])
+    with pytest.raises(ValueError, match=r"enable_moe_block=True, num_experts=4 \(a mixture-of-experts block"):
+        Gemma4Decoder("gemma4", moe, True)
+    both = Gemma4TextConfig(num_hidden_layers=2, use_bidirectional_attention="all",
+                            layer_types=["sliding_attention", "full_attention"])
+    with pytest.raises(ValueError, match="use_bidirectional_attention='all'"):
+        Gemma4Decoder("gemma4", both, True)
+
+
+def test_hf_agrees_the_window_matters(path):
+    """A sanity check on the reference itself: HF's logits for the long text prompt change if the sliding window is
+    widened past it (so a decoder that ignored the window would fail the tests above)."""
+    from transformers import Gemma4ForConditionalGeneration
+    wide = Gemma4ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.tensor([[2] + list(range(10, 80))])
+    with torch.no_grad():
+        narrow_logits = wide(input_ids=ids).logits
+        for layer in wide.model.language_model.layers:
+            if layer.self_attn.sliding_window:
+                layer.self_attn.sliding_window = 10_000
+        wide.config.text_config.sliding_window = 10_000
+        wide_logits = wide(input_ids=ids).logits
+    assert (narrow_logits - wide_logits).abs().max() > 1e-3
