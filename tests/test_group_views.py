@@ -89,10 +89,20 @@ def test_a_dense_models_status_line_has_no_groups(engine):
                                                     "max_num_batched_tokens": 32})])
 def test_replayed_groups_equal_the_engines_snapshots(family, kw, hybrid_checkpoints):
     """Every step of a run (with preemption: 12 blocks; chunked prefill), replayed from the events alone, shows the
-    tables, free counts and checkpoints the engine's own snapshot showed then."""
+    tables, free counts and checkpoints the engine's own snapshot showed then; and the tables the runner kept from the
+    plans' per-group deltas are every attention group's own (0 where a block left the window)."""
     with make(hybrid_checkpoints[family], **kw) as e:
         e.generate(demo_requests(1, None), SamplingParams(max_tokens=20, ignore_eos=True))  # cached blocks, checkpoints
         base = e.snapshot()
+        kept = []
+
+        def check(core):
+            managers = core.block_manager.managers
+            for seq in core.scheduler.running:
+                tables = core.runner.batch[seq.seq_id].tables
+                kept.append([t for t, m in zip(tables, managers) if m.kind != "recurrent"] ==
+                            [[0 if b is None else b for b in m.table(seq)] for m in managers if m.kind != "recurrent"])
+        e.core.after_step = check
         snaps = {}
         for ev in e.stream_many(demo_requests(6, None), SamplingParams(max_tokens=40, ignore_eos=True), snapshots=True):
             if ev.snapshot is not None:
@@ -103,7 +113,7 @@ def test_replayed_groups_equal_the_engines_snapshots(family, kw, hybrid_checkpoi
             frame = group_frame(events, base.groups, full, e.config.block_size, base)
             assert [(g.name, g.block_tables, g.checkpoints, g.free) for g in frame.groups] == \
                    [(g.name, g.block_tables, g.checkpoints, g.free) for g in snap.groups], step
-        assert len(snaps) > 30
+        assert len(snaps) > 30 and len(kept) > 30 and all(kept)
         if "num_blocks" in kw:
             assert snaps[max(snaps)].num_preemptions > base.num_preemptions
 
