@@ -164,6 +164,9 @@ def test_calculator_equals_the_engines_allocation(gemma4_checkpoint):
     assert {g["kind"]: (g["size"], g["bytes"]) for g in pinned.groups if g["bytes"]} == \
         {g.shape.kind: (g.blocks, g.bytes) for g in sizes.groups if g.bytes}
     assert pinned.kv_cache_bytes == sizes.total_bytes and sizes.group(SHARED).bytes == 0
+    shared = [g for g in pinned.groups if g["kind"] == SHARED]  # memory_report says the shared layers hold nothing
+    assert len(shared) == 1 and shared[0]["bytes"] == 0
+    assert tuple(shared[0]["layers"]) == sizes.group(SHARED).shape.layers
     config = hf_config(gemma4_checkpoint)
 
     def plan(budget):

@@ -71,7 +71,8 @@ def layer_groups(model_config, tensor_parallel_size: int = 1, state_dtype: str =
     returns a float32 state: HF's torch_chunk_gated_delta_rule computes in float32 and its cache keeps that).
     "auto": HF's own split, the conv state in the KV dtype and the delta-rule state in the config's mamba_ssm_dtype
     (else float32). Models that are not hybrid: one full_attention group with every layer (today's formula).
-    Gemma 4: each attention group with its own heads and head_dim, and a kv_shared group of the layers that keep none."""
+    Gemma 4: each attention group with its own heads and head_dim, and a kv_shared group of the layers that keep
+    none."""
     cfg = hf_config(model_config)
     s = model_shape(cfg)
     if s.layer_kv:
@@ -147,7 +148,8 @@ def groups_from_specs(specs) -> list[GroupShape]:
     for (kind, window), layers in by_key.items():
         spec = specs[layers[0]]
         if kind == SHARED:  # keeps nothing; names the layer each one reads
-            groups.append(GroupShape(SHARED, tuple(layers), sources=tuple(getattr(specs[i], "source", -1) for i in layers)))
+            sources = tuple(getattr(specs[i], "source", -1) for i in layers)
+            groups.append(GroupShape(SHARED, tuple(layers), sources=sources))
             continue
         dtype = dtype_name(spec.state_dtype) if spec.state_dtype is not None else None
         groups.append(GroupShape(kind, tuple(layers), spec.kv_heads, spec.head_dim, window,
