@@ -198,7 +198,7 @@ class Engine:
 
     def memory_report(self) -> MemoryReport:
         """What is really allocated: weights, the KV pool, and the device's peak where it can tell."""
-        return self.core.pool.memory_report()
+        return self.core.memory_report()
 
     def reset_prefix_cache(self):
         """Forget every cached-but-free block and every cached encoder output (those in use stay)."""

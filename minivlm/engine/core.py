@@ -1,6 +1,6 @@
 """EngineCore: the KV pool and one step's pipeline. A step admits new requests, has the scheduler write its plan,
 has the runner execute it (images, model, sampling), applies the result in one `update` (the only writer of
-request progress) and builds the snapshot; every stage runs under a guard, so a fault fails exactly the requests
+request progress: progress.py) and builds the snapshot; every stage runs under a guard, so a fault fails exactly the requests
 it touched and the others carry on."""
 import functools
 import logging
@@ -21,21 +21,21 @@ from minivlm.engine.outputs import KVSnapshot, StreamEvent
 from minivlm.engine.execution.execute import execute_model, sample_tokens
 from minivlm.engine.sampling.grammar_masks import MaskFiller, default_mode
 from minivlm.engine.scheduling.plan import RunnerOutput, StepPlan
-from minivlm.engine.kv_cache.prefix_keys import extend_keys
 from minivlm.engine.execution.runner import ModelRunner
 from minivlm.engine.scheduling.scheduler import Scheduler
-from minivlm.engine.sequence import Sequence, writing
-from minivlm.engine.step_result import RequestFailed, StepResult, isolate
+from minivlm.engine.progress import RequestProgress
+from minivlm.engine.sequence import Sequence
+from minivlm.engine.step_result import StepResult, isolate
 from minivlm.engine.kv_cache.snapshot import SnapshotBuilder, video_spans
 from minivlm.engine.spec_decode.ngram import SpecRecorder
-from minivlm.engine.sampling.structured_output import constrained_events
 from minivlm.engine.encoder.vision_worker import VisionWorker
 
 log = logging.getLogger("minivlm")
 
 
-class EngineCore:
-    """Single-threaded: the caller (Engine) holds its lock around every call."""
+class EngineCore(RequestProgress):
+    """Single-threaded: the caller (Engine) holds its lock around every call. Its second half, what a step's outcome
+    does to its requests (update, finish, abort, fail), is progress.py's."""
 
     def __init__(self, config: EngineConfig, model: LoadedModel):
         self.config, self.model = config, model
@@ -55,7 +55,7 @@ class EngineCore:
             whole_spans=bool(getattr(model.decoder, "bidirectional_images", False)),
             encoder_cache_size=encoder_cache_size(config, model),  # in embeddings (engine/encoder/encoder_cache.py)
             fast_rows=self.runner.limits.fast_rows)
-        self.masks = MaskFiller(default_mode(self.runner.device.type))  # structured outputs' masks
+        self.masks = MaskFiller(default_mode(self.runner.device.type), model.eos_ids)  # structured outputs' masks
         self.busy = BusyThreads() if model.device.type == "cpu" else None  # fewer threads while others hold cores
         # a token's text, for the step-through's line on every constrained step (decoding it each time cost more)
         self._token_text = functools.lru_cache(maxsize=4096)(lambda token: model.tokenizer.decode([token]))
@@ -84,11 +84,15 @@ class EngineCore:
         return self.requests.has_work()
 
     def encoder_cache_stats(self) -> dict[str, int]:
-        return self.scheduler.encoder.stats()
+        return self.scheduler.encoder_cache_stats()
 
     def backend_info(self) -> dict:
         """The backend in words: its attention and decode paths, and the CPU step's timed choice (or "")."""
-        return {**self.runner.backend.describe(), "calibration": self.runner.backend.calibration}
+        return self.runner.backend_info()
+
+    def memory_report(self):
+        """What is allocated now: weights, the KV pool (engine/kv_cache/kv_pool.py), the device's peak."""
+        return self.pool.memory_report()
 
     def step(self, new: list[Sequence], aborts: set[int] = frozenset()) -> StepResult:
         """One scheduler step: prefill a batch of waiting requests, or decode one token for every running one
@@ -151,8 +155,8 @@ class EngineCore:
         between them the requests whose forward read K/V never written (a block they hit lost its publisher in this
         step: only a failure unpublishes) are found (seq_id -> first such token), to sample nothing."""
         live, unwritten = self.live, {}  # live: the registry's own seq_id -> request (lifecycle.py)
-        masks = self.masks.start(s for r in plan if r.sample and (s := live.get(r.seq_id)) is not None) \
-            if plan.requests else None
+        masks = self.masks.start((s for r in plan if r.sample and (s := live.get(r.seq_id)) is not None),
+                                 {r.seq_id: r.draft for r in plan if r.draft}) if plan.requests else None
 
         def fail_all():
             for i, stage, e in out.failed:
@@ -176,7 +180,7 @@ class EngineCore:
         worker = self.vision_worker
         if worker is None or not worker.sliced or not worker.slices.pending():
             return 0.0
-        return self.scheduler.adaptive.left_after(*self._step_time)
+        return self.scheduler.time_left_after(*self._step_time)
 
     def _attach_snapshot(self, wants: list[tuple[Sequence, StreamEvent]], res: StepResult):
         """One snapshot per step, shared by every request that asked for one. If building it raises, the
@@ -209,99 +213,6 @@ class EngineCore:
             self.runner.add_inputs(seq.seq_id, inputs)
         self.requests.add(seq)  # WAITING: from here on only update writes its progress
 
-    def update(self, plan: StepPlan, out: RunnerOutput, res: StepResult,
-               unwritten: dict[int, int]) -> list[tuple[Sequence, StreamEvent]]:
-        """The only writer of request progress. Preempted requests restart from token 0; every request whose forward
-        ran has its tokens [start, end) computed (and, the first time, its cache hits), unless it read K/V never
-        written: then it is rewound to the first such token, its blocks from there unpublished, and the next plan
-        computes them again. Each sampled token is appended, completes and publishes a block when it fills one, and
-        goes down the output path (text, stop, finish)."""
-        bs = self.config.block_size
-        self._images_taken(plan, out)
-        with writing():
-            for p in plan.preemptions:
-                if p.seq_id in self.live:
-                    self.live[p.seq_id].num_computed = 0  # recomputed from the start on re-admission
-            for r in plan:
-                seq = self.live.get(r.seq_id)
-                if seq is None or r.seq_id not in out.ran:
-                    continue
-                if r.admitted and seq.num_output_tokens == 0:  # a re-admission is not a new prompt lookup
-                    seq.cache_hits, seq.num_cached_tokens = list(r.hits), len(r.hits) * bs
-                seq.num_computed = unwritten.get(r.seq_id, r.end)
-                if r.seq_id in unwritten:  # what it computed rests on K/V nobody wrote: not to be reused
-                    if not self.block_manager.rewinds:
-                        seq.num_computed = 0  # a recurrent state cannot be rewound: recomputed from a zero state
-                    self.block_manager.unpublish(seq, seq.num_computed)
-                self.block_manager.ran(seq)  # a state it saved becomes a checkpoint
-                self._written.pop(r.seq_id, None)
-            if out.masks is not None:  # the step-through's line for each grammar-constrained request
-                constrained_events(self.events, out.masks, out.sampled, self.live, self._token_text)
-            return [(seq, ev) for r in plan if (r.seq_id in out.sampled or r.seq_id in out.spec)
-                    and (seq := self.live.get(r.seq_id))
-                    for ev in self._isolate("advance", [seq], lambda b: self._emit(b[0], r, out), res)[1]]
-
-    def _emit(self, seq: Sequence, r, out: RunnerOutput) -> list[StreamEvent]:
-        """The token its step sampled, or (speculating) its accepted guesses and the token after them."""
-        if r.seq_id in out.sampled:
-            return [self._advance(seq, *out.sampled[r.seq_id])]
-        return self.speculation.emit(seq, r, out.spec[r.seq_id], self._advance, self.block_manager)
-
-    def _images_taken(self, plan: StepPlan, out: RunnerOutput):
-        """The encoder cache's book after the encode stage: outputs the plan encoded that the runner does not hold
-        are forgotten; a request whose images the vision thread encoded says so in the log."""
-        self.scheduler.encoder.lost(out.lost)
-        for seq_id, took in out.encoded.items():
-            if took is not None and (seq := self.live.get(seq_id)) is not None:  # async_vision: ran beside the steps
-                self.events.emit("vision_encoded", seq.request_id, num_images=took["num_images"],
-                                 seconds=round(took["seconds"], 4), arrived_step=seq.arrived_step,
-                                 slices=took["slices"])
-
-    def _release_images(self, seq: Sequence):
-        """seq left the engine: its references to encoder outputs go (what no one uses stays cached, as long as it
-        fits), and so do its pixels and its vision thread's job in the runner."""
-        self.scheduler.encoder.release(seq.seq_id)
-        self.runner.remove_request(seq.seq_id)  # its pixels, its vision thread's job and its sampling state
-        self.image_inputs.pop(seq, None)  # never admitted (aborted by a close before its first step)
-
-    def _advance(self, seq: Sequence, token: int, logprobs: dict | None) -> StreamEvent:
-        """Record a sampled token: publish the block its computed tokens completed, then the output path."""
-        bs = self.config.block_size
-        if seq.num_computed % bs == 0:  # the block just completed becomes reusable by later requests
-            extend_keys(seq, bs, self.config.cache_strategy, self.model.model_id, self.model.dtype_name)
-            self.block_manager.register(seq, seq.num_computed // bs - 1)
-        ev, reason = self.outputs.advance(seq, token, logprobs)
-        if reason:
-            ev.output, ev.finished = self._finish(seq, reason).output, True
-        return ev
-
-    def abort(self, seq: Sequence) -> StreamEvent:
-        """End a request now (admitted or not); its final event carries what it produced so far."""
-        if seq.detokenizer is None:
-            self.outputs.start(seq)
-        return self._finish(seq, "abort")
-
-    def _finish(self, seq: Sequence, reason: str) -> StreamEvent:
-        self.events.emit("finished", seq.request_id, finish_reason=reason)
-        self.scheduler.release(seq)
-        self._release_images(seq)  # encoder-output references, pixels, vision thread's job (issue #39 item 4)
-        self.requests.finish(seq, reason)
-        out = self.outputs.output(seq, reason)
-        return StreamEvent(seq.request_id, "", out.text, True, None, out, index=seq.choice_index)
-
-    def fail(self, seq: Sequence, stage: str, error: BaseException, res: StepResult | None = None):
-        """Take a faulted request out (its newest blocks were never written, so they are unpublished); the
-        caller's error goes into res (the loop, when it fails a request itself, tells the caller directly)."""
-        res = res if res is not None else StepResult()
-        log.exception("request %s failed during %s", seq.request_id, stage, exc_info=error)
-        self.events.emit("finished", seq.request_id, finish_reason="error", stage=stage, error=str(error))
-        self.requests.finish(seq, "error")
-        self._release_images(seq)  # encoder-output references, pixels, vision thread's job (issue #39 item 4)
-        try:  # in a step before its update, only the tokens before its planned start have K/V
-            self.scheduler.release(seq, computed=False, written=self._written.pop(seq.seq_id, None))
-        finally:
-            res.failed.append((seq, RequestFailed(seq.request_id, stage, error)))
-
     def snapshot(self) -> KVSnapshot:
         s = self.scheduler
         return self.snapshots.build(list(s.running), list(s.waiting), self.step_count, s.num_preemptions,
@@ -309,8 +220,7 @@ class EngineCore:
 
     def reset_prefix_cache(self):
         """Forget every cached-but-free block and every cached encoder output (the next plan frees them)."""
-        self.block_manager.reset()
-        self.scheduler.encoder.reset()
+        self.scheduler.reset_caches()
         if self.kv_publisher is not None:
             self.kv_publisher.after_step(self)  # a reset between steps is its own batch
 

@@ -7,7 +7,7 @@ import torch
 from minivlm.model import backends
 from minivlm.engine.scheduling.plan import EncodeJob, ScheduledRequest, StepPlan
 from minivlm.engine.sampling.sampler import sample, top_logprobs
-from minivlm.engine.spec_decode.ngram import verify
+from minivlm.engine.spec_decode.rejection_sampler import verify_request
 from minivlm.engine.encoder.encoder_cache import ImageInputs
 from minivlm.engine.execution.group_metadata import group_builders, step_metadata
 from minivlm.engine.execution.input_batch import InputBatch
@@ -32,6 +32,10 @@ class ModelRunner:
         self.builders = group_builders(specs, len(layer_caches), self.block_size, self.backend.attention)  # per group
         self.recurrent = any(b.kind == "recurrent" for b in self.builders)  # states advance in place: no rerun
         self.limits = self.backend.limits  # what the engine needs to know of it, as data
+
+    def backend_info(self) -> dict:
+        """The backend in words: its attention and decode paths, and the CPU step's timed choice (or "")."""
+        return {**self.backend.describe(), "calibration": self.backend.calibration}
 
     def release(self):
         """Let go of the pool (a backend compiling for it stops first)."""
@@ -167,13 +171,15 @@ class ModelRunner:
         return logits
 
     @torch.inference_mode()
-    def verify_drafts(self, reqs: list[ScheduledRequest], logits: list[torch.Tensor]) -> list[list[tuple[int, dict | None]]]:
+    def verify_drafts(self, reqs: list[ScheduledRequest], logits: list[torch.Tensor],
+                      masks=None) -> list[list[tuple[int, dict | None]]]:
         """Per speculating request, from its k + 1 rows of logits: the tokens it emits (accepted guesses, then one
-        more), each with its logprobs (the model's own at that position, as without speculation)."""
+        more), each with its logprobs (the model's own at that position, as without speculation); each row shaped by
+        its bias, penalties and grammar (masks: the step's, a row after each guess) as its sampling would."""
         out = []
         for r, rows in zip(reqs, logits):
             st = self.batch[r.seq_id]
-            tokens = verify(rows, list(r.draft), st.params, st.generator)
+            tokens = verify_request(rows, r.draft, st, masks)
             lps = torch.log_softmax(rows.float(), dim=-1) if st.params.logprobs is not None else None
             out.append([(t, top_logprobs(lps[j], t, st.params.logprobs) if lps is not None else None)
                         for j, t in enumerate(tokens)])

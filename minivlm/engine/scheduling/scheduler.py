@@ -43,7 +43,7 @@ class Scheduler:
         self._in_tower: frozenset[int] = frozenset()  # this step: requests whose images are on the vision thread
         self.whole_spans = whole_spans  # Gemma 3: an image's tokens attend both ways, so a chunk never ends inside one
         self._sent: set[int] = set()  # requests whose NewRequestData a plan carried; until they leave
-        self.speculator = Speculator(config.speculative_config, config.max_model_len) \
+        self.speculator = Speculator(config.speculative_config, config.max_model_len, self.events) \
             if config.speculative_config is not None else None
 
     waiting = property(lambda self: self.requests.waiting)
@@ -144,6 +144,23 @@ class Scheduler:
         decision = self.adaptive.decide(decodes)
         self._budget = decision.to_dict()
         return min(self.max_num_batched_tokens, decodes + decision.prompt_tokens)
+
+    # ---- the encoder cache's book and the adaptive budget, as the core asks them (never reaching through) ----
+    def encoder_cache_stats(self) -> dict[str, int]:
+        return self.encoder.stats()
+
+    def encoder_outputs_lost(self, keys):  # a plan encoded them but the runner does not hold them
+        self.encoder.lost(keys)
+
+    def reset_caches(self):
+        """Forget every cached-but-free block and every cached encoder output (the next plan frees them)."""
+        self.bm.reset()
+        self.encoder.reset()
+
+    def time_left_after(self, decodes: int, seconds: float) -> float:
+        """Seconds the adaptive budget leaves of its allowance after a step of `decodes` decode tokens that took
+        `seconds` (what the sliced vision tower may run)."""
+        return self.adaptive.left_after(decodes, seconds)
 
     def observe(self, plan: StepPlan, seconds: float):
         """The forward time of a plan that ran whole: what the adaptive budget learns from."""
@@ -280,7 +297,9 @@ class Scheduler:
 
     def release(self, seq: Sequence, computed: bool = True, written: int | None = None):
         """Release a finished, aborted or failed request's blocks (computed=False: its blocks from token `written`
-        on never got their K/V, so they are unpublished too)."""
+        on never got their K/V, so they are unpublished too); its references to encoder outputs go too (what no one
+        uses stays cached while it fits)."""
+        self.encoder.release(seq.seq_id)
         self._sent.discard(seq.seq_id)
         if computed:
             self.bm.deallocate(seq)
