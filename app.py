@@ -8,7 +8,7 @@ import gradio as gr
 
 from panels.holder import EXAMPLES_DIR, OPERATOR_TOKEN_ENV, EngineHolder  # first: imports `spaces` before torch
 from panels import anatomy, cache_inspector, chat, header, kv_blocks, kv_watch, page, sessions, vram
-from panels import roofline
+from panels import request_timeline, roofline
 from panels.i18n import EN, I18N, LANGUAGES, L, SWITCH_CHOICES, english_api, lang_of, static_texts, static_updates
 from minivlm import EngineConfig, available_devices
 from minivlm.api import ApiSettings, create_router
@@ -105,6 +105,8 @@ def build_app(holder: EngineHolder, upload_ttl: int = UPLOAD_TTL_S,
                 cache_inspector.build(holder)
             with gr.Tab(L("tab.vram"), id="vram"):
                 calculate, inputs, outputs = vram.build(holder, switch)
+            with gr.Tab(L("tab.timeline"), id="timeline"):
+                request_timeline.build(holder, switch)
             with gr.Tab(L("tab.roofline"), id="roofline"): roofline.build(holder, switch)  # noqa: E701
         demo.load(calculate, inputs, outputs, api_name=False, show_progress="hidden")
         texts = static_texts(demo)

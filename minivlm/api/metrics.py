@@ -1,6 +1,8 @@
 """GET /metrics: Prometheus text with vLLM's metric names. Engine-wide figures cover every request, the UI's and
 the API's: gauges and cache counters come from engine.snapshot(), token and request counts from the engine's event
-log, both read at scrape time. Latency histograms are measured per API request as it streams."""
+log, both read at scrape time. Latency histograms come from the same log's clock stamps (minivlm/views/timeline.py:
+the numbers the Timeline tab shows), observed as each request finishes; an engine without a log has the API's own
+requests timed as they stream."""
 import collections
 import threading
 import time
@@ -8,6 +10,8 @@ import weakref
 
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from minivlm.views.timeline import TimelineBuilder
 
 disable_created_metrics()  # no *_created series, as vLLM serves them
 
@@ -38,9 +42,13 @@ class RequestCounts:
         self.since = 0
         self.counts: collections.Counter = collections.Counter()
         self.unlooked: dict[str, int] = {}  # request -> prompt tokens, until its first prefix-cache lookup
+        self.timeline = TimelineBuilder()  # each request's token times, from the log's clock stamps
+        self.done: list = []  # finished requests' timelines, not yet observed into the latency histograms
 
     def read_events(self, engine, caching: bool):
         for ev in engine.events(self.since):
+            if (done := self.timeline.feed(ev)) is not None:
+                self.done.append(self.timeline.requests.pop(done.request_id))
             if ev.kind == "arrived":
                 self.counts["prompt_tokens"] += ev.num_prompt_tokens
                 self.counts["queries"] += ev.num_prompt_tokens if caching else 0
@@ -56,6 +64,7 @@ class RequestCounts:
             elif ev.kind == "finished":
                 self.counts[f"success:{ev.finish_reason}"] += 1
             self.since = ev.seq
+        self.timeline.steps.clear()  # only the requests' token times are kept between scrapes
 
     def add_output(self, out, caching: bool):
         self.counts["prompt_tokens"] += out.num_prompt_tokens
@@ -83,6 +92,16 @@ class EngineCollector:
             self.base += self.last
             self.last = collections.Counter()
             self.engine_ref, self.counts = weakref.ref(engine), RequestCounts()
+
+    def finished_requests(self, engine) -> list:
+        """Requests that finished since the last call, with their token times (engines that keep an event log)."""
+        with self.lock:
+            self._follow(engine)
+            if not logs_events(engine):
+                return []
+            self.counts.read_events(engine, engine.config.cache_strategy != "none")
+            done, self.counts.done = self.counts.done, []
+            return done
 
     def counts_for(self, engine) -> RequestCounts:
         with self.lock:
@@ -185,7 +204,7 @@ def kv_events_metrics(engine, labels, name):
 
 
 class ApiMetrics:
-    """The /metrics registry: the engine's figures plus latency histograms of the API's requests."""
+    """The /metrics registry: the engine's figures and vLLM's latency histograms."""
 
     def __init__(self, get_engine, model_name):
         self.get_engine, self.model_name = get_engine, model_name
@@ -201,17 +220,22 @@ class ApiMetrics:
                              buckets=E2E_BUCKETS, registry=r)
 
     def exposition(self) -> bytes:
-        name = self.model_name(self.get_engine())
+        engine = self.get_engine()
+        name = self.model_name(engine)
         for metric in (self.ttft, self.itl, self.e2e):
             metric.labels(name)  # every series exists (at 0) from the first scrape
+        for r in self.engine_stats.finished_requests(engine):  # every request of the engine, as vLLM's
+            self.observe(name, r.token_times, r.arrived)
         return generate_latest(self.registry)
 
     def finished(self, engine, out, token_times: list[float], arrival: float):
-        """Record one finished API request: its latencies from the time each token arrived (and, for an engine
-        that keeps no event log, its tokens)."""
+        """Record one finished API request for an engine that keeps no event log: its tokens, and its latencies
+        from the time each token arrived (an engine with a log has every request's read from it at scrape time)."""
         if not logs_events(engine):
             self.engine_stats.counts_for(engine).add_output(out, engine.config.cache_strategy != "none")
-        name = self.model_name(engine)
+            self.observe(self.model_name(engine), token_times, arrival)
+
+    def observe(self, name: str, token_times: list[float], arrival: float):
         if token_times:
             self.ttft.labels(name).observe(token_times[0] - arrival)
             for a, b in zip(token_times, token_times[1:]):

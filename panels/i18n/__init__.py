@@ -9,14 +9,16 @@ import threading
 import gradio as gr
 from gradio.i18n import I18nData
 
-from panels.i18n import app_text, chat_text, events_text, groups_text, kv_text, other_text, roofline_text, vram_text
+from panels.i18n import (app_text, chat_text, events_text, groups_text, kv_text, other_text, roofline_text,
+                         timeline_text, vram_text)
 
 EN, ZH = "en", "zh-CN"
 LANGS = (EN, ZH)
 SWITCH_CHOICES = [("English", EN), ("中文", ZH)]  # the header's switch: each language named in itself
 # every message: id -> (English, Chinese); ids are "panel.what"
 CATALOGUE: dict[str, tuple[str, str]] = {}
-for _table in (app_text, chat_text, events_text, groups_text, kv_text, vram_text, other_text, roofline_text):
+for _table in (app_text, chat_text, events_text, groups_text, kv_text, vram_text, other_text, roofline_text,
+               timeline_text):
     for _key, _pair in _table.MESSAGES.items():
         if _key in CATALOGUE:
             raise ValueError(f"message id {_key} is defined twice")
