@@ -4,6 +4,7 @@ numbers; every sentence is said here (and in the page's language by panels/i18n/
 from minivlm.engine.event_log import EngineEvent
 from minivlm.engine.outputs import BlockInfo, KVSnapshot
 from minivlm.engine.kv_cache.snapshot import block_fill
+from minivlm.engine.spec_decode.ngram import NOT_ON_THIS_MODEL
 
 
 class _Replay:
@@ -224,6 +225,8 @@ def describe(ev: EngineEvent) -> str:
         back = f"; slot{'s' * (len(f['given_back']) > 1)} {', '.join(map(str, f['given_back']))} given back" \
             if f["given_back"] else ""
         return f"{rid} proposed {len(f['draft'])} token(s) found at {where}; accepted {f['accepted']}{back}"
+    if ev.kind == "not_speculated":
+        return f"{rid} does not speculate: {NOT_ON_THIS_MODEL[f['reason']]}"
     if ev.kind == "constrained":
         return f"{rid}'s grammar allowed {f['allowed']} of {f['vocab']} tokens; it chose {f['text']!r} (token {f['token']})"
     if ev.kind == "state_evicted":

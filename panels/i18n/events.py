@@ -68,6 +68,8 @@ def describe_in(ev, lang: str) -> str:
         back = t(lang, "ev.spec_back", s="s" * (len(f["given_back"]) > 1),
                  slots=", ".join(map(str, f["given_back"]))) if f["given_back"] else ""
         return t(lang, "ev.speculated", rid=rid, n=len(f["draft"]), where=where, accepted=f["accepted"], back=back)
+    if ev.kind == "not_speculated":
+        return t(lang, "ev.not_speculated", rid=rid, why=t(lang, f"ev.no_spec.{f['reason']}"))
     if ev.kind == "constrained":
         return t(lang, "ev.constrained", rid=rid, allowed=f["allowed"], vocab=f["vocab"], text=repr(f["text"]),
                  token=f["token"])

@@ -50,9 +50,11 @@ def sample_tokens(runner, out: RunnerOutput, skip, masks):
     row = dict(zip((r.seq_id for r in ran), itertools.accumulate([r.num_logits for r in ran], initial=0)))
     wanted = [r for r in ran if r.sample and r.seq_id not in skip]
     spec = [r for r in wanted if r.draft]  # speculating: its guesses verified on its k + 1 rows
+    out.masks = masks.wait() if masks is not None else None
     if spec:
         kept, emitted = isolate(spec, lambda b: runner.verify_drafts(
-            b, [logits[row[r.seq_id]:row[r.seq_id] + r.num_logits] for r in b]), out.fail("verification"))
+            b, [logits[row[r.seq_id]:row[r.seq_id] + r.num_logits] for r in b],
+            out.masks.checked(b) if out.masks is not None else None), out.fail("verification"))
         out.spec = {r.seq_id: e for r, e in zip(kept, emitted)}
         wanted = [r for r in wanted if not r.draft]
     if not wanted:
@@ -60,7 +62,6 @@ def sample_tokens(runner, out: RunnerOutput, skip, masks):
     if len(wanted) < len(ran) or spec:
         logits = logits[torch.tensor([row[r.seq_id] for r in wanted], device=logits.device)]
         row = {r.seq_id: i for i, r in enumerate(wanted)}
-    out.masks = masks.wait() if masks is not None else None
     sampled, tokens = isolate(wanted, lambda b: runner.sample_tokens(
         b, logits if len(b) == len(wanted) else logits[[row[r.seq_id] for r in b]],
         out.masks.checked(b) if out.masks is not None else None), out.fail("sampling"))

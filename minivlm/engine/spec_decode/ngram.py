@@ -11,7 +11,6 @@ from minivlm.config import SpeculativeConfig
 from minivlm.engine.spec_decode.rejection_sampler import verify  # noqa: F401 -- where callers found it first
 
 log = logging.getLogger("minivlm")
-SHAPED_VERIFY = False  # the runner's verify_drafts passes masks and its batch rows to rejection_sampler.verify_request
 
 # why a request cannot speculate on this model: state that verification cannot yet roll back to the accepted tokens
 NOT_ON_THIS_MODEL = {
@@ -76,20 +75,16 @@ class Speculator:
 
     @staticmethod
     def why_not(bm) -> str | None:
-        """The reason (a NOT_ON_THIS_MODEL key) no request of this pool can speculate, or None."""
-        if getattr(bm, "states", None) is not None:
-            return "recurrent_state"
-        if getattr(bm, "sliding", None) is not None:
-            return "sliding_window"
-        return None
+        """The reason (a NOT_ON_THIS_MODEL key) no request of this pool can speculate, or None (the coordinator's
+        `speculates`: guesses can be held and given back)."""
+        if getattr(bm, "speculates", True):
+            return None
+        return "recurrent_state" if bm.states is not None else "sliding_window"
 
     def draft(self, seq, budget: int | None, bm, others: int = 0) -> tuple[tuple[int, ...], int]:
         p = seq.params
         if seq.num_output_tokens == 0 or seq.num_computed != len(seq) - 1:
             return (), -1
-        if not SHAPED_VERIFY and (seq.matcher is not None or p.logit_bias or p.presence_penalty
-                                  or p.frequency_penalty or p.repetition_penalty != 1.0):
-            return (), -1  # until the runner hands verification the masks and the batch state (being wired)
         if (reason := self.why_not(bm)) is not None:
             self.refuse(seq, reason)
             return (), -1
