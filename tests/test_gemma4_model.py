@@ -83,12 +83,33 @@ def test_the_shared_layers_read_their_sources_and_the_checkpoints_kv_weights_are
     with engine(path) as e:
         decoder = e.model.decoder
         assert decoder.sources == [0, 1, 2, 3, 4, 5, 5, 5, 5, 4]
-        assert [s.head_dim for s in decoder.layer_specs] == [12, 12, 12, 12, 20, 12, 12, 12, 12, 20]
+        assert [s.head_dim for s in decoder.layer_specs[:6]] == [12, 12, 12, 12, 20, 12]
+        assert [(s.kind, s.source) for s in decoder.layer_specs[6:]] == [("kv_shared", 5)] * 3 + [("kv_shared", 4)]
         for i in range(6, 10):
             attn = decoder.layers[i].self_attn
             assert attn.qkv_proj.out_features == 4 * attn.head_dim and not hasattr(attn, "k_norm")
     with safe_open(f"{path}/model.safetensors", "pt") as f:
         assert "model.language_model.layers.9.self_attn.k_proj.weight" in f.keys()
+
+
+def test_the_shared_layers_allocate_nothing_and_read_their_sources_groups(path):
+    """memory_report: the kv_shared group holds layers 6-9, 0 bytes, reading layers 5 and 4 (groups 1 and 0); the
+    pool is exactly the non-shared layers' K/V at each one's own head size (transformers' per-layer config and
+    kv_sharing_modes, not the engine's); the snapshot shows the group with no tables."""
+    from transformers import AutoConfig
+    text = AutoConfig.from_pretrained(path).text_config
+    own = [i for i, mode in enumerate(text.kv_sharing_modes) if mode != "reuse"]
+    expected = sum(2 * 96 * BLOCK * text.per_layer_config[i].num_key_value_heads * text.per_layer_config[i].head_dim
+                   * 4 for i in own)
+    with engine(path) as e:
+        report = e.memory_report()
+        e.generate(TEXT, greedy(2))
+        snap = {g.kind: g for g in e.snapshot().groups}
+    groups = {g["kind"]: g for g in report.groups}
+    assert groups["kv_shared"]["bytes"] == 0 and groups["kv_shared"]["layers"] == [6, 7, 8, 9]
+    assert groups["kv_shared"]["reads"] == {6: 5, 7: 5, 8: 5, 9: 4} and groups["kv_shared"]["reads_groups"] == [0, 1]
+    assert report.kv_cache_bytes == expected and groups["full_attention"]["layers"] == [4]
+    assert snap["kv_shared"].reads == {6: 5, 7: 5, 8: 5, 9: 4} and snap["kv_shared"].block_tables == {}
 
 
 @pytest.mark.slow

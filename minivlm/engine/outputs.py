@@ -77,13 +77,14 @@ class KVSnapshot:
 class GroupInfo:
     """One KV-cache group at a snapshot (snap.groups): its layers and what each request holds in it."""
     name: str
-    kind: str                         # full_attention | sliding_window | recurrent
+    kind: str                         # full_attention | sliding_window | recurrent | kv_shared
     layers: list[int]
     window: int | None = None
     size: int = 0                     # blocks (attention kinds) or state slots (recurrent)
     free: int = 0
     block_tables: dict[str, list] = field(default_factory=dict)  # request id -> block ids (None: left the window)
     checkpoints: dict[str, int] = field(default_factory=dict)    # recurrent: block hash -> slot of the saved state
+    reads: dict[int, int] = field(default_factory=dict)  # kv_shared: each of its layers -> the layer whose K/V it reads
 
 
 @dataclass

@@ -5,13 +5,15 @@ request (engine/kv_cache/coordinator.py):
     full_attention  paged K/V blocks for every token, as in every plain transformer
     sliding_window  paged K/V blocks, but a token only sees the `window` tokens before it: older blocks are freed
     recurrent       a fixed-size state per request (Gated DeltaNet: a conv state and a delta-rule state), in slots
+    kv_shared       nothing: the layer attends over the K/V its `source` layer writes (Gemma 4's last
+                    num_kv_shared_layers), in the source's blocks
 
 A recurrent layer's forward gets StateMetadata: which state slot each sequence of the step reads and updates."""
 from dataclasses import dataclass
 
 import torch
 
-KINDS = ("full_attention", "sliding_window", "recurrent")
+KINDS = ("full_attention", "sliding_window", "recurrent", "kv_shared")
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class CacheSpec:
     head_dim: int = 0
     state_shapes: tuple[tuple[int, ...], ...] = ()  # recurrent: one slot's tensors per layer (e.g. conv, delta rule)
     state_dtype: torch.dtype | None = None        # recurrent: None = the model's dtype
+    source: int = -1                              # kv_shared: the layer whose K/V it reads
 
     @property
     def group_key(self) -> tuple:

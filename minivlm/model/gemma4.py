@@ -12,7 +12,6 @@ What it adds to Gemma 3's sliding / full hybrid:
 - Norms that scale by w (not 1 + w), q/k/v norms (v's without a weight), attention scale 1, a learned scalar per
   layer, double-wide MLPs on the shared layers where use_double_wide_mlp says, and a final logit softcap."""
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minivlm.model.cache_spec import CacheSpec
@@ -197,9 +196,9 @@ class Gemma4Decoder(nn.Module):
     def spec(self, i: int) -> CacheSpec:
         """Layer i's CacheSpec: its own K/V (sliding or full, with its type's head size), or none (shared)."""
         lc, kind = self.cfg.per_layer_config[i], self.kinds[i]
-        window = self.cfg.sliding_window if kind == "sliding_window" else None
         if self.sources[i] != i:
-            return CacheSpec(kind, window=window, kv_heads=lc.num_key_value_heads, head_dim=lc.head_dim)
+            return CacheSpec("kv_shared", source=self.sources[i])
+        window = self.cfg.sliding_window if kind == "sliding_window" else None
         return CacheSpec(kind, window=window, kv_heads=lc.num_key_value_heads, head_dim=lc.head_dim)
 
     def load_weights(self, state: dict, tied: bool, device, dtype):

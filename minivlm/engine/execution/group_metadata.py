@@ -5,6 +5,7 @@ StateGroupStep) and its group's table in the runner's batch; a plain model has o
 model one per group, and its decoder reads them by kind. A new kind of group is one more builder class here."""
 import torch
 
+from minivlm.engine.kv_cache.group_steps import SharedGroupStep
 from minivlm.engine.scheduling.plan import AttentionGroupStep, StateGroupStep
 from minivlm.model.attention import AttentionMetadata
 from minivlm.model.cache_spec import StateMetadata, group_layers
@@ -77,7 +78,21 @@ class RecurrentBuilder:
                     t[dst].copy_(t[src])
 
 
-BUILDERS = {cls.kind: cls for cls in (FullAttentionBuilder, SlidingWindowBuilder, RecurrentBuilder)}
+class SharedBuilder(RecurrentBuilder):
+    """The kv_shared group (Gemma 4): no metadata of its own, its layers read their source groups' (by kind)."""
+    kind, part = "kv_shared", SharedGroupStep
+
+    def build(self, plan, batch, dev, spans):
+        return None
+
+    def before(self, plan, caches):
+        """Nothing: it keeps no state."""
+
+    def after(self, plan, caches):
+        """Nothing: it keeps no state."""
+
+
+BUILDERS = {cls.kind: cls for cls in (FullAttentionBuilder, SlidingWindowBuilder, RecurrentBuilder, SharedBuilder)}
 
 
 def group_builders(specs: list, num_layers: int, block_size: int, attention) -> list:

@@ -9,6 +9,8 @@ pool, its own table per request and its own manager; a plain model is one full-a
                     future query's window are given back while the request runs (they stay cached by key)
     recurrent       RecurrentManager (recurrent.py): one state slot per running request; for the prefix cache the
                     state is saved into a checkpoint slot at chosen block boundaries, keyed by the block key there
+    kv_shared       KVSharedManager (kv_shared.py): Gemma 4's layers that read another layer's K/V own nothing:
+                    every call answers "nothing here", its part names the groups its layers read
 
 Every group's manager answers the same calls, which the coordinator makes for each in turn (`managers`, indexed by
 group id, as the plan's parts and the KV events number them): longest_hit (how much of a hit it can serve), admit,
@@ -25,6 +27,7 @@ append_slot, reserve, trim: the others grow in advance) are told in, so the coor
 `blocks`, `tables`, `table(seq)`. Every model has that group: a decoder without one is refused by kv_pool.py."""
 from minivlm.engine.event_log import EventLog
 from minivlm.engine.kv_cache.full_attention import FullAttentionManager
+from minivlm.engine.kv_cache.kv_shared import KVSharedManager
 from minivlm.engine.kv_cache.recurrent import RecurrentManager
 from minivlm.engine.kv_cache.sliding_window import SlidingWindowManager
 from minivlm.engine.outputs import GroupInfo
@@ -162,7 +165,7 @@ class KVCacheCoordinator:
         return [g.info(layers, rid) for g, layers in zip(self.managers, self.layers)]
 
 
-MANAGERS = {cls.kind: cls for cls in (FullAttentionManager, SlidingWindowManager, RecurrentManager)}
+MANAGERS = {cls.kind: cls for cls in (FullAttentionManager, SlidingWindowManager, RecurrentManager, KVSharedManager)}
 
 
 def build(pool, block_size: int, caching: bool, events: EventLog | None = None) -> KVCacheCoordinator:

@@ -47,3 +47,17 @@ class StateGroupStep:
 
     def to_dict(self, admitted: bool) -> dict:
         return {"slot": self.slot, "restore_from": self.restore_from, "save_to": self.save_to}
+
+
+@dataclass(frozen=True)
+class SharedGroupStep:
+    """A kv_shared group's part of one request's step (Gemma 4's layers that read another layer's K/V): nothing of
+    its own, only the groups whose blocks its layers read this step (kv_cache/kv_shared.py)."""
+    reads: tuple[int, ...] = ()
+
+    def apply(self, table: list[int], admitted: bool) -> list[int]:
+        """No table of its own: it stays empty."""
+        return table
+
+    def to_dict(self, admitted: bool) -> dict:
+        return {"reads": list(self.reads)}

@@ -77,6 +77,11 @@ class KVPool:
         self.checkpoints = sizes.checkpoints  # of the recurrent group's slots, those beyond one per running request
         self.layer_caches = [None] * len(self.specs)
         for kind, idx in layers.items():
+            if kind == "kv_shared":  # last in group order: its layers read their sources' tensors, allocate none
+                self.groups[kind] = SharedGroupPool(idx, [self.specs[i].source for i in idx], self.groups)
+                for i in idx:
+                    self.layer_caches[i] = self.layer_caches[self.specs[i].source]
+                continue
             spec, size = first[kind], sizes.group(kind)
             n = size.slots if kind == "recurrent" else size.blocks
             if kind == "recurrent":
@@ -148,3 +153,16 @@ class GroupPool:
         return {"name": self.kind, "kind": self.kind, "layers": list(self.layers), "window": self.window,
                 "size": self.size, "unit": "slots" if self.kind == "recurrent" else "blocks",
                 "bytes": sum(t.nbytes for t in self.tensors)}
+
+
+class SharedGroupPool(GroupPool):
+    """The kv_shared group's memory: none. Its layers read the tensors of their source layers' groups."""
+
+    def __init__(self, layers: list[int], sources: list[int], groups: dict):
+        super().__init__("kv_shared", layers, None, 0, [])
+        self.sources = dict(zip(layers, sources))  # each layer -> the layer whose K/V it reads
+        ids = {i: g for g, pool in enumerate(groups.values()) for i in pool.layers}
+        self.reads = tuple(sorted({ids[s] for s in sources}))  # the group ids it reads
+
+    def report(self) -> dict:
+        return {**super().report(), "reads": dict(self.sources), "reads_groups": list(self.reads)}
