@@ -1,5 +1,6 @@
 """Chat tab: image + text in, the answer streams out token by token; multi-turn, stop, sampling controls, and a
-JSON answer held to a schema (panels/chat_json.py)."""
+JSON answer held to a schema (panels/chat_json.py). Its layout and event handlers; the conversation as the engine reads
+it is panels/chat_turns.py's."""
 import os
 import threading
 import time
@@ -10,14 +11,14 @@ from minivlm import Request, SamplingParams
 
 from panels import chat_json
 from panels.access import refusal
-from panels.chat_hints import HINT_TITLE, HINT_TITLES, hint, knows_chinese, trained_questions, trained_summary
+from panels.chat_hints import HINT_TITLE, hint, knows_chinese, trained_questions, trained_summary  # noqa: F401
 from panels.chat_stream import AnswerStream
+from panels.chat_turns import (ERROR_TITLES, VIDEO_EXTENSIONS, finished_text, parse_seed, refuse,  # noqa: F401
+                               to_hf_messages, turn_files, user_turn)
 from panels.holder import EXAMPLES_DIR, EngineHolder, gpu
-from panels.i18n import CATALOGUE, EN, LANGUAGES, L, lang_of, t, word
-from panels.i18n.errors import localize_error
+from panels.i18n import EN, LANGUAGES, L, lang_of, t, word
 
 ERROR_TITLE = t(EN, "chat.error_title")
-ERROR_TITLES = CATALOGUE["chat.error_title"]  # a bubble keeps the language it was written in
 PAUSED_NOTE = t(EN, "chat.paused")
 REBUILT_MARK = "⟳"  # how the chat's line starts when it speaks of a rebuild (chat.cleared_for_model, chat.rebuilt_note)
 EXAMPLES = [("red_circle.png", "Describe the picture."), ("blue_circle.png", "What color is the shape?"),
@@ -45,86 +46,6 @@ def example_sets(model_dir: str) -> tuple[bool, bool, bool, bool]:
 
 def model_name(model_dir: str) -> str:
     return os.path.basename(model_dir.rstrip("/")) or model_dir
-
-
-def _parts(content) -> list:
-    return content if isinstance(content, list) else [content]
-
-
-VIDEO_EXTENSIONS = (".mp4", ".webm", ".mov", ".mkv", ".avi")  # sent as videos (a GIF stays an image: its first frame)
-
-
-def to_hf_messages(history: list[dict], system_prompt: str = "") -> list[dict]:
-    """Gradio chat history -> HF messages (images as file paths), after the system prompt if one is given; a
-    refused turn and its error bubble are dropped."""
-    kept = []
-    for m in history:
-        title = (m.get("metadata") or {}).get("title")
-        if title in (*ERROR_TITLES, *HINT_TITLES):  # a refused (or picture-less) question goes with its bubble
-            if kept and kept[-1]["role"] == "user":
-                kept.pop()
-            continue
-        kept.append(m)
-    system = (system_prompt or "").strip()
-    messages = [{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []
-    for m in kept:
-        content = []
-        for part in _parts(m["content"]):
-            if isinstance(part, str):
-                content.append({"type": "text", "text": part})
-            elif part.get("type") == "text":
-                content.append({"type": "text", "text": part["text"]})
-            elif part.get("type") == "file" or "path" in part:  # normalized by gradio, or as user_turn made it
-                path = (part.get("file") or part)["path"]
-                kind = "video" if path.lower().endswith(VIDEO_EXTENSIONS) else "image"
-                content.append({"type": kind, kind: path})
-        if messages and messages[-1]["role"] == m["role"]:  # gradio may split one turn into several bubbles
-            messages[-1]["content"].extend(content)
-        else:
-            messages.append({"role": m["role"], "content": content})
-    return messages
-
-
-def user_turn(message: dict) -> dict:
-    """A MultimodalTextbox value as one user chat message (images first, as the engine's prompts put them)."""
-    files = [{"path": f if isinstance(f, str) else f["path"]} for f in message.get("files") or []]
-    text = (message.get("text") or "").strip()
-    return {"role": "user", "content": files + ([{"type": "text", "text": text}] if text else [])}
-
-
-def turn_files(turn: dict) -> list[str]:
-    """The file paths of one chat message (as user_turn or gradio wrote them)."""
-    return [(part.get("file") or part)["path"] for part in _parts(turn["content"])
-            if isinstance(part, dict) and (part.get("type") == "file" or "path" in part)]
-
-
-def refuse(history: list[dict], error: Exception, lang: str = EN):
-    """The chat outputs for a request the engine refused or failed: the reason once, in an error bubble, with each
-    uploaded file called by its own name (never the server's temporary path), in the page's language."""
-    message = localize_error(error, lang)
-    for m in history:
-        if m["role"] == "user":
-            for path in turn_files(m):
-                message = message.replace(path, os.path.basename(path))
-    history.append({"role": "assistant", "content": message,
-                    "metadata": {"title": t(lang, "chat.error_title")}})
-    return history, None, t(lang, "chat.refused_line")
-
-
-def parse_seed(text, lang: str = EN) -> int | None:
-    """The seed box: empty = the engine's seed, else a whole number."""
-    text = "" if text is None else str(text).strip()
-    if not text:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise refusal(t(lang, "chat.bad_seed", text=text[:40])) from None
-
-
-def finished_text(text: str, finish_reason: str, lang: str = EN) -> str:
-    """What the answer bubble shows once the answer is complete: an empty answer says so."""
-    return text if text.strip() else t(lang, "chat.empty_answer", reason=word(lang, "reason", finish_reason))
 
 
 def build(holder: EngineHolder, switch: gr.Radio | None = None, engine_changed=None, demo=None):
