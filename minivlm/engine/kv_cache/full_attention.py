@@ -126,14 +126,22 @@ class FullAttentionManager:
         block.key, block.truth = seq.block_keys[i], seq.truth_keys[i]
         block.parent = seq.block_keys[i - 1] if i else None
         block.token_ids = seq.block_tokens(i, self.block_size)
-        start, end = i * self.block_size, (i + 1) * self.block_size
-        block.kind = block_kind(seq.token_types[start:end], holds_video(video_spans(seq), start, end))
+        block.kind = self._kind(seq, i)
         self.key_to_block.setdefault(block.key, block.block_id)
         self.dirty.add(block.block_id)
         self.events.emit("BlockStored", seq.request_id, block_ids=[block.block_id], block_hashes=[block.key],
                          parent_block_hash=block.parent, token_ids=block.token_ids,
                          extra_keys=seq.block_extras[i], block_kind=block.kind, **self._group())
         return [(block.block_id, block.key)]
+
+    def _kind(self, seq, i: int) -> str:
+        """Block i's kind for the BlockStored event (docs/API.md promises `block_kind`) and the block map of cached
+        blocks: the one display fact computed here, kept cheap: a request without images says "text" at once (one
+        test per publish, the decode's path); only an image request reads its block's token types and videos."""
+        if not seq.images:
+            return "text"
+        start, end = i * self.block_size, (i + 1) * self.block_size
+        return block_kind(seq.token_types[start:end], holds_video(video_spans(seq), start, end))
 
     def servable(self, ids: list[int]) -> list[int]:
         """The blocks among ids a later prefix lookup finds (published, and the key's indexed block)."""
