@@ -77,8 +77,10 @@ def test_kv_bytes_per_token_by_hand():
     assert by_kind == {"full_attention": 2 * 10 * 4 * 512 * 2, "sliding_window": 2 * 50 * 16 * 256 * 2}
     est = estimate("gemma-4-E2B-it", device="L4")
     rows = {b.name: b for b in est.breakdown}
-    assert rows["KV cache: shared-KV layers (free)"].bytes == 0 and "20 layers (15–34)" in \
-        rows["KV cache: shared-KV layers (free)"].formula
+    shared_row = rows["KV cache: shared-KV layers (free)"]
+    assert shared_row.bytes == 0 and "20 layers (15–34)" in shared_row.formula
+    # 16 shared sliding layers (1 × 256) and 4 shared full ones (1 × 512), had they their own K/V
+    assert f"would cost {16 * 2 * 256 * 2 + 4 * 2 * 512 * 2:,} B/token more" in shared_row.formula
     assert est.kv_groups.group(SHARED).blocks == 0 and est.kv_groups.group(SHARED).bytes == 0
     assert rows["Audio tower (not loaded)"].bytes == 0 and est.vision_weights_bytes == 2 * sum(
         vision_params(model_shape("gemma-4-E2B-it")).values())

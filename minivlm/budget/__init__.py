@@ -1,11 +1,12 @@
 """The VRAM calculator: what a deployment needs per GPU, and which limit a workload hits when it does not fit.
 
 estimate.py puts it together; shapes.py reads a config (Qwen-VL, SmolVLM / Idefics3, InternVL, text-only Qwen2 /
-Qwen3, the hybrid Qwen3.5 / Gemma 3), params.py and params_tiled.py count parameters, tensor_parallel.py says how N
-GPUs split the model, weights.py and activations.py turn counts into bytes, kv_groups.py groups a hybrid decoder's
-layers by what they keep and sizes the engine's pools (hybrid_kv.py: what estimate shows of them), vision_tokens.py
-and tiling.py size images, devices.py holds the device presets, limits.py says why a workload does not fit,
-planner.py finds the GPUs a workload needs.
+Qwen3, the hybrid Qwen3.5 / Gemma 3 / Gemma 4: shapes_gemma4.py), params.py, params_tiled.py and params_gemma4.py
+count parameters (linears.py: one Linear per GPU), tensor_parallel.py says how N GPUs split the model, weights.py and
+activations.py turn counts into bytes, kv_groups.py groups a hybrid decoder's layers by what they keep and sizes the
+engine's pools (hybrid_kv.py: what estimate shows of them), vision_tokens.py, tiling.py and soft_tokens.py size
+images, devices.py holds the device presets, limits.py says why a workload does not fit, planner.py finds the GPUs a
+workload needs.
 """
 from minivlm.budget.activations import prefill_peak, tiled_vision_peak, vision_peak
 from minivlm.budget.devices import device_memory, device_presets, load_device_preset

@@ -1,5 +1,5 @@
 """VRAM budget: weights, KV cache, vision tokens and activation peaks of a deployment in one view (Qwen-VL, the tiled
-VLMs SmolVLM / InternVL, text-only Qwen2 / Qwen3, and the hybrid Qwen3.5 / Gemma 3).
+VLMs SmolVLM / InternVL, text-only Qwen2 / Qwen3, and the hybrid Qwen3.5 / Gemma 3 / Gemma 4).
 
 estimate() is a pure function of a model config and settings; the engine sizes its own KV pool with it, so the
 calculator and the engine cannot disagree. The KV pool rule (vLLM's), per GPU:

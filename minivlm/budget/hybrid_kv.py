@@ -1,6 +1,7 @@
-"""The KV side of estimate() for a hybrid model (Qwen3.5, Gemma 3): the engine's pools from the usable memory
-(kv_groups.size_groups), one breakdown row per group, and how many requests of the workload fit at once, against a
-model of the same dimensions whose every layer were full attention.
+"""The KV side of estimate() for a hybrid model (Qwen3.5, Gemma 3, Gemma 4): the engine's pools from the usable
+memory (kv_groups.size_groups), one breakdown row per group (Gemma 4's shared-KV layers: a free row saying what their
+own K/V would cost), and how many requests of the workload fit at once, against a model of the same dimensions whose
+every layer were full attention.
 
 Requests at once (a hybrid model's memory per request of T tokens, checkpoints included):
 
@@ -62,11 +63,14 @@ def group_row(size, kv_dtype: str, sizes: GroupSizes, num_seqs: int, chunk: int,
     g, bs, b = size.shape, sizes.block_size, DTYPE_BYTES[kv_dtype]
     per_token = (f"{g.bytes_per_token(kv_dtype):,} B/token (2 · {len(g.layers)} layers · {g.kv_heads} kv heads · "
                  f"{g.head_dim} head_dim · {b} B {kv_dtype}{split_note})")
-    if g.kind == SHARED:
+    if g.kind == SHARED:  # what the layers would keep if each had its own K/V: its source's bytes per token
+        owner = {i: o.shape for o in sizes.groups for i in o.shape.layers if o.shape.kind != SHARED}
+        saved = sum(owner[j].bytes_per_token(kv_dtype) // len(owner[j].layers) for j in g.sources if j in owner)
         reads = ", ".join(f"{source}" for source in sorted(set(g.sources)))
         return ("KV cache: shared-KV layers (free)", 0,
                 f"{len(g.layers)} layers ({g.layers[0]}–{g.layers[-1]}) read the K/V of layers {reads} (the last "
-                f"earlier layer of their type) from those layers' blocks: 0 blocks, 0 B")
+                f"earlier layer of their type) from those layers' blocks: 0 blocks, 0 B; their own K/V would cost "
+                f"{saved:,} B/token more")
     if g.kind == "full_attention":
         return ("KV cache: full-attention layers", size.bytes, f"{size.blocks:,} blocks × {bs} tokens × {per_token}")
     if g.kind == "sliding_window":
