@@ -1,6 +1,8 @@
 """The Roofline tab's pictures: the log-log roofline (the bandwidth slope up to the ridge, the flat FLOP ceiling) with
 each step as a point under its ceiling, one sentence per point a student can check by hand, and the table of what
 each step reads. Pure functions of a Machine and Points (minivlm/budget/machine.py, minivlm/views/roofline_points.py)."""
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -19,7 +21,12 @@ PHONE_PX = 360  # the figure's least width: it scrolls sideways on a narrower sc
 
 def num(x: float) -> str:
     """A figure as a student reads it: three significant digits below 100, whole numbers (with commas) above."""
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+    return f"{x:,.0f}" if abs(x) >= 99.95 else f"{x:#.3g}"
+
+
+def decade(x: float, direction) -> float:
+    """The power of ten at or beyond x (direction: math.floor below, math.ceil above)."""
+    return 10.0 ** direction(math.log10(x))
 
 
 def kind_word(kind: str, lang: str) -> str:
@@ -58,7 +65,7 @@ def roofline_figure(machine, points, model: str, lang: str = EN) -> go.Figure:
     ceiling. Hover: the point's sentence."""
     bw, peak, ridge = machine.bandwidth, machine.flops, machine.ridge
     xs = [p.cost.intensity for p in points if p.cost.intensity > 0] + [ridge]
-    lo, hi = min(xs) / 4, max(xs) * 4
+    lo, hi = decade(min(xs) / 4, math.floor), decade(max(xs) * 4, math.ceil)  # whole decades: a tick at each
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=[lo, ridge, hi], y=[bw * lo / 1e9, peak / 1e9, peak / 1e9], mode="lines",
                              line=dict(color=ROOF_COLOR, width=3), hoverinfo="skip",
@@ -87,8 +94,9 @@ def roofline_figure(machine, points, model: str, lang: str = EN) -> go.Figure:
                                              line=dict(width=2, color=ROOF_COLOR))))
     title = t(lang, "roof.fig_title", model=model, device=machine.device)
     fig.update_layout(title=dict(TITLE, text=title), height=560, margin=dict(l=10, r=10, t=TOP_MARGIN, b=10),
-                      xaxis=dict(type="log", title=t(lang, "roof.fig_x")),
-                      yaxis=dict(type="log", title=t(lang, "roof.fig_y")),
+                      xaxis=dict(type="log", title=t(lang, "roof.fig_x"), dtick=1,
+                                 range=[math.log10(lo), math.log10(hi)]),
+                      yaxis=dict(type="log", title=t(lang, "roof.fig_y"), dtick=1),
                       legend=dict(orientation="h", yanchor="top", y=-0.16, x=0))
     need = max(PHONE_PX, text_px(t(lang, "roof.fig_x"), 12) + 80)
     return needs_width(fig, need + MARGIN_X)

@@ -46,6 +46,9 @@ MESSAGES = {
                          "最快 {best} ms"),
     "roof.say_took": ("; it took {took} ms ({pct} % of the bound)", "；实际用时 {took} ms（达到上限的 {pct} %）"),
     "roof.say_predicted": (" (predicted: not run)", "（预测值：未运行）"),
+    "roof.above": ("A step over 100 % of its bound ran while the machine was quieter than when the bound was measured "
+                   "(other programs share its cores): measure again.",
+                   "有的步超过了上限的 100 %：测上限时机器比运行这一步时更忙（其他程序也在用这些核心）。请再实测一次。"),
     "roof.image": ("One {w}×{h} image through the vision tower: {patches} patches, weights {weights} MB + activations "
                    "{acts} MB, {gflop} GFLOP: at best {best} ms on this machine.",
                    "一张 {w}×{h} 的图片经过视觉塔：{patches} 个 patch，权重 {weights} MB + 激活 {acts} MB，{gflop} GFLOP："
