@@ -16,6 +16,7 @@ from PIL import Image
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams, StructuredOutputsParams as SO
 from panels.holder import EXAMPLES_DIR
+from tests.test_structured_outputs import LibraryMatcher
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
 PICTURE = Image.open(os.path.join(EXAMPLES_DIR, "three_shapes.png"))
@@ -35,9 +36,9 @@ CASES = {  # request kinds: (requests, params)
         choice=["red circle, blue square, red circle", "blue square, red circle, blue square"]))),
     "repetition penalty": ([READ, DESCRIBE], SamplingParams(max_tokens=40, ignore_eos=True, repetition_penalty=1.3,
                                                             logprobs=2)),
-    "presence, frequency, bias": ([READ, DESCRIBE], SamplingParams(
-        max_tokens=40, ignore_eos=True, presence_penalty=0.4, frequency_penalty=0.3, logit_bias={11: 2.0, 20: -1.0},
-        logprobs=2)),
+    "presence, frequency, bias": ([READ, DESCRIBE], SamplingParams(  # frequency 1: an accepted guess changes the
+        max_tokens=40, ignore_eos=True, presence_penalty=0.4, frequency_penalty=1.0, logit_bias={11: 2.0, 20: -1.0},
+        logprobs=2)),  # next position's argmax here (counting only the tokens before the step gives other tokens)
     "grammar and penalties": ([READ], SamplingParams(max_tokens=48, repetition_penalty=1.2, frequency_penalty=0.2,
                                                      logit_bias={89: 0.5}, structured_outputs=SO(grammar=FIVE))),
     "n = 2": ([READ], SamplingParams(max_tokens=40, n=2, frequency_penalty=0.2, structured_outputs=SO(grammar=OPEN))),
@@ -122,6 +123,18 @@ def test_greedy_tokens_and_logprobs_are_those_without_speculation(plain, spec, c
         check_verdicts(spec, events, got, params)
 
 
+@pytest.mark.parametrize("case", ["json schema", "gbnf grammar", "grammar, ignore_eos", "grammar and penalties"])
+def test_with_xgrammar_too(plain, spec, monkeypatch, case):
+    """The same with xgrammar's matchers (vLLM's default library; optional here): its masks along a draft come from
+    accept_token / rollback."""
+    pytest.importorskip("xgrammar", reason="xgrammar is optional (its Linux wheel pulls triton)")
+    for e in (plain, spec):
+        monkeypatch.setattr(e.intake, "_grammars", None)
+        monkeypatch.setattr(e.config, "structured_outputs_backend", "xgrammar")
+    assert spec.intake.grammars().backend == "xgrammar"
+    test_greedy_tokens_and_logprobs_are_those_without_speculation(plain, spec, case)
+
+
 def test_a_guess_the_grammar_forbids_is_rejected(plain, spec):
     """Over the grammar cases, guesses the library's own matcher forbids were proposed, and every one was rejected
     (the accepted counts equal the plain run's, so a forbidden guess accepted would differ from it)."""
@@ -155,17 +168,22 @@ def test_chunked_prefill_and_preemption_change_no_token(plain, settings):
         assert snap.num_preemptions > 0
 
 
-def test_the_masks_along_a_draft_are_the_librarys_and_the_matcher_ends_where_it_began(spec):
+@pytest.mark.parametrize("backend", ["guidance", "xgrammar"])
+def test_the_masks_along_a_draft_are_the_librarys_and_the_matcher_ends_where_it_began(spec, monkeypatch, backend):
     """BatchMasks' rows for a speculating request: row j is the library's own mask after the accepted tokens and
     the guesses before j; a forbidden guess ends the walk (every token allowed after it: never read); the matcher
     then allows what the library allows after the accepted tokens alone, and takes them on as before."""
-    import torch
     from minivlm.engine.sampling.grammar_masks import BatchMasks
     from minivlm.engine.sampling.structured_output import allowed_ids
     so = SO(grammar=FIVE)
     tok = spec.tokenizer
     text = tok.encode("red circle, blue square, red circle, blue square, red circle.")
+    if backend == "xgrammar":
+        pytest.importorskip("xgrammar", reason="xgrammar is optional (its Linux wheel pulls triton)")
+    monkeypatch.setattr(spec.intake, "_grammars", None)
+    monkeypatch.setattr(spec.config, "structured_outputs_backend", backend)
     grammars = spec.intake.grammars()
+    assert grammars.backend == backend
     vocab = spec.hf_config.text_config.vocab_size
     for draft, valid in ((text[2:6], 4), (text[2:4] + [tok.encode("green")[0]] + text[5:6], 2)):
         ours = grammars.matcher(so)
@@ -174,18 +192,18 @@ def test_the_masks_along_a_draft_are_the_librarys_and_the_matcher_ends_where_it_
         masks = BatchMasks([7], [ours], [tuple(draft)], [frozenset()], [True])
         masks.fill()
         assert masks.rows == {7: (0, 5)} and ours.consumed == 2
-        truth = library_matcher(spec, so)
-        assert truth.consume_tokens(text[:2])
+        truth = LibraryMatcher(backend, spec, FIVE)
+        for t in text[:2]:
+            assert truth.take(t)
         for j in range(5):
-            want = allowed_ids(torch.tensor(list(truth.compute_bitmask())).to(torch.uint8).view(torch.int32), vocab) \
-                if j <= valid else torch.arange(vocab)
-            assert allowed_ids(masks.bits[j], vocab).tolist() == want.tolist(), j
+            want = truth.mask() if j <= valid else list(range(vocab))  # past a forbidden guess: never read
+            assert allowed_ids(masks.bits[j], vocab).tolist() == want, j
             if j < valid:
-                assert truth.consume_token(draft[j])
-        after = library_matcher(spec, so)
-        assert after.consume_tokens(text[:2])
-        assert allowed_ids(ours.allowed(), vocab).tolist() == allowed_ids(
-            torch.tensor(list(after.compute_bitmask())).to(torch.uint8).view(torch.int32), vocab).tolist()
+                assert truth.take(draft[j])
+        after = LibraryMatcher(backend, spec, FIVE)
+        for t in text[:2]:
+            assert after.take(t)
+        assert allowed_ids(ours.allowed(), vocab).tolist() == after.mask()
         for t in text[2:]:
             ours.advance(t)
         assert ours.finished()
@@ -230,3 +248,19 @@ def test_no_block_or_matcher_outlives_a_request_aborted_or_failed_mid_draft(plai
         assert matcher() is None
         check_same(answers(survivor), answers(other))
         assert all(b.ref_count == 0 for b in e.snapshot().blocks)
+
+
+def test_each_guess_row_counts_the_guesses_before_it():
+    """Row j of a speculating request's logits is shaped as its token would be after the j guesses before it:
+    hand-computed rows (prompt [1, 0], answer so far [3], guesses [2, 2])."""
+    import torch
+    from minivlm.engine.execution.input_batch import RequestState
+    from minivlm.engine.sampling.logits_shaping import shape_draft_rows
+    p = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=2.0, logit_bias={4: -3.0})
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, 1.0]] * 3)
+    state = RequestState(0, "r", p, None, [1, 0, 3], 2)
+    got = shape_draft_rows(logits.clone(), state, (2, 2))
+    want = torch.tensor([[2.0 / 2, -1.0 * 2, 0.5, 3.0 / 2 - 0.25 - 0.5, 1.0 - 3.0],       # answer [3]
+                         [2.0 / 2, -1.0 * 2, 0.5 / 2 - 0.25 - 0.5, 3.0 / 2 - 0.25 - 0.5, 1.0 - 3.0],  # [3, 2]
+                         [2.0 / 2, -1.0 * 2, 0.5 / 2 - 0.5 - 0.5, 3.0 / 2 - 0.25 - 0.5, 1.0 - 3.0]])  # [3, 2, 2]
+    assert torch.allclose(got, want)
