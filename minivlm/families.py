@@ -1,6 +1,7 @@
 """Every model family minivlm runs, and every fact that differs between them, in one registry: how an image becomes
 tokens (Qwen's native-resolution patches, or tiles plus a global view), positions (M-RoPE or 1-D), the decoder's
 attention details (looked up by the text model's own model_type), and the processor knobs a request may set."""
+import importlib.util
 from dataclasses import dataclass
 
 from transformers.models.gemma3 import Gemma3Config, Gemma3Processor
@@ -164,8 +165,10 @@ REFUSED = {
     "qwen3_5_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",
     "qwen3_next": "a mixture-of-experts decoder with Gated DeltaNet layers (minivlm's hybrid decoders have dense MLPs; "
                   "Qwen3.5 runs)",
-    "gemma4_unified": "Gemma 4 12B (gemma4_unified: an encoder-free patch embedder whose image processor exists only "
-                      "on torchvision) is not wired in; the gemma4 checkpoints (E2B, E4B, 31B) run",
+    "gemma4_unified": "Gemma 4 12B (gemma4_unified: raw 48x48 patches through an encoder-free embedder) is not built "
+                      "in minivlm, and its image processor exists only on transformers' torchvision backend"
+                      + ("" if importlib.util.find_spec("torchvision") else ", and torchvision is not installed here")
+                      + "; the dense gemma4 checkpoints (E2B, E4B) run",
     "gemma4_assistant": "Gemma 4's drafter (gemma4_assistant) is a speculative-decoding draft model, not a model to "
                         "serve on its own",
     "qwen3_vl_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",

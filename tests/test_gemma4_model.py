@@ -173,6 +173,19 @@ def test_a_soft_token_budget_is_a_knob_and_in_key_c(path):
     assert small.blocks[0].keys["A"] == big.blocks[0].keys["A"] and small.blocks[0].keys["C"] != big.blocks[0].keys["C"]
 
 
+def test_audio_input_is_refused_by_name(path):
+    """E2B / E4B carry an audio tower, which minivlm does not load: an audio item (HF's or OpenAI's form) is refused
+    before anything is queued, naming audio; the engine keeps serving."""
+    with engine(path) as e:
+        for item in ({"type": "audio", "audio": "speech.wav"}, {"type": "input_audio", "input_audio": {"data": "",
+                                                                                                        "format": "wav"}}):
+            request = Request(messages=[{"role": "user", "content": [item, {"type": "text", "text": "What is said?"}]}])
+            with pytest.raises(Refused, match="audio input is not supported") as refused:
+                e.generate(request, greedy(1))
+            assert refused.value.reason == "takes_no_audio" and refused.value.param == "messages"
+        assert len(e.generate(TEXT, greedy(2)).token_ids) == 2
+
+
 def test_unsupported_settings_are_refused_by_name():
     from transformers import Gemma4TextConfig
 
@@ -185,6 +198,17 @@ def test_unsupported_settings_are_refused_by_name():
                             layer_types=["sliding_attention", "full_attention"])
     with pytest.raises(ValueError, match="use_bidirectional_attention='all'"):
         Gemma4Decoder("gemma4", both, True)
+
+
+@pytest.mark.parametrize("model_type,words", [
+    ("gemma4_unified", "encoder-free embedder"), ("gemma4_assistant", "speculative-decoding draft model")])
+def test_gemma4_12b_and_the_drafter_are_refused_by_name_at_load(tmp_path, model_type, words):
+    import json
+
+    from minivlm.loader import read_model_type
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    with pytest.raises(ValueError, match=f"unsupported architecture '{model_type}': .*{words}"):
+        read_model_type(str(tmp_path))
 
 
 def test_hf_agrees_the_window_matters(path):

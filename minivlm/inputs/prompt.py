@@ -13,6 +13,7 @@ from minivlm.refusals import Refused
 
 TOOL_KEYS = ("tool_calls", "tool_call_id")  # what a chat template reads of a tool-calling turn besides content
 TOO_MANY = "too many {kind}s: {n} (this engine allows {limit} per request)"
+AUDIO_ITEMS = ("audio", "input_audio")  # HF's and OpenAI's audio content items: refused by name
 
 
 @dataclass
@@ -72,6 +73,9 @@ def split_media(messages: list[dict]) -> tuple[list[dict], list, list]:
                 if not isinstance(item, dict) or "type" not in item:
                     raise Refused("invalid_value", "message content items must be dicts with a 'type'",
                                   reason="content_item")
+                if item["type"] in AUDIO_ITEMS or "audio" in item or "input_audio" in item:  # Gemma 4 E2B/E4B hear
+                    raise Refused("invalid_value", "audio input is not supported: minivlm serves text, images and "
+                                  "video (a checkpoint's audio tower is not loaded)", reason="takes_no_audio")
                 if item["type"] == "video" or "video" in item:
                     videos.append(video_item(item))
                     items.append({"type": "video"})

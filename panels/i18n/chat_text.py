@@ -140,6 +140,9 @@ MESSAGES = {
     "error.text_only": ("{model} is a text-only model: it takes no images ({n} given)",
                         "{model} 是纯文本模型：不接受图片（给了 {n} 张）"),
     "error.text_only_video": ("{model} is a text-only model: it takes no video", "{model} 是纯文本模型：不接受视频"),
+    "error.takes_no_audio": ("audio input is not supported: minivlm serves text, images and video (a checkpoint's "
+                             "audio tower is not loaded)",
+                             "不支持音频输入：minivlm 只处理文本、图片和视频（检查点的音频塔不会加载）"),
     "error.takes_no_video": ("{model} takes no video ({n} given); video needs a Qwen2-VL, Qwen2.5-VL or Qwen3-VL "
                              "checkpoint", "{model} 不接受视频（给了 {n} 个）；视频需要 Qwen2-VL、Qwen2.5-VL 或 Qwen3-VL 检查点"),
     "error.video_frames": ("{name} has {frames} frames, over the {limit} limit per video; cut it shorter",
