@@ -208,3 +208,32 @@ def test_an_int8_engine_is_named_so_and_presets_the_calculator(page):  # noqa: F
         choose(pg, "vram-model", "this engine's model")
         wait_for(pg, lambda: pg.locator("#vram-dtype input").first.input_value() == "int8", "the int8 preset")
         pg.close()
+
+
+
+@pytest.mark.slow  # a second page in Chinese: about half a minute on a loaded machine; CI runs it with -m slow
+def test_gemma4_shared_kv_layers_are_a_free_row_in_both_languages(page, app):  # noqa: F811 (fixture)
+    """#54 item 3: Gemma 4 E2B from the picker: the breakdown's shared-KV row is 0 GiB and the verdict counts its 20
+    shared layers as free, on this English page and on a page a zh-CN browser opens."""
+    def shared_row(pg, name):
+        return next((r for r in table_rows(pg, "#vram-breakdown") if r and r[0] == name), None)
+
+    def check(pg, tab, item, groups):
+        open_tab(pg, tab)
+        choose(pg, "vram-model", "Gemma 4 (hybrid, shared KV) · gemma-4-E2B-it")
+        row = wait_for(pg, lambda: shared_row(pg, item), f"the shared-KV row {item}")
+        wait_for(pg, lambda: groups in pg.locator("#vram-headline").inner_text(), f"the verdict's {groups}")
+        return row
+    row = check(page, "VRAM budget", "KV cache: shared-KV layers (free)", "20 shared-KV layers (free")
+    assert row[1] == "0.000" and "20 layers (15–34)" in row[2]
+    context = page.context.browser.new_context(locale="zh-CN", extra_http_headers={"Accept-Language": "zh-CN"},
+                                               viewport={"width": 1400, "height": 1000})
+    try:
+        zh = context.new_page()
+        zh.set_default_timeout(TIMEOUT_MS)
+        zh.goto(app[1])
+        zh.wait_for_selector("#chatbot")
+        row = check(zh, "显存预算", "KV 缓存：共享 KV 层（不占内存）", "20 层共享 KV（不占内存")
+        assert row[1] == "0.000"
+    finally:
+        context.close()
