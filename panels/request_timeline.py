@@ -55,11 +55,11 @@ def build(holder: EngineHolder, switch=None):
     gr.Markdown(L("tl.intro"), elem_id="tl-intro")
     with gr.Row(equal_height=True):
         n = gr.Number(DEFAULTS[0], label=t("en", "tl.requests", low=LEAST[0], high=most_n), precision=0,
-                      minimum=LEAST[0], maximum=most_n, elem_id="tl-n")
-        rate = gr.Number(DEFAULTS[1], label=t("en", "tl.rate", low=LEAST[1], high=most_r), minimum=LEAST[1],
-                         maximum=most_r, elem_id="tl-rate")
-        seconds = gr.Number(DEFAULTS[2], label=t("en", "tl.seconds", low=LEAST[2], high=most_t), minimum=LEAST[2],
-                            maximum=most_t, elem_id="tl-seconds")
+                      elem_id="tl-n")  # its bounds are checked by compare(): the refusal names the field and its limit
+        rate = gr.Number(DEFAULTS[1], label=t("en", "tl.rate", low=LEAST[1], high=most_r),
+                         elem_id="tl-rate")
+        seconds = gr.Number(DEFAULTS[2], label=t("en", "tl.seconds", low=LEAST[2], high=most_t),
+                            elem_id="tl-seconds")
     with gr.Row(equal_height=True):
         setting = gr.Dropdown([(t("en", SETTING_WORDS[k][0]), k) for k in SETTINGS], value="chunked", label=L("tl.setting"),
                               elem_id="tl-setting")

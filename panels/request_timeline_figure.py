@@ -17,6 +17,9 @@ KIND_WORDS = {"queue": "tl.kind.queue", "vision": "tl.kind.vision", "prefill": "
               "chunk": "tl.kind.chunk", "decode": "tl.kind.decode", "preempted": "tl.kind.preempted"}
 FINISH_MARK = dict(symbol="line-ns", size=14, line=dict(width=3, color="#555"))
 MS = 1e3
+LEGEND_PX = 70  # below the axis title, three rows of legend on a phone
+# the legend at the figure's foot (the container's, not the plot's: a short plot would pull it onto its ticks)
+LEGEND = dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0, traceorder="normal")
 
 
 def span_hover(span, t0: float, sentences: dict, lang: str) -> str:
@@ -85,8 +88,8 @@ def gantt_figure(events, title: str, lang: str = EN) -> go.Figure:
                    for r, e in zip(done, ends)]))
     fig.update_layout(
         title=dict(TITLE, text=title, x=0.01, xanchor="left"), barmode="overlay", bargap=0.25,
-        height=max(240, TOP_MARGIN + 90 + 22 * len(rows)), margin=dict(l=10, r=10, t=TOP_MARGIN, b=40),
-        legend=dict(orientation="h", y=-0.18 if rows else 0, yanchor="top", x=0, traceorder="normal"),
+        height=max(260, TOP_MARGIN + LEGEND_PX + 60 + 22 * len(rows)),
+        margin=dict(l=10, r=10, t=TOP_MARGIN, b=LEGEND_PX + 50), legend=LEGEND,
         xaxis=dict(title=t(lang, "tl.axis"), rangemode="tozero"),
         yaxis=dict(autorange="reversed", type="category", categoryorder="array", categoryarray=rows),
         meta={"requests": rows, "spans": sum(len(tl.requests[r].spans) for r in rows)})
@@ -101,9 +104,9 @@ def step_histogram(runs: list[tuple[str, list]], lang: str = EN) -> go.Figure:
         fig.add_trace(go.Histogram(x=[s.seconds * MS for s in steps], name=label, opacity=0.6, nbinsx=30,
                                    marker_color=color, hovertemplate=t(lang, "tl.hist_hover") + "<extra></extra>"))
     fig.update_layout(title=dict(TITLE, text=t(lang, "tl.hist_title"), x=0.01, xanchor="left"), barmode="overlay",
-                      height=280, margin=dict(l=10, r=10, t=TOP_MARGIN, b=40),
-                      legend=dict(orientation="h", y=-0.25, yanchor="top", x=0),
-                      xaxis=dict(title=t(lang, "tl.hist_axis")), yaxis=dict(title=t(lang, "tl.hist_count")))
+                      height=280 + LEGEND_PX, margin=dict(l=10, r=10, t=TOP_MARGIN, b=LEGEND_PX + 50), legend=LEGEND,
+                      xaxis=dict(title=t(lang, "tl.hist_axis"), ticks="outside", ticklen=6),  # the two 0s apart
+                      yaxis=dict(title=t(lang, "tl.hist_count"), ticks="outside", ticklen=6))
     return needs_width(fig, 330)
 
 

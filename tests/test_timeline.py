@@ -176,3 +176,15 @@ def test_percentile_is_numpy_s_linear_one_and_empty_is_none():
     for q in (0, 25, 50, 90, 99, 100):
         assert percentile(xs, q) == pytest.approx(np.percentile(xs, q))
     assert percentile([], 50) is None and percentile([4.0], 99) == 4.0
+
+
+def test_arrival_is_when_the_request_reached_the_engine_not_its_admission():
+    """A request that waits in the engine's inbox (a step was running) has that wait in its queue span and TTFT."""
+    engine, clock = driven(num_blocks=64)
+    with engine:
+        h = engine.submit(Request(prompt="Hello", request_id="late"), PARAMS)
+        clock.now += 0.004  # the step it waits for
+        run_until_done(engine, clock, [h])
+        r = timeline(engine.events()).requests["late"]
+    assert r.arrived == 0 and (r.spans[0].kind, r.spans[0].start, r.spans[0].end) == ("queue", 0, 0.004)
+    assert r.queue_time == pytest.approx(0.004) and r.ttft == pytest.approx(0.004 + FORWARD)

@@ -206,7 +206,7 @@ class EngineCore(RequestProgress):
         self.events.emit("arrived", seq.request_id, num_prompt_tokens=seq.num_prompt_tokens,
                          num_images=len(seq.images),  # runs of placeholders: a tiled image is one run per tile
                          image_spans=[(a, b - a) for a, b in runs(seq.token_types[:seq.num_prompt_tokens])],
-                         video_spans=video_spans(seq))
+                         video_spans=video_spans(seq), submitted=seq.submitted_at)
         self.outputs.start(seq)
         inputs = self.image_inputs.pop(seq, None)
         if inputs is not None:  # its pixels: the runner keeps them until its images are taken

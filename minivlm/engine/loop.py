@@ -48,6 +48,7 @@ class EngineLoop:
                     seq.request_id, k = f"{base}#{k}", k + 1
                 labels.add(seq.request_id)
                 seq.sink, seq.wants_snapshot = handle, handle.snapshots
+                seq.submitted_at = self.core.clock()  # its arrival, on the engine's clock (views/timeline.py)
                 self._live[seq.seq_id] = seq
                 self._inbox.append(seq)  # the core admits it at its next step
             self._start_thread()

@@ -69,6 +69,7 @@ class Sequence:
         self.vision_keys: tuple[str, ...] = ()    # each image's encoder-cache key (set by intake)
         self.image_runs = image_runs(prompt.images, self.token_types)  # (token, image, first row, rows) per run
         self.arrived_step = 0                      # the engine step that admitted it
+        self.submitted_at: float | None = None    # when it reached the engine's inbox (EngineCore.clock)
         self.seed = seed                            # its RNG's seed (temperature > 0; the runner owns the RNG)
         self.block_keys: list[str] = []    # key of each full block under the engine's strategy
         self.truth_keys: list[str] = []    # strategy-C key of each full block (ground truth for false hits)

@@ -5,7 +5,9 @@ queue time); per run their percentiles, tokens/s and every step's duration. Pure
 
 Times are the engine's clock (EngineCore.clock) as the events carry it: a step's `scheduled` event says when the
 step started, when its plan was ready (the event's time: the forward starts) and when it ended (its tokens go to
-their callers then). A request's arrival is its `arrived` event (admitted into the scheduler's queue)."""
+their callers then). A request arrives when it reaches the engine's inbox (its `arrived` event's `submitted`: the
+clock read by the loop as the request was queued; it is admitted at the next step's start), as vLLM's arrival time
+is when the engine was handed the request, after its prompt was rendered and its images loaded."""
 from dataclasses import dataclass, field
 
 QUANTILES = (50, 90, 99)
@@ -109,9 +111,10 @@ class TimelineBuilder:
         rid, f = ev.request_id, ev.fields
         if ev.time is None:
             raise ValueError("these events carry no time: the engine's event log was built without a clock")
-        if ev.kind == "arrived":
-            self.requests[rid] = RequestTimeline(rid, ev.time, ev.step)
-            self._waiting[rid] = ("queue", ev.time, ev.step)
+        if ev.kind == "arrived":  # it arrived when it reached the engine's inbox; admitted at this step's start
+            at = f.get("submitted") if f.get("submitted") is not None else ev.time
+            self.requests[rid] = RequestTimeline(rid, at, ev.step)
+            self._waiting[rid] = ("queue", at, ev.step)
         elif ev.kind == "scheduled":
             self._scheduled(ev)
         elif ev.kind == "vision_encoded" and rid in self.requests:

@@ -43,8 +43,7 @@ MESSAGES = {
                    "{sb} s · each on its own engine ({blocks}-block pool, {tokens} tokens per answer)",
                    "**{a}**：发送 {na} 个请求，{aa} 个在 T 到时被中止，用时 {sa} 秒 · **{b}**：发送 {nb} 个，{ab} 个被中止，"
                    "用时 {sb} 秒 · 各自在独立的引擎上（{blocks} 个块的 KV 池，每个回答 {tokens} 个 token）"),
-    "tl.title": ("{label}: {n} requests, {steps} steps, ms since the first arrival",
-                 "{label}：{n} 个请求，{steps} 步，自第一个请求到达起的毫秒数"),
+    "tl.title": ("{label}: {n} requests, {steps} steps", "{label}：{n} 个请求，{steps} 步"),
     "tl.axis": ("ms since the first arrival", "自第一个请求到达起的毫秒数"),
     "tl.kind.queue": ("queue", "排队"),
     "tl.kind.vision": ("vision tower", "视觉塔"),
