@@ -82,6 +82,9 @@ def test_flops_count_every_weight_twice_a_row_and_attention_by_hand():
     assert prefill.flops == 2 * costs.linear_params * 64 + 2 * costs.head_params + layers * 4 * heads * head_dim * 2080
     assert prefill.intensity > 40 * one.intensity  # a prefill reuses each weight 64 times
     assert t.kv_bytes_per_token == costs.groups[0].bytes_per_token("bfloat16")
+    big = decode_cost(costs, 16, 1024)  # the lesson's figures (README step 7, LESSON.md): ~6.2 GB of weights, 0.6 of KV
+    assert round((big.parts["decoder weights"] + big.parts["LM head"]) / 1e9, 1) == 6.2
+    assert round(big.parts["KV reads"] / 1e9, 1) == 0.6 and big.parts["KV reads"] == 16 * 1024 * t.kv_bytes_per_token
     img = image_cost("Qwen2.5-VL-3B-Instruct", "bfloat16", 448, 448)
     assert img.notes["patches"] == 1024 and img.parts["vision weights"] == t.vision_weights_bytes
     with pytest.raises(ValueError, match="cached >= 0 and new >= 1"):
