@@ -4,6 +4,8 @@ four reading earlier layers' K/V, sliding head 12 / full head 20, per-layer embe
 prompt outgrows), fp32. Each engine output's tokens and top-5 logprobs are checked against HF's teacher-forced
 log-probabilities over the prompt HF's own processor renders (tests/hf_reference.py): max |Δ| <= 1e-4, single and
 batched, with images, on a prefix-cache repeat, with 16-token chunks, in a 10-block pool that preempts."""
+from contextlib import nullcontext
+
 import pytest
 import torch
 from PIL import Image
@@ -40,6 +42,13 @@ def path(tmp_path_factory):
     return make_gemma4_checkpoint(str(tmp_path_factory.mktemp("gemma4") / "ckpt"), seed=5)
 
 
+@pytest.fixture(scope="module")
+def served(path):
+    """One engine of the default settings for the module's tests (each test a fresh one where it sets others)."""
+    with engine(path) as e:
+        yield e
+
+
 def engine(path, **kw) -> Engine:
     return Engine(EngineConfig(model=path, device="cpu", dtype="float32", block_size=BLOCK,
                                num_blocks=kw.pop("num_blocks", 96), max_model_len=kw.pop("max_model_len", 512), **kw))
@@ -57,17 +66,17 @@ def gap_to_hf(path, request, out) -> float:
     return max(abs(ref[i, t].item() - lp) for i, d in enumerate(out.logprobs) for t, lp in d.items())
 
 
-def test_an_image_request_equals_hf(path):
-    with engine(path) as e:
+def test_an_image_request_equals_hf(path, served):
+    with nullcontext(served) as e:  # the module's engine
         out = e.generate(WIDE, greedy(8))
     assert out.num_prompt_tokens > SLIDING_WINDOW + 60  # the window slid past the image
     assert gap_to_hf(path, WIDE, out) <= TOL
 
 
-def test_a_batch_and_its_prefix_cache_repeat_equal_hf(path):
+def test_a_batch_and_its_prefix_cache_repeat_equal_hf(path, served):
     """Three requests in one batch (two images of other sizes, text only), then the image one again: served from
     the prefix cache (sliding and full blocks), the same answer."""
-    with engine(path) as e:
+    with nullcontext(served) as e:  # the module's engine
         outs = e.generate([WIDE, TWO, TEXT], greedy())
         again = e.generate(WIDE, greedy())
     for request, out in zip((WIDE, TWO, TEXT), outs):
@@ -76,11 +85,32 @@ def test_a_batch_and_its_prefix_cache_repeat_equal_hf(path):
     assert again.token_ids == outs[0].token_ids and gap_to_hf(path, WIDE, again) <= TOL
 
 
-def test_the_shared_layers_read_their_sources_and_the_checkpoints_kv_weights_are_unread(path):
+def test_turn_two_with_a_new_image_reuses_every_full_block_it_shares_and_equals_hf(path, served):
+    """A chat's second turn (turn 1, its answer, a new image and question): its hit is every full block of the
+    longest token prefix it shares with what turn 1 computed (the sliding window before it still cached), and its
+    answer equals HF's."""
+    first = WIDE.to_messages()
+    with nullcontext(served) as e:  # the module's engine
+        one = e.generate(WIDE, greedy())
+        two = Request(messages=first + [{"role": "assistant", "content": one.text},
+                                        {"role": "user", "content": [{"type": "image", "image": scene(90, 60, (40, 70, 220))},
+                                                                     {"type": "text", "text": "And this one?"}]}])
+        before = e.anatomy(WIDE).tokens
+        after = e.anatomy(two).tokens
+        out = e.generate(two, greedy())
+    computed = [t.token_id for t in before] + one.token_ids[:-1]  # the last answer token's K/V were never written
+    shared = next((i for i, (a, b) in enumerate(zip(computed, [t.token_id for t in after])) if a != b),
+                  min(len(computed), len(after)))
+    assert shared >= one.num_prompt_tokens  # turn 1 whole (a random answer's text may tokenize anew)
+    assert out.num_cached_tokens == shared // BLOCK * BLOCK
+    assert gap_to_hf(path, two, out) <= TOL
+
+
+def test_the_shared_layers_read_their_sources_and_the_checkpoints_kv_weights_are_unread(path, served):
     """Layers 6-9 compute no K/V: 6-8 read layer 5 (the last sliding layer before them), 9 reads layer 4 (the last
     full one); the k_proj / v_proj / k_norm the checkpoint carries for them (random) load nowhere."""
     from safetensors import safe_open
-    with engine(path) as e:
+    with nullcontext(served) as e:  # the module's engine
         decoder = e.model.decoder
         assert decoder.sources == [0, 1, 2, 3, 4, 5, 5, 5, 5, 4]
         assert [s.head_dim for s in decoder.layer_specs[:6]] == [12, 12, 12, 12, 20, 12]
@@ -92,7 +122,7 @@ def test_the_shared_layers_read_their_sources_and_the_checkpoints_kv_weights_are
         assert "model.language_model.layers.9.self_attn.k_proj.weight" in f.keys()
 
 
-def test_the_shared_layers_allocate_nothing_and_read_their_sources_groups(path):
+def test_the_shared_layers_allocate_nothing_and_read_their_sources_groups(path, served):
     """memory_report: the kv_shared group holds layers 6-9, 0 bytes, reading layers 5 and 4 (groups 1 and 0); the
     pool is exactly the non-shared layers' K/V at each one's own head size (transformers' per-layer config and
     kv_sharing_modes, not the engine's); the snapshot shows the group with no tables."""
@@ -101,7 +131,7 @@ def test_the_shared_layers_allocate_nothing_and_read_their_sources_groups(path):
     own = [i for i, mode in enumerate(text.kv_sharing_modes) if mode != "reuse"]
     expected = sum(2 * 96 * BLOCK * text.per_layer_config[i].num_key_value_heads * text.per_layer_config[i].head_dim
                    * 4 for i in own)
-    with engine(path) as e:
+    with nullcontext(served) as e:  # the module's engine
         report = e.memory_report()
         e.generate(TEXT, greedy(2))
         snap = {g.kind: g for g in e.snapshot().groups}
@@ -135,11 +165,31 @@ def test_a_ten_block_pool_preempts_and_still_equals_hf(path):
         assert gap_to_hf(path, request, out) <= TOL
 
 
-def test_a_sliding_group_holds_only_its_window(path):
+@pytest.mark.slow
+def test_images_attending_both_ways_on_sliding_layers_equal_hf_in_16_token_chunks(tmp_path):
+    """use_bidirectional_attention='vision' (the larger Gemma 4s): an image's tokens see each other both ways on the
+    sliding layers only (full layers stay causal); in 16-token chunks no chunk ends inside the image. HF's own
+    logits change when it is not told where the image is, so the both-ways mask is really exercised."""
+    from tests.hf_reference import hf_model, hf_processor
+    bidir = make_gemma4_checkpoint(str(tmp_path / "bidir"), seed=7, use_bidirectional_attention="vision")
+    with engine(bidir, enable_chunked_prefill=True, max_num_batched_tokens=16) as e:
+        out = e.generate(WIDE, greedy())
+    assert gap_to_hf(bidir, WIDE, out) <= TOL
+    inputs = hf_processor(bidir).apply_chat_template(WIDE.to_messages(), tokenize=True, return_dict=True,
+                                                     add_generation_prompt=True, return_tensors="pt")
+    with torch.no_grad():
+        told = hf_model(bidir)(**inputs).logits
+        inputs.pop("mm_token_type_ids")
+        causal = hf_model(bidir)(**inputs).logits
+    assert (told - causal).abs().max() > 1e-3
+
+
+def test_a_sliding_group_holds_only_its_window(path, served):
     """Once a long text request's prompt is computed (that step's chunk: the whole prompt), its sliding-window table
     holds at most ceil((window - 1 + 1) / block) + 1 blocks while it decodes; the full group every block of its
     tokens."""
-    with engine(path) as e:
+    with nullcontext(served) as e:  # the module's engine
+        e.reset_prefix_cache()  # its prompt computed whole, not a hit of an earlier test's
         e.pause()
         e.submit(TEXT, greedy(4))
         held = []
@@ -155,10 +205,10 @@ def test_a_sliding_group_holds_only_its_window(path):
     assert all(live <= limit < full for live, full in held[1:])
 
 
-def test_a_soft_token_budget_is_a_knob_and_in_key_c(path):
+def test_a_soft_token_budget_is_a_knob_and_in_key_c(path, served):
     """max_soft_tokens (one of 70, 140, 280, 560, 1120) changes the image's token count exactly as HF's processor
     counts it, and enters the prefix key: the same image under another budget is no prefix hit."""
-    with engine(path) as e:
+    with nullcontext(served) as e:  # the module's engine
         small = e.anatomy(ask(scene(200, 130, (220, 30, 30))))
         big = e.anatomy(ask(scene(200, 130, (220, 30, 30)), mm_processor_kwargs={"max_soft_tokens": 140}))
         with pytest.raises(Refused, match=r"max_soft_tokens' must be one of 70, 140, 280, 560, 1120, got 100"):
@@ -173,10 +223,10 @@ def test_a_soft_token_budget_is_a_knob_and_in_key_c(path):
     assert small.blocks[0].keys["A"] == big.blocks[0].keys["A"] and small.blocks[0].keys["C"] != big.blocks[0].keys["C"]
 
 
-def test_audio_input_is_refused_by_name(path):
+def test_audio_input_is_refused_by_name(path, served):
     """E2B / E4B carry an audio tower, which minivlm does not load: an audio item (HF's or OpenAI's form) is refused
     before anything is queued, naming audio; the engine keeps serving."""
-    with engine(path) as e:
+    with nullcontext(served) as e:  # the module's engine
         for item in ({"type": "audio", "audio": "speech.wav"}, {"type": "input_audio", "input_audio": {"data": "",
                                                                                                         "format": "wav"}}):
             request = Request(messages=[{"role": "user", "content": [item, {"type": "text", "text": "What is said?"}]}])
@@ -211,6 +261,7 @@ def test_gemma4_12b_and_the_drafter_are_refused_by_name_at_load(tmp_path, model_
         read_model_type(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_hf_agrees_the_window_matters(path):
     """A sanity check on the reference itself: HF's logits for the long text prompt change if the sliding window is
     widened past it (so a decoder that ignored the window would fail the tests above)."""
