@@ -158,7 +158,8 @@ def engine_report(path: str, **settings):
 
 def test_calculator_equals_the_engines_allocation(gemma4_checkpoint):
     """Pinned blocks, then a budget that binds: the engine's pools per group (the shared layers' included, at 0
-    bytes) are the calculator's, and so are the blocks, bytes, tokens and concurrency it reports."""
+    bytes) are the calculator's, and so are the blocks, bytes, tokens and concurrency it reports; its weights are the
+    predicted ones (float32: 4 B per parameter, the audio tower not loaded)."""
     settings = dict(block_size=4, max_num_seqs=3, max_model_len=256, enable_chunked_prefill=True,
                     max_num_batched_tokens=16)
     pinned = engine_report(gemma4_checkpoint, num_blocks=40, **settings)
@@ -176,6 +177,10 @@ def test_calculator_equals_the_engines_allocation(gemma4_checkpoint):
                         max_num_batched_tokens=16, block_size=4, gpu_memory_utilization=1.0,
                         device_memory_bytes=budget, weights_bytes=pinned.weights_bytes, enable_chunked_prefill=True)
     first = plan(2 ** 40)
+    # the weights it holds are the predicted ones: text + vision, the audio tower left out as counted
+    assert (pinned.weights_bytes, pinned.vision_weights_bytes) == (first.predicted_weights_bytes,
+                                                                   first.vision_weights_bytes)
+    assert first.num_parameters - sum(audio_params(model_shape(config)).values()) == pinned.weights_bytes // 4
     budget = first.budget_bytes - first.usable_bytes + first.kv_groups.total_bytes // 2
     est, report = plan(budget), engine_report(gemma4_checkpoint, cpu_memory_budget_bytes=budget, **settings)
     assert 0 < est.num_blocks < first.num_blocks
