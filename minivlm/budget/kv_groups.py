@@ -142,8 +142,8 @@ def groups_from_specs(specs) -> list[GroupShape]:
     """The groups of a decoder's own layer_specs (model/cache_spec.py's CacheSpec, one per layer), so the engine can
     size its pools from what its decoder really allocates; the same groups layer_groups reads off the config."""
     by_key: dict[tuple, list[int]] = {}
-    for i, spec in enumerate(specs):
-        by_key.setdefault((spec.kind, spec.window), []).append(i)
+    for i, spec in enumerate(specs):  # shared layers: one group whatever window their source slides over
+        by_key.setdefault((spec.kind, None if spec.kind == SHARED else spec.window), []).append(i)
     groups = []
     for (kind, window), layers in by_key.items():
         spec = specs[layers[0]]
