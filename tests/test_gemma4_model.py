@@ -213,10 +213,15 @@ def test_a_soft_token_budget_is_a_knob_and_in_key_c(path, served):
         big = e.anatomy(ask(scene(200, 130, (220, 30, 30)), mm_processor_kwargs={"max_soft_tokens": 140}))
         with pytest.raises(Refused, match=r"max_soft_tokens' must be one of 70, 140, 280, 560, 1120, got 100"):
             e.generate(ask(scene(20, 20, (1, 2, 3)), mm_processor_kwargs={"max_soft_tokens": 100}), greedy(1))
-    from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
-    for anatomy, budget in ((small, 70), (big, 140)):
-        h, w = get_aspect_ratio_preserving_size(130, 200, 8, budget * 9, 3)
-        assert anatomy.images[0].num_tokens == (h // 8) * (w // 8) // 9
+    from tests.hf_reference import hf_processor
+    for anatomy, budget in ((small, 70), (big, 140)):  # HF's processor: its patches, their grid, its token count
+        out = hf_processor(path)(text=["<|image|>"], images=[scene(200, 130, (220, 30, 30))], max_soft_tokens=budget,
+                                 return_tensors="pt")
+        real = out["image_position_ids"][0][(out["image_position_ids"][0] >= 0).all(-1)]
+        im = anatomy.images[0]
+        hf_tokens = int((out["input_ids"][0] == hf_processor(path).image_token_id).sum())
+        assert im.num_tokens == hf_tokens == sum(t.type == "image" for t in anatomy.tokens)
+        assert im.num_patches == len(real) and im.grid_thw[1:] == (real[:, 1].max() + 1, real[:, 0].max() + 1)
     assert small.images[0].num_tokens != big.images[0].num_tokens
     # block 0 (<bos>, the turn, <|image>, the first soft tokens) has the same tokens under both budgets: only its
     # key C, which holds the budget, tells them apart

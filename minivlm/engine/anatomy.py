@@ -158,7 +158,8 @@ def fixed_images(engine, seq, sizes) -> tuple[list[ImageAnatomy], dict]:
 
 def budget_images(engine, seq, sizes) -> tuple[list[ImageAnatomy], dict]:
     """Gemma 4: each image resized (aspect kept) to the most patches its soft-token budget allows, sides multiples of
-    patch x pool, its patch grid average-pooled pool x pool into soft tokens; each token's (image, row, col)."""
+    patch x pool, its patch grid average-pooled pool x pool into soft tokens (drawn as Qwen's merged grid is, the
+    pool as the merge); each token's (image, row, col)."""
     from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
     ip = engine.processor.image_processor
     patch, pool = ip.patch_size, ip.pooling_kernel_size
@@ -167,8 +168,9 @@ def budget_images(engine, seq, sizes) -> tuple[list[ImageAnatomy], dict]:
         budget = dict(s for s in im.settings if isinstance(s, tuple) and s and s[0] == "max_soft_tokens")
         rh, rw = get_aspect_ratio_preserving_size(h, w, patch, budget["max_soft_tokens"] * pool ** 2, pool)
         cols = rw // patch // pool
-        images.append(ImageAnatomy((w, h), (rw, rh), None, (rh // patch) * (rw // patch), im.num_tokens,
-                                   im.content_hash, im.start, patch, pool, im.settings, None, False, 0, 0, im.end))
+        grid = (1, rh // patch, rw // patch)
+        images.append(ImageAnatomy((w, h), (rw, rh), grid, grid[1] * grid[2], im.num_tokens, im.content_hash, im.start,
+                                   patch, pool, im.settings, None, False, 0, im.num_tokens, im.end))  # one view
         for j in range(im.num_tokens):
             owner[im.start + j] = (k, j // cols, j % cols, None)
     return images, owner
