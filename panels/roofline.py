@@ -14,6 +14,7 @@ from panels.holder import EngineHolder, gpu
 from panels.i18n import LANGUAGES, L, lang_of, t
 from panels.i18n.errors import localize_error
 from panels.page import TABLE_CELL_PX, TABLE_CHAR_PX, header_widths
+from panels.sessions import collect_before_an_engine
 from panels.roofline_figure import num, roofline_figure, sentence, table
 from panels.vram import THIS_ENGINE, preset_choices
 
@@ -100,6 +101,7 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         measured while the machine was busier would put a step above its roof."""
         engine = holder.get()
         machine = measure_machine(engine.device, engine.memory_report().dtype, fresh=True)
+        collect_before_an_engine()  # the isolated pool freezes what is alive when it starts: no session garbage
         return (id(engine), measure_points(engine, machine)), THIS_ENGINE
 
     outputs = [machine_md, note, plot, said, image_md, steps]

@@ -1,6 +1,7 @@
 """The Roofline tab's pictures: the log-log roofline (the bandwidth slope up to the ridge, the flat FLOP ceiling) with
 each step as a point under its ceiling, one sentence per point a student can check by hand, and the table of what
-each step reads. Pure functions of a Machine and Points (minivlm/budget/machine.py, minivlm/views/roofline_points.py)."""
+each step reads. Pure functions of a Machine and Points (minivlm/budget/machine.py,
+minivlm/views/roofline_points.py)."""
 import math
 
 import pandas as pd

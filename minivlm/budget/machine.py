@@ -64,7 +64,8 @@ def timed_runs(run, sync, budget_s: float, start: float, most: int = 50) -> tupl
     return best, runs
 
 
-def copy_bandwidth(device="cpu", budget_s: float = DEFAULT_BUDGET_S / 2, nbytes: int | None = None) -> tuple[float, int]:
+def copy_bandwidth(device="cpu", budget_s: float = DEFAULT_BUDGET_S / 2,
+                   nbytes: int | None = None) -> tuple[float, int]:
     """(bytes/s, timed runs) of copying one buffer of nbytes into another (default COPY_BYTES per device kind)."""
     device, start = torch.device(device), time.perf_counter()
     nbytes = nbytes or COPY_BYTES.get(device.type, COPY_BYTES["cpu"])

@@ -109,7 +109,8 @@ def step_cost(costs: ModelCosts, requests: list[tuple[int, int]], sampled: int |
                 continue
             seen = cached + new if g.window is None else min(cached + new, g.window - 1 + new)  # the union of windows
             kv += seen * g.bytes_per_token(costs.kv_dtype)
-            attention += len(g.layers) * 4 * costs.heads * g.head_dim * keys_seen(cached, new, g.window)  # its own head size
+            # each group at its own head size (Gemma 4's full layers are wider)
+            attention += len(g.layers) * 4 * costs.heads * g.head_dim * keys_seen(cached, new, g.window)
     flops = 2 * costs.linear_params * tokens + 2 * costs.head_params * sampled + attention
     parts = {"decoder weights": costs.decoder, "LM head": costs.lm_head, "embedding rows": tokens * costs.row_bytes,
              "KV reads": kv, "recurrent state": state}
