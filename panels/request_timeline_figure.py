@@ -11,9 +11,10 @@ from panels.i18n import EN, t
 from panels.i18n.events import describe_in, plan_request
 from panels.plots import natural_key
 
-SPAN_COLORS = {"queue": "#f2c14e", "vision": "#8e44ad", "prefill": "#1f6fbf", "chunk": "#5dade2",
-               "decode": "#239b56", "preempted": "#e74c3c"}
-KIND_WORDS = {"queue": "tl.kind.queue", "vision": "tl.kind.vision", "prefill": "tl.kind.prefill",
+SPAN_COLORS = {"queue": "#f2c14e", "vision": "#c39bd3", "tower": "#6c3483", "prefill": "#1f6fbf",
+               "chunk": "#5dade2", "decode": "#239b56", "preempted": "#e74c3c"}  # a tower slice over its wait
+KIND_WORDS = {"queue": "tl.kind.queue", "vision": "tl.kind.vision", "tower": "tl.kind.tower",
+              "prefill": "tl.kind.prefill",
               "chunk": "tl.kind.chunk", "decode": "tl.kind.decode", "preempted": "tl.kind.preempted"}
 FINISH_MARK = dict(symbol="line-ns", size=14, line=dict(width=3, color="#555"))
 MS = 1e3
@@ -33,7 +34,8 @@ def span_hover(span, t0: float, sentences: dict, lang: str) -> str:
         head += t(lang, "tl.accepted", n=span.accepted)
     if span.tower_seconds is not None:
         head += t(lang, "tl.tower", ms=f"{span.tower_seconds * MS:.1f}", n=span.slices)
-    said = sentences.get((span.request_id, span.kind, steps[0] if steps else None))
+    said = sentences.get(("tower", steps[0], span.start) if span.kind == "tower" else
+                         (span.request_id, span.kind, steps[0] if steps else None))
     return head + ("<br>" + wrap(said) if said else "")
 
 
@@ -59,6 +61,8 @@ def sentences_of(events, lang: str) -> dict:
                 out[(r["request_id"], kind, ev.step)] = plan_request(r, lang)
         elif ev.kind == "preempted":
             out[(ev.request_id, "preempted", ev.step)] = describe_in(ev, lang)
+        elif ev.kind == "tower_slice":
+            out[("tower", ev.step, ev.fields["started"])] = describe_in(ev, lang)
         elif ev.kind == "vision_encoded":
             out[(ev.request_id, "vision", ev.fields["arrived_step"])] = describe_in(ev, lang)
     return out

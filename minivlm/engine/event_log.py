@@ -12,7 +12,7 @@ from itertools import islice
 
 KINDS = ("arrived", "scheduled", "cache_lookup", "allocated", "BlockStored", "freed", "BlockRemoved",
          "AllBlocksCleared", "preempted", "finished", "vision_encoded", "state_saved", "state_evicted",
-         "constrained", "speculated", "not_speculated")
+         "constrained", "speculated", "not_speculated", "tower_slice")
 
 
 @dataclass

@@ -128,7 +128,10 @@ class EngineLoop:
             lend = self.core.tower_slice()
         if lend:  # outside the lock: views may look at the engine while the tower has its slice
             with self._lending:
+                started = self.core.clock()
                 self.core.vision_worker.lend(lend)
+            with self.lock:  # the slice into the log (after _lending: pause() takes lock, then _lending)
+                self.core.events.emit("tower_slice", None, started=started, lent=round(lend, 6))
         return [ev for _, ev in result.events]
 
     def _died(self, error: BaseException):

@@ -235,6 +235,8 @@ def describe(ev: EngineEvent) -> str:
         return "prefix cache reset: every free block's key forgotten"
     if ev.kind == "preempted":
         return f"{rid} preempted: {f['reason']}"
+    if ev.kind == "tower_slice":
+        return f"the vision tower ran {(ev.time - f['started']) * 1e3:.1f} ms in a slice lent after step {ev.step}"
     if ev.kind == "vision_encoded":
         waited = (f"steps {f['arrived_step']}-{ev.step - 1} ran without it" if ev.step > f["arrived_step"]
                   else "ready in the step it arrived") + \

@@ -1,5 +1,5 @@
 """The request timeline in wall-clock time, from the event log alone: per request its spans (waiting in the queue,
-the vision tower on its thread, each prefill or chunk, each decode step with the guesses it accepted, preempted),
+the vision tower on its thread (and each time slice it ran in, when sliced), each prefill or chunk, each decode step with the guesses it accepted, preempted),
 the time each token reached its caller, and the latencies vLLM reports (TTFT, inter-token latency, end-to-end,
 queue time); per run their percentiles, tokens/s and every step's duration. Pure functions over events.
 
@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 QUANTILES = (50, 90, 99)
 WAITING = ("queue", "vision", "preempted")  # spans where a request computes nothing
 COMPUTING = ("prefill", "chunk", "decode")
+TOWER = "tower"  # a time slice the sliced vision tower ran in, inside its request's vision span
 
 
 @dataclass(frozen=True)
 class Span:
     """One stretch of one request's life: [start, end) in the engine's clock, in scheduler steps `steps`."""
     request_id: str
-    kind: str                   # one of WAITING or COMPUTING
+    kind: str                   # one of WAITING or COMPUTING, or TOWER
     start: float
     end: float
     steps: tuple[int, ...]      # the steps it covers (a waiting span: the steps that ran without it)
@@ -106,6 +107,7 @@ class TimelineBuilder:
         self.steps: list[StepTime] = []
         self._waiting: dict[str, tuple[str, float, int]] = {}  # request -> (span kind, since, since step)
         self._step_end: float | None = None   # the current step's end: when its tokens reach their callers
+        self._in_tower: list[str] = []  # image requests not yet scheduled or encoded, oldest first (the tower's FIFO)
 
     def feed(self, ev) -> RequestTimeline | None:
         rid, f = ev.request_id, ev.fields
@@ -115,10 +117,17 @@ class TimelineBuilder:
             at = f.get("submitted") if f.get("submitted") is not None else ev.time
             self.requests[rid] = RequestTimeline(rid, at, ev.step)
             self._waiting[rid] = ("queue", at, ev.step)
+            if f.get("num_images"):
+                self._in_tower.append(rid)
+        elif ev.kind == "tower_slice":  # the vision thread runs one job at a time, the oldest first
+            if self._in_tower:
+                r = self.requests[self._in_tower[0]]
+                r.spans.append(Span(r.request_id, TOWER, f["started"], ev.time, (ev.step,)))
         elif ev.kind == "scheduled":
             self._scheduled(ev)
         elif ev.kind == "vision_encoded" and rid in self.requests:
             self._vision(self.requests[rid], f)
+            self._left_tower(rid)
         elif ev.kind == "speculated" and rid in self.requests:
             r = self.requests[rid]
             last = r.spans[-1]
@@ -132,6 +141,7 @@ class TimelineBuilder:
             if rid in self._waiting:  # left without running again (aborted while queued or preempted)
                 self._close_wait(r, ev.time, ev.step)
             r.finished, r.finish_reason, r.finished_step = ev.time, f["finish_reason"], ev.step
+            self._left_tower(rid)
             return r
         return None
 
@@ -150,11 +160,16 @@ class TimelineBuilder:
                 self._close_wait(r, ev.time, ev.step)
             if r.first_scheduled is None:
                 r.first_scheduled = ev.time
+                self._left_tower(rid)  # its images are encoded (or were cached): the tower has no job of its
             kind = "decode" if p["kind"] == "decode" else "chunk" if p["kind"] == "chunk" else "prefill"
             tokens = 1 if kind == "decode" else p["end"] - p["start"]
             r.spans.append(Span(rid, kind, ev.time, f["ended"], (ev.step,), tokens))
             if p["sample"]:
                 r.token_times.append(f["ended"])
+
+    def _left_tower(self, rid: str):
+        if rid in self._in_tower:
+            self._in_tower.remove(rid)
 
     def _close_wait(self, r: RequestTimeline, until: float, step: int):
         kind, since, since_step = self._waiting.pop(r.request_id)

@@ -79,6 +79,8 @@ def describe_in(ev, lang: str) -> str:
         return t(lang, "ev.cleared")
     if ev.kind == "preempted":
         return t(lang, "ev.preempted", rid=rid, reason=preemption_reason(lang, ev))
+    if ev.kind == "tower_slice":
+        return t(lang, "ev.tower_slice", ms=f"{(ev.time - f['started']) * 1e3:.1f}", step=ev.step)
     if ev.kind == "vision_encoded":
         waited = (t(lang, "ev.waited", first=f["arrived_step"], last=ev.step - 1) if ev.step > f["arrived_step"]
                   else t(lang, "ev.ready")) + (t(lang, "ev.sliced", n=f["slices"]) if f.get("slices") else "")

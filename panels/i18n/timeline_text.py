@@ -73,5 +73,8 @@ MESSAGES = {
     "tl.m.step": ("step time {q}", "步耗时 {q}"),
     "tl.m.tokens_per_s": ("tokens/s (all requests)", "每秒 token 数（全部请求）"),
     "tl.m.finished": ("finished / sent", "完成 / 发送"),
+    "ev.tower_slice": ("the vision tower ran {ms} ms in a slice lent after step {step}",
+                       "视觉塔在第 {step} 步之后借出的时间片里运行了 {ms} 毫秒"),
+    "tl.kind.tower": ("tower slice", "视觉塔时间片"),
     "tl.empty": ("Run both to see the two timelines.", "点击“运行两次”查看两条时间线。"),
 }
