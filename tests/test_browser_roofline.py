@@ -59,6 +59,7 @@ def check_arithmetic(said: list[str]) -> int:
     return measured
 
 
+@pytest.mark.slow  # it measures 12 kinds of step on the CPU: half a minute; CI runs -m slow
 def test_the_roofline_predicts_measures_and_explains(app, page, shots):  # noqa: F811 (fixture)
     open_tab(page, "Roofline")
     page.wait_for_function(f"{PLOT}?.data?.length >= 2")
@@ -82,6 +83,8 @@ def test_the_roofline_predicts_measures_and_explains(app, page, shots):  # noqa:
     rates = sorted(value(gflop) / value(ms) * 1e3 for gflop, ms in cells)
     assert len(plotted) == len(rates) and all(close(a, b) for a, b in zip(rates, sorted(plotted))), (rates, plotted)
     page.screenshot(path=os.path.join(shots, "roofline.png"), full_page=True)
+    settle(page, "#roof-plot")
+    assert measure(page, "#roof-plot", shots, "light_roofline") == {}  # the light theme: words readable, none cut
 
     page.locator("#roof-model input").fill("Qwen2.5-VL-3B-Instruct")
     page.locator("#roof-model input").press("ArrowDown")
