@@ -189,6 +189,18 @@ def test_a_decoder_with_two_sliding_windows_is_refused_by_name():
         group_layers([short, long, full, short])
 
 
+def test_a_decoder_without_full_attention_is_refused_by_name():
+    """The full-attention group leads the coordinator (it offers every prefix hit, it backs the block map), so a
+    decoder of sliding layers only is refused, naming its groups, instead of failing on a missing key."""
+    import pytest
+    from minivlm.engine.kv_cache.kv_pool import led_groups
+    from minivlm.model.cache_spec import CacheSpec, group_layers
+    full, short = CacheSpec("full_attention", None, 2, 8), CacheSpec("sliding_window", 24, 2, 8)
+    assert led_groups(group_layers([short, full])) == {"full_attention": [1], "sliding_window": [0]}
+    with pytest.raises(ValueError, match=r"no full-attention layer among sliding_window \(layers \[0, 1\]\)"):
+        led_groups(group_layers([short, short]))
+
+
 class PlainPool:
     """What engine/kv_cache/kv_pool.py gives a plain model: no groups, one pool of blocks for every layer."""
     groups: dict = {}

@@ -40,6 +40,16 @@ def derive_num_blocks(config: EngineConfig, model: LoadedModel) -> int:
     return min(est.num_blocks, config.max_num_seqs * -(-config.max_model_len // config.block_size))
 
 
+def led_groups(layers: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The groups, if one of them can lead the coordinator (coordinator.py: the full-attention group offers every prefix
+    hit and backs the block map); a decoder without a full-attention layer is refused by name."""
+    if "full_attention" not in layers:
+        kinds = ", ".join(f"{kind} (layers {idx})" for kind, idx in layers.items())
+        raise ValueError(f"no full-attention layer among {kinds}: the engine's KV cache needs one full-attention group "
+                         f"to lead its prefix cache and block map")
+    return layers
+
+
 class KVPool:
     """kv_cache[0 | 1, layer] is layer's K | V cache, shaped [num_blocks, block_size, kv_heads, head_dim]. A hybrid
     model (its decoder lists layer_specs) gets one pool per KV-cache group (engine/kv_cache/coordinator.py): `kv_cache` is then
@@ -71,7 +81,7 @@ class KVPool:
         """One tensor per group: attention groups [2, layers, blocks, block_size, kv_heads, head_dim], the recurrent
         group one [layers, slots, *shape] per state tensor; sized by minivlm.budget.kv_groups."""
         config, model = self.config, self.model
-        layers = group_layers(self.specs)  # full attention first; two windows of one kind are refused by name
+        layers = led_groups(group_layers(self.specs))  # full attention first; two windows of one kind are refused
         first = {kind: self.specs[idx[0]] for kind, idx in layers.items()}
         sizes = self._sizes()
         self.checkpoints = sizes.checkpoints  # of the recurrent group's slots, those beyond one per running request
