@@ -25,11 +25,13 @@ PROMPTS = ("What color is the shape?",
            "You are looking at a small synthetic picture made for a lesson about inference engines. List every "
            "shape you can see, give the color of each one, say whether any two of them touch or overlap, and end "
            "with a short sentence about what the picture would look like if every shape were twice as large.")
+ADAPTIVE = {"enable_chunked_prefill": True, "max_num_batched_tokens": 512, "max_step_slowdown": 1.3}
 # each setting: (the run without it, the run with it), as EngineConfig overrides of an isolated engine
 SETTINGS = {
     "chunked": ({"enable_chunked_prefill": False},
                 {"enable_chunked_prefill": True, "max_num_batched_tokens": CHUNK_TOKENS, "max_step_slowdown": None}),
-    "async_vision": ({"async_vision": False}, {"async_vision": True}),
+    # both with the adaptive chunk budget, under which the tower runs only in the slices the steps lend it
+    "async_vision": tuple({"async_vision": on, **ADAPTIVE} for on in (False, True)),
     "small_pool": ({}, {"num_blocks": SMALL_POOL_BLOCKS}),
     "speculation": ({"speculative_config": None},
                     {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}),
