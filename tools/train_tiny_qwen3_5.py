@@ -1,0 +1,175 @@
+"""Train the tiny Qwen3.5 (Gated DeltaNet + gated attention, 3:1, with an MTP head) on the tiny Qwen3-VL's scenes and
+questions, English and Chinese, distilled from that trained model (seeded, resumable).
+
+    nice -n 10 python -m tools.train_tiny_qwen3_5 --out runs/q35 --steps 6000
+
+The tokenizer, processor and vision tower are the tiny Qwen3-VL's (frozen: Qwen3.5's tower is Qwen3-VL's without
+DeepStack, so every other weight maps exactly), and so is its tied embedding; the decoder learns from the answers'
+cross-entropy, the teacher's answer distributions (KL) and, beside them, the MTP loss (token t+2 from h_t and the
+embedding of t+1; tools/tiny_qwen3_5.py). Every batch is tools/train_tiny.make_batch's, a pure function of (seed,
+step); the state (ckpt.pt) is saved every --save-every-s and at the end, so a resumed run sees the same data.
+"""
+import argparse
+import math
+import os
+import time
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from transformers import Qwen3_5ForConditionalGeneration, Qwen3VLForConditionalGeneration
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+from minivlm.inputs.processor import load_processor
+from tools.tiny_qwen3_5 import MTPHead, copy_from_teacher, export, student_config
+from tools.tiny_qwen3_5_probe import probe_all
+from tools.train_tiny import make_batch
+
+TEACHER = "assets/tiny-qwen-vl"
+
+
+def data_args(args):
+    """The fields tools/train_tiny.conversation reads: its fine-tuning mixture (all seven forms, 2-4 turns, 1-3
+    shapes) with the stage-3 language shares."""
+    return SimpleNamespace(seed=args.seed, batch_size=args.batch_size, init="distill", curriculum_steps=0,
+                           focus_from=0, bind_from=0, shapes_ramp=0, kind_twins=args.kind_twins,
+                           near_cut=args.near_cut, zh=args.zh, zh_mixed=args.zh_mixed)
+
+
+def forward(student, mtp, batch, image_features):
+    """Main logits, MTP logits (position i predicts token i+2) and the final hidden states of one batch."""
+    model = student.model
+    embeds = model.get_input_embeddings()(batch["input_ids"])
+    mask = (batch["input_ids"] == student.config.image_token_id).unsqueeze(-1)
+    embeds = embeds.masked_scatter(mask, image_features.to(embeds.dtype))
+    model.rope_deltas = None
+    positions = model.compute_3d_position_ids(input_ids=batch["input_ids"], inputs_embeds=embeds,
+                                              image_grid_thw=batch["image_grid_thw"],
+                                              attention_mask=batch["attention_mask"],
+                                              mm_token_type_ids=batch.get("mm_token_type_ids"))
+    hidden = model.language_model(inputs_embeds=embeds, position_ids=positions,
+                                  attention_mask=batch["attention_mask"]).last_hidden_state
+    lm_head = student.lm_head
+    rope = model.language_model.rotary_emb(hidden, positions[-3:, :, :-1])  # the MTP at i sits at position i
+    drafted = mtp(embeds[:, 1:], hidden[:, :-1], rope)
+    return lm_head(hidden), lm_head(drafted), hidden
+
+
+def losses(student, mtp, teacher, batch, captured, args):
+    """(answer CE, KL to the teacher on answer tokens, MTP CE on answer tokens two ahead)."""
+    labels = batch.pop("labels")
+    with torch.no_grad():
+        teacher_logits = teacher(**batch).logits
+    logits, drafted, _ = forward(student, mtp, batch, captured["tokens"])
+    target = labels[:, 1:]
+    keep = target != -100
+    ce = F.cross_entropy(logits[:, :-1][keep], target[keep])
+    kl = F.kl_div(F.log_softmax(logits[:, :-1][keep] / args.kd_temp, -1),
+                  F.log_softmax(teacher_logits[:, :-1][keep] / args.kd_temp, -1), log_target=True,
+                  reduction="batchmean") * args.kd_temp ** 2
+    target2 = labels[:, 2:]
+    keep2 = target2 != -100
+    mtp_ce = F.cross_entropy(drafted[:, :-1][keep2], target2[keep2])
+    return ce, kl, mtp_ce
+
+
+def lr_scale(step: int, warmup: int, total: int) -> float:
+    """Linear warmup, then cosine decay to 10 %."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+
+def build(args):
+    """Teacher, processor, student (weights copied from the teacher where they map) and a fresh MTP head."""
+    teacher = Qwen3VLForConditionalGeneration.from_pretrained(TEACHER, dtype=torch.float32).eval()
+    teacher.requires_grad_(False)
+    processor = load_processor(TEACHER, "qwen3_vl")
+    processor.tokenizer.padding_side = "right"
+    torch.manual_seed(args.seed)
+    config = student_config(processor.tokenizer)
+    config.text_config._attn_implementation = "sdpa"
+    student = Qwen3_5ForConditionalGeneration(config)
+    if args.copy != "none":
+        copy_from_teacher(student, teacher, decoder=args.copy == "all")
+    student.model.visual.requires_grad_(False)  # it sees exactly what the teacher sees
+    mtp = MTPHead(config.text_config)
+    return teacher, processor, student, mtp
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="runs/q35")
+    p.add_argument("--steps", type=int, default=6000)
+    p.add_argument("--stop-at", type=int, default=None, help="stop (with a checkpoint) before --steps")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--kd-weight", type=float, default=1.0, help="KL to the teacher's answer distributions")
+    p.add_argument("--kd-temp", type=float, default=1.0)
+    p.add_argument("--mtp-weight", type=float, default=0.5, help="the MTP head's CE (token t+2), beside the main loss")
+    p.add_argument("--copy", choices=["all", "embed", "none"], default="all",
+                   help="teacher weights copied in: all that maps, the vision tower and embedding only, or none")
+    p.add_argument("--zh", type=float, default=0.45, help="share of chats asked wholly in Chinese")
+    p.add_argument("--zh-mixed", type=float, default=0.15, help="share of chats drawing each turn's language")
+    p.add_argument("--kind-twins", type=float, default=0.3)
+    p.add_argument("--near-cut", type=float, default=0.2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--save-every-s", type=float, default=180)
+    p.add_argument("--probe-every", type=int, default=250)
+    p.add_argument("--probe-per-type", type=int, default=20)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    teacher, processor, student, mtp = build(args)
+    captured = {}
+    teacher.model.visual.register_forward_hook(lambda m, i, out: captured.update(tokens=out.pooler_output))
+    params = [q for q in student.parameters() if q.requires_grad] + list(mtp.parameters())
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    ckpt_path, step = os.path.join(args.out, "ckpt.pt"), 0
+    os.makedirs(args.out, exist_ok=True)
+    if os.path.exists(ckpt_path):
+        state = torch.load(ckpt_path, weights_only=False, map_location="cpu")
+        student.load_state_dict(state["model"])
+        mtp.load_state_dict(state["mtp"])
+        opt.load_state_dict(state["opt"])
+        step = state["step"]
+        print(f"resumed at step {step}", flush=True)
+    print(f"params {sum(q.numel() for q in student.parameters()):,} + mtp {sum(q.numel() for q in mtp.parameters()):,}",
+          flush=True)
+    student.train()
+    mtp.train()
+    data = data_args(args)
+    stop = min(args.stop_at or args.steps, args.steps)
+    last_save, t0, logged = time.time(), time.time(), []
+    while step < stop:
+        for group in opt.param_groups:
+            group["lr"] = args.lr * lr_scale(step, args.warmup, args.steps)
+        batch, _, _ = make_batch(processor, step, data)
+        ce, kl, mtp_ce = losses(student, mtp, teacher, batch, captured, args)
+        opt.zero_grad(set_to_none=True)
+        (ce + args.kd_weight * kl + args.mtp_weight * mtp_ce).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        logged.append((ce.item(), kl.item(), mtp_ce.item()))
+        step += 1
+        if step % 25 == 0:
+            ce_, kl_, m_ = (sum(v) / len(logged) for v in zip(*logged))
+            print(f"step {step} ce {ce_:.4f} kl {kl_:.4f} mtp {m_:.4f} {(time.time() - t0) / 25:.2f}s/step", flush=True)
+            logged, t0 = [], time.time()
+        if step % args.probe_every == 0 or step == stop:
+            acc = probe_all(student, mtp, processor, args.probe_per_type)
+            print(f"probe step {step} " + " ".join(f"{k}={v:.2f}" for k, v in acc.items()), flush=True)
+            export(student, mtp, processor.tokenizer, os.path.join(args.out, "steps", str(step)), TEACHER)
+            student.train()
+            mtp.train()
+        if time.time() - last_save > args.save_every_s or step == stop:
+            tmp = ckpt_path + ".tmp"
+            torch.save({"model": student.state_dict(), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
+                        "step": step, "args": vars(args)}, tmp)
+            os.replace(tmp, ckpt_path)
+            last_save = time.time()
+
+
+if __name__ == "__main__":
+    main()
