@@ -83,6 +83,8 @@ class GroupReplay:
         for g, part in enumerate(r.get("groups", ())):
             if g == 0 or g not in self.index:
                 continue
+            if "reads" in part:  # kv_shared (Gemma 4): no table of its own, its layers read their sources' blocks
+                continue
             if "slot" in part:
                 self.slots[g][rid] = part["slot"]
                 if part["restore_from"] >= 0:

@@ -63,6 +63,14 @@ def layer_ranges(layers: list[int]) -> str:
     return ", ".join(f"{a}–{b}" if b > a + 1 else f"{a}, {b}" if b > a else str(a) for a, b in runs)
 
 
+def shared_reads(reads: dict) -> str:
+    """A kv_shared group's {layer: source layer} as "6–8 → 5, 9 → 4"."""
+    by_source: dict[int, list[int]] = {}
+    for layer, source in sorted(reads.items()):
+        by_source.setdefault(source, []).append(layer)
+    return ", ".join(f"{layer_ranges(layers)} → {source}" for source, layers in by_source.items())
+
+
 def groups_part(groups: list[dict], max_num_seqs: int, lang: str = EN) -> str:
     """What each KV-cache group of a hybrid model holds (memory_report().groups), for the status line; "" for a model
     whose every layer attends fully (one group: its line says it all)."""
@@ -78,6 +86,8 @@ def groups_part(groups: list[dict], max_num_seqs: int, lang: str = EN) -> str:
                            checkpoints=f"{g['size'] - running:,}", **common))
         elif g["kind"] == "sliding_window":
             parts.append(t(lang, "header.group_sliding", window=f"{g['window']:,}", **common))
+        elif g["kind"] == "kv_shared":  # Gemma 4: layers that read another layer's K/V, at 0 bytes
+            parts.append(t(lang, "header.group_shared", reads=shared_reads(g["reads"]), **common))
         else:
             parts.append(t(lang, "header.group_full", **common))
     return t(lang, "header.groups", groups=t(lang, "plan.sep").join(parts))

@@ -142,6 +142,23 @@ def test_the_shared_layers_allocate_nothing_and_read_their_sources_groups(path, 
     assert snap["kv_shared"].reads == {6: 5, 7: 5, 8: 5, 9: 4} and snap["kv_shared"].block_tables == {}
 
 
+def test_the_kv_tab_and_status_line_show_the_shared_layers_reading_their_sources(path, served):
+    """The status line's groups and the KV tab's group view, live and replayed step by step from the event log (the
+    kv_shared parts of the plans own no table), say which layer each shared layer reads, at 0 blocks."""
+    from panels.group_replay import group_frame, live_frame
+    from panels.group_views import groups_html
+    from panels.holder import groups_part
+    with nullcontext(served) as e:  # the module's engine
+        since = len(e.events())
+        e.generate(TEXT, greedy(3))
+        snap, events = e.snapshot(), e.events()[since:]
+        line = groups_part(e.memory_report().groups, 4)
+    assert "KV-shared (layers 6–9, each reads: 6–8 → 5, 9 → 4): 0 blocks (0 MiB)" in line
+    for frame in (live_frame(snap, events), group_frame(events, snap.groups, snap, BLOCK)):
+        assert "no blocks of its own" in groups_html(frame, BLOCK, "now") and "(layer → source: 6–8 → 5, 9 → 4)" in \
+            groups_html(frame, BLOCK, "now")
+
+
 @pytest.mark.slow
 def test_sixteen_token_chunks_equal_hf(path):
     with engine(path, enable_chunked_prefill=True, max_num_batched_tokens=16) as e:

@@ -8,6 +8,8 @@ MESSAGES = {
                           "全注意力（第 {layers} 层）：{size} 块（{mib} MiB）"),
     "header.group_sliding": ("sliding window (layer{s} {layers}, window {window}): {size} blocks ({mib} MiB)",
                              "滑动窗口（第 {layers} 层，窗口 {window}）：{size} 块（{mib} MiB）"),
+    "header.group_shared": ("KV-shared (layer{s} {layers}, each reads: {reads}): 0 blocks (0 MiB)",
+                            "共享 KV（第 {layers} 层，各自读取：{reads}）：0 块（0 MiB）"),
     "header.group_recurrent": ("recurrent state (layer{s} {layers}): {size} slots = {running} running + {checkpoints} "
                                "checkpoints ({mib} MiB)",
                                "循环状态（第 {layers} 层）：{size} 个槽位 = {running} 个运行中 + {checkpoints} 个检查点"
@@ -32,6 +34,10 @@ MESSAGES = {
                            "这些层的查询只看最近的 {window} 个 token（含自身）。一旦请求之后的 token 都越过了某个块，"
                            "该块就离开它的表（✕），回到本组的池中，仍以其键缓存，直到被重新使用。每一行是一个请求的表："
                            "逻辑块 → 本组自己池中的块。"),
+    "groups.shared": ("<b>KV-shared</b> · layer{s} {layers} · no blocks of its own: each layer attends over the K/V an "
+                      "earlier layer of its type wrote, in that layer's blocks (layer → source: {reads})",
+                      "<b>共享 KV</b> · 第 {layers} 层 · 没有自己的块：每层读取同类型前一层写入的 K/V，就在那一层的块里"
+                      "（层 → 来源：{reads}）"),
     "groups.no_tables": ("no request holds blocks of this group now", "现在没有请求占用本组的块"),
     "groups.cell_block": ("logical block {i} (tokens {first}–{last}) → sliding block {b}",
                           "逻辑块 {i}（token {first}–{last}）→ 滑动块 {b}"),
