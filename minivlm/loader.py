@@ -138,8 +138,8 @@ class LoadedModel:
         with torch.device("meta"):  # no random init of weights we are about to overwrite
             self.decoder = decoder_class(self.family)(self.model_type, text_cfg, tied)
         if hasattr(self.decoder, "placeholder_ids"):  # Gemma 4: the tokens whose per-layer embedding is the pad's
-            self.decoder.placeholder_ids = tuple(getattr(self.hf_config, f"{m}_token_id", None) for m in
-                                                 ("image", "video", "audio") if getattr(self.hf_config, f"{m}_token_id", None) is not None)
+            ids = (getattr(self.hf_config, f"{m}_token_id", None) for m in ("image", "video", "audio"))
+            self.decoder.placeholder_ids = tuple(i for i in ids if i is not None)
         self.decoder.load_weights(text_sd, tied, self.device, self.dtype)
         self.decoder.eval()
         self.quantization = config.quantization

@@ -131,7 +131,8 @@ def groups_html(frame: GroupFrame, bs: int, shows: str, lang: str = EN) -> str:
         elif g.kind == "sliding_window":
             body = sliding_head(g, lang) if frame.counts_only else sliding_html(g, bs, lang)
         elif g.kind == "kv_shared":  # Gemma 4: no blocks of its own, its layers read other layers' blocks
-            body = t(lang, "groups.shared", s=plural(g.layers), layers=layer_ranges(g.layers), reads=shared_reads(g.reads))
+            body = t(lang, "groups.shared", s=plural(g.layers), layers=layer_ranges(g.layers),
+                     reads=shared_reads(g.reads))
         else:
             body = recurrent_head(g, lang) if frame.counts_only else recurrent_html(g, frame, bs, lang)
         parts.append(f"<div class='kvg-group' data-group='{g.kind}' style='margin:6px 0 10px'>{body}</div>")

@@ -92,9 +92,8 @@ def test_turn_two_with_a_new_image_reuses_every_full_block_it_shares_and_equals_
     first = WIDE.to_messages()
     with nullcontext(served) as e:  # the module's engine
         one = e.generate(WIDE, greedy())
-        two = Request(messages=first + [{"role": "assistant", "content": one.text},
-                                        {"role": "user", "content": [{"type": "image", "image": scene(90, 60, (40, 70, 220))},
-                                                                     {"type": "text", "text": "And this one?"}]}])
+        new = [{"type": "image", "image": scene(90, 60, (40, 70, 220))}, {"type": "text", "text": "And this one?"}]
+        two = Request(messages=first + [{"role": "assistant", "content": one.text}, {"role": "user", "content": new}])
         before = e.anatomy(WIDE).tokens
         after = e.anatomy(two).tokens
         out = e.generate(two, greedy())
@@ -155,8 +154,8 @@ def test_the_kv_tab_and_status_line_show_the_shared_layers_reading_their_sources
         line = groups_part(e.memory_report().groups, 4)
     assert "KV-shared (layers 6–9, each reads: 6–8 → 5, 9 → 4): 0 blocks (0 MiB)" in line
     for frame in (live_frame(snap, events), group_frame(events, snap.groups, snap, BLOCK)):
-        assert "no blocks of its own" in groups_html(frame, BLOCK, "now") and "(layer → source: 6–8 → 5, 9 → 4)" in \
-            groups_html(frame, BLOCK, "now")
+        view = groups_html(frame, BLOCK, "now")
+        assert "no blocks of its own" in view and "(layer → source: 6–8 → 5, 9 → 4)" in view
 
 
 @pytest.mark.slow
@@ -264,8 +263,8 @@ def test_audio_input_is_refused_by_name(path, served):
     """E2B / E4B carry an audio tower, which minivlm does not load: an audio item (HF's or OpenAI's form) is refused
     before anything is queued, naming audio; the engine keeps serving."""
     with nullcontext(served) as e:  # the module's engine
-        for item in ({"type": "audio", "audio": "speech.wav"}, {"type": "input_audio", "input_audio": {"data": "",
-                                                                                                        "format": "wav"}}):
+        openai = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
+        for item in ({"type": "audio", "audio": "speech.wav"}, openai):
             request = Request(messages=[{"role": "user", "content": [item, {"type": "text", "text": "What is said?"}]}])
             with pytest.raises(Refused, match="audio input is not supported") as refused:
                 e.generate(request, greedy(1))
