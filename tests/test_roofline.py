@@ -156,6 +156,8 @@ def test_points_are_the_engines_own_step_times(tmp_path):
         decodes = [p for p in points if p.kind == "decode"]
         assert [p.batch for p in decodes] == [1, 4] and all(p.steps == 2 for p in decodes)
         assert all(isinstance(p, Point) and p.seconds > 0 for p in points)
+        slow = Machine("cpu", "float32", 10e9, 1e3, 0.1)  # at 1 kFLOP/s no prefill fits a minute: nothing is run
+        assert measure_points(engine, slow, batches=(1,), contexts=(32,), budget_s=60) == []
     fig = roofline_figure(machine, points, "tiny", EN)
     assert fig.layout.xaxis.type == fig.layout.yaxis.type == "log"
 

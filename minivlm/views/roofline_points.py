@@ -6,6 +6,7 @@ measure_points runs a fixed set of text requests (batches of 1, 4, 16 at a short
 engine that shares the loaded weights (its own pool: the served cache is untouched) and reads its log back; no
 second timer is involved."""
 import statistics
+import time
 from dataclasses import dataclass
 
 from minivlm.budget.machine import Machine
@@ -16,6 +17,7 @@ BATCHES = (1, 4, 16)
 CONTEXTS = (64, 1024)  # tokens of prompt: a short context (weights dominate) and a long one (the KV reads grow)
 NEW_TOKENS = 6         # decode steps per run: the first is not counted (a new batch shape pays one-time setup)
 PREFILL_TOKENS = 512   # the predicted prefill chunk
+BUDGET_S = 60.0        # measuring stops starting runs that could not end within this
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,12 @@ def prompt_of(engine, tokens: int, salt: int) -> str:
     return engine.tokenizer.decode(ids)
 
 
-def measure_points(engine, machine: Machine, batches=BATCHES, contexts=CONTEXTS,
-                   new_tokens: int = NEW_TOKENS) -> list[Point]:
+def measure_points(engine, machine: Machine, batches=BATCHES, contexts=CONTEXTS, new_tokens: int = NEW_TOKENS,
+                   budget_s: float = BUDGET_S) -> list[Point]:
     """Run each (batch, context) on an isolated engine of the loaded model and read its steps' times back from its
-    event log (docs/API.md: the `scheduled` event's started / ended). Contexts are capped by max_model_len."""
+    event log (docs/API.md: the `scheduled` event's started / ended). Contexts are capped by max_model_len. Runs go
+    cheapest first, and one whose prefill alone would pass what is left of budget_s at the machine's bound is not
+    started (a 3B model's 16 × 1,024-token prefill takes minutes on a CPU): its points are left out."""
     cfg = engine.config
     contexts = sorted({min(c, cfg.max_model_len - new_tokens - 1) for c in contexts})
     blocks = max(batches) * -(-(max(contexts) + new_tokens + cfg.block_size) // cfg.block_size) + 1
@@ -107,8 +111,12 @@ def measure_points(engine, machine: Machine, batches=BATCHES, contexts=CONTEXTS,
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     with engine.isolated(cache_strategy="none", num_blocks=blocks, max_num_seqs=max(batches), kv_events=None,
                          speculative_config=None, async_vision=False) as run:
+        start = time.perf_counter()  # a guard on the run's length only: the points' times are the event log's
         for context in contexts:
             for batch in batches:
+                prefill = step_cost(costs, [(0, context)] * batch)
+                if time.perf_counter() - start + machine.bound_s(prefill.bytes, prefill.flops) > budget_s:
+                    continue
                 since = run.snapshot().last_event_seq
                 run.generate([Request(prompt=prompt_of(run, context, i)) for i in range(batch)], params)
                 points += summarise(timed_steps(run.events(since), costs), machine, batch)
