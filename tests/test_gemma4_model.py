@@ -215,6 +215,18 @@ def test_bf16_errs_as_hf_bf16_does(path):
         assert ours <= 1.15 * theirs, (ours, theirs)
 
 
+@pytest.mark.slow
+def test_full_layers_whose_keys_are_their_values_equal_hf(tmp_path):
+    """attention_k_eq_v (the larger Gemma 4s): full layers project K once and use it as V too, with their own KV head
+    count (num_global_key_value_heads 1 here); the full group's pool is sized by it."""
+    keqv = make_gemma4_checkpoint(str(tmp_path / "keqv"), seed=3, attention_k_eq_v=True, num_global_key_value_heads=1)
+    with engine(keqv) as e:
+        out = e.generate(WIDE, greedy())
+        full = e.memory_report().groups[0]
+    assert gap_to_hf(keqv, WIDE, out) <= TOL
+    assert full["kind"] == "full_attention" and full["bytes"] == 2 * 96 * BLOCK * 1 * 20 * 4
+
+
 def test_a_sliding_group_holds_only_its_window(path, served):
     """Once a long text request's prompt is computed (that step's chunk: the whole prompt), its sliding-window table
     holds at most ceil((window - 1 + 1) / block) + 1 blocks while it decodes; the full group every block of its
