@@ -9,7 +9,7 @@ request (engine/kv_cache/coordinator.py):
                     num_kv_shared_layers), in the source's blocks
 
 A recurrent layer's forward gets StateMetadata: which state slot each sequence of the step reads and updates."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -66,6 +66,9 @@ class StateMetadata:
     slots: torch.Tensor          # [B] state slot of each sequence, on device
     q_lens: list[int]            # tokens each sequence computes in this step (1 = a decode)
     is_prefill: bool             # some sequence computes more than one token
+    drafts: list[int] = field(default_factory=list)  # per sequence: guessed tokens it verifies (0: none); its
+    # layers keep the state after each of its tokens in `kept` (sequence index -> per layer, per token: the states)
+    kept: dict = field(default_factory=dict)
 
     @property
     def slot_list(self) -> list[int]:

@@ -68,23 +68,28 @@ def rotate_partially(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 @dataclass
 class StateRows:
     """A step's recurrent sequences as rows of the batch, made once per step for every DeltaNet layer (no host sync:
-    slots stay on device): the one-token sequences batched, then each longer chunk with its slot."""
+    slots stay on device): the one-token sequences batched, then each longer chunk with its slot, then each sequence
+    that verifies guesses (speculative decoding) with its slot and the list its states after each token go into."""
     decode_rows: torch.Tensor | None
     decode_slots: torch.Tensor | None
     prefills: list[tuple[slice, torch.Tensor]]
+    verifies: list[tuple[slice, torch.Tensor, dict, int]] = ()
 
     @classmethod
     def of(cls, meta: StateMetadata) -> "StateRows":
         starts = [0]
         for n in meta.q_lens:
             starts.append(starts[-1] + n)
+        drafts = meta.drafts or [0] * len(meta.q_lens)
         one = [i for i, n in enumerate(meta.q_lens) if n == 1]
         device = meta.slots.device
         decode_rows = torch.tensor([starts[i] for i in one], device=device) if one else None
         decode_slots = meta.slots[torch.tensor(one, device=device)] if one else None
         prefills = [(slice(starts[i], starts[i + 1]), meta.slots[i:i + 1])
-                    for i, n in enumerate(meta.q_lens) if n > 1]
-        return cls(decode_rows, decode_slots, prefills)
+                    for i, n in enumerate(meta.q_lens) if n > 1 and not drafts[i]]
+        verifies = [(slice(starts[i], starts[i + 1]), meta.slots[i:i + 1], meta.kept, i)
+                    for i, n in enumerate(meta.q_lens) if n > 1 and drafts[i]]
+        return cls(decode_rows, decode_slots, prefills, verifies)
 
 
 class GatedDeltaNet(nn.Module):
@@ -119,8 +124,23 @@ class GatedDeltaNet(nn.Module):
             out[r] = self.advance(qkv[r, None], g[r, None], beta[r, None], state, rows.decode_slots)[:, 0]
         for r, slot in rows.prefills:  # prefill chunks: one at a time, each from its own slot
             out[r] = self.advance(qkv[None, r], g[None, r], beta[None, r], state, slot)[0]
+        for r, slot, kept, i in rows.verifies:  # guesses: token by token, as a decode, each state kept
+            kept.setdefault(i, []).append(self.verify(qkv[r], g[r], beta[r], state, slot, out[r]))
         core = self.norm(out.reshape(-1, self.v_dim), z.reshape(-1, self.v_dim))
         return self.out_proj(core.reshape(x.shape[0], self.value_size))
+
+    def verify(self, qkv, g, beta, state, slot: torch.Tensor, out: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+        """A speculating sequence's L tokens (its last one, then its guesses) one at a time, with a decode's own
+        arithmetic (so its accepted tokens are bit for bit those of decoding without guesses): out gets each token's
+        output; returns the slot's (conv, delta-rule) state after each token but the last, from which the engine
+        copies the one after the last accepted token back into the slot (engine/execution/group_metadata.py). The
+        slot is left holding the state after all L (every guess accepted: nothing to copy)."""
+        kept, L = [], qkv.shape[0]
+        for t in range(L):
+            out[t] = self.advance(qkv[None, t:t + 1], g[None, t:t + 1], beta[None, t:t + 1], state, slot)[0, 0]
+            if t < L - 1:
+                kept.append(tuple(s[slot[0]].clone() for s in state))
+        return kept
 
     def advance(self, qkv, g, beta, state, slots: torch.Tensor) -> torch.Tensor:
         """B sequences of L tokens each ([B, L, ...]) from their slots' states: the conv, then the delta rule; the

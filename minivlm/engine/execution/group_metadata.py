@@ -39,6 +39,9 @@ class FullAttentionBuilder:
     def after(self, plan, caches):
         """Nothing: the written K/V are the cache."""
 
+    def accepted(self, r, num_accepted: int, caches):
+        """Nothing: K/V past the accepted tokens sit beyond the request's length, never read (their blocks go back)."""
+
 
 class SlidingWindowBuilder(FullAttentionBuilder):
     """The same over the sliding-window pool, under its window (0 in a table where a block left the window: the mask
@@ -48,15 +51,23 @@ class SlidingWindowBuilder(FullAttentionBuilder):
 
 class RecurrentBuilder:
     """Each request's state slot; before the forward a slot starts from zeros (from token 0) or from the checkpoint
-    its prefix hit resumes, after it the states a plan saves are copied into their checkpoint slots."""
+    its prefix hit resumes, after it the states a plan saves are copied into their checkpoint slots. A request that
+    verifies guesses (StateGroupStep.draft) has its layers keep the state after each of its tokens (the metadata's
+    `kept`, for this step only); once verification says how many it accepted, `accepted` copies the state after the
+    last accepted token back into its slot, so a rejected guess leaves the state exactly as if only the accepted
+    tokens had been fed (docs/ENGINE.md, "Speculation on hybrid models": why kept states, not recomputation)."""
     kind, part = "recurrent", StateGroupStep
 
     def __init__(self, group: int, layers: list[int], spec=None, block_size: int = 0, attention=None):
         self.group, self.layers = group, layers
+        self.kept: dict[int, list] = {}  # this step: seq_id -> per layer, the states after each token but the last
 
     def build(self, plan, batch, dev, spans):
-        slots = torch.tensor([r.groups[self.group].slot for r in plan])
-        return StateMetadata(slots.to(dev), plan.inputs.q_lens, max(plan.inputs.q_lens) > 1)
+        parts = [r.groups[self.group] for r in plan]
+        meta = StateMetadata(torch.tensor([p.slot for p in parts]).to(dev), plan.inputs.q_lens,
+                             max(plan.inputs.q_lens) > 1, [p.draft for p in parts])
+        self.kept, self._meta, self._index = {}, meta, {r.seq_id: i for i, r in enumerate(plan)}
+        return meta
 
     def before(self, plan, caches):
         for r in plan:
@@ -69,7 +80,31 @@ class RecurrentBuilder:
                 self.copy(caches, [(part.restore_from, part.slot)])
 
     def after(self, plan, caches):
-        self.copy(caches, [(p.slot, p.save_to) for r in plan if (p := r.groups[self.group]).save_to >= 0])
+        """Saves into checkpoint slots; a verifying request's save is the state after its own token (kept), not
+        after its guesses."""
+        self.kept = {r.seq_id: self._meta.kept.pop(self._index[r.seq_id]) for r in plan
+                     if r.groups[self.group].draft and self._index.get(r.seq_id) in self._meta.kept}
+        for r in plan:
+            if (p := r.groups[self.group]).save_to < 0:
+                continue
+            if r.seq_id in self.kept:
+                self.put(caches, self.kept[r.seq_id], r.end - r.start - 1, p.save_to)
+            else:
+                self.copy(caches, [(p.slot, p.save_to)])
+
+    def accepted(self, r, num_accepted: int, caches):
+        """r verified its guesses and kept num_accepted of them: its slot gets the state after its last accepted
+        token (all accepted: the slot holds it already); the kept states go."""
+        kept = self.kept.pop(r.seq_id, None)
+        at = r.end - r.start - 1 + num_accepted  # the index of that token among the step's own and guessed
+        if kept is not None and at < len(kept[0]):
+            self.put(caches, kept, at, r.groups[self.group].slot)
+
+    def put(self, caches, kept: list, at: int, slot: int):
+        """Each layer's kept state after token `at` of the step into `slot`."""
+        for i, states in zip(self.layers, kept):
+            for t, s in zip(caches[i], states[at]):
+                t[slot].copy_(s)
 
     def copy(self, caches, pairs: list[tuple[int, int]]):
         for src, dst in pairs:
@@ -89,6 +124,9 @@ class SharedBuilder(RecurrentBuilder):
         """Nothing: it keeps no state."""
 
     def after(self, plan, caches):
+        """Nothing: it keeps no state."""
+
+    def accepted(self, r, num_accepted: int, caches):
         """Nothing: it keeps no state."""
 
 

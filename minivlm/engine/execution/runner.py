@@ -185,6 +185,8 @@ class ModelRunner:
                         for j, t in enumerate(tokens)])
         for r, emitted in zip(reqs, out):
             self.batch.sampled(r.seq_id, [t for t, _ in emitted])
+            for b in self.builders:  # a recurrent state goes back to the one after the last accepted token
+                b.accepted(r, len(emitted) - 1, self.kv_caches)
         return out
 
     @torch.inference_mode()

@@ -65,9 +65,10 @@ class KVCacheCoordinator:
 
     @property
     def speculates(self) -> bool:
-        """Guesses can be held and given back: one full-attention group (a recurrent state cannot be rewound past a
-        rejected guess; a sliding group takes blocks up to a step's own tokens only)."""
-        return len(self.managers) == 1
+        """Guesses can be held and given back in every group (its manager's `speculates`: the full and sliding groups
+        reserve blocks for them and trim those past the accepted tokens, a recurrent group keeps each guess's state for
+        the step and puts the accepted one back; docs/ENGINE.md, "Speculation on hybrid models")."""
+        return all(getattr(g, "speculates", g.kind == "full_attention") for g in self.managers)
 
     # the group of a kind, or None: what spec_decode/ngram.py's why_not asks (prefer `speculates`)
     states = property(lambda self: next((g for g in self.managers if g.kind == "recurrent"), None))
@@ -137,10 +138,13 @@ class KVCacheCoordinator:
         self.full.append_slot(seq)
 
     def reserve(self, seq, num_tokens: int):
-        self.full.reserve(seq, num_tokens)
+        """Room for seq's guesses up to num_tokens in every group (the leading group's free blocks bound them)."""
+        for g in self.managers:
+            g.reserve(seq, num_tokens)
 
     def trim(self, seq) -> list[int]:
-        return self.full.trim(seq)
+        """Every group gives back what only rejected guesses held; the leading group's blocks are returned."""
+        return [g.trim(seq) for g in reversed(self.managers)][-1]
 
     # ---- leaving ----
     def deallocate(self, seq):

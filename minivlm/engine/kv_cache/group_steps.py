@@ -36,17 +36,21 @@ class AttentionGroupStep:
 @dataclass(frozen=True)
 class StateGroupStep:
     """A recurrent group's part of one request's step, made by its manager: the state slot it reads and updates, the
-    checkpoint slot copied into it before the forward (a prefix hit) and the slot it is copied into after (a save)."""
+    checkpoint slot copied into it before the forward (a prefix hit), the slot it is copied into after (a save), and
+    the guesses it verifies (speculative decoding): its layers keep the state after each of its tokens, and once
+    verification says how many were accepted, the state after the last accepted one goes back into the slot."""
     slot: int
     restore_from: int = -1
     save_to: int = -1
+    draft: int = 0
 
     def apply(self, table: list[int], admitted: bool) -> list[int]:
         """Nothing is kept across steps: every plan names the slot."""
         return table
 
     def to_dict(self, admitted: bool) -> dict:
-        return {"slot": self.slot, "restore_from": self.restore_from, "save_to": self.save_to}
+        out = {"slot": self.slot, "restore_from": self.restore_from, "save_to": self.save_to}
+        return {**out, "draft": self.draft} if self.draft else out
 
 
 @dataclass(frozen=True)

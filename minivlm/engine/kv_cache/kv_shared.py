@@ -12,6 +12,7 @@ class KVSharedManager:
     kind = "kv_shared"
     window = None
     rewinds = True  # it keeps nothing that a token computed again could contradict
+    speculates = True  # nothing of its own for a guess to leave behind
 
     def __init__(self, sources: dict[int, int], reads: tuple[int, ...], block_size: int, caching: bool, events,
                  group_idx: int):
@@ -53,6 +54,12 @@ class KVSharedManager:
 
     def step_part(self, seq, start: int, end: int) -> SharedGroupStep:
         return SharedGroupStep(self.reads)
+
+    def reserve(self, seq, num_tokens: int):
+        """Nothing for guesses: its layers read their sources' slots for them."""
+
+    def trim(self, seq) -> list[int]:
+        return []
 
     def deallocate(self, seq):
         """Nothing to free."""

@@ -18,6 +18,9 @@ class RecurrentManager:
     the step to end there: the scheduler ends a prefill chunk at each save point."""
     kind = "recurrent"
     rewinds = False  # a state holds every token before it: it cannot go back to an earlier one
+    # guesses are verified with the state after each of them kept for the step, and the one after the last accepted
+    # guess copied back into the slot (StateGroupStep.draft; docs/ENGINE.md, "Speculation on hybrid models")
+    speculates = True
 
     def __init__(self, num_slots: int, block_size: int, caching: bool, events, group_idx: int):
         self.num_slots, self.block_size, self.caching, self.events = num_slots, block_size, caching, events
@@ -142,8 +145,18 @@ class RecurrentManager:
         """A state is saved only after its step ran whole: nothing to take back."""
 
     def step_part(self, seq, start: int, end: int) -> StateGroupStep:
-        """seq's part of this step in this group: its slot, the checkpoint it restores from, the slot it saves to."""
-        return StateGroupStep(self.slot_of[seq.seq_id], self.restore.pop(seq.seq_id, -1), self.saves.get(seq.seq_id, -1))
+        """seq's part of this step in this group: its slot, the checkpoint it restores from, the slot it saves to, and
+        how many guesses past its own tokens [start, end) covers (their states are kept only for the step: a save
+        planned by advance is the state after its own tokens)."""
+        return StateGroupStep(self.slot_of[seq.seq_id], self.restore.pop(seq.seq_id, -1), self.saves.get(seq.seq_id, -1),
+                              max(0, end - len(seq)))
+
+    def reserve(self, seq, num_tokens: int):
+        """Nothing for guesses: their states live for the step only, outside the slots."""
+
+    def trim(self, seq) -> list[int]:
+        """Nothing to give back: the slot already holds the state after the accepted tokens (the runner copied it)."""
+        return []
 
     def info(self, layers: list[int], rid: dict[int, str]) -> GroupInfo:
         return GroupInfo(self.kind, self.kind, layers, None, self.num_slots, len(self.free),

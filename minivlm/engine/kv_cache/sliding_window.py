@@ -21,6 +21,9 @@ class SlidingWindowManager(FullAttentionManager):
         return max(0, start - self.window + 1) // self.block_size
 
     kind = "sliding_window"
+    # guesses: blocks reserved up to the last guessed slot (reserve), given back past the accepted tokens (trim);
+    # blocks leave the window only as `advance` reaches a step's first token, the oldest query any guess made
+    speculates = True
 
     def longest_hit(self, seq, n: int) -> int:
         """The most blocks <= n of seq's prefix this group can serve: those inside the window before the hit point
