@@ -105,6 +105,28 @@ def test_turn_two_with_a_new_image_reuses_every_full_block_it_shares_and_equals_
     assert gap_to_hf(path, two, out) <= TOL
 
 
+def test_the_cli_writes_the_published_layout(tmp_path):
+    """`python -m tools.make_checkpoint_matrix gemma4 OUT`: transformers' config (E2B's pattern: sliding and full
+    layers, the last 4 shared, per-layer embeddings, an audio tower), the processor it saved, and the shared layers'
+    unread k_proj / v_proj / k_norm present and random."""
+    import json
+
+    from safetensors import safe_open
+
+    from tools.make_checkpoint_matrix import main
+    out = main(["gemma4", str(tmp_path / "cli"), "--seed", "1"])
+    config = json.loads((tmp_path / "cli" / "config.json").read_text())
+    text = config["text_config"]
+    assert config["model_type"] == "gemma4" and config["audio_config"]["model_type"] == "gemma4_audio"
+    assert text["num_kv_shared_layers"] == 4 and text["hidden_size_per_layer_input"] and text["use_double_wide_mlp"]
+    assert "processor_class" in json.loads((tmp_path / "cli" / "processor_config.json").read_text())
+    with safe_open(f"{out}/model.safetensors", "pt") as f:
+        for i in range(6, 10):
+            for name in ("k_proj", "v_proj", "k_norm"):
+                weight = f.get_tensor(f"model.language_model.layers.{i}.self_attn.{name}.weight")
+                assert weight.std() > 0.1
+
+
 def test_the_shared_layers_read_their_sources_and_the_checkpoints_kv_weights_are_unread(path, served):
     """Layers 6-9 compute no K/V: 6-8 read layer 5 (the last sliding layer before them), 9 reads layer 4 (the last
     full one); the k_proj / v_proj / k_norm the checkpoint carries for them (random) load nowhere."""
