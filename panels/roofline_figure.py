@@ -17,7 +17,7 @@ COLUMNS = ["roof.col.step", "roof.col.requests", "roof.col.context", "roof.col.d
            "roof.col.kv", "roof.col.state", "roof.col.total", "roof.col.gflop", "roof.col.intensity",
            "roof.col.bound", "roof.col.took", "roof.col.pct"]
 PARTS = ("decoder weights", "LM head", "KV reads", "recurrent state")  # the table's byte columns (StepCost.parts)
-PHONE_PX = 360  # the figure's least width: it scrolls sideways on a narrower screen
+PHONE_PX = 300  # the figure's least width (a phone's box is ~355 px): it scrolls sideways on a narrower screen
 
 
 def num(x: float) -> str:
@@ -70,7 +70,7 @@ def roofline_figure(machine, points, model: str, lang: str = EN) -> go.Figure:
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=[lo, ridge, hi], y=[bw * lo / 1e9, peak / 1e9, peak / 1e9], mode="lines",
                              line=dict(color=ROOF_COLOR, width=3), hoverinfo="skip",
-                             name=t(lang, "roof.fig_roof", gbs=num(bw / 1e9), gflops=num(peak / 1e9))))
+                             name=t(lang, "roof.fig_roof")))
     dash_x, dash_y = [], []
     for kind, color in KIND_COLORS.items():
         for predicted in (False, True):
@@ -99,5 +99,6 @@ def roofline_figure(machine, points, model: str, lang: str = EN) -> go.Figure:
                                  range=[math.log10(lo), math.log10(hi)]),
                       yaxis=dict(type="log", title=t(lang, "roof.fig_y"), dtick=1),
                       legend=dict(orientation="h", yanchor="top", y=-0.16, x=0))
-    need = max(PHONE_PX, text_px(t(lang, "roof.fig_x"), 12) + 80)
+    words = [t(lang, "roof.fig_x")] + [trace.name for trace in fig.data]  # the axis title, each legend entry
+    need = max(PHONE_PX, *(text_px(w, 12) + 60 for w in words))
     return needs_width(fig, need + MARGIN_X)

@@ -58,7 +58,7 @@ MESSAGES = {
     "roof.fig_title": ("{model}: steps on the roofline of {device}", "{model}：{device} 屋顶线上的各步"),
     "roof.fig_x": ("arithmetic intensity (FLOPs per byte read)", "算术强度（每读取一字节的浮点运算数）"),
     "roof.fig_y": ("GFLOP/s", "每秒十亿次浮点运算（GFLOP/s）"),
-    "roof.fig_roof": ("roof: {gbs} GB/s × intensity, at most {gflops} GFLOP/s", "屋顶：{gbs} GB/s × 强度，最高 {gflops} GFLOP/s"),
+    "roof.fig_roof": ("roof: bandwidth × intensity, at most the FLOP rate", "屋顶：带宽 × 强度，至多算力"),
     "roof.fig_measured": ("{kind} (measured)", "{kind}（实测）"),
     "roof.fig_predicted": ("{kind} (predicted, on its ceiling)", "{kind}（预测，位于其上限）"),
     "roof.fig_ceiling": ("each point's ceiling", "每个点的上限"),
