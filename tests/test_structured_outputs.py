@@ -204,8 +204,8 @@ def test_masks_filled_ahead_beside_the_forward_or_at_sampling_give_the_same_toke
     runs, chosen, reused = {}, filler.mode, []
     real_start = filler.start
 
-    def start(reqs):
-        ahead, masks = filler._ahead, real_start(reqs)
+    def start(reqs, drafts=None):
+        ahead, masks = filler._ahead, real_start(reqs, drafts)
         if masks is not None:
             reused.append(masks is ahead)
         return masks
