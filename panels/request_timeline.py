@@ -78,7 +78,7 @@ def build(holder: EngineHolder, switch=None):
     if switch is not None:
         switch.change(relabel, switch, [n, rate, seconds, setting], api_name=False, queue=False)
 
-    @gpu
+    @gpu(duration=int(2 * most_t + 60))  # ZeroGPU: both runs, each at most T, and two engines built
     def run_both(n_value, rate_value, seconds_value, which, request: gr.Request):
         lang = lang_of(request)
         salt = holder.salt(request.session_hash) if request is not None else None

@@ -16,7 +16,7 @@ from panels.sessions import collect_before_an_engine
 LIMITS = {False: (32, 20.0, 60.0), True: (12, 8.0, 20.0)}
 LEAST = (1, 0.1, 1.0)
 POOL_BLOCKS = 96          # each run's KV pool (the smaller pool of its setting: SMALL_POOL_BLOCKS)
-SMALL_POOL_BLOCKS = 28    # about three requests' worth: the newest are preempted and recompute
+SMALL_POOL_BLOCKS = 24    # one long request and a short one: the newest are preempted and recompute
 CHUNK_TOKENS = 64         # chunked prefill's token budget per step, fixed (no adaptive budget): chunks are visible
 MAX_TOKENS = 24
 IMAGES = ("red_circle.png", "two_shapes.png", "blue_circle.png", "three_shapes.png")
@@ -82,7 +82,9 @@ def run_load(parent, n: int, rate: float, seconds: float, setting: str, enabled:
     if not _running.acquire(blocking=False):
         raise Busy("another load run is in progress")
     try:
-        overrides = {"num_blocks": min(parent.num_blocks, POOL_BLOCKS), **SETTINGS[setting][int(enabled)]}
+        blocks = min(parent.num_blocks, POOL_BLOCKS)  # its encoder cache: at most its pool's tokens (as a KV run's)
+        overrides = {"num_blocks": blocks, "encoder_cache_size": blocks * parent.config.block_size,
+                     "vision_cache_bytes": None, **SETTINGS[setting][int(enabled)]}
         collect_before_an_engine()
         engine = parent.isolated(**overrides)
         try:

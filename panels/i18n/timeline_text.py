@@ -19,7 +19,7 @@ MESSAGES = {
     "tl.setting": ("The one setting that differs", "唯一不同的设置"),
     "tl.set.chunked": ("chunked prefill (off → on, 64 tokens a step)", "分块预填充（关 → 开，每步 64 个 token）"),
     "tl.set.async_vision": ("async vision (off → on; chunked prefill in both)", "异步视觉编码（关 → 开；两次都分块预填充）"),
-    "tl.set.small_pool": ("KV pool (96 → 28 blocks)", "KV 池（96 → 28 个块）"),
+    "tl.set.small_pool": ("KV pool (96 → 24 blocks)", "KV 池（96 → 24 个块）"),
     "tl.set.speculation": ("speculative decoding, n-gram (off → on)", "推测解码，n-gram（关 → 开）"),
     "tl.run": ("Run both", "运行两次"),
     "tl.label_off": ("A: {setting} off", "A：{setting} 关"),
