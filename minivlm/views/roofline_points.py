@@ -15,7 +15,7 @@ from minivlm.engine.request import Request, SamplingParams
 
 BATCHES = (1, 4, 16)
 CONTEXTS = (64, 1024)  # tokens of prompt: a short context (weights dominate) and a long one (the KV reads grow)
-NEW_TOKENS = 6         # decode steps per run: the first is not counted (a new batch shape pays one-time setup)
+NEW_TOKENS = 6         # tokens each request makes: 5 decode steps after its prefill, the first not counted
 PREFILL_TOKENS = 512   # the predicted prefill chunk
 BUDGET_S = 60.0        # measuring stops starting runs that could not end within this
 
@@ -48,6 +48,7 @@ class Point:
 
 
 def point(kind: str, batch: int, context: int, cost: StepCost, machine: Machine, seconds=None, steps=0) -> Point:
+    """A Point with its bound on `machine`: memory-bound when reading its bytes takes longer than its FLOPs."""
     return Point(kind, batch, context, cost, machine.bound_s(cost.bytes, cost.flops),
                  cost.bytes / machine.bandwidth >= cost.flops / machine.flops, seconds, steps)
 
@@ -69,7 +70,7 @@ def timed_steps(events, costs: ModelCosts) -> list[tuple[str, int, int, StepCost
         if not plan or any(r.get("encode") for r in plan):
             continue
         cost = step_cost(costs, [(r["start"], r["end"] - r["start"]) for r in plan],
-                         sum(1 for r in plan if r.get("sample")) or None)
+                         sum(1 for r in plan if r.get("sample")))  # a chunk that samples nothing skips the head
         out.append((ev.step_kind, len(plan), max(r["end"] for r in plan), cost, ev.ended - ev.started))
     return out
 
