@@ -81,6 +81,8 @@ def test_flops_count_every_weight_twice_a_row_and_attention_by_hand():
     prefill = step_cost(costs, [(0, 64)])  # query i sees i keys: 64·65/2 in all; one row goes through the head
     assert prefill.flops == 2 * costs.linear_params * 64 + 2 * costs.head_params + layers * 4 * heads * head_dim * 2080
     assert prefill.intensity > 40 * one.intensity  # a prefill reuses each weight 64 times
+    chunk = step_cost(costs, [(0, 64)], sampled=0)  # a chunk mid-prompt samples nothing: the head is not read
+    assert chunk.parts["LM head"] == 0 and prefill.flops - chunk.flops == 2 * costs.head_params
     assert t.kv_bytes_per_token == costs.groups[0].bytes_per_token("bfloat16")
     big = decode_cost(costs, 16, 1024)  # the lesson's figures (README step 7, LESSON.md): ~6.2 GB of weights, 0.6 of KV
     assert round((big.parts["decoder weights"] + big.parts["LM head"]) / 1e9, 1) == 6.2

@@ -112,7 +112,8 @@ def step_cost(costs: ModelCosts, requests: list[tuple[int, int]], sampled: int |
             # each group at its own head size (Gemma 4's full layers are wider)
             attention += len(g.layers) * 4 * costs.heads * g.head_dim * keys_seen(cached, new, g.window)
     flops = 2 * costs.linear_params * tokens + 2 * costs.head_params * sampled + attention
-    parts = {"decoder weights": costs.decoder, "LM head": costs.lm_head, "embedding rows": tokens * costs.row_bytes,
+    parts = {"decoder weights": costs.decoder, "LM head": costs.lm_head if sampled else 0,  # a mid-prompt chunk: none
+             "embedding rows": tokens * costs.row_bytes,
              "KV reads": kv, "recurrent state": state}
     return StepCost(parts, flops, len(requests), tokens, sum(c + n for c, n in requests))
 
