@@ -147,10 +147,9 @@ class TimelineBuilder:
 
     def _scheduled(self, ev):
         f = ev.fields
-        if "ended" not in f:
-            raise ValueError(f"step {ev.step}'s scheduled event has no end time: read the log after the step ended")
-        self._step_end = f["ended"]
-        self.steps.append(StepTime(ev.step, f["started"], ev.time, f["ended"], f["step_kind"], f["num_tokens"]))
+        ended = f.get("ended", ev.time)  # none: a step that never ended (its loop died), timed at its plan
+        self._step_end = ended
+        self.steps.append(StepTime(ev.step, f.get("started", ev.time), ev.time, ended, f["step_kind"], f["num_tokens"]))
         for p in f["plan"]:
             rid = p["request_id"]
             r = self.requests.get(rid)
@@ -163,9 +162,9 @@ class TimelineBuilder:
                 self._left_tower(rid)  # its images are encoded (or were cached): the tower has no job of its
             kind = "decode" if p["kind"] == "decode" else "chunk" if p["kind"] == "chunk" else "prefill"
             tokens = 1 if kind == "decode" else p["end"] - p["start"]
-            r.spans.append(Span(rid, kind, ev.time, f["ended"], (ev.step,), tokens))
+            r.spans.append(Span(rid, kind, ev.time, ended, (ev.step,), tokens))
             if p["sample"]:
-                r.token_times.append(f["ended"])
+                r.token_times.append(ended)
 
     def _left_tower(self, rid: str):
         if rid in self._in_tower:
