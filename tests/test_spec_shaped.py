@@ -185,26 +185,31 @@ def test_the_masks_along_a_draft_are_the_librarys_and_the_matcher_ends_where_it_
     grammars = spec.intake.grammars()
     assert grammars.backend == backend
     vocab = spec.hf_config.text_config.vocab_size
-    for draft, valid in ((text[2:6], 4), (text[2:4] + [tok.encode("green")[0]] + text[5:6], 2)):
+    green = tok.encode("green")[0]
+    # (tokens taken, the draft, rows the walk fills): all guesses allowed; "green" forbidden at its row; the last
+    # guess completes the grammar (the walk stops after it)
+    for start, draft, filled in ((2, text[2:6], 5), (2, text[2:4] + [green] + text[5:6], 3),
+                                 (len(text) - 2, text[-2:] + text[:1], 2)):
         ours = grammars.matcher(so)
-        for t in text[:2]:
+        for t in text[:start]:
             ours.advance(t)
         masks = BatchMasks([7], [ours], [tuple(draft)], [frozenset()], [True])
         masks.fill()
-        assert masks.rows == {7: (0, 5)} and ours.consumed == 2
+        assert masks.rows == {7: (0, 1 + len(draft))} and ours.consumed == start
         truth = LibraryMatcher(backend, spec, FIVE)
-        for t in text[:2]:
+        for t in text[:start]:
             assert truth.take(t)
-        for j in range(5):
-            want = truth.mask() if j <= valid else list(range(vocab))  # past a forbidden guess: never read
-            assert allowed_ids(masks.bits[j], vocab).tolist() == want, j
-            if j < valid:
+        for j in range(1 + len(draft)):
+            want = truth.mask() if j < filled else list(range(vocab))  # past the walk's end: never read
+            assert allowed_ids(masks.bits[j], vocab).tolist() == want, (start, j)
+            if j < filled - 1:
                 assert truth.take(draft[j])
         after = LibraryMatcher(backend, spec, FIVE)
-        for t in text[:2]:
+        for t in text[:start]:
             assert after.take(t)
         assert allowed_ids(ours.allowed(), vocab).tolist() == after.mask()
-        for t in text[2:]:
+        for t in text[start:]:
+            assert not ours.finished()
             ours.advance(t)
         assert ours.finished()
 
