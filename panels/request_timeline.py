@@ -61,7 +61,8 @@ def build(holder: EngineHolder, switch=None):
         seconds = gr.Number(DEFAULTS[2], label=t("en", "tl.seconds", low=LEAST[2], high=most_t),
                             elem_id="tl-seconds")
     with gr.Row(equal_height=True):
-        setting = gr.Dropdown([(t("en", SETTING_WORDS[k][0]), k) for k in SETTINGS], value="chunked", label=L("tl.setting"),
+        setting = gr.Dropdown([(t("en", SETTING_WORDS[k][0]), k) for k in SETTINGS], value="chunked",
+                              label=L("tl.setting"),
                               elem_id="tl-setting")
         go_btn = gr.Button(L("tl.run"), variant="primary", elem_id="tl-run")
     summary = gr.Markdown(L("tl.empty"), elem_id="tl-summary")
