@@ -1,7 +1,8 @@
 """The request timeline in wall-clock time, from the event log alone: per request its spans (waiting in the queue,
 the vision tower on its thread and each time slice it ran in when sliced, each prefill or chunk, each decode step
-with the guesses it accepted, preempted), the time each token reached its caller, and the latencies vLLM reports (TTFT, inter-token latency, end-to-end,
-queue time); per run their percentiles, tokens/s and every step's duration. Pure functions over events.
+with the guesses it accepted, preempted), the time each token reached its caller, and the latencies vLLM reports
+(TTFT, inter-token latency, end-to-end, queue time); per run their percentiles, tokens/s and every step's duration.
+Pure functions over events.
 
 Times are the engine's clock (EngineCore.clock) as the events carry it: a step's `scheduled` event says when the
 step started, when its plan was ready (the event's time: the forward starts) and when it ended (its tokens go to
