@@ -77,6 +77,8 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
             if model_name == THIS_ENGINE:
                 config, shown_dtype = engine.hf_config, engine.config.quantization or engine.memory_report().dtype
                 shown = engine.config.model.rstrip("/").rsplit("/", 1)[-1]
+                if points == []:  # measured, and no step came back timed
+                    return machine_line(machine, lang), t(lang, "roof.no_times"), None, "", "", None
                 if points:
                     head = t(lang, "roof.measured_note", n=len(points), steps=sum(p.steps for p in points))
                 else:
@@ -85,8 +87,6 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
                 config, shown_dtype, shown = model_name, weights_dtype, model_name
                 points = predicted_points(model_costs(model_name, weights_dtype), machine)
                 head = t(lang, "roof.predicted_note", model=model_name, dtype=weights_dtype)
-            if not points:
-                return machine_line(machine, lang), t(lang, "roof.no_times"), None, "", "", None
             lines = "\n".join(f"- {sentence(p, machine, lang)}" for p in points)
             if any((p.fraction or 0) > 1 for p in points):  # the bound was measured while the machine was busier
                 lines += "\n\n" + t(lang, "roof.above")

@@ -31,8 +31,9 @@ MESSAGES = {
     "roof.measured_note": ("Measured on this engine: {n} points from {steps} timed steps (the `scheduled` events' "
                            "started / ended).",
                            "在本引擎上实测：{n} 个点，来自 {steps} 个计时的步（`scheduled` 事件的 started / ended）。"),
-    "roof.no_times": ("This engine's event log carries no step times (event_log_size 0?): nothing to place.",
-                      "本引擎的事件日志没有步的时间（event_log_size 为 0？）：没有可画的点。"),
+    "roof.no_times": ("No step came back timed (a run too long for the measuring budget, or a log without step "
+                      "times): nothing to place.",
+                      "没有带时间的步（运行太长、超出测量预算，或日志里没有步的时间）：没有可画的点。"),
     "roof.kind.decode": ("decode", "解码"),
     "roof.kind.prefill": ("prefill", "预填充"),
     "roof.kind.mixed": ("mixed", "混合"),
