@@ -1,7 +1,8 @@
-"""Where speculation still cannot apply (#55: hybrid models, until their state rolls back), the engine says why instead
-of proposing nothing in silence: a `not_speculated` event on each request's first decode step with the reason, one log
-line per reason, the step-through's sentence in English and Chinese; nothing is guessed and the answers are those
-without speculation."""
+"""Where speculation cannot apply (a KV-cache group whose manager cannot give a guess back: hybrid models did not
+before #55 item 2, and a group kind without `speculates` would not), the engine says why instead of proposing nothing
+in silence: a `not_speculated` event on each request's first decode step with the reason, one log line per reason,
+the step-through's sentence in English and Chinese; nothing is guessed and the answers are those without
+speculation. The hybrid groups speculate now (tests/test_spec_hybrid.py), so the test takes that away from them."""
 import logging
 
 import pytest
@@ -14,7 +15,10 @@ SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, 
 
 @pytest.mark.slow  # makes two random hybrid checkpoints (~30 s on a busy machine)
 @pytest.mark.parametrize("family, reason", [("qwen3_5", "recurrent_state"), ("gemma3", "sliding_window")])
-def test_a_hybrid_model_says_why_it_does_not_speculate(tmp_path, caplog, family, reason):
+def test_a_hybrid_model_says_why_it_does_not_speculate(tmp_path, caplog, monkeypatch, family, reason):
+    from minivlm.engine.kv_cache.recurrent import RecurrentManager
+    from minivlm.engine.kv_cache.sliding_window import SlidingWindowManager
+    monkeypatch.setattr(RecurrentManager if family == "qwen3_5" else SlidingWindowManager, "speculates", False)
     from minivlm.views.events import describe
     from panels.i18n import EN, ZH
     from panels.i18n.events import describe_in
