@@ -14,6 +14,7 @@ What it adds to Gemma 3's sliding / full hybrid:
 import torch
 from torch import nn
 
+from minivlm.model.attention import AttentionMetadata
 from minivlm.model.cache_spec import CacheSpec
 from minivlm.model.decoder import load_strictly
 from minivlm.model.gemma3 import ScaledEmbedding, gelu_tanh
@@ -249,6 +250,12 @@ class Gemma4Decoder(nn.Module):
         x, step_kv = embeds, {}
         for i, layer in enumerate(self.layers):
             src = self.sources[i]
+            if src != i and last is not None and 0 < len(last) < x.shape[0] and sequences(metas) == len(last):
+                # from the first shared layer on nothing is written: only the rows whose logits are asked go on
+                x, ple, ropes = x[last], None if ple is None else ple[last], {t: (c[last], s[last])
+                                                                              for t, (c, s) in ropes.items()}
+                metas, step_kv = last_rows(metas, last), {j: (k[last], v[last]) for j, (k, v) in step_kv.items()}
+                last = torch.arange(len(last), device=x.device)
             x, kv = layer(x, None if ple is None else ple[:, i], *ropes[self.types[i]], kv_caches[src],
                           metas[self.kinds[i]], step_kv.get(src))
             if kv is not None:
@@ -260,6 +267,22 @@ class Gemma4Decoder(nn.Module):
         logits = self.lm_head(hidden)
         cap = self.cfg.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def sequences(metas: dict) -> int:
+    """How many sequences the step runs (one row each of `last` when it asks for one logit per sequence)."""
+    return len(next(m for m in metas.values() if m is not None).q_lens)
+
+
+def last_rows(metas: dict, last: torch.Tensor) -> dict:
+    """Each attention group's metadata for one query per sequence, its last row, over the same blocks: a decode's
+    (that row sees every earlier key, as it did in the whole chunk; it is never inside an image span's middle)."""
+    out = {}
+    for kind, m in metas.items():
+        out[kind] = None if m is None else AttentionMetadata.build(
+            m.slot_mapping[last], [1] * len(last), m.ctx_lens, m.block_tables, m.block_size, m.ctx_lens_t.device,
+            m.attention, window=m.window)
+    return out
 
 
 def causal_full_layers(metas: dict) -> dict:
