@@ -34,9 +34,7 @@ def shape_draft_rows(rows: torch.Tensor, state, draft, masks=None) -> torch.Tens
         rows[:, torch.tensor(list(p.logit_bias), device=rows.device)] += torch.tensor(
             list(p.logit_bias.values()), device=rows.device)
     if state.history:
-        seen = torch.tensor(list(state.history) + list(draft), device=rows.device)
-        for j in range(rows.shape[0]):
-            penalize(rows[j], seen[:len(state.history) + j], state.num_prompt, p, vocab)
+        penalize_along(rows, torch.tensor(state.history, device=rows.device), draft, state.num_prompt, p)
     if masks is not None and state.seq_id in masks.rows:
         from minivlm.engine.sampling.structured_output import apply_bitmasks
         first, n = masks.rows[state.seq_id]
@@ -54,3 +52,24 @@ def penalize(row: torch.Tensor, history: torch.Tensor, num_prompt: int, p, vocab
     if p.frequency_penalty or p.presence_penalty:
         counts = torch.bincount(history[num_prompt:], minlength=vocab)[:vocab].to(row.dtype)
         row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+
+
+def penalize_along(rows: torch.Tensor, history: torch.Tensor, draft, num_prompt: int, p):
+    """penalize() for every row of a speculating request at once, in place: row j counts history and the first j
+    guesses (a count matrix built by a cumulative sum of the guesses, where a penalize() call per row cost ~0.5 ms each
+    on a busy 2-core machine). The same float operations as penalize(), so a row comes out bitwise the same."""
+    n, vocab = rows.shape
+    guessed = torch.zeros(n, vocab, dtype=rows.dtype, device=rows.device)
+    if len(draft):  # guess i counts from row i + 1 on
+        guessed[torch.arange(1, 1 + len(draft), device=rows.device),
+                torch.tensor(list(draft), device=rows.device)] = 1
+    guessed = guessed.cumsum(0)
+    if p.repetition_penalty != 1.0:
+        seen = torch.zeros(vocab, dtype=torch.bool, device=rows.device)
+        seen[history] = True
+        seen = seen | (guessed > 0)
+        rows.copy_(torch.where(seen, torch.where(rows > 0, rows / p.repetition_penalty,
+                                                  rows * p.repetition_penalty), rows))
+    if p.frequency_penalty or p.presence_penalty:
+        counts = torch.bincount(history[num_prompt:], minlength=vocab)[:vocab].to(rows.dtype) + guessed
+        rows -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(rows.dtype)
