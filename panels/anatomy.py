@@ -26,6 +26,7 @@ RED, BLUE = os.path.join(EXAMPLES_DIR, "red_circle.png"), os.path.join(EXAMPLES_
 EXAMPLES = [[RED, BLUE, "What color is the shape?"], [os.path.join(EXAMPLES_DIR, "three_shapes.png"), None,
                                                        "What color is the triangle?"]]
 TRACK = 4  # the size slider ends at 4x the processor's default, so the default sits a quarter of the way along
+BUDGETS = (70, 140, 280, 560, 1120)  # Gemma 4's soft-token budgets per image (its image processor takes no other)
 
 
 def pixel_range(engine) -> tuple[int, int, int, int]:
@@ -35,6 +36,8 @@ def pixel_range(engine) -> tuple[int, int, int, int]:
     ip, family = getattr(engine.processor, "image_processor", None), engine.family
     if family.images == "fixed":
         return 0, 1, 1, 0
+    if family.images == "budget":  # Gemma 4: which of its soft-token budgets (an index into BUDGETS)
+        return 0, len(BUDGETS) - 1, 1, BUDGETS.index(ip.max_soft_tokens)
     if family.images == "patches":
         unit = (ip.patch_size * ip.merge_size) ** 2  # one merged token's pixels
         default = int(ip.size.longest_edge)  # steps of one token; a linear track where the default is visible
@@ -59,6 +62,8 @@ def knob_label(engine, lang: str = EN) -> str:
         return t(lang, "anat.knob_patches", px=(ip.patch_size * ip.merge_size) ** 2)
     if family.images == "fixed":
         return t(lang, "anat.fixed_knob")
+    if family.images == "budget":
+        return t(lang, "anat.budget_knob", budgets=", ".join(map(str, BUDGETS)))
     return t(lang, "anat.knob_crops" if family.tiling == "crops" else "anat.knob_tiles")
 
 
@@ -75,6 +80,8 @@ def pixels_kwargs(engine, value) -> dict | None:
         return {"max_patches": value, "min_patches": min(engine.processor.image_processor.min_patches, value)}
     if family.images == "fixed":
         return {"do_pan_and_scan": bool(value)}
+    if family.images == "budget":
+        return {"max_soft_tokens": BUDGETS[value]}
     if family.images == "tiles":
         return {"size": {"longest_edge": value}}
     return None

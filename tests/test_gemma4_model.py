@@ -180,6 +180,19 @@ def test_the_kv_tab_and_status_line_show_the_shared_layers_reading_their_sources
         assert "no blocks of its own" in view and "(layer → source: 6–8 → 5, 9 → 4)" in view
 
 
+def test_the_anatomy_tab_draws_an_image_under_each_budget(served):
+    """The Anatomy tab's size slider picks the soft-token budget: its second stop asks for 140, and the drawn request
+    has the tokens HF's processor gives that budget (as test_a_soft_token_budget... checks against it)."""
+    import panels.anatomy as tab
+    with nullcontext(served) as e:  # the module's engine
+        assert tab.knob(e)[:4] == (0, 4, 1, 0) and "max_soft_tokens" in tab.knob(e)[4]
+        kwargs = tab.pixels_kwargs(e, 1)
+        image = scene(200, 130, (220, 30, 30))
+        text = tab.render(e, Request(prompt="Colour?", images=[image], mm_processor_kwargs=kwargs), [image])[0]
+        tokens = e.anatomy(Request(prompt="Colour?", images=[image], mm_processor_kwargs=kwargs)).images[0].num_tokens
+    assert kwargs == {"max_soft_tokens": 140} and f"200×130 px → {tokens} tokens" in text and tokens > 70
+
+
 @pytest.mark.slow
 def test_sixteen_token_chunks_equal_hf(path):
     with engine(path, enable_chunked_prefill=True, max_num_batched_tokens=16) as e:

@@ -72,6 +72,8 @@ MESSAGES = {
     "anat.knob_patches": ("max_pixels (one step = one token = {px} px)", "max_pixels（每格 = 一个 token = {px} 像素）"),
     "anat.knob_crops": ("max_patches (crops)", "max_patches（裁剪块数）"),
     "anat.knob_tiles": ("size: longest edge before tiling (px)", "size：切块前的最长边（像素）"),
+    "anat.budget_knob": ("max_soft_tokens: 0-4 for {budgets} soft tokens per image at most",
+                         "max_soft_tokens：0-4 对应每张图最多 {budgets} 个软 token"),
     "anat.fixed_knob": ("do_pan_and_scan: 0 off, 1 on (a long image is also cut into crops)",
                         "do_pan_and_scan：0 关，1 开（长图片还会被切成裁剪块）"),
     "keys.what.A": ("token ids only", "只有 token id"), "keys.what.B": ("+ image content hash", "+ 图像内容哈希"),
