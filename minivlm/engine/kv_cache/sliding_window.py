@@ -79,6 +79,11 @@ class SlidingWindowManager(FullAttentionManager):
             self.events.emit("allocated", seq.request_id, block_ids=fresh, group=self.group_idx)
         return fresh
 
+    def reserve(self, seq, num_tokens: int):
+        """Blocks for seq's guesses up to num_tokens: as `advance` for a step from its next token (its num_computed,
+        the oldest query of the step: what no guess can see goes back first, never what the token itself reads)."""
+        self.advance(seq, seq.num_computed, num_tokens)
+
     def _drop(self, b: int) -> int | None:
         block = self.blocks[b]
         block.ref_count -= 1
