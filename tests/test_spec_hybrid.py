@@ -7,12 +7,13 @@ import logging
 
 import pytest
 
-from minivlm import Engine, EngineConfig, Request, SamplingParams
+from minivlm import Engine, EngineConfig, Request, SamplingParams, StructuredOutputsParams as SO
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 PROMPTS = ["red red red red red blue red red red", "blue square, blue square, blue square, red",
            "one two three one two three one two"]
 MAX = 32
+OPEN = 'root ::= item (", " item)*\nitem ::= colour " " shape\ncolour ::= "red" | "blue"\nshape ::= "circle" | "square"'
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +129,37 @@ def test_no_slot_or_block_outlives_a_request_aborted_or_failed_mid_draft(checkpo
         e.generate(Request(prompt="red"), SamplingParams(max_tokens=2))
         check_nothing_held(e)
     check_same([survivor], reference[family][:1])
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma3"])
+def test_penalties_bias_and_a_grammar_answer_as_without_speculation(checkpoints, family):
+    """Penalties and a logit bias (each guess's row shaped after the guesses before it) and a grammar (its matcher
+    walked along the guesses and rolled back) on a hybrid model: the plain engine's tokens and logprobs."""
+    reqs = [Request(prompt=PROMPTS[0]), Request(prompt="Read this back: red circle, blue square, red circle.")]
+    ps = [SamplingParams(max_tokens=MAX, ignore_eos=True, repetition_penalty=1.2, presence_penalty=0.3,
+                         logit_bias={89: 0.5}, logprobs=2),
+          SamplingParams(max_tokens=24, ignore_eos=True, structured_outputs=SO(grammar=OPEN), logprobs=2)]
+    with engine(checkpoints[family]) as plain:
+        want = plain.generate(reqs, ps)
+    with engine(checkpoints[family], speculative_config=SPEC) as e:
+        got = e.generate(reqs, ps)
+        spoke = {ev.request_id for ev in e.events() if ev.kind == "speculated"}
+        check_guessed(e.spec_decode_stats())
+        check_nothing_held(e)
+    assert spoke == {o.request_id for o in got}  # both requests guessed
+    for (tokens, lps), (ref_tokens, ref_lps) in zip(answers(got), answers(want), strict=True):
+        assert tokens == ref_tokens
+        assert all(abs(a[t] - b[t]) < 1e-4 for t, a, b in zip(tokens, lps, ref_lps))
+
+
+@pytest.mark.slow  # one more random checkpoint (Gemma 4: sliding, full and kv_shared groups), ~30 s
+def test_gemma4_speculates_as_it_decodes(tmp_path):
+    from tools.make_checkpoint_gemma4 import make_gemma4_checkpoint
+    path = make_gemma4_checkpoint(str(tmp_path / "gemma4"), seed=1)  # a seed whose answers repeat a little
+    with engine(path) as plain:
+        want = plain.generate(requests(), [params(), params(), params(2)])
+    for settings in ({}, {"enable_chunked_prefill": True, "max_num_batched_tokens": 16}):
+        with engine(path, speculative_config=SPEC, **settings) as e:
+            check_same(e.generate(requests(), [params(), params(), params(2)]), want)
+            check_guessed(e.spec_decode_stats())
+            check_nothing_held(e)
