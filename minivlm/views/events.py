@@ -226,7 +226,7 @@ def describe(ev: EngineEvent) -> str:
             if f["given_back"] else ""
         return f"{rid} proposed {len(f['draft'])} token(s) found at {where}; accepted {f['accepted']}{back}"
     if ev.kind == "not_speculated":
-        return f"{rid} does not speculate: {NOT_ON_THIS_MODEL[f['reason']]}"
+        return f"{rid} does not speculate: {NOT_ON_THIS_MODEL.format(kind=f['reason'])}"
     if ev.kind == "constrained":
         return f"{rid}'s grammar allowed {f['allowed']} of {f['vocab']} tokens; it chose {f['text']!r} (token {f['token']})"
     if ev.kind == "state_evicted":

@@ -69,8 +69,7 @@ def describe_in(ev, lang: str) -> str:
                  slots=", ".join(map(str, f["given_back"]))) if f["given_back"] else ""
         return t(lang, "ev.speculated", rid=rid, n=len(f["draft"]), where=where, accepted=f["accepted"], back=back)
     if ev.kind == "not_speculated":
-        why = {"recurrent_state": "ev.no_spec.recurrent_state", "sliding_window": "ev.no_spec.sliding_window"}
-        return t(lang, "ev.not_speculated", rid=rid, why=t(lang, why[f["reason"]]))
+        return t(lang, "ev.not_speculated", rid=rid, kind=f["reason"])
     if ev.kind == "constrained":
         return t(lang, "ev.constrained", rid=rid, allowed=f["allowed"], vocab=f["vocab"], text=repr(f["text"]),
                  token=f["token"])

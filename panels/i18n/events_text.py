@@ -27,13 +27,8 @@ MESSAGES = {
     "ev.spec_prompt": ("token {at} (in the prompt)", "第 {at} 个 token（提示词中）"),
     "ev.spec_answer": ("token {at} (in its answer)", "第 {at} 个 token（它的回答中）"),
     "ev.spec_back": ("; slot{s} {slots} given back", "；槽位 {slots} 归还"),
-    "ev.not_speculated": ("{rid} does not speculate: {why}", "{rid} 不做推测解码：{why}"),
-    "ev.no_spec.recurrent_state": ("the model's recurrent state advances in place over every guess and cannot yet be "
-                                   "rolled back to the accepted ones",
-                                   "模型的循环状态会就地越过每个猜测向前推进，目前还不能回滚到只含被接受的 token"),
-    "ev.no_spec.sliding_window": ("the model's sliding-window blocks would have to stay until no accepted position can "
-                                  "see them",
-                                  "模型的滑动窗口块必须保留到没有任何被接受的位置还能看到它们为止"),
+    "ev.not_speculated": ("{rid} does not speculate: the model's {kind} KV-cache group cannot hold guessed tokens "
+                          "and give them back", "{rid} 不做推测解码：模型的 {kind} KV 缓存组不能暂存猜测的 token 再归还"),
     "ev.constrained": ("{rid}'s grammar allowed {allowed} of {vocab} tokens; it chose {text} (token {token})",
                        "{rid} 的语法允许 {vocab} 个 token 中的 {allowed} 个；它选了 {text}（token {token}）"),
     "ev.state_evicted": ("state checkpoint in slot {slot} evicted: key {key}… forgotten",

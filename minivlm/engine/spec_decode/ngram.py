@@ -12,12 +12,7 @@ from minivlm.engine.spec_decode.rejection_sampler import verify  # noqa: F401 --
 
 log = logging.getLogger("minivlm")
 
-# why a request cannot speculate on this model: state that verification cannot yet roll back to the accepted tokens
-NOT_ON_THIS_MODEL = {
-    "recurrent_state": "the model's recurrent state advances in place over every guess and cannot yet be rolled back "
-                       "to the accepted ones",
-    "sliding_window": "the model's sliding-window blocks would have to stay until no accepted position can see them",
-}
+NOT_ON_THIS_MODEL = "the model's {kind} KV-cache group cannot hold guessed tokens and give them back"
 
 
 def propose(tokens: list[int], types: list[int], cfg: SpeculativeConfig, k: int) -> tuple[list[int], int]:
@@ -65,9 +60,10 @@ class SpecStats:
 class Speculator:
     """The scheduler's side: which decoding requests speculate this step, and their guesses with room for them. Any
     request may: a grammar, penalties or a logit bias shape each guess's logits as they would shape that token's
-    (rejection_sampler.py). Not on a model whose other state cannot be rolled back yet (NOT_ON_THIS_MODEL: said once
-    per request in a `not_speculated` event, and once per reason in the log); and only as far as its max_tokens,
-    max_model_len, the step's token budget and the free blocks allow."""
+    (rejection_sampler.py). Not on a pool with a KV-cache group whose manager cannot hold guesses and give them back
+    (its `speculates`; every group kind here can: a new kind that cannot is said once per request in a
+    `not_speculated` event, once per kind in the log); and only as far as its max_tokens, max_model_len, the step's
+    token budget and the free blocks allow."""
 
     def __init__(self, config: SpeculativeConfig, max_model_len: int, events=None):
         self.config, self.max_model_len, self.events = config, max_model_len, events
@@ -75,11 +71,11 @@ class Speculator:
 
     @staticmethod
     def why_not(bm) -> str | None:
-        """The reason (a NOT_ON_THIS_MODEL key) no request of this pool can speculate, or None (the coordinator's
-        `speculates`: guesses can be held and given back)."""
+        """The kind of this pool's first KV-cache group that cannot hold guesses and give them back (the coordinator's
+        `speculates`, asked of each group's manager), or None."""
         if getattr(bm, "speculates", True):
             return None
-        return "recurrent_state" if bm.states is not None else "sliding_window"
+        return next(g.kind for g in bm.managers if not getattr(g, "speculates", g.kind == "full_attention"))
 
     def draft(self, seq, budget: int | None, bm, others: int = 0) -> tuple[tuple[int, ...], int]:
         p = seq.params
@@ -103,11 +99,11 @@ class Speculator:
         return tuple(draft), at
 
     def refuse(self, seq, reason: str):
-        """Say why seq does not speculate: a `not_speculated` event on its first decode step, a log line the first time
-        a reason comes up."""
+        """Say why seq does not speculate (reason: the group kind that cannot): a `not_speculated` event on its first
+        decode step, a log line the first time a kind comes up."""
         if reason not in self.said:
             self.said.add(reason)
-            log.warning("speculative decoding does not apply (%s): %s", reason, NOT_ON_THIS_MODEL[reason])
+            log.warning("speculative decoding does not apply: %s", NOT_ON_THIS_MODEL.format(kind=reason))
         if seq.num_output_tokens == 1 and self.events is not None:  # its first decode step
             self.events.emit("not_speculated", seq.request_id, reason=reason)
 
