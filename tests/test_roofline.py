@@ -10,7 +10,7 @@ import pytest
 
 from minivlm import Engine, SamplingParams
 from minivlm.budget import estimate
-from minivlm.budget.machine import Machine, measure_machine
+from minivlm.budget.machine import Machine, measure_machine, timed_runs
 from minivlm.budget.roofline import decode_cost, image_cost, model_costs, step_cost
 from minivlm.views.roofline_points import Point, engine_costs, measure_points, point, timed_steps
 from panels.i18n import EN, ZH
@@ -123,11 +123,15 @@ def test_each_sentence_does_its_arithmetic():
 
 
 def test_the_machine_is_measured_within_its_budget_and_once_a_process():
+    for budget, one in ((0.3, 0.04), (0.1, 0.07), (0.05, 0.2)):  # runs of a known length (sleeps: a busy CPU waits)
+        start = time.perf_counter()
+        best, runs = timed_runs(lambda: time.sleep(one), lambda: None, budget, start)
+        took = time.perf_counter() - start
+        assert runs >= 1 and best >= one  # at least one timed run, after the untimed warm one
+        assert took <= max(budget, 2 * one) + 0.1, (budget, one, took, runs)  # the budget, or warm + one run
     start = time.perf_counter()
-    m = measure_machine(budget_s=0.5, fresh=True)
-    took = time.perf_counter() - start
-    one_run = 64 * 2**20 * 2 / m.bandwidth + 2 * 1024 ** 3 / m.flops  # the run each part may start at its end
-    assert took <= 0.5 + 2 * one_run + 0.3, (took, m)  # + 0.3 s: 2 cores shared by other processes
+    m = measure_machine(budget_s=0.5, fresh=True)  # the real one, on a shared 2-core box: a generous margin
+    assert time.perf_counter() - start < 0.5 + 1.5 and m.seconds < 2.0, m
     assert m.bandwidth > 1e8 and m.flops > 1e8 and m.copy_runs >= 1 and m.matmul_runs >= 1
     start = time.perf_counter()
     assert measure_machine() is measure_machine() and time.perf_counter() - start < 0.05

@@ -1,8 +1,8 @@
 """The roofline's denominators, measured on the spot: the device's memory copy bandwidth and its matmul FLOP rate.
 
 Both are short and bounded (each starts no run that would end past its half of `budget_s`, counted from before its
-buffers are made, but times at least one: the wall time is at most the budget plus one run), cached
-per process and device, and measured with torch's own ops on the device the engine runs on (on CUDA the device's
+buffers are made, after one untimed warm run and at least one timed run: the wall time is the budget, or two runs
+where one run is longer than that), cached per process and device, and measured with torch's own ops on the device the engine runs on (on CUDA the device's
 copy and matmul, synchronised). Bandwidth follows the STREAM convention (bytes read + bytes written, on buffers far
 larger than the caches), as bench/timing.py's copy_bandwidth does; the FLOP rate is a square matmul in the engine's
 compute dtype, 2·n³ FLOPs a run. The best run counts: the machine's bound is what it can do, not what it did."""
