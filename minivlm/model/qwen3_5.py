@@ -139,7 +139,7 @@ class GatedDeltaNet(nn.Module):
         for t in range(L):
             out[t] = self.advance(qkv[None, t:t + 1], g[None, t:t + 1], beta[None, t:t + 1], state, slot)[0, 0]
             if t < L - 1:
-                kept.append(tuple(s[slot[0]].clone() for s in state))
+                kept.append(tuple(s[slot][0] for s in state))  # indexing by a tensor copies (and stays on device)
         return kept
 
     def advance(self, qkv, g, beta, state, slots: torch.Tensor) -> torch.Tensor:
