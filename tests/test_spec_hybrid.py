@@ -163,3 +163,35 @@ def test_gemma4_speculates_as_it_decodes(tmp_path):
             check_same(e.generate(requests(), [params(), params(), params(2)]), want)
             check_guessed(e.spec_decode_stats())
             check_nothing_held(e)
+
+
+def saved_states(e, reqs, ps) -> tuple[dict, set]:
+    """Every state the recurrent group saves into a checkpoint while e answers reqs: (request, token) -> each layer's
+    states, and the keys saved by steps that verified guesses."""
+    builder = next(b for b in e.core.runner.builders if b.kind == "recurrent")
+    real, saved, drafted, order = builder.after, {}, set(), {}  # order: request ids count on across engines
+
+    def after(plan, caches):
+        real(plan, caches)
+        for r in plan:
+            if (p := r.groups[builder.group]).save_to >= 0:
+                key = (order.setdefault(r.request_id, len(order)), r.end)
+                saved[key] = [t[p.save_to].clone() for i in builder.layers for t in caches[i]]
+                if p.draft:
+                    drafted.add(key)
+    builder.after = after
+    e.generate(reqs, ps)
+    return saved, drafted
+
+
+def test_a_checkpoint_saved_by_a_verify_step_is_the_state_after_its_own_token(checkpoints):
+    """A decode checkpoint saved in a step that verified guesses holds the state after the request's own token (not
+    after its guesses): equal to the one decoding without speculation saves at the same token."""
+    with engine(checkpoints["qwen3_5"]) as plain:
+        want, _ = saved_states(plain, requests(), params())
+    with engine(checkpoints["qwen3_5"], speculative_config=SPEC) as e:
+        got, drafted = saved_states(e, requests(), params())
+    both = drafted & set(want)
+    assert both, "no checkpoint was saved by a verify step at a token the plain run also saved"
+    for key in set(got) & set(want):
+        assert all((a - b).abs().max() < 1e-5 for a, b in zip(got[key], want[key])), key
