@@ -114,3 +114,11 @@ def export(student, mtp, tokenizer, out_dir: str, processor_dir: str):
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "processor_config.json",
                  "generation_config.json"):
         shutil.copy(os.path.join(processor_dir, name), os.path.join(out_dir, name))
+
+
+def load_mtp(model_dir: str, text_config) -> MTPHead:
+    """The MTP head of an exported checkpoint (its mtp.* tensors), in eval mode."""
+    head = MTPHead(text_config)
+    tensors = load_file(os.path.join(model_dir, "model.safetensors"))
+    head.load_state_dict({k[len("mtp."):]: v for k, v in tensors.items() if k.startswith("mtp.")})
+    return head.eval()

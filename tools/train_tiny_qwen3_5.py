@@ -36,7 +36,7 @@ def data_args(args):
                            near_cut=args.near_cut, zh=args.zh, zh_mixed=args.zh_mixed)
 
 
-def forward(student, mtp, batch, image_features):
+def forward(student, mtp, batch, image_features, layers: list = None):
     """Main logits, MTP logits (position i predicts token i+2) and the final hidden states of one batch."""
     model = student.model
     embeds = model.get_input_embeddings()(batch["input_ids"])
@@ -47,8 +47,11 @@ def forward(student, mtp, batch, image_features):
                                               image_grid_thw=batch["image_grid_thw"],
                                               attention_mask=batch["attention_mask"],
                                               mm_token_type_ids=batch.get("mm_token_type_ids"))
-    hidden = model.language_model(inputs_embeds=embeds, position_ids=positions,
-                                  attention_mask=batch["attention_mask"]).last_hidden_state
+    out = model.language_model(inputs_embeds=embeds, position_ids=positions, attention_mask=batch["attention_mask"],
+                               output_hidden_states=layers is not None)
+    hidden = out.last_hidden_state
+    if layers is not None:  # every decoder layer's output, for the layer-wise distillation
+        layers.extend(out.hidden_states[1:])
     lm_head = student.lm_head
     rope = model.language_model.rotary_emb(hidden, positions[-3:, :, :-1])  # the MTP at i sits at position i
     drafted = mtp(embeds[:, 1:], hidden[:, :-1], rope)
@@ -56,11 +59,13 @@ def forward(student, mtp, batch, image_features):
 
 
 def losses(student, mtp, teacher, batch, captured, args):
-    """(answer CE, KL to the teacher on answer tokens, MTP CE on answer tokens two ahead)."""
+    """(answer CE, KL to the teacher on answer tokens, MTP CE on answer tokens two ahead, and with --hidden-weight the
+    layer-wise distance to the teacher's decoder: both have 4 layers of width 128)."""
     labels = batch.pop("labels")
     with torch.no_grad():
-        teacher_logits = teacher(**batch).logits
-    logits, drafted, _ = forward(student, mtp, batch, captured["tokens"])
+        taught = teacher(**batch, output_hidden_states=bool(args.hidden_weight))
+    teacher_logits, layers = taught.logits, [] if args.hidden_weight else None
+    logits, drafted, _ = forward(student, mtp, batch, captured["tokens"], layers)
     target = labels[:, 1:]
     keep = target != -100
     ce = F.cross_entropy(logits[:, :-1][keep], target[keep])
@@ -70,7 +75,17 @@ def losses(student, mtp, teacher, batch, captured, args):
     target2 = labels[:, 2:]
     keep2 = target2 != -100
     mtp_ce = F.cross_entropy(drafted[:, :-1][keep2], target2[keep2])
-    return ce, kl, mtp_ce
+    hidden = torch.zeros(())
+    if args.hidden_weight:  # each layer's output near the teacher's, relative to its size, at every real position
+        real = batch["attention_mask"].bool()
+        hidden = sum(((s - t).pow(2).mean(-1) / t.pow(2).mean(-1).clamp(min=1e-6))[real].mean()
+                     for s, t in zip(layers, taught.hidden_states[1:])) / len(layers)
+    return ce, kl, mtp_ce, hidden
+
+
+def trained_state(student) -> dict:
+    """The student's weights but the frozen vision tower (copied from the teacher at every start): a smaller ckpt."""
+    return {k: v for k, v in student.state_dict().items() if not k.startswith("model.visual.")}
 
 
 def lr_scale(step: int, warmup: int, total: int) -> float:
@@ -107,6 +122,8 @@ def main():
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--kd-weight", type=float, default=1.0, help="KL to the teacher's answer distributions")
     p.add_argument("--kd-temp", type=float, default=1.0)
+    p.add_argument("--hidden-weight", type=float, default=0.0,
+                   help="layer-wise distillation: each decoder layer's output to the teacher's (relative MSE)")
     p.add_argument("--mtp-weight", type=float, default=0.5, help="the MTP head's CE (token t+2), beside the main loss")
     p.add_argument("--copy", choices=["all", "embed", "none"], default="all",
                    help="teacher weights copied in: all that maps, the vision tower and embedding only, or none")
@@ -130,7 +147,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if os.path.exists(ckpt_path):
         state = torch.load(ckpt_path, weights_only=False, map_location="cpu")
-        student.load_state_dict(state["model"])
+        missing = student.load_state_dict(state["model"], strict=False).missing_keys
+        assert all(k.startswith("model.visual.") for k in missing), missing  # only the frozen tower is left out
         mtp.load_state_dict(state["mtp"])
         opt.load_state_dict(state["opt"])
         step = state["step"]
@@ -146,16 +164,17 @@ def main():
         for group in opt.param_groups:
             group["lr"] = args.lr * lr_scale(step, args.warmup, args.steps)
         batch, _, _ = make_batch(processor, step, data)
-        ce, kl, mtp_ce = losses(student, mtp, teacher, batch, captured, args)
+        ce, kl, mtp_ce, hidden = losses(student, mtp, teacher, batch, captured, args)
         opt.zero_grad(set_to_none=True)
-        (ce + args.kd_weight * kl + args.mtp_weight * mtp_ce).backward()
+        (ce + args.kd_weight * kl + args.mtp_weight * mtp_ce + args.hidden_weight * hidden).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        logged.append((ce.item(), kl.item(), mtp_ce.item()))
+        logged.append((ce.item(), kl.item(), mtp_ce.item(), hidden.item()))
         step += 1
         if step % 25 == 0:
-            ce_, kl_, m_ = (sum(v) / len(logged) for v in zip(*logged))
-            print(f"step {step} ce {ce_:.4f} kl {kl_:.4f} mtp {m_:.4f} {(time.time() - t0) / 25:.2f}s/step", flush=True)
+            ce_, kl_, m_, h_ = (sum(v) / len(logged) for v in zip(*logged))
+            print(f"step {step} ce {ce_:.4f} kl {kl_:.4f} mtp {m_:.4f} hidden {h_:.4f} {(time.time() - t0) / 25:.2f}s/step",
+                  flush=True)
             logged, t0 = [], time.time()
         if step % args.probe_every == 0 or step == stop:
             acc = probe_all(student, mtp, processor, args.probe_per_type)
@@ -165,7 +184,7 @@ def main():
             mtp.train()
         if time.time() - last_save > args.save_every_s or step == stop:
             tmp = ckpt_path + ".tmp"
-            torch.save({"model": student.state_dict(), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
+            torch.save({"model": trained_state(student), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
                         "step": step, "args": vars(args)}, tmp)
             os.replace(tmp, ckpt_path)
             last_save = time.time()
