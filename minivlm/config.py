@@ -1,6 +1,6 @@
 """EngineConfig: every knob of the engine in one dataclass, validated up front with clear messages."""
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from minivlm.kv_events.config import KVEventsConfig, kv_events_config, settings_dict
 
@@ -14,10 +14,14 @@ GRAMMAR_BACKENDS = ("auto", "xgrammar", "guidance")  # vLLM's structured_outputs
 DEFAULT_STEP_SLOWDOWN = 1.3
 
 
+MTP_ALIASES = ("qwen3_next_mtp", "qwen3_5_mtp")  # vLLM's names for the MTP heads of the families minivlm runs
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """vLLM's names: EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 4,
-    "prompt_lookup_max": 4, "prompt_lookup_min": 1})."""
+    "prompt_lookup_max": 4, "prompt_lookup_min": 1}), or {"method": "mtp", "num_speculative_tokens": k} (the model's
+    own multi-token-prediction head; vLLM's family names for it, MTP_ALIASES, mean the same)."""
     method: str = "ngram"
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
@@ -28,9 +32,11 @@ class SpeculativeConfig:
         if value is None or isinstance(value, cls):
             return value
         cfg = cls(**settings_dict(value, cls, "speculative_config"))
-        if cfg.method != "ngram":
+        if cfg.method in MTP_ALIASES:  # vLLM maps its family-specific names onto "mtp" the same way
+            cfg = replace(cfg, method="mtp")
+        if cfg.method not in ("ngram", "mtp"):
             raise ValueError(f"speculative_config.method {cfg.method!r} is not supported: minivlm speculates with "
-                             f"'ngram' (prompt lookup; no draft model)")
+                             f"'ngram' (prompt lookup; no draft model) or 'mtp' (the model's own MTP head)")
         for name, lo, hi in (("num_speculative_tokens", 1, 16), ("prompt_lookup_max", 1, 32),
                              ("prompt_lookup_min", 1, 32)):
             v = getattr(cfg, name)

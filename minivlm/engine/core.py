@@ -55,6 +55,8 @@ class EngineCore(RequestProgress):
             whole_spans=bool(getattr(model.decoder, "bidirectional_images", False)),
             encoder_cache_size=encoder_cache_size(config, model),  # in embeddings (engine/encoder/encoder_cache.py)
             fast_rows=self.runner.limits.fast_rows)
+        if self.scheduler.speculator is not None:  # the MTP head's guesses go from the runner to the scheduler
+            self.scheduler.speculator.proposer = self.runner.proposer
         self.masks = MaskFiller(default_mode(self.runner.device.type), model.eos_ids)  # structured outputs' masks
         self.busy = BusyThreads() if model.device.type == "cpu" else None  # fewer threads while others hold cores
         # a token's text, for the step-through's line on every constrained step (decoding it each time cost more)

@@ -16,9 +16,10 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (torch_chunk_gated_delt
 from minivlm.model.attention import AttentionMetadata
 from minivlm.model.cache_spec import CacheSpec, StateMetadata
 from minivlm.model.decoder import MLP, OffsetRMSNorm, fuse_projections, load_strictly
+from minivlm.model.qwen3_5_mtp import Qwen3_5MTP, mtp_layers
 from minivlm.model.rope import MRotaryEmbedding, apply_rope
 
-IGNORED = re.compile(r"^mtp\.")  # the multi-token-prediction head: transformers skips it on load (not used to decode)
+IGNORED = re.compile(r"^mtp\.")  # the multi-token-prediction head: skipped when the config names none (as transformers)
 STATE_DTYPE = torch.float32  # the delta rule returns an fp32 state (HF's cache keeps it so); conv inputs fit exactly
 # the DeltaNet's four input projections, run as one matrix product (split back in this order)
 IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
@@ -206,6 +207,12 @@ class Qwen3_5Decoder(nn.Module):
             if layer.kind == "linear_attention" else
             CacheSpec("full_attention", kv_heads=text_cfg.num_key_value_heads, head_dim=text_cfg.head_dim)
             for layer in self.layers]
+        # the MTP head (speculative decoding's drafter): its layers' K/V join group 0, after the decoder's layers
+        self.mtp = Qwen3_5MTP(text_cfg, HybridLayer) if mtp_layers(text_cfg) else None
+        self.mtp_specs = [CacheSpec("full_attention", kv_heads=text_cfg.num_key_value_heads,
+                                    head_dim=text_cfg.head_dim)] * mtp_layers(text_cfg)
+        self.layer_specs += self.mtp_specs
+        self.hidden = None  # the last forward's final hidden states [T, hidden], kept only with an MTP head
         rope = text_cfg.rope_parameters
         if rope.get("rope_type", "default") != "default":
             raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported (only default M-RoPE)")
@@ -215,9 +222,13 @@ class Qwen3_5Decoder(nn.Module):
         self.rotary = MRotaryEmbedding(*self.rope_args)
 
     def load_weights(self, state: dict, tied: bool, device, dtype):
-        """Copy checkpoint tensors in (strictly, after fusing projections; the mtp.* head skipped as transformers
-        skips it), re-tie the embeddings, rebuild the rotary tables on device."""
-        state = fuse_in_proj(fuse_projections({k: v for k, v in state.items() if not IGNORED.match(k)}))
+        """Copy checkpoint tensors in (strictly, after fusing projections; the mtp.* head only when the config names
+        one and the checkpoint has it), re-tie the embeddings, rebuild the rotary tables on device."""
+        if self.mtp is not None and not any(IGNORED.match(k) for k in state):  # a config that names a head not saved
+            self.mtp = None
+            self.layer_specs = self.layer_specs[:len(self.layers)]
+        keep = self.mtp is not None
+        state = fuse_in_proj(fuse_projections({k: v for k, v in state.items() if keep or not IGNORED.match(k)}))
         load_strictly(self, state, tied, device, dtype)
         self.rotary = MRotaryEmbedding(*self.rope_args).to(device)
 
@@ -236,6 +247,8 @@ class Qwen3_5Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_caches[i], attention, rows)
         x = self.norm(x)
+        if self.mtp is not None:
+            self.hidden = x  # the MTP head reads them after sampling (engine/spec_decode/mtp.py)
         return x if last is None else self.compute_logits(x[last])
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -7,11 +7,14 @@ between the phases and after (it alone knows which requests are alive). Nothing 
 touches the core: a request whose forward read K/V that were never written (the core says which, between the
 phases) samples nothing, and EngineCore.update rewinds it."""
 import itertools
+import logging
 
 import torch
 
 from minivlm.engine.scheduling.plan import RunnerOutput, StepPlan
 from minivlm.engine.step_result import all_or_none, isolate
+
+log = logging.getLogger("minivlm")
 
 
 def execute_model(runner, plan: StepPlan, live) -> RunnerOutput:
@@ -42,7 +45,19 @@ def execute_model(runner, plan: StepPlan, live) -> RunnerOutput:
 
 def sample_tokens(runner, out: RunnerOutput, skip, masks):
     """Verify and sample for the requests whose forward ran, minus `skip` (failed since, or read unwritten K/V);
-    masks: the step's grammar masks (engine/sampling/grammar_masks.py), waited for here, or None."""
+    masks: the step's grammar masks (engine/sampling/grammar_masks.py), waited for here, or None. Then the MTP
+    head (if it drafts) guesses the next step's tokens: a failure there only costs the guesses."""
+    ran = out.logits[0] if out.logits is not None else ()
+    _verify_and_sample(runner, out, skip, masks)
+    if getattr(runner, "proposer", None) is not None and ran:
+        try:
+            runner.proposer.propose(ran, out, set(skip) | out.dead)
+        except Exception:  # noqa: BLE001 -- drafts are optional: decoding goes on without them
+            log.exception("the MTP head failed; this step proposes no guesses")
+            runner.proposer.guesses.clear()
+
+
+def _verify_and_sample(runner, out: RunnerOutput, skip, masks):
     if out.logits is None:
         return
     ran, logits = out.logits

@@ -7,6 +7,7 @@ import torch
 from minivlm.model import backends
 from minivlm.engine.scheduling.plan import EncodeJob, ScheduledRequest, StepPlan
 from minivlm.engine.sampling.sampler import sample, top_logprobs
+from minivlm.engine.spec_decode.mtp import MtpProposer
 from minivlm.engine.spec_decode.rejection_sampler import verify_request
 from minivlm.engine.encoder.encoder_cache import ImageInputs
 from minivlm.engine.execution.group_metadata import group_builders, step_metadata
@@ -32,6 +33,13 @@ class ModelRunner:
         self.builders = group_builders(specs, len(layer_caches), self.block_size, self.backend.attention)  # per group
         self.recurrent = any(b.kind == "recurrent" for b in self.builders)  # states advance in place: no rerun
         self.limits = self.backend.limits  # what the engine needs to know of it, as data
+        spec = config.speculative_config  # the MTP head drafts here, after each step (engine/spec_decode/mtp.py)
+        if spec is not None and spec.method == "mtp" and getattr(model.decoder, "mtp", None) is None:
+            raise ValueError("speculative_config.method 'mtp' needs a model with its own multi-token-prediction "
+                             "head (Qwen3.5's mtp.* weights and mtp_num_hidden_layers in its config); this one has none")
+        self.proposer = MtpProposer(model.decoder, spec.num_speculative_tokens, layer_caches, self.block_size,
+                                    lambda seq_id: self.batch[seq_id].block_table) \
+            if spec is not None and spec.method == "mtp" and getattr(model.decoder, "mtp", None) is not None else None
 
     def backend_info(self) -> dict:
         """The backend in words: its attention and decode paths, and the CPU step's timed choice (or "")."""
@@ -57,12 +65,16 @@ class ModelRunner:
         state, kept until remove_request), then every scheduled request's table in each group."""
         for n in plan.new_requests:
             self.batch.add(n)
+            if self.proposer is not None:
+                self.proposer.add(n.seq_id, n.prompt_token_ids)
         self.batch.update_tables(plan.requests)
 
     def remove_request(self, seq_id: int):
         """The request left the engine: everything the runner kept of it goes."""
         self.drop_inputs(seq_id)
         self.batch.remove(seq_id)
+        if self.proposer is not None:
+            self.proposer.remove(seq_id)
 
     def drop_inputs(self, seq_id: int):
         """The request left the engine: its pixels, and its vision thread's job if any, are dropped."""
@@ -168,6 +180,8 @@ class ModelRunner:
                                       last=x.last.to(dev))
         for b in self.builders:
             b.after(plan, self.kv_caches)  # states saved into checkpoint slots
+        if self.proposer is not None:  # what the MTP head reads after sampling: the same rows, positions, slots
+            self.proposer.step = (embeds, x.positions.to(dev), meta["full_attention"] if self.hybrid else meta)
         return logits
 
     @torch.inference_mode()

@@ -68,6 +68,7 @@ class Speculator:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, events=None):
         self.config, self.max_model_len, self.events = config, max_model_len, events
         self.said: set[str] = set()   # reasons already logged
+        self.proposer = None  # method "mtp": the runner's MtpProposer (engine/spec_decode/mtp.py), set by the core
 
     @staticmethod
     def why_not(bm) -> str | None:
@@ -88,7 +89,11 @@ class Speculator:
                 self.max_model_len - len(seq) - 1, budget - 1 if budget is not None else 1 << 30)
         if k <= 0:
             return (), -1
-        draft, at = propose(seq.token_ids, seq.token_types, self.config, k)
+        if self.config.method == "mtp":  # the MTP head's guesses, made after the last step (none: no head)
+            draft = list(self.proposer.draft(seq.seq_id, len(seq))[:k]) if self.proposer is not None else []
+            at = len(seq) - 1  # drafted from the request's newest token
+        else:
+            draft, at = propose(seq.token_ids, seq.token_types, self.config, k)
         # slots it can hold without anyone being preempted for them: a free block stays for each running request's
         # next token
         spare = max(0, bm.num_free - others)

@@ -1,0 +1,168 @@
+"""MTP speculation (#55 item 1) on a random Qwen3.5 checkpoint with random mtp.* weights: greedy tokens and
+logprobs equal decoding without speculation (whole and chunked prefill, n = 2, preemption on a small pool) while the
+head proposes guesses (random weights: they are rejected); the head's first guess's logits equal a plain-torch
+implementation of the formula over the checkpoint's own tensors (transformers has no MTP forward) on transformers'
+own final hidden states; nothing outlives a request aborted mid-draft."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minivlm import Engine, EngineConfig, Request, SamplingParams
+from minivlm.config import SpeculativeConfig
+
+MTP = {"method": "mtp", "num_speculative_tokens": 2}
+PROMPTS = ["red red red red red blue red red red", "one two three one two three one two"]
+MAX = 16
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from tools.make_checkpoint_qwen3_5 import make_qwen3_5_checkpoint
+    return make_qwen3_5_checkpoint(str(tmp_path_factory.mktemp("spec_mtp") / "qwen3_5"), seed=3, mtp=True)
+
+
+def engine(path, **kw) -> Engine:
+    return Engine(EngineConfig(model=path, device="cpu", dtype="float32", max_model_len=1024,
+                               **{"num_blocks": 64, **kw}))
+
+
+def params(n: int = 1) -> SamplingParams:
+    return SamplingParams(max_tokens=MAX, ignore_eos=True, logprobs=2, n=n)
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    with engine(checkpoint) as e:
+        assert e.core.runner.proposer is None  # the head is loaded, but drafts only when asked
+        return e.generate([Request(prompt=p) for p in PROMPTS], [params(), params(2)])
+
+
+def check_same(outs, want):
+    got = [(c.token_ids, c.logprobs) for o in outs for c in o.choices]
+    ref = [(c.token_ids, c.logprobs) for o in want for c in o.choices]
+    for (tokens, lps), (ref_tokens, ref_lps) in zip(got, ref, strict=True):
+        assert tokens == ref_tokens and len(tokens) == MAX
+        for t, a, b in zip(tokens, lps, ref_lps):
+            assert abs(a[t] - b[t]) < 1e-4 and set(a) == set(b)
+
+
+def check_nothing_held(e):
+    for g in e.core.block_manager.managers:
+        if g.kind == "recurrent":
+            assert not g.slot_of and len(set(g.free) | set(g.checkpoints.values())) == g.num_slots
+        else:
+            assert all(b.ref_count == 0 for b in g.blocks) and g.num_free == len(g.blocks) and not g.tables
+    p = e.core.runner.proposer
+    assert not p.tokens and not p.guesses and p.step is None
+
+
+def test_vllm_names_mean_mtp():
+    for name in ("mtp", "qwen3_next_mtp", "qwen3_5_mtp"):
+        assert SpeculativeConfig.parse({"method": name, "num_speculative_tokens": 2}).method == "mtp"
+    with pytest.raises(ValueError, match="not supported"):
+        SpeculativeConfig.parse({"method": "eagle3"})
+
+
+def test_a_model_without_a_head_says_so(tmp_path):
+    from tools.make_checkpoint_qwen3_5 import make_qwen3_5_checkpoint
+    path = make_qwen3_5_checkpoint(str(tmp_path / "plain"), seed=3)
+    with pytest.raises(ValueError, match="multi-token-prediction head"):
+        engine(path, speculative_config=MTP)
+
+
+@pytest.mark.parametrize("settings", [{}, {"enable_chunked_prefill": True, "max_num_batched_tokens": 8}],
+                         ids=["whole", "chunked"])
+def test_greedy_answers_equal_decoding_without_speculation(checkpoint, reference, settings):
+    with engine(checkpoint, speculative_config=MTP, **settings) as e:
+        assert len(e.core.runner.proposer.caches) == 1  # the head's layer has its K/V in the pool
+        check_same(e.generate([Request(prompt=p) for p in PROMPTS], [params(), params(2)]), reference)
+        s = e.spec_decode_stats()
+        assert s.num_drafts > 0 and s.num_accepted_tokens < s.num_draft_tokens, s
+        assert len(s.accepted_per_pos) == 2  # the head applied twice: two guesses a step
+        check_nothing_held(e)
+
+
+def test_preemption_changes_no_token(checkpoint, reference):
+    with engine(checkpoint) as plain:
+        longest = max(len(plain.make_sequence(Request(prompt=p), params())) for p in PROMPTS)
+    with engine(checkpoint, speculative_config=MTP, num_blocks=-(-(longest + MAX) // 16) + 1) as e:
+        check_same(e.generate([Request(prompt=p) for p in PROMPTS], [params(), params(2)]), reference)
+        assert e.snapshot().num_preemptions > 0 and e.spec_decode_stats().num_drafts > 0
+        check_nothing_held(e)
+
+
+def test_aborted_mid_draft_leaks_nothing(checkpoint):
+    with engine(checkpoint, speculative_config=MTP) as e:
+        with e.submit(Request(prompt=PROMPTS[0]), params()) as handle:
+            for _ in handle:
+                if e.spec_decode_stats().num_drafts:
+                    break  # leaving the handle aborts the request
+        e.generate(Request(prompt="red"), SamplingParams(max_tokens=2))  # a step after the abort
+        check_nothing_held(e)
+
+
+def independent_first_guess(path, tokens: list[int]) -> torch.Tensor:
+    """The head's logits at the last position of `tokens`' prefix [0, L-1): transformers' final hidden states, then
+    the formula in plain torch over the checkpoint's tensors."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, Qwen3_5ForConditionalGeneration
+    cfg = AutoConfig.from_pretrained(path).text_config
+    hf = Qwen3_5ForConditionalGeneration.from_pretrained(path, torch_dtype=torch.float32).eval()
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        hidden = hf.model.language_model(input_ids=ids).last_hidden_state[0]  # after the final norm
+    w = {k[4:]: v.float() for k, v in load_file(f"{path}/model.safetensors").items() if k.startswith("mtp.")}
+    emb, lm_head = hf.get_input_embeddings().weight.detach(), hf.lm_head.weight.detach()
+    eps, H, d = cfg.rms_norm_eps, cfg.num_attention_heads, cfg.head_dim
+    kv = cfg.num_key_value_heads
+
+    def norm(x, name):  # zero-centred RMSNorm
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + w[name + ".weight"])
+
+    def lin(x, name):
+        return x @ w[name + ".weight"].T
+
+    T = len(tokens) - 1
+    x = lin(torch.cat((norm(emb[ids[0, 1:]], "pre_fc_norm_embedding"), norm(hidden[:T], "pre_fc_norm_hidden")), -1),
+            "fc")
+    a = "layers.0.self_attn."
+    h = norm(x, "layers.0.input_layernorm")
+    q, gate = lin(h, a + "q_proj").view(T, H, 2 * d).chunk(2, dim=-1)
+    k, v = lin(h, a + "k_proj").view(T, kv, d), lin(h, a + "v_proj").view(T, kv, d)
+    q, k = norm(q, a + "q_norm"), norm(k, a + "k_norm")
+    r = int(d * cfg.rope_parameters["partial_rotary_factor"])  # text: all three M-RoPE axes equal = plain RoPE
+    inv = 1.0 / cfg.rope_parameters["rope_theta"] ** (torch.arange(0, r, 2).float() / r)
+    ang = torch.arange(T).float()[:, None] * inv[None]
+    cos, sin = torch.cat((ang.cos(), ang.cos()), -1)[:, None], torch.cat((ang.sin(), ang.sin()), -1)[:, None]
+
+    def rope(t):
+        rot, rest = t[..., :r], t[..., r:]
+        half = torch.cat((-rot[..., r // 2:], rot[..., :r // 2]), -1)
+        return torch.cat((rot * cos + half * sin, rest), -1)
+    q, k = rope(q), rope(k)
+    k, v = k.repeat_interleave(H // kv, 1), v.repeat_interleave(H // kv, 1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * d ** -0.5
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    o = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(T, -1)
+    x = x + lin(o * torch.sigmoid(gate.reshape(T, -1)), a + "o_proj")
+    h = norm(x, "layers.0.post_attention_layernorm")
+    x = x + lin(F.silu(lin(h, "layers.0.mlp.gate_proj")) * lin(h, "layers.0.mlp.up_proj"), "layers.0.mlp.down_proj")
+    return norm(x, "norm")[-1] @ lm_head.T
+
+
+def test_first_guess_logits_equal_the_formula(checkpoint, monkeypatch):
+    from minivlm.engine.spec_decode.mtp import MtpProposer
+    seen = []
+    real = MtpProposer.propose
+
+    def spy(self, ran, out, skip=frozenset()):
+        real(self, ran, out, skip)
+        seen.extend((list(self.tokens[s]), lg.clone()) for s, lg in self.first_logits.items())
+        self.first_logits.clear()
+    monkeypatch.setattr(MtpProposer, "propose", spy)
+    with engine(checkpoint, speculative_config={"method": "mtp", "num_speculative_tokens": 1}) as e:
+        e.generate(Request(prompt=PROMPTS[1]), SamplingParams(max_tokens=4, ignore_eos=True))
+    tokens, logits = seen[1]  # after the first verify step: the head's K/V from a prefill and a verify
+    want = independent_first_guess(checkpoint, tokens)
+    assert torch.allclose(logits, want, atol=1e-4), (logits - want).abs().max()
+    assert not torch.allclose(logits, independent_first_guess(checkpoint, tokens[:-1] + [tokens[-1] + 1]), atol=1e-4)
