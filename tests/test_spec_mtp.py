@@ -101,9 +101,10 @@ def test_aborted_mid_draft_leaks_nothing(checkpoint):
         check_nothing_held(e)
 
 
-def independent_first_guess(path, tokens: list[int]) -> torch.Tensor:
-    """The head's logits at the last position of `tokens`' prefix [0, L-1): transformers' final hidden states, then
-    the formula in plain torch over the checkpoint's tensors."""
+def independent_guesses(path, tokens: list[int], k: int) -> list[torch.Tensor]:
+    """The head's logits for guesses 1..k after `tokens`: transformers' final hidden states, then the formula in plain
+    torch over the checkpoint's tensors, at positions [0, L-1); guess j + 1 runs it again with guess j's token and
+    the head's own output at the last row appended (causal: the rows before are unchanged)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, Qwen3_5ForConditionalGeneration
     cfg = AutoConfig.from_pretrained(path).text_config
@@ -122,32 +123,39 @@ def independent_first_guess(path, tokens: list[int]) -> torch.Tensor:
     def lin(x, name):
         return x @ w[name + ".weight"].T
 
-    T = len(tokens) - 1
-    x = lin(torch.cat((norm(emb[ids[0, 1:]], "pre_fc_norm_embedding"), norm(hidden[:T], "pre_fc_norm_hidden")), -1),
-            "fc")
-    a = "layers.0.self_attn."
-    h = norm(x, "layers.0.input_layernorm")
-    q, gate = lin(h, a + "q_proj").view(T, H, 2 * d).chunk(2, dim=-1)
-    k, v = lin(h, a + "k_proj").view(T, kv, d), lin(h, a + "v_proj").view(T, kv, d)
-    q, k = norm(q, a + "q_norm"), norm(k, a + "k_norm")
-    r = int(d * cfg.rope_parameters["partial_rotary_factor"])  # text: all three M-RoPE axes equal = plain RoPE
-    inv = 1.0 / cfg.rope_parameters["rope_theta"] ** (torch.arange(0, r, 2).float() / r)
-    ang = torch.arange(T).float()[:, None] * inv[None]
-    cos, sin = torch.cat((ang.cos(), ang.cos()), -1)[:, None], torch.cat((ang.sin(), ang.sin()), -1)[:, None]
+    def head(nxt: torch.Tensor, hid: torch.Tensor) -> torch.Tensor:
+        T = len(nxt)
+        x = lin(torch.cat((norm(emb[nxt], "pre_fc_norm_embedding"), norm(hid, "pre_fc_norm_hidden")), -1), "fc")
+        a = "layers.0.self_attn."
+        h = norm(x, "layers.0.input_layernorm")
+        q, gate = lin(h, a + "q_proj").view(T, H, 2 * d).chunk(2, dim=-1)
+        k, v = lin(h, a + "k_proj").view(T, kv, d), lin(h, a + "v_proj").view(T, kv, d)
+        q, k = norm(q, a + "q_norm"), norm(k, a + "k_norm")
+        r = int(d * cfg.rope_parameters["partial_rotary_factor"])  # text: all three M-RoPE axes equal = plain RoPE
+        inv = 1.0 / cfg.rope_parameters["rope_theta"] ** (torch.arange(0, r, 2).float() / r)
+        ang = torch.arange(T).float()[:, None] * inv[None]
+        cos, sin = torch.cat((ang.cos(), ang.cos()), -1)[:, None], torch.cat((ang.sin(), ang.sin()), -1)[:, None]
 
-    def rope(t):
-        rot, rest = t[..., :r], t[..., r:]
-        half = torch.cat((-rot[..., r // 2:], rot[..., :r // 2]), -1)
-        return torch.cat((rot * cos + half * sin, rest), -1)
-    q, k = rope(q), rope(k)
-    k, v = k.repeat_interleave(H // kv, 1), v.repeat_interleave(H // kv, 1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) * d ** -0.5
-    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-    o = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(T, -1)
-    x = x + lin(o * torch.sigmoid(gate.reshape(T, -1)), a + "o_proj")
-    h = norm(x, "layers.0.post_attention_layernorm")
-    x = x + lin(F.silu(lin(h, "layers.0.mlp.gate_proj")) * lin(h, "layers.0.mlp.up_proj"), "layers.0.mlp.down_proj")
-    return norm(x, "norm")[-1] @ lm_head.T
+        def rope(t):
+            rot, rest = t[..., :r], t[..., r:]
+            half = torch.cat((-rot[..., r // 2:], rot[..., :r // 2]), -1)
+            return torch.cat((rot * cos + half * sin, rest), -1)
+        q, k = rope(q), rope(k)
+        k, v = k.repeat_interleave(H // kv, 1), v.repeat_interleave(H // kv, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * d ** -0.5
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        o = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(T, -1)
+        x = x + lin(o * torch.sigmoid(gate.reshape(T, -1)), a + "o_proj")
+        h = norm(x, "layers.0.post_attention_layernorm")
+        x = x + lin(F.silu(lin(h, "layers.0.mlp.gate_proj")) * lin(h, "layers.0.mlp.up_proj"), "layers.0.mlp.down_proj")
+        return norm(x, "norm")
+
+    nxt, hid, out = ids[0, 1:], hidden[:-1], []
+    for _ in range(k):
+        h = head(nxt, hid)
+        out.append(h[-1] @ lm_head.T)
+        nxt, hid = torch.cat((nxt, out[-1].argmax()[None])), torch.cat((hid, h[-1:]))
+    return out
 
 
 def test_first_guess_logits_equal_the_formula(checkpoint, monkeypatch):
@@ -157,12 +165,15 @@ def test_first_guess_logits_equal_the_formula(checkpoint, monkeypatch):
 
     def spy(self, ran, out, skip=frozenset()):
         real(self, ran, out, skip)
-        seen.extend((list(self.tokens[s]), lg.clone()) for s, lg in self.first_logits.items())
-        self.first_logits.clear()
+        seen.extend((list(self.tokens[s]), [x.clone() for x in lg]) for s, lg in self.logits.items())
+        self.logits.clear()
     monkeypatch.setattr(MtpProposer, "propose", spy)
-    with engine(checkpoint, speculative_config={"method": "mtp", "num_speculative_tokens": 1}) as e:
-        e.generate(Request(prompt=PROMPTS[1]), SamplingParams(max_tokens=4, ignore_eos=True))
+    with engine(checkpoint, speculative_config={"method": "mtp", "num_speculative_tokens": 3}) as e:
+        e.generate(Request(prompt=PROMPTS[1]), SamplingParams(max_tokens=5, ignore_eos=True))
     tokens, logits = seen[1]  # after the first verify step: the head's K/V from a prefill and a verify
-    want = independent_first_guess(checkpoint, tokens)
-    assert torch.allclose(logits, want, atol=1e-4), (logits - want).abs().max()
-    assert not torch.allclose(logits, independent_first_guess(checkpoint, tokens[:-1] + [tokens[-1] + 1]), atol=1e-4)
+    want = independent_guesses(checkpoint, tokens, 3)
+    assert len(logits) == 3
+    for got, ref in zip(logits, want):  # the first guess, then the head on its own output twice
+        assert torch.allclose(got, ref, atol=1e-4), (got - ref).abs().max()
+    other = independent_guesses(checkpoint, tokens[:-1] + [tokens[-1] + 1], 1)[0]
+    assert not torch.allclose(logits[0], other, atol=1e-4)  # the token just sampled matters

@@ -23,14 +23,14 @@ class MtpProposer:
         self.caches = kv_caches[len(decoder.layers):]  # the head's layers' (K, V), in group 0's pool
         self.tokens: dict[int, list[int]] = {}
         self.guesses: dict[int, tuple[int, tuple[int, ...]]] = {}  # seq_id -> (its length then, guesses)
-        self.first_logits: dict[int, torch.Tensor] = {}  # seq_id -> the first guess's logits (read by tests)
+        self.logits: dict[int, list[torch.Tensor]] = {}  # seq_id -> each guess's logits, last step (read by tests)
         self.step = None  # the last forward's (embeds, positions, metadata), kept until propose
 
     def add(self, seq_id: int, prompt_token_ids):
         self.tokens[seq_id] = list(prompt_token_ids)
 
     def remove(self, seq_id: int):
-        for d in (self.tokens, self.guesses, self.first_logits):
+        for d in (self.tokens, self.guesses, self.logits):
             d.pop(seq_id, None)
 
     def draft(self, seq_id: int, length: int) -> tuple[int, ...]:
@@ -86,7 +86,7 @@ class MtpProposer:
         logits = self.decoder.compute_logits(h[rows])
         first = logits.argmax(-1).tolist()
         for (seq_id, r_i, length), tok, lg in zip(wanted, first, logits):
-            self.first_logits[seq_id] = lg.float().cpu()
+            self.logits[seq_id] = [lg]
             guesses = [tok] + self.further(seq_id, h[r_i:r_i + 1], tok, positions[:, r_i], length)
             self.guesses[seq_id] = (length, tuple(guesses))
 
@@ -107,6 +107,8 @@ class MtpProposer:
             cos, sin = self.decoder.rotary(p, h.dtype)
             e = self.decoder.embed_tokens(torch.tensor([tok], device=h.device))
             h = self.mtp.dense_step(e, h, cos[:, None], sin[:, None], past)
-            tok = int(self.decoder.compute_logits(h).argmax(-1))
+            lg = self.decoder.compute_logits(h)[0]
+            self.logits[seq_id].append(lg)
+            tok = int(lg.argmax(-1))
             out.append(tok)
         return out
