@@ -177,3 +177,31 @@ def test_first_guess_logits_equal_the_formula(checkpoint, monkeypatch):
         assert torch.allclose(got, ref, atol=1e-4), (got - ref).abs().max()
     other = independent_guesses(checkpoint, tokens[:-1] + [tokens[-1] + 1], 1)[0]
     assert not torch.allclose(logits[0], other, atol=1e-4)  # the token just sampled matters
+
+
+def test_after_accepted_guesses_the_head_drafts_from_the_last_accepted_row(checkpoint, reference, monkeypatch):
+    """Oracle guesses (the plain answer's next tokens) are accepted, so each verify step keeps some; the head's next
+    first guess must come from the row of the last accepted token (the formula on the tokens kept so far)."""
+    from minivlm.engine.spec_decode.mtp import MtpProposer
+    answer, seen = reference[0].choices[0].token_ids, []
+    real_propose, real_draft = MtpProposer.propose, MtpProposer.draft
+
+    def spy(self, ran, out, skip=frozenset()):
+        real_propose(self, ran, out, skip)
+        seen.extend((list(self.tokens[s]), lg[0].clone()) for s, lg in self.logits.items())
+
+    monkeypatch.setattr(MtpProposer, "propose", spy)
+    with engine(checkpoint, speculative_config=MTP) as e:
+        prompt_len = len(e.make_sequence(Request(prompt=PROMPTS[0]), params()))
+
+        def oracle_draft(self, seq_id, length):
+            real_draft(self, seq_id, length)
+            at = length - prompt_len
+            return tuple(answer[at:at + 2]) if at < len(answer) else ()
+        monkeypatch.setattr(MtpProposer, "draft", oracle_draft)
+        check_same(e.generate([Request(prompt=PROMPTS[0])], [params()]), reference[:1])
+        s = e.spec_decode_stats()
+        assert s.num_accepted_tokens == s.num_draft_tokens > 0, s  # every oracle guess kept
+    for tokens, logits in seen[1:3]:  # after verify steps that kept two guesses each
+        want = independent_guesses(checkpoint, tokens, 1)[0]
+        assert torch.allclose(logits, want, atol=1e-4), (logits - want).abs().max()
