@@ -205,3 +205,26 @@ def test_after_accepted_guesses_the_head_drafts_from_the_last_accepted_row(check
     for tokens, logits in seen[1:3]:  # after verify steps that kept two guesses each
         want = independent_guesses(checkpoint, tokens, 1)[0]
         assert torch.allclose(logits, want, atol=1e-4), (logits - want).abs().max()
+
+
+def test_a_prefix_cache_hit_reads_the_heads_cached_rows(checkpoint, monkeypatch):
+    """The head's K/V are in group 0's blocks: a request that finds its prompt cached computes no head row for the
+    cached tokens, and its first guess still equals the formula over the whole prompt."""
+    from minivlm.engine.spec_decode.mtp import MtpProposer
+    seen = []
+    real = MtpProposer.propose
+
+    def spy(self, ran, out, skip=frozenset()):
+        real(self, ran, out, skip)
+        seen.extend((list(self.tokens[s]), lg[0].clone()) for s, lg in self.logits.items())
+        self.logits.clear()
+    monkeypatch.setattr(MtpProposer, "propose", spy)
+    prompt = " ".join(["one two three four five six seven"] * 6)
+    with engine(checkpoint, speculative_config=MTP) as e:
+        e.generate(Request(prompt=prompt), SamplingParams(max_tokens=1))
+        seen.clear()
+        out = e.generate(Request(prompt=prompt), SamplingParams(max_tokens=1))
+    assert out.num_cached_tokens >= 16, out.num_cached_tokens  # at least one block of the prompt came from the cache
+    tokens, logits = seen[0]
+    want = independent_guesses(checkpoint, tokens, 1)[0]
+    assert torch.allclose(logits, want, atol=1e-4), (logits - want).abs().max()
