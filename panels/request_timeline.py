@@ -65,7 +65,7 @@ def build(holder: EngineHolder, switch=None):
                               label=L("tl.setting"),
                               elem_id="tl-setting")
         go_btn = gr.Button(L("tl.run"), variant="primary", elem_id="tl-run")
-    summary = gr.Markdown(L("tl.empty"), elem_id="tl-summary")
+    summary = gr.Markdown(L("tl.empty"), elem_id="tl-summary", label=L("tl.summary"))
     gantt_a = gr.Plot(label=L("tl.gantt_a"), elem_id="tl-gantt-a")
     gantt_b = gr.Plot(label=L("tl.gantt_b"), elem_id="tl-gantt-b")
     table = gr.Dataframe(label=L("tl.table"), elem_id="tl-table", interactive=False, wrap=True)

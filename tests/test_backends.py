@@ -19,8 +19,9 @@ def test_the_reference_path_is_small_and_loads_no_c_code():
     files = glob.glob(os.path.join(ROOT, "minivlm", "model", "*.py"))
     lines = sum(len(open(f, encoding="utf-8").readlines()) for f in files)
     # 613 lines for the dense families after #39; #41 added two hybrid decoders (Qwen3.5, Gemma 3: ~380 lines),
-    # Gemma's tower, the cache specs and the window / span masks
-    assert lines <= 1250, lines
+    # Gemma's tower, the cache specs and the window / span masks; #54 Gemma 4 (its decoder with shared-KV layers and
+    # per-layer embeddings, its tower: ~360 lines) and #55 Qwen3.5's MTP head (~60)
+    assert lines <= 1700, lines
     for f in files:
         text = open(f, encoding="utf-8").read()
         assert "ctypes" not in text and "c_build" not in text and "backends import" not in text, f

@@ -13,6 +13,9 @@ MESSAGES = {
     "roof.measure": ("Measure this engine's steps", "实测本引擎的各步"),
     "roof.plot": ("Roofline", "屋顶线"),
     "roof.table": ("What each step reads and computes", "每一步读取和计算的量"),
+    "roof.machine_label": ("This machine's bandwidth and FLOP rate", "本机的带宽与算力"),
+    "roof.note_label": ("About these points", "关于这些点"),
+    "roof.image_label": ("What one image costs the tower", "一张图片在视觉塔上的开销"),
     "roof.sentences": ("Each point, checked by hand", "逐点手算核对"),
     "roof.machine": ("**This machine** ({device}, {dtype}): copy bandwidth **{gbs} GB/s** (bytes read + written, "
                      "best of {copies} runs), matmul **{gflops} GFLOP/s** (best of {products}); measured in {secs} s, "

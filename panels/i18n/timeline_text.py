@@ -32,6 +32,7 @@ MESSAGES = {
     "tl.gantt_b": ("Run B", "运行 B"),
     "tl.table": ("Percentiles, A and B side by side", "百分位数，A 与 B 并排"),
     "tl.hist": ("Step times", "步耗时"),
+    "tl.summary": ("The two runs in a sentence", "两次运行的概要"),
     "tl.bad_input": ("refused: {what} must be between {low} and {high} (got {got})",
                      "已拒绝：{what}必须在 {low} 到 {high} 之间（收到 {got}）"),
     "tl.what.requests": ("N (requests)", "N（请求数）"),
