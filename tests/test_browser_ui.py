@@ -192,7 +192,7 @@ def test_phone_width_folds_the_header_and_keeps_the_map_readable(app, page, shot
         pg.screenshot(path=os.path.join(shots, "ui_phone_chat.png"), full_page=True)
         pg.wait_for_function("!document.querySelector('#engine-settings > button.label-wrap.open')")  # folded
         tabs = tabs_in_sight(pg)
-        assert len(tabs) == 5 and all(tab["inside"] for tab in tabs), tabs  # was ~1,400 px down, then 3 in a menu
+        assert len(tabs) == 7 and all(tab["inside"] for tab in tabs), tabs  # was ~1,400 px down, then 3 in a menu
         assert not pg.locator("#device-picker").is_visible()
         pg.locator("#engine-settings > button").click()
         pg.locator("#device-picker").wait_for()  # unfolded on request
@@ -251,7 +251,7 @@ def test_phone_width_every_tab_one_tap_away_and_no_label_overlaps(app, page, sho
         if lang.startswith("zh"):  # the status line in the page's language (the page's load redraws it)
             pg.wait_for_function("/[\u4e00-\u9fff]/.test(document.querySelector('#engine-status')?.innerText)")
         tabs = tabs_in_sight(pg)
-        assert len(tabs) == 5 and all(tab["inside"] for tab in tabs), tabs
+        assert len(tabs) == 7 and all(tab["inside"] for tab in tabs), tabs  # Chat ... VRAM, Timeline, Roofline
         assert not pg.get_by_label("More tabs").is_visible()
         pg.screenshot(path=os.path.join(shots, f"ui_phone_{lang}_{theme}.png"))
         pg.locator("#chat-examples button.gallery-item").first.click()
