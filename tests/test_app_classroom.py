@@ -37,6 +37,7 @@ def wait_for(job, predicate, timeout=60.0):
     raise AssertionError(f"no such output within {timeout} s: {job.outputs()[-1:]}")
 
 
+@pytest.mark.slow  # one of the default run's longest (> 20 s on 2 cores); CI runs it with -m slow
 def test_a_pause_is_said_in_every_page_and_any_page_resumes_it(url):
     teacher, student = Client(url, verbose=False), Client(url, verbose=False)
     teacher.predict(api_name="/kv_pause")
@@ -97,6 +98,7 @@ def test_a_trained_question_gets_no_note(url, question, answer):
     assert not (history[-1].get("metadata") or {}).get("title") and texts(history)[-1] == answer
 
 
+@pytest.mark.slow  # one of the default run's longest (> 20 s on 2 cores); CI runs it with -m slow
 def test_a_long_answer_reaches_the_page_in_coalesced_updates(url):
     msg = {"text": "Describe the picture.", "files": [image("three_shapes.png")]}
     job = Client(url, verbose=False).submit(msg, [], 600, *SAMPLING[1:], True, "", api_name="/chat")

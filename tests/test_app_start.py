@@ -122,6 +122,7 @@ def test_a_running_app_names_its_own_flags_and_logs_a_refused_watch_in_one_line(
     assert "found no GPU" not in text and "slow for this model" not in text, text[-3000:]
 
 
+@pytest.mark.slow  # one of the default run's longest (> 20 s on 2 cores); CI runs it with -m slow
 def test_the_app_prints_its_url_and_its_status_line_with_speculation_on_stdout(tmp_path):
     """#52.5 / #52.4: `python app.py` says on stdout where it serves (Gradio's own line is quiet) and its status line
     says speculative decoding is on and how; the URL printed is the one that serves the page. The tiny model on the

@@ -30,6 +30,7 @@ def student(page):
     other.close()
 
 
+@pytest.mark.slow  # one of the default run's longest (> 20 s on 2 cores); CI runs it with -m slow
 def test_a_pause_is_said_in_another_page_which_can_resume_it(app, page, student):
     holder, _ = app
     open_tab(page, "KV blocks (live)")

@@ -104,6 +104,7 @@ def test_pause_launch_step_five_times(app, page):
     assert " · live · " in page.locator("#kv-summary").inner_text()
 
 
+@pytest.mark.slow  # one of the default run's longest (> 20 s on 2 cores); CI runs it with -m slow
 def test_shared_deployment_tree_shows_the_sessions_own_engine(app, page):
     """On --shared a visitor's launch runs on an isolated engine of their own; the prefix tree under the block
     map must draw that engine, not the shared one (whose cache stays empty here)."""

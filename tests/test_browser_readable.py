@@ -240,6 +240,7 @@ def settle(pg, scope: str):
     pg.wait_for_timeout(500)
 
 
+@pytest.mark.slow  # one of the default run's longest (> 20 s on 2 cores); CI runs it with -m slow
 def test_a_phone_in_the_dark_reads_anatomy_vram_and_a_long_chats_tree(app, page, shots):
     """The fast check (default run): at 390 px in the dark theme, the tabs that failed (#40 item 5) measure clean,
     and the anatomy examples' headers are words in English and in Chinese."""

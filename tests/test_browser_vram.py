@@ -59,6 +59,7 @@ def tokens_needed(images: int, seqs: int) -> int:
     return seqs * -(-(images * 1001 + 512) // 16) * 16
 
 
+@pytest.mark.slow  # one of the default run's longest (> 20 s on 2 cores); CI runs it with -m slow
 def test_vram_tab_explains_and_plans(page, shots):  # noqa: F811 (fixture)
     open_tab(page, "VRAM budget")
     headline = page.locator("#vram-headline")
@@ -187,6 +188,7 @@ def test_vram_matrix_table_and_new_presets(page):  # noqa: F811 (fixture)
         page.set_viewport_size({"width": 1400, "height": 1000})
 
 
+@pytest.mark.slow  # one of the default run's longest (> 20 s on 2 cores); CI runs it with -m slow
 def test_an_int8_engine_is_named_so_and_presets_the_calculator(page):  # noqa: F811 (fixture)
     """#52, `python app.py --quantization int8`: the engine column's head names the quantization next to the
     compute dtype (its weights figure is the int8 one: memory_report's), and picking this engine's model presets

@@ -122,6 +122,7 @@ def refused_in_chat(url, files):
     return ask_it
 
 
+@pytest.mark.slow  # one of the default run's longest (> 20 s on 2 cores); CI runs it with -m slow
 def test_eight_bombs_in_one_chat_request(app, bombs):
     text, growth, seconds = measured(app.pid, "chat · 8 × 62 MP", refused_in_chat(app, bombs[0]))
     text = json.dumps(text)
