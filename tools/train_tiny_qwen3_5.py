@@ -65,7 +65,11 @@ def losses(student, mtp, teacher, batch, captured, args):
     with torch.no_grad():
         taught = teacher(**batch, output_hidden_states=bool(args.hidden_weight))
     teacher_logits, layers = taught.logits, [] if args.hidden_weight else None
-    logits, drafted, _ = forward(student, mtp, batch, captured["tokens"], layers)
+    features = captured["tokens"]
+    if args.vision_lr > 0:  # the student's own (trained) tower
+        features = torch.cat(student.model.get_image_features(batch["pixel_values"], batch["image_grid_thw"])
+                             .pooler_output)
+    logits, drafted, _ = forward(student, mtp, batch, features, layers)
     target = labels[:, 1:]
     keep = target != -100
     ce = F.cross_entropy(logits[:, :-1][keep], target[keep])
@@ -107,7 +111,8 @@ def build(args):
     student = Qwen3_5ForConditionalGeneration(config)
     if args.copy != "none":
         copy_from_teacher(student, teacher, decoder=args.copy == "all")
-    student.model.visual.requires_grad_(False)  # it sees exactly what the teacher sees
+    # frozen, it sees exactly what the teacher sees; trained, its final tokens can take on what DeepStack carried
+    student.model.visual.requires_grad_(args.vision_lr > 0)
     mtp = MTPHead(config.text_config)
     return teacher, processor, student, mtp
 
@@ -120,6 +125,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--vision-lr", type=float, default=0.0,
+                   help="train the vision tower at this lr (0: frozen, the teacher's)")
     p.add_argument("--kd-weight", type=float, default=1.0, help="KL to the teacher's answer distributions")
     p.add_argument("--kd-temp", type=float, default=1.0)
     p.add_argument("--hidden-weight", type=float, default=0.0,
@@ -141,8 +148,12 @@ def main():
     teacher, processor, student, mtp = build(args)
     captured = {}
     teacher.model.visual.register_forward_hook(lambda m, i, out: captured.update(tokens=out.pooler_output))
-    params = [q for q in student.parameters() if q.requires_grad] + list(mtp.parameters())
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    text = [q for n, q in student.named_parameters() if not n.startswith("model.visual.")] + list(mtp.parameters())
+    groups = [{"params": text, "lr": args.lr}]
+    if args.vision_lr > 0:
+        groups.append({"params": list(student.model.visual.parameters()), "lr": args.vision_lr})
+    params = [q for g in groups for q in g["params"]]
+    opt = torch.optim.AdamW(groups, weight_decay=0.01, betas=(0.9, 0.98))
     ckpt_path, step = os.path.join(args.out, "ckpt.pt"), 0
     os.makedirs(args.out, exist_ok=True)
     if os.path.exists(ckpt_path):
@@ -150,7 +161,15 @@ def main():
         missing = student.load_state_dict(state["model"], strict=False).missing_keys
         assert all(k.startswith("model.visual.") for k in missing), missing  # only the frozen tower is left out
         mtp.load_state_dict(state["mtp"])
-        opt.load_state_dict(state["opt"])
+        if len(state["opt"]["param_groups"]) == len(groups):
+            opt.load_state_dict(state["opt"])
+        else:  # the vision tower joins: the decoder's moments kept, the tower's start fresh
+            text_state = {"state": state["opt"]["state"], "param_groups": state["opt"]["param_groups"]}
+            single = torch.optim.AdamW(text, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
+            single.load_state_dict(text_state)
+            for q in text:
+                if q in single.state:
+                    opt.state[q] = single.state[q]
         step = state["step"]
         print(f"resumed at step {step}", flush=True)
     print(f"params {sum(q.numel() for q in student.parameters()):,} + mtp {sum(q.numel() for q in mtp.parameters()):,}",
@@ -161,8 +180,8 @@ def main():
     stop = min(args.stop_at or args.steps, args.steps)
     last_save, t0, logged = time.time(), time.time(), []
     while step < stop:
-        for group in opt.param_groups:
-            group["lr"] = args.lr * lr_scale(step, args.warmup, args.steps)
+        for group, base in zip(opt.param_groups, [args.lr, args.vision_lr]):
+            group["lr"] = base * lr_scale(step, args.warmup, args.steps)
         batch, _, _ = make_batch(processor, step, data)
         ce, kl, mtp_ce, hidden = losses(student, mtp, teacher, batch, captured, args)
         opt.zero_grad(set_to_none=True)
@@ -184,7 +203,7 @@ def main():
             mtp.train()
         if time.time() - last_save > args.save_every_s or step == stop:
             tmp = ckpt_path + ".tmp"
-            torch.save({"model": trained_state(student), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
+            torch.save({"model": student.state_dict() if args.vision_lr > 0 else trained_state(student), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
                         "step": step, "args": vars(args)}, tmp)
             os.replace(tmp, ckpt_path)
             last_save = time.time()
