@@ -58,17 +58,21 @@ def forward(student, mtp, batch, image_features, layers: list = None):
     return lm_head(hidden), lm_head(drafted), hidden
 
 
-def losses(student, mtp, teacher, batch, captured, args):
+def losses(student, mtp, teacher, batch, captured, args, aux=None):
     """(answer CE, KL to the teacher on answer tokens, MTP CE on answer tokens two ahead, and with --hidden-weight the
-    layer-wise distance to the teacher's decoder: both have 4 layers of width 128)."""
+    layer-wise distance to the teacher's decoder: both have 4 layers of width 128; plus, with --deepstack-weight,
+    the `aux` head's relative error predicting the teacher's DeepStack tokens from the student's final ones)."""
     labels = batch.pop("labels")
     with torch.no_grad():
         taught = teacher(**batch, output_hidden_states=bool(args.hidden_weight))
     teacher_logits, layers = taught.logits, [] if args.hidden_weight else None
-    features = captured["tokens"]
+    features, deep = captured["tokens"], torch.zeros(())
     if args.vision_lr > 0:  # the student's own (trained) tower
         features = torch.cat(student.model.get_image_features(batch["pixel_values"], batch["image_grid_thw"])
                              .pooler_output)
+    if args.deepstack_weight:  # what the teacher's decoder got only through DeepStack, read from the final tokens
+        target = torch.cat(captured["deepstack"], -1)
+        deep = (aux(features) - target).pow(2).mean() / target.var()
     logits, drafted, _ = forward(student, mtp, batch, features, layers)
     target = labels[:, 1:]
     keep = target != -100
@@ -84,7 +88,7 @@ def losses(student, mtp, teacher, batch, captured, args):
         real = batch["attention_mask"].bool()
         hidden = sum(((s - t).pow(2).mean(-1) / t.pow(2).mean(-1).clamp(min=1e-6))[real].mean()
                      for s, t in zip(layers, taught.hidden_states[1:])) / len(layers)
-    return ce, kl, mtp_ce, hidden
+    return ce, kl, mtp_ce, hidden, deep
 
 
 def trained_state(student) -> dict:
@@ -125,6 +129,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--deepstack-weight", type=float, default=0.0,
+                   help="with --vision-lr: aux loss, the teacher's DeepStack tokens predicted from the final ones")
     p.add_argument("--vision-lr", type=float, default=0.0,
                    help="train the vision tower at this lr (0: frozen, the teacher's)")
     p.add_argument("--kd-weight", type=float, default=1.0, help="KL to the teacher's answer distributions")
@@ -147,11 +153,15 @@ def main():
     torch.set_num_threads(args.threads)
     teacher, processor, student, mtp = build(args)
     captured = {}
-    teacher.model.visual.register_forward_hook(lambda m, i, out: captured.update(tokens=out.pooler_output))
+    teacher.model.visual.register_forward_hook(
+        lambda m, i, out: captured.update(tokens=out.pooler_output, deepstack=out.deepstack_features))
+    aux = torch.nn.Linear(student.config.text_config.hidden_size,  # not shipped: it only shapes the tower's gradient
+                          teacher.config.text_config.hidden_size * len(teacher.config.vision_config.deepstack_visual_indexes))
     text = [q for n, q in student.named_parameters() if not n.startswith("model.visual.")] + list(mtp.parameters())
     groups = [{"params": text, "lr": args.lr}]
     if args.vision_lr > 0:
-        groups.append({"params": list(student.model.visual.parameters()), "lr": args.vision_lr})
+        groups.append({"params": list(student.model.visual.parameters()) + list(aux.parameters()),
+                       "lr": args.vision_lr})
     params = [q for g in groups for q in g["params"]]
     opt = torch.optim.AdamW(groups, weight_decay=0.01, betas=(0.9, 0.98))
     ckpt_path, step = os.path.join(args.out, "ckpt.pt"), 0
@@ -161,15 +171,12 @@ def main():
         missing = student.load_state_dict(state["model"], strict=False).missing_keys
         assert all(k.startswith("model.visual.") for k in missing), missing  # only the frozen tower is left out
         mtp.load_state_dict(state["mtp"])
-        if len(state["opt"]["param_groups"]) == len(groups):
-            opt.load_state_dict(state["opt"])
-        else:  # the vision tower joins: the decoder's moments kept, the tower's start fresh
-            text_state = {"state": state["opt"]["state"], "param_groups": state["opt"]["param_groups"]}
-            single = torch.optim.AdamW(text, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
-            single.load_state_dict(text_state)
-            for q in text:
-                if q in single.state:
-                    opt.state[q] = single.state[q]
+        if "aux" in state:
+            aux.load_state_dict(state["aux"])
+        for saved, group in zip(state["opt"]["param_groups"], opt.param_groups):  # parameters joining start fresh
+            for index, q in zip(saved["params"], group["params"]):
+                if index in state["opt"]["state"]:
+                    opt.state[q] = state["opt"]["state"][index]
         step = state["step"]
         print(f"resumed at step {step}", flush=True)
     print(f"params {sum(q.numel() for q in student.parameters()):,} + mtp {sum(q.numel() for q in mtp.parameters()):,}",
@@ -183,17 +190,18 @@ def main():
         for group, base in zip(opt.param_groups, [args.lr, args.vision_lr]):
             group["lr"] = base * lr_scale(step, args.warmup, args.steps)
         batch, _, _ = make_batch(processor, step, data)
-        ce, kl, mtp_ce, hidden = losses(student, mtp, teacher, batch, captured, args)
+        ce, kl, mtp_ce, hidden, deep = losses(student, mtp, teacher, batch, captured, args, aux)
         opt.zero_grad(set_to_none=True)
-        (ce + args.kd_weight * kl + args.mtp_weight * mtp_ce + args.hidden_weight * hidden).backward()
+        (ce + args.kd_weight * kl + args.mtp_weight * mtp_ce + args.hidden_weight * hidden
+         + args.deepstack_weight * deep).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        logged.append((ce.item(), kl.item(), mtp_ce.item(), hidden.item()))
+        logged.append((ce.item(), kl.item(), mtp_ce.item(), hidden.item(), deep.item()))
         step += 1
         if step % 25 == 0:
-            ce_, kl_, m_, h_ = (sum(v) / len(logged) for v in zip(*logged))
-            print(f"step {step} ce {ce_:.4f} kl {kl_:.4f} mtp {m_:.4f} hidden {h_:.4f} {(time.time() - t0) / 25:.2f}s/step",
-                  flush=True)
+            ce_, kl_, m_, h_, d_ = (sum(v) / len(logged) for v in zip(*logged))
+            print(f"step {step} ce {ce_:.4f} kl {kl_:.4f} mtp {m_:.4f} hidden {h_:.4f} deepstack {d_:.4f} "
+                  f"{(time.time() - t0) / 25:.2f}s/step", flush=True)
             logged, t0 = [], time.time()
         if step % args.probe_every == 0 or step == stop:
             acc = probe_all(student, mtp, processor, args.probe_per_type)
@@ -203,7 +211,7 @@ def main():
             mtp.train()
         if time.time() - last_save > args.save_every_s or step == stop:
             tmp = ckpt_path + ".tmp"
-            torch.save({"model": student.state_dict() if args.vision_lr > 0 else trained_state(student), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
+            torch.save({"model": student.state_dict() if args.vision_lr > 0 else trained_state(student), "mtp": mtp.state_dict(), "aux": aux.state_dict(), "opt": opt.state_dict(),
                         "step": step, "args": vars(args)}, tmp)
             os.replace(tmp, ckpt_path)
             last_save = time.time()
