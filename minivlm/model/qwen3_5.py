@@ -17,7 +17,7 @@ from minivlm.model.attention import AttentionMetadata
 from minivlm.model.cache_spec import CacheSpec, StateMetadata
 from minivlm.model.decoder import MLP, OffsetRMSNorm, fuse_projections, load_strictly
 from minivlm.model.qwen3_5_mtp import Qwen3_5MTP, mtp_layers
-from minivlm.model.rope import MRotaryEmbedding, apply_rope
+from minivlm.model.rope import MRotaryEmbedding, rotate_partially
 
 IGNORED = re.compile(r"^mtp\.")  # the multi-token-prediction head: skipped when the config names none (as transformers)
 STATE_DTYPE = torch.float32  # the delta rule returns an fp32 state (HF's cache keeps it so); conv inputs fit exactly
@@ -58,12 +58,6 @@ class GatedAttention(nn.Module):
         q, k = rotate_partially(self.q_norm(q), cos, sin), rotate_partially(self.k_norm(k.view(T, kv, d)), cos, sin)
         o = meta.attention(q, k, v.view(T, kv, d), kv_cache[0], kv_cache[1], meta, d ** -0.5)
         return self.o_proj(o.reshape(T, -1) * torch.sigmoid(gate.reshape(T, -1)))
-
-
-def rotate_partially(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on the first cos.shape[-1] channels of each head; the rest pass through (partial_rotary_factor)."""
-    r = cos.shape[-1]
-    return torch.cat((apply_rope(x[..., :r], cos, sin), x[..., r:]), dim=-1)
 
 
 @dataclass

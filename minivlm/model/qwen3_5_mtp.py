@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivlm.model.decoder import OffsetRMSNorm
+from minivlm.model.rope import rotate_partially
 
 
 def mtp_layers(text_cfg) -> int:
@@ -49,7 +50,6 @@ class Qwen3_5MTP(nn.Module):
 
 def dense_attention(attn, x, cos, sin, kv: list) -> torch.Tensor:
     """GatedAttention's arithmetic on one row over dense past K/V (kv = [K, V], extended in place)."""
-    from minivlm.model.qwen3_5 import rotate_partially
     T, h, n_kv, d = x.shape[0], attn.heads, attn.kv_heads, attn.head_dim
     qg, k, v = attn.qkv_proj(x).split([2 * h * d, n_kv * d, n_kv * d], dim=-1)
     q, gate = qg.view(T, h, 2 * d).chunk(2, dim=-1)

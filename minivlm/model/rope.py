@@ -80,3 +80,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, heads, head_dim]; cos/sin [T, 1, head_dim] (broadcast over heads)."""
     return x * cos + rotate_half(x) * sin
+
+
+def rotate_partially(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the first cos.shape[-1] channels of each head; the rest pass through (partial_rotary_factor)."""
+    r = cos.shape[-1]
+    return torch.cat((apply_rope(x[..., :r], cos, sin), x[..., r:]), dim=-1)
