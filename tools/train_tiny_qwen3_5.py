@@ -22,8 +22,9 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from minivlm.inputs.processor import load_processor
 from tools.tiny_qwen3_5 import MTPHead, copy_from_teacher, export, student_config
+from tools.tiny_qwen3_5_colour import PALETTE, colour_labels
 from tools.tiny_qwen3_5_probe import probe_all
-from tools.train_tiny import make_batch
+from tools.train_tiny import PATCH, make_batch
 
 TEACHER = "assets/tiny-qwen-vl"
 
@@ -58,21 +59,26 @@ def forward(student, mtp, batch, image_features, layers: list = None):
     return lm_head(hidden), lm_head(drafted), hidden
 
 
-def losses(student, mtp, teacher, batch, captured, args, aux=None):
-    """(answer CE, KL to the teacher on answer tokens, MTP CE on answer tokens two ahead, and with --hidden-weight the
-    layer-wise distance to the teacher's decoder: both have 4 layers of width 128; plus, with --deepstack-weight,
-    the `aux` head's relative error predicting the teacher's DeepStack tokens from the student's final ones)."""
+def losses(student, mtp, teacher, batch, captured, args, aux=None, kinds=None):
+    """{term: loss}: answer CE, KL to the teacher on answer tokens, MTP CE on answer tokens two ahead; with
+    --hidden-weight the layer-wise distance to the teacher's decoder (both 4 layers of width 128); with
+    --deepstack-weight the `aux` head's relative error predicting the teacher's DeepStack tokens from the student's
+    final vision tokens; with --colour-weight a per-token colour CE on them (`kinds`: each token's shape kind)."""
     labels = batch.pop("labels")
     with torch.no_grad():
         taught = teacher(**batch, output_hidden_states=bool(args.hidden_weight))
     teacher_logits, layers = taught.logits, [] if args.hidden_weight else None
-    features, deep = captured["tokens"], torch.zeros(())
+    features, zero = captured["tokens"], torch.zeros(())
+    deep = colour = zero
     if args.vision_lr > 0:  # the student's own (trained) tower
         features = torch.cat(student.model.get_image_features(batch["pixel_values"], batch["image_grid_thw"])
                              .pooler_output)
     if args.deepstack_weight:  # what the teacher's decoder got only through DeepStack, read from the final tokens
         target = torch.cat(captured["deepstack"], -1)
-        deep = (aux(features) - target).pow(2).mean() / target.var()
+        deep = (aux["deepstack"](features) - target).pow(2).mean() / target.var()
+    if args.colour_weight:  # and the colour itself, per token: the tower's final tokens lacked it (probe_vision_colour)
+        truth = colour_labels(batch["pixel_values"], kinds, PATCH)
+        colour = F.cross_entropy(aux["colour"](features), truth) if (truth != -100).any() else zero
     logits, drafted, _ = forward(student, mtp, batch, features, layers)
     target = labels[:, 1:]
     keep = target != -100
@@ -83,12 +89,12 @@ def losses(student, mtp, teacher, batch, captured, args, aux=None):
     target2 = labels[:, 2:]
     keep2 = target2 != -100
     mtp_ce = F.cross_entropy(drafted[:, :-1][keep2], target2[keep2])
-    hidden = torch.zeros(())
+    hidden = zero
     if args.hidden_weight:  # each layer's output near the teacher's, relative to its size, at every real position
         real = batch["attention_mask"].bool()
         hidden = sum(((s - t).pow(2).mean(-1) / t.pow(2).mean(-1).clamp(min=1e-6))[real].mean()
                      for s, t in zip(layers, taught.hidden_states[1:])) / len(layers)
-    return ce, kl, mtp_ce, hidden, deep
+    return {"ce": ce, "kl": kl, "mtp": mtp_ce, "hidden": hidden, "deepstack": deep, "colour": colour}
 
 
 def trained_state(student) -> dict:
@@ -131,6 +137,8 @@ def main():
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--deepstack-weight", type=float, default=0.0,
                    help="with --vision-lr: aux loss, the teacher's DeepStack tokens predicted from the final ones")
+    p.add_argument("--colour-weight", type=float, default=0.0,
+                   help="with --vision-lr: aux CE, each in-shape final vision token's colour (tools/tiny_qwen3_5_colour)")
     p.add_argument("--vision-lr", type=float, default=0.0,
                    help="train the vision tower at this lr (0: frozen, the teacher's)")
     p.add_argument("--kd-weight", type=float, default=1.0, help="KL to the teacher's answer distributions")
@@ -155,8 +163,9 @@ def main():
     captured = {}
     teacher.model.visual.register_forward_hook(
         lambda m, i, out: captured.update(tokens=out.pooler_output, deepstack=out.deepstack_features))
-    aux = torch.nn.Linear(student.config.text_config.hidden_size,  # not shipped: it only shapes the tower's gradient
-                          teacher.config.text_config.hidden_size * len(teacher.config.vision_config.deepstack_visual_indexes))
+    width = student.config.text_config.hidden_size  # the heads are not shipped: they only shape the tower's gradient
+    aux = torch.nn.ModuleDict({"deepstack": torch.nn.Linear(width, width * len(
+        teacher.config.vision_config.deepstack_visual_indexes)), "colour": torch.nn.Linear(width, len(PALETTE))})
     text = [q for n, q in student.named_parameters() if not n.startswith("model.visual.")] + list(mtp.parameters())
     groups = [{"params": text, "lr": args.lr}]
     if args.vision_lr > 0:
@@ -171,8 +180,9 @@ def main():
         missing = student.load_state_dict(state["model"], strict=False).missing_keys
         assert all(k.startswith("model.visual.") for k in missing), missing  # only the frozen tower is left out
         mtp.load_state_dict(state["mtp"])
-        if "aux" in state:
-            aux.load_state_dict(state["aux"])
+        if "aux" in state:  # older states hold the DeepStack head alone
+            aux.load_state_dict(state["aux"], strict=False) if "colour.weight" in state["aux"] else \
+                aux["deepstack"].load_state_dict(state["aux"])
         for saved, group in zip(state["opt"]["param_groups"], opt.param_groups):  # parameters joining start fresh
             for index, q in zip(saved["params"], group["params"]):
                 if index in state["opt"]["state"]:
@@ -189,19 +199,19 @@ def main():
     while step < stop:
         for group, base in zip(opt.param_groups, [args.lr, args.vision_lr]):
             group["lr"] = base * lr_scale(step, args.warmup, args.steps)
-        batch, _, _ = make_batch(processor, step, data)
-        ce, kl, mtp_ce, hidden, deep = losses(student, mtp, teacher, batch, captured, args, aux)
+        batch, token_truth, _ = make_batch(processor, step, data)
+        terms = losses(student, mtp, teacher, batch, captured, args, aux, token_truth[:, 0])
+        weights = {"ce": 1.0, "kl": args.kd_weight, "mtp": args.mtp_weight, "hidden": args.hidden_weight,
+                   "deepstack": args.deepstack_weight, "colour": args.colour_weight}
         opt.zero_grad(set_to_none=True)
-        (ce + args.kd_weight * kl + args.mtp_weight * mtp_ce + args.hidden_weight * hidden
-         + args.deepstack_weight * deep).backward()
+        sum(weights[k] * v for k, v in terms.items()).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        logged.append((ce.item(), kl.item(), mtp_ce.item(), hidden.item(), deep.item()))
+        logged.append([v.item() for v in terms.values()])
         step += 1
         if step % 25 == 0:
-            ce_, kl_, m_, h_, d_ = (sum(v) / len(logged) for v in zip(*logged))
-            print(f"step {step} ce {ce_:.4f} kl {kl_:.4f} mtp {m_:.4f} hidden {h_:.4f} deepstack {d_:.4f} "
-                  f"{(time.time() - t0) / 25:.2f}s/step", flush=True)
+            means = " ".join(f"{k} {sum(v) / len(logged):.4f}" for k, v in zip(terms, zip(*logged)))
+            print(f"step {step} {means} {(time.time() - t0) / 25:.2f}s/step", flush=True)
             logged, t0 = [], time.time()
         if step % args.probe_every == 0 or step == stop:
             acc = probe_all(student, mtp, processor, args.probe_per_type)
