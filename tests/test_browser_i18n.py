@@ -101,7 +101,6 @@ def test_the_chat_in_chinese(page, shots):
     assert any("CJK" in f or " SC" in f for f in fonts), fonts  # Noto Sans CJK SC from fonts-noto-cjk
 
 
-@pytest.mark.slow  # one of the default run's longest (> 20 s on 2 cores); CI runs it with -m slow
 def test_the_kv_tab_in_chinese_with_its_decision_log(page, shots):
     page.get_by_role("tab", name=t(ZH, "tab.kv")).click()
     page.get_by_role("button", name=t(ZH, "kv.pause")).click()
