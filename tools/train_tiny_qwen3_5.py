@@ -3,10 +3,11 @@ questions, English and Chinese, distilled from that trained model (seeded, resum
 
     nice -n 10 python -m tools.train_tiny_qwen3_5 --out runs/q35 --steps 6000
 
-The tokenizer, processor and vision tower are the tiny Qwen3-VL's (frozen: Qwen3.5's tower is Qwen3-VL's without
-DeepStack, so every other weight maps exactly), and so is its tied embedding; the decoder learns from the answers'
-cross-entropy, the teacher's answer distributions (KL) and, beside them, the MTP loss (token t+2 from h_t and the
-embedding of t+1; tools/tiny_qwen3_5.py). Every batch is tools/train_tiny.make_batch's, a pure function of (seed,
+The tokenizer, processor and vision tower are the tiny Qwen3-VL's (Qwen3.5's tower is Qwen3-VL's without DeepStack,
+so every other weight maps exactly; frozen unless --vision-lr), and so is its tied embedding; the decoder learns from
+the answers' cross-entropy, the teacher's answer distributions (KL) and, beside them, the MTP loss (token t+2 from
+h_t and the embedding of t+1; tools/tiny_qwen3_5.py); --hidden-weight, --deepstack-weight and --colour-weight add
+the distillation and vision signals that assets/tiny-qwen3_5-vl-wip/README.md measured the need for. Every batch is tools/train_tiny.make_batch's, a pure function of (seed,
 step); the state (ckpt.pt) is saved every --save-every-s and at the end, so a resumed run sees the same data.
 """
 import argparse
