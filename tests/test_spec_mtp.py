@@ -80,6 +80,12 @@ def test_greedy_answers_equal_decoding_without_speculation(checkpoint, reference
         assert s.num_drafts > 0 and s.num_accepted_tokens < s.num_draft_tokens, s
         assert len(s.accepted_per_pos) == 2  # the head applied twice: two guesses a step
         check_nothing_held(e)
+        said = [ev for ev in e.events() if ev.kind == "speculated"]
+        assert said and all(ev.method == "mtp" and 1 <= len(ev.draft) <= 2 for ev in said)  # fewer near max_tokens
+        from minivlm.views.events import describe
+        from panels.i18n.events import describe_in
+        assert describe(said[0]).startswith(f"{said[0].request_id}'s MTP head drafted {len(said[0].draft)} token(s) from ")
+        assert describe_in(said[0], "en") == describe(said[0]) and "MTP 头" in describe_in(said[0], "zh-CN")
 
 
 def test_preemption_changes_no_token(checkpoint, reference):

@@ -65,7 +65,7 @@ class EngineCore(RequestProgress):
         self.image_inputs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._step_time: tuple[int, float] = (0, 0.0)  # the latest step: (decode tokens, seconds), for tower_slice
         self.outputs = OutputProcessor(model.tokenizer, model.eos_ids, config.max_model_len)
-        self.speculation = SpecRecorder(self.events)  # speculative decoding's counters and events
+        self.speculation = SpecRecorder(self.events, getattr(config.speculative_config, "method", "ngram"))  # speculative decoding's counters and events
         self.step_count = 0
         self.last_plan: StepPlan | None = None   # the plan of the latest step that ran something
         self._written: dict[int, int] = {}       # this step, before its update: seq_id -> tokens whose K/V exist

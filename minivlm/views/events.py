@@ -224,6 +224,9 @@ def describe(ev: EngineEvent) -> str:
         where = f"token {f['found_at']} ({'in the prompt' if f['in_prompt'] else 'in its answer'})"
         back = f"; slot{'s' * (len(f['given_back']) > 1)} {', '.join(map(str, f['given_back']))} given back" \
             if f["given_back"] else ""
+        if f.get("method") == "mtp":  # the model's own head drafted them from its newest token
+            return f"{rid}'s MTP head drafted {len(f['draft'])} token(s) from token {f['found_at']}; accepted " \
+                   f"{f['accepted']}{back}"
         return f"{rid} proposed {len(f['draft'])} token(s) found at {where}; accepted {f['accepted']}{back}"
     if ev.kind == "not_speculated":
         return f"{rid} does not speculate: {NOT_ON_THIS_MODEL.format(kind=f['reason'])}"

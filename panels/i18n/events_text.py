@@ -24,6 +24,8 @@ MESSAGES = {
                        "{rid} 在 {tokens} 个 token 之后的循环状态存入槽位 {slot}（检查点，键 {key}…）：之后前缀相同的请求从这里继续"),
     "ev.speculated": ("{rid} proposed {n} token(s) found at {where}; accepted {accepted}{back}",
                       "{rid} 提议了 {n} 个 token（在{where}找到）；接受了 {accepted} 个{back}"),
+    "ev.speculated_mtp": ("{rid}'s MTP head drafted {n} token(s) from token {at}; accepted {accepted}{back}",
+                          "{rid} 的 MTP 头从第 {at} 个 token 起草了 {n} 个 token；接受了 {accepted} 个{back}"),
     "ev.spec_prompt": ("token {at} (in the prompt)", "第 {at} 个 token（提示词中）"),
     "ev.spec_answer": ("token {at} (in its answer)", "第 {at} 个 token（它的回答中）"),
     "ev.spec_back": ("; slot{s} {slots} given back", "；槽位 {slots} 归还"),

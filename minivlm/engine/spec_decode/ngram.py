@@ -117,8 +117,8 @@ class SpecRecorder:
     """The core's side: the counters (vLLM's spec_decode metrics) and one `speculated` event per speculating step of
     a request: what it guessed, where the guess was found, how many were accepted, which slots were given back."""
 
-    def __init__(self, events):
-        self.events, self.stats = events, SpecStats()
+    def __init__(self, events, method: str = "ngram"):
+        self.events, self.stats, self.method = events, SpecStats(), method  # method: who proposed the guesses
 
     def emit(self, seq, r, tokens: list, advance, bm) -> list:
         """Advance seq by the tokens its verified step emits (accepted guesses, then one more), each once the K/V
@@ -136,6 +136,6 @@ class SpecRecorder:
     def record(self, seq, r, accepted: int, freed_blocks: list[int]):
         accepted = min(accepted, len(r.draft))
         self.stats.record(len(r.draft), accepted)
-        self.events.emit("speculated", seq.request_id, draft=list(r.draft), found_at=r.draft_at,
+        self.events.emit("speculated", seq.request_id, draft=list(r.draft), found_at=r.draft_at, method=self.method,
                          in_prompt=r.draft_at < seq.num_prompt_tokens, accepted=accepted,
                          given_back=list(r.slots[len(r.slots) - len(r.draft) + accepted:]), freed_blocks=freed_blocks)
