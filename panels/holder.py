@@ -47,6 +47,8 @@ def speculation_part(spec, lang: str = EN) -> str:
     """What speculative decoding does, for the status line (EngineConfig.speculative_config); "" when it is off."""
     if spec is None:
         return ""
+    if spec.method == "mtp":  # the model's own head drafts: no lookup window to name
+        return t(lang, "header.speculation_mtp", k=spec.num_speculative_tokens)
     low, high = spec.prompt_lookup_min, spec.prompt_lookup_max
     return t(lang, "header.speculation", method=spec.method, k=spec.num_speculative_tokens,
              lookup=f"{low}–{high}" if high > low else str(low))

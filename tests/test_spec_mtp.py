@@ -63,6 +63,13 @@ def test_vllm_names_mean_mtp():
         SpeculativeConfig.parse({"method": "eagle3"})
 
 
+def test_the_status_line_names_the_head_not_a_lookup():
+    from panels.holder import speculation_part
+    mtp, ngram = (SpeculativeConfig.parse({"method": m, "num_speculative_tokens": 2}) for m in ("mtp", "ngram"))
+    assert "multi-token-prediction head" in speculation_part(mtp) and "lookup" not in speculation_part(mtp)
+    assert "多 token 预测头" in speculation_part(mtp, "zh-CN") and "prompt lookup" in speculation_part(ngram)
+
+
 def test_a_model_without_a_head_says_so(tmp_path):
     from tools.make_checkpoint_qwen3_5 import make_qwen3_5_checkpoint
     path = make_qwen3_5_checkpoint(str(tmp_path / "plain"), seed=3)

@@ -46,6 +46,9 @@ MESSAGES = {
     "header.speculation": (" · speculative decoding: {method} (prompt lookup), up to {k} guessed tokens a step, "
                            "matching the last {lookup} tokens",
                            " · 推测解码：{method}（提示查找），每步最多猜 {k} 个 token，匹配最近 {lookup} 个 token"),
+    "header.speculation_mtp": (" · speculative decoding: mtp (the model's own multi-token-prediction head), up to {k} "
+                               "guessed tokens a step",
+                               " · 推测解码：mtp（模型自带的多 token 预测头），每步最多猜 {k} 个 token"),
     "header.shipped": ("{name} (shipped, offline)", "{name}（随附，离线可用）"),
     "header.hub": ("{name} (hub)", "{name}（Hub 下载）"),
     "header.unavailable_choice": ("{name} (unavailable)", "{name}（不可用）"),
