@@ -16,7 +16,7 @@ from collections import defaultdict
 
 import torch
 
-from minivlm.engine import core as engine_core
+from minivlm.engine import progress as engine_progress  # where a step's outcome emits the constrained events
 from minivlm.engine.sampling import grammar_masks
 from minivlm.engine.sampling import structured_output
 
@@ -54,7 +54,7 @@ def timed(engine, spent: dict):
     targets = [(grammar_masks.MaskFiller, "start", "hand"), (grammar_masks.BatchMasks, "wait", "wait"),
                (structured_output, "apply_bitmasks", "apply"), (grammar_masks.BatchMasks, "fill", "fill"),
                (engine.core.runner, "forward", "forward"), (structured_output.Matcher, "advance", "advance"),
-               (engine_core, "constrained_events", "events")]
+               (engine_progress, "constrained_events", "events")]
     if engine.intake.grammars().backend == "xgrammar":  # its matchers advance in their own class
         from minivlm.engine.sampling.structured_xgrammar import XMatcher
         targets.append((XMatcher, "advance", "advance"))
