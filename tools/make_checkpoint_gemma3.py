@@ -59,15 +59,21 @@ def make_gemma3_checkpoint(out_dir: str, seed: int = 0, **kwargs) -> str:
         model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.1)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
+    save_gemma_files(out_dir, tokenizer, processor, "Gemma3Processor", "<end_of_turn>")
+    return out_dir
+
+
+def save_gemma_files(out_dir: str, tokenizer, processor, processor_class: str, end_of_turn_token: str):
+    """A Gemma checkpoint's tokenizer, processor (under transformers' class name, as the hub checkpoints say) and
+    generation config (published: <eos> and the end of a turn both stop)."""
     tokenizer.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
-    path = os.path.join(out_dir, "processor_config.json")  # transformers' class name, as the hub checkpoints say
+    path = os.path.join(out_dir, "processor_config.json")
     with open(path) as f:
         saved = json.load(f)
     with open(path, "w") as f:
-        json.dump({**saved, "processor_class": "Gemma3Processor"}, f, indent=2)
-    end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
-    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:  # published: <eos> and <end_of_turn>
+        json.dump({**saved, "processor_class": processor_class}, f, indent=2)
+    end_of_turn = tokenizer.convert_tokens_to_ids(end_of_turn_token)
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": tokenizer.bos_token_id, "eos_token_id": [tokenizer.eos_token_id, end_of_turn],
                    "pad_token_id": tokenizer.pad_token_id}, f)
-    return out_dir

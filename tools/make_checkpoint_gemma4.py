@@ -12,8 +12,9 @@ small, as the E2B / E4B configs carry one.
 
 The tokenizer's Gemma 4 tokens (<|image|>, <|image>, <image|>, <|audio|>, <|turn>, <turn|>, ...) are this
 repository's best reading of the published ones, not checked against a download."""
-import json
 import os
+
+from tools.make_checkpoint_gemma3 import save_gemma_files
 
 # torch and transformers are imported where used, so that a command line listing families answers at once
 
@@ -137,15 +138,5 @@ def make_gemma4_checkpoint(out_dir: str, seed: int = 0, **kwargs) -> str:
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     add_unused_shared_kv(out_dir, config, seed)
-    tokenizer.save_pretrained(out_dir)
-    processor.save_pretrained(out_dir)
-    path = os.path.join(out_dir, "processor_config.json")  # transformers' class name, as the hub checkpoints say
-    with open(path) as f:
-        saved = json.load(f)
-    with open(path, "w") as f:
-        json.dump({**saved, "processor_class": "Gemma4Processor"}, f, indent=2)
-    end_of_turn = tokenizer.convert_tokens_to_ids("<turn|>")
-    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:  # <eos> and the end of a turn
-        json.dump({"bos_token_id": tokenizer.bos_token_id, "eos_token_id": [tokenizer.eos_token_id, end_of_turn],
-                   "pad_token_id": tokenizer.pad_token_id}, f)
+    save_gemma_files(out_dir, tokenizer, processor, "Gemma4Processor", "<turn|>")
     return out_dir
