@@ -12,8 +12,9 @@ pool, its own table per request and its own manager; a plain model is one full-a
     kv_shared       KVSharedManager (kv_shared.py): Gemma 4's layers that read another layer's K/V own nothing:
                     every call answers "nothing here", its part names the groups its layers read
 
-Every group's manager answers the same calls, which the coordinator makes for each in turn (`managers`, indexed by
-group id, as the plan's parts and the KV events number them): longest_hit (how much of a hit it can serve), admit,
+Every group's manager answers the same calls (group_manager.py: the interface, with what a group that has nothing of
+that kind does), which the coordinator makes for each in turn (`managers`, indexed by group id, as the plan's parts and
+the KV events number them): longest_hit (how much of a hit it can serve), admit,
 begin_step, advance (take and drop what no query can see, plan saves), publish / register (cache), ran, step_part (its
 part of the plan: an AttentionGroupStep or a StateGroupStep, group_steps.py), deallocate / forget (free), unpublish,
 reset, save_points, info, wire. The prefix-hit rule is the fixed point every group can serve: the full group offers h
@@ -27,6 +28,7 @@ append_slot, reserve, trim: the others grow in advance) are told in, so the coor
 `blocks`, `tables`, `table(seq)`. Every model has that group: a decoder without one is refused by kv_pool.py."""
 from minivlm.engine.event_log import EventLog
 from minivlm.engine.kv_cache.full_attention import FullAttentionManager
+from minivlm.engine.kv_cache.group_manager import GroupManager
 from minivlm.engine.kv_cache.kv_shared import KVSharedManager
 from minivlm.engine.kv_cache.recurrent import RecurrentManager
 from minivlm.engine.kv_cache.sliding_window import SlidingWindowManager
@@ -37,7 +39,7 @@ class KVCacheCoordinator:
     """The scheduler's, the core's and the snapshot's one object: every group's manager driven together, and the
     leading full-attention group's blocks read through (blocks, tables, table(seq), free, key_to_block, stats, dirty)."""
 
-    def __init__(self, managers: list, layers: list[list[int]] | None = None):
+    def __init__(self, managers: list[GroupManager], layers: list[list[int]] | None = None):
         self.managers = list(managers)   # by group id; group 0 is the full-attention group, which leads
         self.full = self.managers[0]
         self.layers = layers or [[]] * len(self.managers)  # each group's decoder layers
@@ -68,7 +70,7 @@ class KVCacheCoordinator:
         """Guesses can be held and given back in every group (its manager's `speculates`: the full and sliding groups
         reserve blocks for them and trim those past the accepted tokens, a recurrent group keeps each guess's state for
         the step and puts the accepted one back; docs/ENGINE.md, "Speculation on hybrid models")."""
-        return all(getattr(g, "speculates", g.kind == "full_attention") for g in self.managers)
+        return all(g.speculates for g in self.managers)
 
     # the group of a kind, or None: what spec_decode/ngram.py's why_not asks (prefer `speculates`)
     states = property(lambda self: next((g for g in self.managers if g.kind == "recurrent"), None))

@@ -4,6 +4,7 @@ the coordinator (coordinator.py) asks the other groups how much of its hit they 
 from collections import deque
 
 from minivlm.engine.event_log import EventLog
+from minivlm.engine.kv_cache.group_manager import GroupManager
 from minivlm.engine.kv_cache.group_steps import AttentionGroupStep
 from minivlm.engine.outputs import CacheHit, GroupInfo
 from minivlm.engine.kv_cache.snapshot import block_kind, holds_video, video_spans
@@ -20,9 +21,11 @@ class Block:
         self.kind = "free"                # text | image | mixed | video, remembered for cached-but-free blocks
 
 
-class FullAttentionManager:
+class FullAttentionManager(GroupManager):
     """Allocates blocks to sequences. Full blocks are registered by key; a freed block keeps its key (and KV)
-    until the free queue hands it out again, so an identical prefix arriving later is served from it."""
+    until the free queue hands it out again, so an identical prefix arriving later is served from it. Its blocks come
+    at admission (allocate, which the coordinator calls with the hit) and as a decode reaches them (append_slot,
+    reserve): nothing to do in admit or advance; every block of a hit is one it offered (match_prefix)."""
 
     def __init__(self, num_blocks: int, block_size: int, caching: bool, events=None):
         self.block_size = block_size
@@ -42,8 +45,7 @@ class FullAttentionManager:
         self.dropped: dict[int, list[int]] = {}
 
     kind = "full_attention"
-    window = None
-    rewinds = True  # K/V past a token are simply overwritten when it is computed again
+    speculates = True  # blocks reserved for guesses (reserve), those past the accepted tokens given back (trim)
 
     @classmethod
     def make(cls, pool, group_idx: int, block_size: int, caching: bool, events):
@@ -250,22 +252,6 @@ class FullAttentionManager:
         """A new plan starts: nothing taken in it yet."""
         self.taken, self.shared, self.dropped = {}, {}, {}
 
-    def longest_hit(self, seq, n: int) -> int:
-        """Every block of the hit is one of its own (it offered them: match_prefix)."""
-        return n
-
-    def admit(self, seq, n: int):
-        """Its table is made by allocate, which the coordinator calls with the hit (its CacheHits are the plan's)."""
-
-    def save_points(self, seq) -> list[int]:
-        return []
-
-    def advance(self, seq, start: int, end: int):
-        """Nothing: its blocks come at admission and as a decode reaches them (append_slot, reserve)."""
-
-    def ran(self, seq):
-        """Its K/V are in its blocks once written: nothing more to do."""
-
     def step_part(self, seq, start: int, end: int) -> AttentionGroupStep:
         """seq's part of this step in this group: its table's change, and the slot of each token in [start, end)."""
         table, bs, sid = self.table(seq), self.block_size, seq.seq_id
@@ -276,9 +262,6 @@ class FullAttentionManager:
     def info(self, layers: list[int], rid: dict[int, str]) -> GroupInfo:
         return GroupInfo(self.kind, self.kind, layers, self.window, len(self.blocks), self.num_free,
                          {rid[k]: list(t) for k, t in self.tables.items() if k in rid})
-
-    def wire(self) -> tuple[str, int | None]:
-        return self.kind, self.window
 
     def _group(self) -> dict:
         """Events of another group than the full-attention one say which (the block map and the prefix tree are

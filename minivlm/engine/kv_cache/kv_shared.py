@@ -3,12 +3,14 @@ num_kv_shared_layers compute no K/V of their own; each attends over the K/V of t
 that layer's blocks. So this group owns no blocks and no slots: it takes nothing at admission, frees nothing, caches
 nothing, and every request's part of a step only names the groups its layers read (their tables are already in
 those groups' parts). It is a group all the same, so the block map, memory_report and the KV tab can say so."""
+from minivlm.engine.kv_cache.group_manager import GroupManager
 from minivlm.engine.kv_cache.group_steps import SharedGroupStep
 from minivlm.engine.outputs import GroupInfo
 
 
-class KVSharedManager:
-    """A group of layers that read other groups' blocks: every call of the interface answers "nothing here"."""
+class KVSharedManager(GroupManager):
+    """A group of layers that read other groups' blocks: every call of the interface answers "nothing here" (the
+    defaults of group_manager.py); its part of a step names the groups it reads."""
     kind = "kv_shared"
     window = None
     rewinds = True  # it keeps nothing that a token computed again could contradict
@@ -26,55 +28,8 @@ class KVSharedManager:
         """The manager of a pool's kv_shared group (kv_pool.GroupPool: its sources and the groups they are in)."""
         return cls(pool.sources, pool.reads, block_size, caching, events, group_idx)
 
-    # ---- the interface every group's manager answers (coordinator.py): nothing to take, give back or cache ----
-    def begin_step(self):
-        """Nothing is decided per step here."""
-
-    def longest_hit(self, seq, n: int) -> int:
-        """Any hit its source groups serve: it keeps nothing of its own that could be missing."""
-        return n
-
-    def admit(self, seq, n: int):
-        """No table: its layers read their sources' tables."""
-
-    def save_points(self, seq) -> list[int]:
-        return []
-
-    def advance(self, seq, start: int, end: int):
-        """Nothing to take: its layers write nothing."""
-
-    def publish(self, seq, end: int, start: int | None = None) -> list:
-        return []
-
-    def register(self, seq, i: int) -> list:
-        return []
-
-    def ran(self, seq):
-        """Nothing was written."""
-
     def step_part(self, seq, start: int, end: int) -> SharedGroupStep:
         return SharedGroupStep(self.reads)
 
-    def reserve(self, seq, num_tokens: int):
-        """Nothing for guesses: its layers read their sources' slots for them."""
-
-    def trim(self, seq) -> list[int]:
-        return []
-
-    def deallocate(self, seq):
-        """Nothing to free."""
-
-    def forget(self, seq, written: int | None = None):
-        """Nothing cached."""
-
-    def unpublish(self, seq, start: int):
-        """Nothing published."""
-
-    def reset(self):
-        """Nothing cached."""
-
     def info(self, layers: list[int], rid: dict[int, str]) -> GroupInfo:
         return GroupInfo(self.kind, self.kind, layers, None, 0, 0, {}, reads=dict(self.sources))
-
-    def wire(self) -> tuple[str, int | None]:
-        return self.kind, None

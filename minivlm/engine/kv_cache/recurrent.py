@@ -2,11 +2,12 @@
 one interface)."""
 from collections import OrderedDict, deque
 
+from minivlm.engine.kv_cache.group_manager import GroupManager
 from minivlm.engine.kv_cache.group_steps import StateGroupStep
 from minivlm.engine.outputs import GroupInfo
 
 
-class RecurrentManager:
+class RecurrentManager(GroupManager):
     """A recurrent group's state slots: one per running request, the rest hold checkpoints (a state saved at a
     block boundary, keyed by the block key there, least recently used evicted first). A hit can only resume where a
     state was saved, so where to save decides what a later request reuses (docs/ENGINE.md, "Where recurrent state is
@@ -131,18 +132,9 @@ class RecurrentManager:
         self.latest.pop(seq.seq_id, None)
         self.restore.pop(seq.seq_id, None)
 
-    def forget(self, seq, written: int | None = None):
-        self.deallocate(seq)
-
-    def publish(self, seq, end: int, start: int | None = None) -> list:
-        return []  # a state is no block: it becomes a checkpoint when its step ran (ran)
-
     def register(self, seq, i: int) -> list:
         self.ran(seq)  # a decode completed a block: the state saved at its end is a checkpoint now
-        return []
-
-    def unpublish(self, seq, start: int):
-        """A state is saved only after its step ran whole: nothing to take back."""
+        return []  # a state is no block: nothing published (nor to unpublish: it is saved only after a whole step)
 
     def step_part(self, seq, start: int, end: int) -> StateGroupStep:
         """seq's part of this step in this group: its slot, the checkpoint it restores from, the slot it saves to, and
@@ -151,19 +143,9 @@ class RecurrentManager:
         return StateGroupStep(self.slot_of[seq.seq_id], self.restore.pop(seq.seq_id, -1), self.saves.get(seq.seq_id, -1),
                               max(0, end - len(seq)))
 
-    def reserve(self, seq, num_tokens: int):
-        """Nothing for guesses: their states live for the step only, outside the slots."""
-
-    def trim(self, seq) -> list[int]:
-        """Nothing to give back: the slot already holds the state after the accepted tokens (the runner copied it)."""
-        return []
-
     def info(self, layers: list[int], rid: dict[int, str]) -> GroupInfo:
         return GroupInfo(self.kind, self.kind, layers, None, self.num_slots, len(self.free),
                          {rid[k]: [slot] for k, slot in self.slot_of.items() if k in rid}, dict(self.checkpoints))
-
-    def wire(self) -> tuple[str, int | None]:
-        return self.kind, None
 
     def _take(self) -> int:
         if self.free:
