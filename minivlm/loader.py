@@ -140,6 +140,8 @@ class LoadedModel:
         if hasattr(self.decoder, "placeholder_ids"):  # Gemma 4: the tokens whose per-layer embedding is the pad's
             ids = (getattr(self.hf_config, f"{m}_token_id", None) for m in ("image", "video", "audio"))
             self.decoder.placeholder_ids = tuple(i for i in ids if i is not None)
+        if getattr(config.speculative_config, "method", None) != "mtp" and hasattr(self.decoder, "drop_mtp"):
+            self.decoder.drop_mtp()  # a multi-token-prediction head is loaded only to draft with (vLLM's "mtp")
         self.decoder.load_weights(text_sd, tied, self.device, self.dtype)
         self.decoder.eval()
         self.quantization = config.quantization

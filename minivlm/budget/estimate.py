@@ -25,12 +25,13 @@ from minivlm.budget.devices import device_memory, tensor_parallel_for
 from minivlm.budget.hybrid_kv import hybrid_kv
 from minivlm.budget.kv_groups import STATE_DTYPE, layer_groups
 from minivlm.budget.limits import why_it_does_not_fit
-from minivlm.budget.params import audio_params, text_params, vision_params
+from minivlm.budget.params import audio_params, mtp_params, text_params, vision_params
 from minivlm.budget.shapes import HYBRID, hf_config, model_shape
 from minivlm.budget.tensor_parallel import check_tensor_parallel, kv_heads_per_gpu, vision_split
 from minivlm.budget.video_tokens import video_plan
 from minivlm.budget.vision_tokens import ImagePlan, image_plan
 from minivlm.budget.weights import DTYPE_BYTES, QUANTIZED, dtype_name, kv_bytes_per_token, weight_bytes
+from minivlm.config import SpeculativeConfig
 
 DEFAULT_OVERHEAD_BYTES = 512 * 2 ** 20  # CUDA context, cuBLAS workspaces, allocator fragmentation
 ATTENTION = ("sdpa", "flash_attention_2", "paged", "eager")  # only eager materialises heads x tokens² scores
@@ -121,13 +122,25 @@ def images_for(s, images_per_request) -> int:
     return images_per_request
 
 
+def drafting_head(s, speculative_config) -> int:
+    """The MTP head's layers the engine loads for this speculative_config (EngineConfig's: a dict, a
+    SpeculativeConfig or None): the config's mtp_num_hidden_layers with method "mtp" (or a vLLM alias), else 0."""
+    spec = SpeculativeConfig.parse(speculative_config)
+    if spec is None or spec.method != "mtp":
+        return 0
+    if not s.mtp_layers:
+        raise ValueError(f"speculative_config.method 'mtp' needs a model with its own multi-token-prediction head "
+                         f"(mtp_num_hidden_layers in its config); this {s.family} config has none")
+    return s.mtp_layers
+
+
 def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096, num_seqs=8,
              images_per_request=None, image_size=(1024, 768), device_memory_gb=None, gpu_memory_utilization=0.9,
              block_size=16, min_pixels=None, max_pixels=None, *, device=None, device_memory_bytes=None,
              weights_bytes=None, max_num_batched_tokens=None, text_tokens_per_request=512, overhead_bytes=None,
              attn_implementation="sdpa", tensor_parallel_size=None, videos_per_request=0, video_seconds=10.0,
              video_fps=2.0, video_size=None, enable_chunked_prefill=False, state_checkpoints=None,
-             state_dtype=STATE_DTYPE) -> Estimate:
+             state_dtype=STATE_DTYPE, speculative_config=None) -> Estimate:
     """The memory plan of one deployment, per GPU (see the module doc for the num_blocks rule).
 
     image_size is each image's (width, height), as PIL's Image.size; the encoder peak is for one such image, and
@@ -142,7 +155,10 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
     of video_size (default image_size), cost tokens by the engine's own video rule (budget.video_tokens), and the
     encoder peak covers one whole video (the tower encodes all its frame pairs at once). Hybrid models only:
     enable_chunked_prefill (a sliding request holds its window plus one max_num_batched_tokens chunk, else plus
-    max_model_len), state_checkpoints (saved recurrent states; None: 2 per request) and state_dtype (kv_groups)."""
+    max_model_len), state_checkpoints (saved recurrent states; None: 2 per request) and state_dtype (kv_groups).
+    speculative_config (EngineConfig's): with method "mtp" the model's multi-token-prediction head is loaded and keeps
+    K/V, so its weights and its layers' K/V per token are counted (Qwen3.5's mtp_num_hidden_layers; a config without
+    one is refused, as the engine refuses it); any other method, or None, adds nothing."""
     cfg = hf_config(model_config)  # parsed once for the whole estimate
     s = model_shape(cfg)
     images_per_request = images_for(s, images_per_request)
@@ -158,8 +174,12 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
     check_tensor_parallel(s, tp)
     act, eager = DTYPE_BYTES[act_dtype], attn_implementation == "eager"
 
-    counts = sum(text_params(s, tp).values()), sum(vision_params(s, tp).values())  # per GPU
+    head = drafting_head(s, speculative_config)  # 0, or the MTP head's layers when speculation drafts with it
+    mtp = sum(mtp_params(s, tp).values()) if head else 0
+    counts = sum(text_params(s, tp).values()) + mtp, sum(vision_params(s, tp).values())  # per GPU
     text_b, vision_b, text_formula, vision_formula = weight_bytes(s, dtype, tp, counts)
+    if head:
+        text_formula += f"; with the MTP head's {mtp:,} params (fc, norms, {head} layer(s); speculative method mtp)"
     predicted = text_b + vision_b
     used_weights = predicted if weights_bytes is None else int(weights_bytes)
     per_token = kv_bytes_per_token(s, kv_dtype, tp)
@@ -208,8 +228,8 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
                           f"{DTYPE_BYTES[kv_dtype]} B {kv_dtype}{kv_split})")]
     hybrid = None
     if s.family in HYBRID:  # the engine's KV-cache groups from the same usable memory
-        hybrid = hybrid_kv(layer_groups(cfg, tp, state_dtype), kv_dtype, usable, block_size, num_seqs, step_tokens,
-                           enable_chunked_prefill, max_model_len, request_tokens, state_checkpoints, kv_split)
+        hybrid = hybrid_kv(layer_groups(cfg, tp, state_dtype, mtp=bool(head)), kv_dtype, usable, block_size, num_seqs, step_tokens,
+                           enable_chunked_prefill, max_model_len, request_tokens, state_checkpoints, kv_split, head)
         num_blocks, kv_cache, per_token = hybrid.sizes.full_blocks, hybrid.sizes.total_bytes, hybrid.kv_bytes_per_token
         workload, concurrency = hybrid.workload_concurrency, hybrid.sizes.max_concurrency
         kv_rows = [BudgetItem(*row) for row in hybrid.rows]

@@ -37,8 +37,9 @@ def request_bytes(groups: list[GroupShape], dtype: str, tokens: int, block_size:
 
 def hybrid_kv(groups: list[GroupShape], kv_dtype: str, usable: int, block_size: int, num_seqs: int,
               step_tokens: int, chunked: bool, max_model_len: int, request_tokens: int,
-              state_checkpoints: int | None, split_note: str = "") -> HybridKV:
-    """Size the groups from the usable bytes and say what each costs (the module doc's rules)."""
+              state_checkpoints: int | None, split_note: str = "", mtp_layers: int = 0) -> HybridKV:
+    """Size the groups from the usable bytes and say what each costs (the module doc's rules); mtp_layers: of the
+    full group's layers, the last ones are the MTP head's (speculative method mtp), said in its row."""
     sizes = size_groups(groups, kv_dtype, max(usable, 0), block_size, num_seqs, step_tokens, chunked, max_model_len,
                         state_checkpoints)
     chunk = step_tokens if chunked else max_model_len
@@ -55,10 +56,11 @@ def hybrid_kv(groups: list[GroupShape], kv_dtype: str, usable: int, block_size: 
     full = sizes.group("full_attention")
     per_token = full.shape.bytes_per_token(kv_dtype) if full else 0
     return HybridKV(sizes, per_token, at_once, all_full,
-                    [group_row(g, kv_dtype, sizes, num_seqs, chunk, split_note) for g in sizes.groups])
+                    [group_row(g, kv_dtype, sizes, num_seqs, chunk, split_note, mtp_layers) for g in sizes.groups])
 
 
-def group_row(size, kv_dtype: str, sizes: GroupSizes, num_seqs: int, chunk: int, split_note: str) -> tuple:
+def group_row(size, kv_dtype: str, sizes: GroupSizes, num_seqs: int, chunk: int, split_note: str,
+              mtp_layers: int = 0) -> tuple:
     """One breakdown row: what the group holds and why that many."""
     g, bs, b = size.shape, sizes.block_size, DTYPE_BYTES[kv_dtype]
     per_token = (f"{g.bytes_per_token(kv_dtype):,} B/token (2 · {len(g.layers)} layers · {g.kv_heads} kv heads · "
@@ -72,7 +74,9 @@ def group_row(size, kv_dtype: str, sizes: GroupSizes, num_seqs: int, chunk: int,
                 f"earlier layer of their type) from those layers' blocks: 0 blocks, 0 B; their own K/V would cost "
                 f"{saved:,} B/token more")
     if g.kind == "full_attention":
-        return ("KV cache: full-attention layers", size.bytes, f"{size.blocks:,} blocks × {bs} tokens × {per_token}")
+        head = f"; the last {mtp_layers} the MTP head's (speculative method mtp)" if mtp_layers else ""
+        return ("KV cache: full-attention layers", size.bytes,
+                f"{size.blocks:,} blocks × {bs} tokens × {per_token}{head}")
     if g.kind == "sliding_window":
         most = window_blocks(g.window, chunk, bs)
         return ("KV cache: sliding-window layers", size.bytes,

@@ -63,7 +63,8 @@ class GroupShape:
 STATE_DTYPE = "float32"  # what the engine allocates: model/qwen3_5.py keeps both state tensors in float32
 
 
-def layer_groups(model_config, tensor_parallel_size: int = 1, state_dtype: str = STATE_DTYPE) -> list[GroupShape]:
+def layer_groups(model_config, tensor_parallel_size: int = 1, state_dtype: str = STATE_DTYPE,
+                 mtp: bool = False) -> list[GroupShape]:
     """The decoder's layers grouped by kind, from a config (multimodal or text; a preset name or dir too). Qwen3.5's
     recurrent state per layer: a conv state of conv_dim × (kernel − 1) (the inputs the causal conv still needs; HF's
     cache keeps kernel columns) and a delta-rule state of value heads × key dim × value dim, split over the GPUs by
@@ -72,7 +73,8 @@ def layer_groups(model_config, tensor_parallel_size: int = 1, state_dtype: str =
     "auto": HF's own split, the conv state in the KV dtype and the delta-rule state in the config's mamba_ssm_dtype
     (else float32). Models that are not hybrid: one full_attention group with every layer (today's formula).
     Gemma 4: each attention group with its own heads and head_dim, and a kv_shared group of the layers that keep
-    none."""
+    none. mtp: speculation drafts with Qwen3.5's multi-token-prediction head (method "mtp"): its mtp_num_hidden_layers
+    full-attention layers join the full group, numbered after the decoder's, as the engine allocates them."""
     cfg = hf_config(model_config)
     s = model_shape(cfg)
     if s.layer_kv:
@@ -82,6 +84,7 @@ def layer_groups(model_config, tensor_parallel_size: int = 1, state_dtype: str =
         tensor_parallel_size
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     types = list(t.layer_types) if cfg.model_type in HYBRID else ["full_attention"] * t.num_hidden_layers
+    types = types[:t.num_hidden_layers] + ["full_attention"] * (s.mtp_layers if mtp else 0)
     unknown = sorted(set(types) - set(KIND_OF))
     if unknown:
         raise ValueError(f"layer types {unknown} are not a cache kind the budget knows; known: {sorted(KIND_OF)}")

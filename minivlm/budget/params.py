@@ -65,6 +65,23 @@ def text_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
             "final_norm": s.hidden, "lm_head": 0 if s.tied else rows * s.hidden}
 
 
+def mtp_linears(s: ModelShape, tp: int = 1) -> list[LinearShape]:
+    """The Linear layers of Qwen3.5's multi-token-prediction head on one GPU: fc over [normed embedding; normed hidden
+    state] (2·hidden -> hidden), then its full-attention decoder layers' (the head shares embed_tokens and lm_head)."""
+    return [column("fc", s.hidden, 2 * s.hidden, False, tp)] + \
+        [lin for _ in range(s.mtp_layers) for lin in decoder_linears(s, tp, "full_attention")]
+
+
+def mtp_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
+    """The MTP head's parameters on one GPU by part (model/qwen3_5_mtp.py): fc, its norms (pre_fc_norm_embedding,
+    pre_fc_norm_hidden and the final norm) and its full-attention layers; {} for a model without a head. Loaded only
+    when speculation drafts with it (speculative_config method "mtp"), so not part of parameter_count."""
+    if not s.mtp_layers:
+        return {}
+    return {"mtp_fc": column("fc", s.hidden, 2 * s.hidden, False, tp).params, "mtp_norms": 3 * s.hidden,
+            "mtp_layers": s.mtp_layers * layer_params(s, "full_attention", tp)}
+
+
 def vision_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
     """Vision tower parameters on one GPU by part: patch embed, position table, blocks, merger, deepstack mergers (a
     tiled tower's parts: params_tiled.py; none for a text-only model)."""

@@ -91,6 +91,7 @@ class ModelShape:
     audio_conv_channels: tuple[int, ...] = ()
     audio_conv_kernel: int = 0
     audio_out: int = 0
+    mtp_layers: int = 0  # Qwen3.5's multi-token-prediction head (mtp_num_hidden_layers; 0: none), a speculative drafter
 
     @property
     def has_vision(self) -> bool:
@@ -232,5 +233,6 @@ def hybrid_dims(family: str, t) -> dict:
     if family == "qwen3_5":
         dims.update(linear_k_heads=t.linear_num_key_heads, linear_v_heads=t.linear_num_value_heads,
                     linear_k_dim=t.linear_key_head_dim, linear_v_dim=t.linear_value_head_dim,
-                    linear_conv_kernel=t.linear_conv_kernel_dim)
+                    linear_conv_kernel=t.linear_conv_kernel_dim,
+                    mtp_layers=int(getattr(t, "mtp_num_hidden_layers", 0) or 0))
     return dims

@@ -41,6 +41,17 @@ class CacheSpec:
         return sum(int(torch.Size(s).numel()) * itemsize for s in self.state_shapes)
 
 
+def engine_specs(decoder, speculative_config=None) -> list[CacheSpec] | None:
+    """The layers the engine keeps caches for (None: a plain decoder, one full-attention group over its layers): the
+    decoder's own layer_specs, then its multi-token-prediction head's (mtp_specs) when speculation drafts with it
+    (method "mtp"). Without that the head keeps no K/V, as in vLLM, where it exists only as that method's draft model."""
+    specs = getattr(decoder, "layer_specs", None)
+    if specs is None:
+        return None
+    drafting = getattr(speculative_config, "method", None) == "mtp" and getattr(decoder, "mtp", None) is not None
+    return list(specs) + (list(getattr(decoder, "mtp_specs", ())) if drafting else [])
+
+
 def group_layers(specs: list[CacheSpec]) -> dict[str, list[int]]:
     """Layer indices per KV-cache group, full attention first. Layers group by spec (kind and window); the engine
     keeps one pool per kind, so two sliding windows (or two recurrent state shapes) in one decoder are refused by name

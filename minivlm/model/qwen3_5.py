@@ -19,7 +19,7 @@ from minivlm.model.decoder import MLP, OffsetRMSNorm, fuse_projections, load_str
 from minivlm.model.qwen3_5_mtp import Qwen3_5MTP, mtp_layers
 from minivlm.model.rope import MRotaryEmbedding, rotate_partially
 
-IGNORED = re.compile(r"^mtp\.")  # the multi-token-prediction head: skipped when the config names none (as transformers)
+IGNORED = re.compile(r"^mtp\.")  # the multi-token-prediction head: skipped unless speculation drafts with it
 STATE_DTYPE = torch.float32  # the delta rule returns an fp32 state (HF's cache keeps it so); conv inputs fit exactly
 # the DeltaNet's four input projections, run as one matrix product (split back in this order)
 IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
@@ -201,11 +201,11 @@ class Qwen3_5Decoder(nn.Module):
             if layer.kind == "linear_attention" else
             CacheSpec("full_attention", kv_heads=text_cfg.num_key_value_heads, head_dim=text_cfg.head_dim)
             for layer in self.layers]
-        # the MTP head (speculative decoding's drafter): its layers' K/V join group 0, after the decoder's layers
+        # the MTP head (speculative decoding's drafter), kept only when speculation drafts with it (drop_mtp): then
+        # its layers' K/V join group 0, after the decoder's layers (model/cache_spec.py's engine_specs)
         self.mtp = Qwen3_5MTP(text_cfg, HybridLayer) if mtp_layers(text_cfg) else None
         self.mtp_specs = [CacheSpec("full_attention", kv_heads=text_cfg.num_key_value_heads,
                                     head_dim=text_cfg.head_dim)] * mtp_layers(text_cfg)
-        self.layer_specs += self.mtp_specs
         self.hidden = None  # the last forward's final hidden states [T, hidden], kept only with an MTP head
         rope = text_cfg.rope_parameters
         if rope.get("rope_type", "default") != "default":
@@ -215,12 +215,16 @@ class Qwen3_5Decoder(nn.Module):
         self.rope_args = (rotary_dim, rope["rope_theta"], list(rope.get("mrope_section", [11, 11, 10])), True)
         self.rotary = MRotaryEmbedding(*self.rope_args)
 
+    def drop_mtp(self):
+        """No head: speculation does not draft with it (vLLM loads it only as method "mtp"'s draft model), so it has
+        no weights and no K/V; called before load_weights, while the head is still on the meta device."""
+        self.mtp, self.mtp_specs = None, []
+
     def load_weights(self, state: dict, tied: bool, device, dtype):
-        """Copy checkpoint tensors in (strictly, after fusing projections; the mtp.* head only when the config names
-        one and the checkpoint has it), re-tie the embeddings, rebuild the rotary tables on device."""
+        """Copy checkpoint tensors in (strictly, after fusing projections; the mtp.* head only when it is kept and the
+        checkpoint has it), re-tie the embeddings, rebuild the rotary tables on device."""
         if self.mtp is not None and not any(IGNORED.match(k) for k in state):  # a config that names a head not saved
-            self.mtp = None
-            self.layer_specs = self.layer_specs[:len(self.layers)]
+            self.drop_mtp()
         keep = self.mtp is not None
         state = fuse_in_proj(fuse_projections({k: v for k, v in state.items() if keep or not IGNORED.match(k)}))
         load_strictly(self, state, tied, device, dtype)

@@ -13,6 +13,7 @@ from minivlm.engine.encoder.encoder_cache import ImageInputs
 from minivlm.engine.execution.group_metadata import group_builders, step_metadata
 from minivlm.engine.execution.input_batch import InputBatch
 from minivlm.engine.encoder.vision_worker import VisionWorker
+from minivlm.model.cache_spec import engine_specs
 
 MAX_TOWER_ROWS = 16384  # pixel rows (Qwen's patches, or tiles) in one tower call: bounds its activations
 
@@ -22,7 +23,7 @@ class ModelRunner:
         self.decoder, self.vision, self.device = model.decoder, model.vision, model.device
         self.kv_caches = layer_caches  # per layer: (K, V) of its group's pool, or a recurrent layer's state tensors
         self.block_size = config.block_size
-        specs = getattr(model.decoder, "layer_specs", None) or []  # a hybrid model's layers by KV-cache group
+        specs = engine_specs(model.decoder, config.speculative_config) or []  # a hybrid model's layers by group
         self.hybrid = bool(specs)  # its decoder reads each group's metadata by kind
         self.encoder_cache: dict[str, tuple] = {}  # vision key -> (embeddings, deepstack features): what the plans keep
         self.inputs: dict[int, ImageInputs] = {}    # seq_id -> its pixels, from admission until its images are taken
@@ -36,7 +37,8 @@ class ModelRunner:
         spec = config.speculative_config  # the MTP head drafts here, after each step (engine/spec_decode/mtp.py)
         if spec is not None and spec.method == "mtp" and getattr(model.decoder, "mtp", None) is None:
             raise ValueError("speculative_config.method 'mtp' needs a model with its own multi-token-prediction "
-                             "head (Qwen3.5's mtp.* weights and mtp_num_hidden_layers in its config); this one has none")
+                             "head (Qwen3.5's mtp.* weights and mtp_num_hidden_layers in its config), loaded with "
+                             "that method (an isolated() engine shares a model loaded without it); this one has none")
         self.proposer = MtpProposer(model.decoder, spec.num_speculative_tokens, layer_caches, self.block_size,
                                     lambda seq_id: self.batch[seq_id].block_table) \
             if spec is not None and spec.method == "mtp" and getattr(model.decoder, "mtp", None) is not None else None

@@ -7,7 +7,7 @@ from minivlm.config import EngineConfig
 from minivlm.device import free_memory_bytes, peak_bytes
 from minivlm.loader import LoadedModel
 from minivlm.engine.outputs import MemoryReport
-from minivlm.model.cache_spec import group_layers
+from minivlm.model.cache_spec import engine_specs, group_layers
 
 log = logging.getLogger("minivlm")
 
@@ -23,7 +23,8 @@ def budget_estimate(config: EngineConfig, model: LoadedModel):
                     gpu_memory_utilization=1.0 if device.type == "cpu" else config.gpu_memory_utilization,
                     device_memory_bytes=free_memory_bytes(device, config.cpu_memory_budget_bytes)
                     + (weights if device.type != "cpu" else 0), weights_bytes=weights,  # CPU: a budget already
-                    enable_chunked_prefill=config.enable_chunked_prefill, state_checkpoints=config.state_checkpoints)
+                    enable_chunked_prefill=config.enable_chunked_prefill, state_checkpoints=config.state_checkpoints,
+                    speculative_config=config.speculative_config)  # method "mtp": the head's weights and K/V too
 
 
 def no_room(device, weights: int) -> ValueError:
@@ -58,7 +59,7 @@ class KVPool:
     def __init__(self, config: EngineConfig, model: LoadedModel):
         self.config, self.model = config, model
         text_cfg = model.text_config
-        self.specs = getattr(model.decoder, "layer_specs", None)
+        self.specs = engine_specs(model.decoder, config.speculative_config)  # an MTP head's layers only when drafting
         self.groups: dict[str, GroupPool] = {}
         self.checkpoints = 0
         if self.specs is not None:
