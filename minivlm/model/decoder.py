@@ -137,9 +137,11 @@ class Decoder(nn.Module):
         return cos[:, None], sin[:, None]
 
     def forward(self, embeds, positions, kv_caches, meta: AttentionMetadata, deepstack=None,
-                last: torch.Tensor | None = None, hooks=None) -> torch.Tensor:
-        """embeds [T, hidden], positions [3, T]; deepstack = (rows [N], [features [N, hidden] per layer]) or None.
-        Returns the final hidden states [T, hidden], or with `last` (row indices [B]) the logits of those rows.
+                last: torch.Tensor | None = None, hooks=None, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """embeds [T, hidden], positions [3, T]; deepstack = (rows [N], [features [N, hidden] per layer]) or None;
+        input_ids [T]: the step's token ids, which every family's forward takes (Gemma 4's per-layer embeddings read
+        them; these layers need only embeds). Returns the final hidden states [T, hidden], or with `last` (row
+        indices [B]) the logits of those rows.
         hooks: a model backend's (backends/base.py's Hooks): its whole_step runs the step in one call where it can
         (else None), its `layers` replace each layer's forward; this loop stays the one loop."""
         if hooks is not None and deepstack is None:

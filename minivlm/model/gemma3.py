@@ -136,8 +136,9 @@ class Gemma3Decoder(nn.Module):
         return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
 
     def forward(self, embeds, positions, kv_caches, metas: dict, deepstack=None,
-                last: torch.Tensor | None = None) -> torch.Tensor:
-        """embeds [T, hidden], positions [3, T] (1-D: three equal rows), metas {cache kind: AttentionMetadata}.
+                last: torch.Tensor | None = None, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """embeds [T, hidden], positions [3, T] (1-D: three equal rows), metas {cache kind: AttentionMetadata};
+        input_ids [T] (every family's forward takes them; Gemma 3 reads only embeds).
         Returns the final hidden states [T, hidden], or with `last` (row indices [B]) the logits of those rows."""
         if deepstack is not None:
             raise ValueError("Gemma 3 has no deepstack features")

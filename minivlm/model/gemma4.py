@@ -9,35 +9,21 @@ What it adds to Gemma 3's sliding / full hybrid:
   layers: only a fraction of the angles rotate), both from transformers' per-layer config.
 - Per-layer embeddings: a second table over the vocabulary, num_layers x hidden_size_per_layer_input wide, mixed with
   a projection of the input embeddings and fed to every layer through a gate; image positions read the pad token's row.
-- Norms that scale by w (not 1 + w), q/k/v norms (v's without a weight), attention scale 1, a learned scalar per
-  layer, double-wide MLPs on the shared layers where use_double_wide_mlp says, and a final logit softcap."""
+  The ids come in as the forward's input_ids (every family's forward takes them; this one reads them).
+- Double-wide MLPs on the shared layers where use_double_wide_mlp says, and a final logit softcap.
+One layer (its norms, attention, MLP, per-layer gate and scalar) is gemma4_layers.py; this file stacks them."""
 import torch
 from torch import nn
 
 from minivlm.model.attention import AttentionMetadata
 from minivlm.model.cache_spec import CacheSpec
 from minivlm.model.decoder import load_strictly
-from minivlm.model.gemma3 import ScaledEmbedding, gelu_tanh
-from minivlm.model.rope import apply_rope
+from minivlm.model.gemma3 import ScaledEmbedding
+from minivlm.model.gemma4_layers import Gemma4Layer, ScaleNorm
 
 SPEC_KIND = {"sliding_attention": "sliding_window", "full_attention": "full_attention"}  # HF's layer type -> ours
 ROPE_TYPES = ("default", "proportional")
 SHARED_KEYS = ("k_proj", "v_proj", "k_norm", "v_norm")  # what a shared layer's checkpoint carries and nobody reads
-
-
-class ScaleNorm(nn.Module):
-    """Gemma 4's RMSNorm: x * (mean(x²) + eps)^-0.5 in fp32, times the weight itself (no weight: v and the
-    embedders' norms), cast back (HF's order and its pow, not rsqrt)."""
-
-    def __init__(self, dim: int, eps: float, with_scale: bool = True):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
-        return (h if self.weight is None else h * self.weight.float()).to(x.dtype)
 
 
 def shared_sources(cfg) -> list[int]:
@@ -54,94 +40,6 @@ def shared_sources(cfg) -> list[int]:
             raise ValueError(f"Gemma 4 text config: shared layer {i} ({t}) has no earlier {t} layer to read K/V from")
         out.append(earlier[-1])
     return out
-
-
-class Gemma4Attention(nn.Module):
-    """q (and, unless shared, k and v) as one matrix product; attention_k_eq_v full layers use k as v."""
-
-    def __init__(self, cfg, layer: int, shared: bool):
-        super().__init__()
-        lc = cfg.per_layer_config[layer]
-        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, lc.num_key_value_heads, lc.head_dim
-        self.shared = shared
-        self.k_is_v = bool(cfg.attention_k_eq_v) and cfg.layer_types[layer] == "full_attention"
-        kv_rows = 0 if shared else self.kv_heads * (1 if self.k_is_v else 2)
-        bias = bool(cfg.attention_bias)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.heads + kv_rows) * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
-        self.q_norm = ScaleNorm(self.head_dim, cfg.rms_norm_eps)
-        if not shared:
-            self.k_norm = ScaleNorm(self.head_dim, cfg.rms_norm_eps)
-            self.v_norm = ScaleNorm(self.head_dim, cfg.rms_norm_eps, with_scale=False)
-
-    def forward(self, x, cos, sin, kv_cache, meta, step_kv: tuple | None):
-        """step_kv: a shared layer's source K/V of this step's tokens (the source already wrote them to its blocks).
-        Returns (output, this layer's step K/V or None)."""
-        T, h, kv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
-        out = self.qkv_proj(x).view(T, -1, d)
-        q = apply_rope(self.q_norm(out[:, :h]), cos, sin)
-        if self.shared:  # read the source's blocks, write nothing
-            k, v = step_kv
-            o = meta.attention.attend(q, k, v, kv_cache[0], kv_cache[1], meta, 1.0)
-            return self.o_proj(o.reshape(T, -1)), None
-        raw_k = out[:, h:h + kv]
-        k = apply_rope(self.k_norm(raw_k), cos, sin)
-        v = self.v_norm(raw_k if self.k_is_v else out[:, h + kv:])
-        o = meta.attention(q, k, v, kv_cache[0], kv_cache[1], meta, 1.0)  # scale 1: q and k are normed
-        return self.o_proj(o.reshape(T, -1)), (k, v)
-
-
-class GatedMLP(nn.Module):
-    """down(gelu_tanh(gate(x)) * up(x)), gate and up as one matrix product."""
-
-    def __init__(self, hidden: int, width: int):
-        super().__init__()
-        self.gate_up_proj = nn.Linear(hidden, 2 * width, bias=False)
-        self.down_proj = nn.Linear(width, hidden, bias=False)
-
-    def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(gelu_tanh(gate) * up)
-
-
-class Gemma4Layer(nn.Module):
-    """Sandwich norms around attention and MLP, then the per-layer input through its gate, then the layer scalar."""
-
-    def __init__(self, cfg, layer: int, shared: bool):
-        super().__init__()
-        eps, hidden = cfg.rms_norm_eps, cfg.hidden_size
-        self.self_attn = Gemma4Attention(cfg, layer, shared)
-        wide = 2 if cfg.use_double_wide_mlp and shared else 1
-        self.mlp = GatedMLP(hidden, cfg.intermediate_size * wide)
-        self.input_layernorm = ScaleNorm(hidden, eps)
-        self.post_attention_layernorm = ScaleNorm(hidden, eps)
-        self.pre_feedforward_layernorm = ScaleNorm(hidden, eps)
-        self.post_feedforward_layernorm = ScaleNorm(hidden, eps)
-        self.register_buffer("layer_scalar", torch.ones(1))  # in the checkpoint
-        self.per_layer = bool(cfg.hidden_size_per_layer_input)
-        if self.per_layer:
-            self.per_layer_input_gate = nn.Linear(hidden, cfg.hidden_size_per_layer_input, bias=False)
-            self.per_layer_projection = nn.Linear(cfg.hidden_size_per_layer_input, hidden, bias=False)
-            self.post_per_layer_input_norm = ScaleNorm(hidden, eps)
-
-    def forward(self, x, per_layer_input, cos, sin, kv_cache, meta, step_kv):
-        a, kv = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, step_kv)
-        x = x + self.post_attention_layernorm(a)
-        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
-        if self.per_layer:
-            gated = gelu_tanh(self.per_layer_input_gate(x)) * per_layer_input
-            x = x + self.post_per_layer_input_norm(self.per_layer_projection(gated))
-        return x * self.layer_scalar, kv
-
-
-class TokenEmbedding(ScaledEmbedding):
-    """Gemma's scaled token embeddings, which also carry the token ids they were made from: the per-layer embeddings
-    read the ids, and the engine hands the decoder embeddings (image rows written into them in place)."""
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        out = super().forward(ids)
-        out.token_ids = ids
-        return out
 
 
 def check_config(cfg):
@@ -178,7 +76,7 @@ class Gemma4Decoder(nn.Module):
         self.kinds = [SPEC_KIND[t] for t in self.types]
         self.bidirectional_images = cfg.use_bidirectional_attention == "vision"  # then on sliding layers only
         self.layer_specs = [self.spec(i) for i in range(n)]
-        self.embed_tokens = TokenEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = ScaledEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.ple = cfg.hidden_size_per_layer_input
         if self.ple:
             self.embed_tokens_per_layer = ScaledEmbedding(cfg.vocab_size_per_layer_input, n * self.ple)
@@ -234,17 +132,16 @@ class Gemma4Decoder(nn.Module):
         return (proj + own) * 2.0 ** -0.5
 
     def forward(self, embeds, positions, kv_caches, metas: dict, deepstack=None,
-                last: torch.Tensor | None = None) -> torch.Tensor:
+                last: torch.Tensor | None = None, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """embeds [T, hidden] from embed_tokens (image rows written in), positions [3, T] (1-D: three equal rows),
-        metas {cache kind: AttentionMetadata}. Returns the final hidden states, or with `last` the softcapped logits
-        of those rows."""
+        metas {cache kind: AttentionMetadata}, input_ids [T] the step's token ids (the per-layer embeddings read
+        them). Returns the final hidden states, or with `last` the softcapped logits of those rows."""
         if deepstack is not None:
             raise ValueError("Gemma 4 has no deepstack features")
-        ids = getattr(embeds, "token_ids", None)
-        if self.ple and ids is None:
-            raise ValueError("Gemma 4's decoder takes the embeddings its embed_tokens made (they carry the token ids "
-                             "its per-layer embeddings read)")
-        ple = self.per_layer_inputs(ids, embeds) if self.ple else None
+        if self.ple and (input_ids is None or input_ids.shape[0] != embeds.shape[0]):
+            raise ValueError("Gemma 4's per-layer embeddings read the step's token ids: pass input_ids, one per "
+                             "row of embeds")
+        ple = self.per_layer_inputs(input_ids, embeds) if self.ple else None
         ropes = {t: self.rope(t, positions[0], embeds.dtype) for t in self.inv_freq}
         metas = causal_full_layers(metas) if self.bidirectional_images else metas
         x, step_kv = embeds, {}

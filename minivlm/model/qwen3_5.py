@@ -231,9 +231,10 @@ class Qwen3_5Decoder(nn.Module):
         self.rotary = MRotaryEmbedding(*self.rope_args).to(device)
 
     def forward(self, embeds, positions, kv_caches, metas: dict, deepstack=None,
-                last: torch.Tensor | None = None) -> torch.Tensor:
+                last: torch.Tensor | None = None, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """embeds [T, hidden], positions [3, T]; kv_caches[i]: layer i's (k_cache, v_cache) or (conv state, delta
-        state) slots; metas: {"full_attention": AttentionMetadata, "recurrent": StateMetadata}. Returns the final
+        state) slots; metas: {"full_attention": AttentionMetadata, "recurrent": StateMetadata}; input_ids [T] (every
+        family's forward takes them; Qwen3.5 reads only embeds). Returns the final
         hidden states [T, hidden], or with `last` (row indices [B]) the logits of those rows."""
         if deepstack is not None and deepstack[1]:
             raise ValueError("Qwen3.5 has no deepstack layers, but the step carries deepstack features")

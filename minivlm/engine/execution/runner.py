@@ -166,7 +166,8 @@ class ModelRunner:
         token); return the next-token logits after each one's last token [B, vocab]. Image placeholders take their
         rows of the encoder cache's outputs, by (vision key, row)."""
         x, dev = plan.build_inputs(), self.device
-        embeds = self.decoder.embed_tokens(x.input_ids.to(dev))
+        input_ids = x.input_ids.to(dev)
+        embeds = self.decoder.embed_tokens(input_ids)
         deepstack = None
         if x.image_rows:
             at = x.image_at.to(dev)
@@ -179,7 +180,7 @@ class ModelRunner:
         for b in self.builders:
             b.before(plan, self.kv_caches)  # a recurrent state starts from zeros or its checkpoint
         logits = self.backend.forward(self.decoder, embeds, x.positions.to(dev), self.kv_caches, meta, deepstack,
-                                      last=x.last.to(dev))
+                                      last=x.last.to(dev), input_ids=input_ids)
         for b in self.builders:
             b.after(plan, self.kv_caches)  # states saved into checkpoint slots
         if self.proposer is not None:  # what the MTP head reads after sampling: the same rows, positions, slots

@@ -134,8 +134,9 @@ class Backend(Registered):
     def __init__(self, attention: Attention, decode: Said):
         self.attention, self.decode = attention, decode
 
-    def forward(self, decoder, embeds, positions, kv_caches, meta, deepstack=None, last=None):
-        return decoder(embeds, positions, kv_caches, meta, deepstack, last)
+    def forward(self, decoder, embeds, positions, kv_caches, meta, deepstack=None, last=None, input_ids=None):
+        """The decoder's forward (input_ids: the step's token ids, which every decoder takes)."""
+        return decoder(embeds, positions, kv_caches, meta, deepstack, last, input_ids=input_ids)
 
     def describe(self) -> dict[str, Said]:
         """{"decode": how a step's layers run, "attention": which attention they call}, in words."""
@@ -155,5 +156,5 @@ class Hooks(Backend):
         """Every layer, the final norm (and the logits of the rows `last`) in one call; None: not this step."""
         return None
 
-    def forward(self, decoder, embeds, positions, kv_caches, meta, deepstack=None, last=None):
-        return decoder(embeds, positions, kv_caches, meta, deepstack, last, hooks=self)
+    def forward(self, decoder, embeds, positions, kv_caches, meta, deepstack=None, last=None, input_ids=None):
+        return decoder(embeds, positions, kv_caches, meta, deepstack, last, hooks=self, input_ids=input_ids)
