@@ -84,19 +84,52 @@ def app_in_process(num_blocks: int, shared: bool = False, operator_token: str | 
         holder.engine.close()
 
 
+_PLAYWRIGHT: list = []  # the session's one Playwright driver, started on first use
+_BROWSERS: dict = {}  # (chromium, args) -> its browser, launched once for the whole test session
+
+
+def shared_browser(chromium: str, args: list[str]):
+    """One headless chromium (Playwright driving Debian's browser) for every browser test of the session: launching
+    one costs seconds on 2 cores. Pages get contexts of their own (cookies, storage, locale), so they share nothing
+    else; close_browsers() (tests/conftest.py, at the session's end) closes it."""
+    key = (chromium, tuple(args))
+    browser = _BROWSERS.get(key)
+    if browser is None or not browser.is_connected():
+        if not os.path.exists(chromium):
+            raise RuntimeError("chromium is not installed (apt-get install -y chromium)")
+        if not _PLAYWRIGHT:
+            from playwright.sync_api import sync_playwright
+            _PLAYWRIGHT.append(sync_playwright().start())
+        browser = _BROWSERS[key] = _PLAYWRIGHT[0].chromium.launch(executable_path=chromium, args=args, headless=True)
+    return browser
+
+
+def close_browsers():
+    """Close the session's browsers and stop Playwright (nothing to do when no test opened a page)."""
+    for browser in _BROWSERS.values():
+        with contextlib.suppress(Exception):
+            browser.close()
+    _BROWSERS.clear()
+    if _PLAYWRIGHT:
+        with contextlib.suppress(Exception):
+            _PLAYWRIGHT.pop().stop()
+
+
 @contextlib.contextmanager
-def browser_page(url: str, chromium: str, args: list[str], timeout_ms: int, height: int = 1000):
-    """A headless chromium page (Playwright driving Debian's browser) opened on the app at `url`."""
-    if not os.path.exists(chromium):
-        raise RuntimeError("chromium is not installed (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=args, headless=True)
-        page = browser.new_page(viewport={"width": 1400, "height": height})
+def browser_page(url: str, chromium: str, args: list[str], timeout_ms: int, height: int = 1000, **context):
+    """A page of the session's headless chromium, in a context of its own (`context`: Playwright's new_context
+    arguments, e.g. locale), opened on the app at `url`. On exit it closes every context opened since it started
+    (other pages a test opened from it), so none is left polling a server."""
+    browser = shared_browser(chromium, args)
+    before = list(browser.contexts)
+    page = browser.new_context(viewport={"width": 1400, "height": height}, **context).new_page()
+    try:
         page.set_default_timeout(timeout_ms)
         page.goto(url)
         page.wait_for_selector("#chatbot")
-        try:
-            yield page
-        finally:
-            browser.close()
+        yield page
+    finally:
+        for ctx in browser.contexts:
+            if not any(ctx is b for b in before):
+                with contextlib.suppress(Exception):
+                    ctx.close()

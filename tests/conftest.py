@@ -56,3 +56,9 @@ def matrix_engines(matrix_checkpoints):
     from minivlm import Engine, EngineConfig
     return {name: Engine(EngineConfig(model=path, num_blocks=256, dtype="float32", device="cpu", max_model_len=1024))
             for name, path in matrix_checkpoints.items()}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The browser tests share one headless chromium (tests/app_server.py's shared_browser): close it last."""
+    from tests.app_server import close_browsers
+    close_browsers()

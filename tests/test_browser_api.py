@@ -8,6 +8,7 @@ import pytest
 
 from panels.plots import block_cell, request_color
 from tests.api_app import MODEL, image_message, inprocess_app
+from tests.app_server import browser_page
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
 
 pytestmark = pytest.mark.browser
@@ -24,12 +25,7 @@ def test_api_request_appears_in_the_kv_map(app, tmp_path):
     if not os.path.exists(CHROMIUM):
         pytest.fail("chromium is not installed (apt-get install -y chromium)")
     client = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=120)
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(TIMEOUT_MS)
-        page.goto(url)
+    with browser_page(url, CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS) as page:
         page.get_by_role("tab", name="KV blocks (live)").click()
         page.locator("#kv-map .js-plotly-plot").wait_for()
         stream = client.chat.completions.create(  # a long answer: it decodes while the page polls the engine
@@ -47,7 +43,6 @@ def test_api_request_appears_in_the_kv_map(app, tmp_path):
                                arg=request_id)
         page.screenshot(path=os.environ.get("MINIVLM_API_SHOT", str(tmp_path / "kv_api.png")), full_page=True)
         table = holder.get().snapshot().block_tables.get(request_id, [])
-        browser.close()
     colour = request_color(request_id)
     cells = [(x, y) for y, row in enumerate(plot["z"]) for x, v in enumerate(row)
              if v is not None and v >= 3 and plot["scale"][2 * v][1] == colour]

@@ -10,7 +10,7 @@ import pytest
 
 from panels.holder import EXAMPLES_DIR
 from panels.i18n import CATALOGUE, EN, ZH, t
-from tests.app_server import app_in_process
+from tests.app_server import app_in_process, browser_page
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
 
 pytestmark = pytest.mark.browser
@@ -26,19 +26,10 @@ def shots(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page():
-    if not os.path.exists(CHROMIUM):
-        raise RuntimeError("chromium is not installed (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-    with app_in_process(NUM_BLOCKS) as (_, url), sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        context = browser.new_context(locale="zh-CN", extra_http_headers={"Accept-Language": "zh-CN,zh;q=0.9"},
-                                      viewport={"width": 1400, "height": 1000})
-        pg = context.new_page()
-        pg.set_default_timeout(TIMEOUT_MS)
-        pg.goto(url)
-        pg.wait_for_selector("#chatbot")
+    with app_in_process(NUM_BLOCKS) as (_, url), \
+            browser_page(url, CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, locale="zh-CN",
+                         extra_http_headers={"Accept-Language": "zh-CN,zh;q=0.9"}) as pg:
         yield pg
-        browser.close()
 
 
 def english_texts() -> list[re.Pattern]:
