@@ -10,7 +10,7 @@ from transformers import AutoConfig, GenerationConfig
 
 from minivlm import checkpoint_check
 from minivlm.config import EngineConfig
-from minivlm.cpu_dtype import pick_cpu_dtype
+from minivlm.cpu_dtype import pick_cpu_dtype, saved_dtype
 from minivlm.device import pick_device, pick_dtype
 from minivlm.families import get_family
 from minivlm.model import backends
@@ -129,8 +129,9 @@ class LoadedModel:
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)  # a text model's processor is its tokenizer
         self.text_config = text_cfg = getattr(self.hf_config, "text_config", None) or self.hf_config
         self.dtype_reason = ""  # why dtype="auto" chose what it did on the CPU (the status line), else ""
-        if config.dtype == "auto" and self.device.type == "cpu":  # fp32, or bf16 where this CPU pays (cpu_dtype.py)
-            self.dtype, self.dtype_reason = pick_cpu_dtype(text_cfg, config.quantization)
+        if config.dtype == "auto" and self.device.type == "cpu":  # the checkpoint's saved dtype (cpu_dtype.py)
+            self.dtype, self.dtype_reason = pick_cpu_dtype(text_cfg, config.quantization,
+                                                           saved_dtype(self.hf_config, text_sd))
         else:
             self.dtype = pick_dtype(config.dtype, self.device)
         self.dtype_name = str(self.dtype).removeprefix("torch.")

@@ -174,24 +174,46 @@ def test_quantization_is_refused_where_pytorchs_kernels_do_not_run():
         EngineConfig(quantization="fp8")
 
 
-def test_auto_dtype_on_the_cpu_is_bf16_only_where_it_is_native_and_pays():
-    """dtype="auto" on the CPU: fp32 without AVX512-BF16 / AMX (bf16 is emulated there); with them, bf16 only for a
-    matrix too big for caches and only if the calibration's timed products say bf16 is faster; quantized weights take
-    bf16 activations. Each choice says why."""
+def test_auto_dtype_on_the_cpu_follows_the_checkpoints_saved_dtype():
+    """dtype="auto" on the CPU (issue #57), as transformers and vLLM: the config's saved dtype (bf16 -> bf16, fp32 ->
+    fp32; `torch_dtype` in older configs, the text config's where the outer has none), else the weights'; fp16 runs
+    as bf16 (no fp16 kernels here); quantized weights run in fp32. Each choice says why."""
     from types import SimpleNamespace
 
-    from minivlm.cpu_dtype import pick_cpu_dtype
-    big, small = SimpleNamespace(hidden_size=2048, intermediate_size=8192), SimpleNamespace(hidden_size=64)
-    fast_bf16 = lambda out, inp, dtype: 1.0 if dtype == torch.float32 else 0.5  # noqa: E731
-    slow_bf16 = lambda out, inp, dtype: 1.0 if dtype == torch.float32 else 0.95  # noqa: E731
-    dtype, why = pick_cpu_dtype(big, None, flags={"avx2", "avx512f"}, timer=fast_bf16)
-    assert dtype == torch.float32 and why.key == "engine.dtype_no_bf16"
-    dtype, why = pick_cpu_dtype(small, None, flags={"amx_bf16"}, timer=fast_bf16)
-    assert dtype == torch.float32 and why.key == "engine.dtype_small"
-    dtype, why = pick_cpu_dtype(big, None, flags={"amx_bf16", "avx512_bf16"}, timer=fast_bf16)
-    assert dtype == torch.bfloat16 and "amx_bf16" in why and "500.00 ms" in why
-    assert pick_cpu_dtype(big, None, flags={"avx512_bf16"}, timer=slow_bf16)[0] == torch.float32  # < GAIN: not worth it
-    assert pick_cpu_dtype(big, "int4", flags={"amx_bf16"})[0] == torch.float32
+    from minivlm.cpu_dtype import pick_cpu_dtype, saved_dtype
+    cfg = SimpleNamespace(hidden_size=64)
+    assert saved_dtype(SimpleNamespace(dtype=torch.bfloat16)) == torch.bfloat16
+    assert saved_dtype(SimpleNamespace(torch_dtype="float32")) == torch.float32
+    assert saved_dtype(SimpleNamespace(dtype=None, text_config=SimpleNamespace(dtype="bfloat16"))) == torch.bfloat16
+    assert saved_dtype(SimpleNamespace(), {"ids": torch.zeros(2, dtype=torch.long),
+                                           "w": torch.zeros(2, dtype=torch.float16)}) == torch.float16
+    assert saved_dtype(SimpleNamespace(), {}) is None
+    for saved, want, key in [(torch.bfloat16, torch.bfloat16, "engine.dtype_checkpoint"),
+                             (torch.float32, torch.float32, "engine.dtype_checkpoint"),
+                             (torch.float16, torch.bfloat16, "engine.dtype_checkpoint_fp16"),
+                             (torch.float64, torch.float32, "engine.dtype_checkpoint_other"),
+                             (None, torch.float32, "engine.dtype_unsaved")]:
+        dtype, why = pick_cpu_dtype(cfg, None, saved)
+        assert (dtype, why.key) == (want, key), saved
+    assert pick_cpu_dtype(cfg, None, torch.bfloat16)[1] == "auto: the checkpoint's saved dtype, bfloat16"
+    assert pick_cpu_dtype(cfg, "int4", torch.bfloat16)[0] == torch.float32
+
+
+def test_an_auto_engine_runs_a_bf16_checkpoint_in_bf16(tmp_path):
+    """The loader passes the saved dtype: the tiny model saved in bf16 loads as a bf16 engine under dtype="auto"."""
+    import json
+    import shutil
+    src = "assets/tiny-qwen-vl"
+    dst = tmp_path / "tiny-bf16"
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["dtype"] = "bfloat16"
+    cfg.get("text_config", {})["dtype"] = "bfloat16"
+    (dst / "config.json").write_text(json.dumps(cfg))
+    with Engine(EngineConfig(model=str(dst), device="cpu", num_blocks=16)) as e:
+        assert e.model.dtype == torch.bfloat16 and e.dtype_reason.key == "engine.dtype_checkpoint"
+        assert e.generate(Request(prompt="What color is the shape?", images=[PICTURES[0]]),
+                          SamplingParams(max_tokens=2)).token_ids
 
 
 def test_an_auto_int8_engine_runs_the_fused_c_ops_in_fp32_and_says_why():
@@ -201,7 +223,7 @@ def test_an_auto_int8_engine_runs_the_fused_c_ops_in_fp32_and_says_why():
         assert e.generate(Request(prompt="Describe the picture.", images=[PICTURES[0]]),
                           SamplingParams(max_tokens=4)).token_ids
     with Engine(EngineConfig(device="cpu", num_blocks=16)) as e:  # the tiny model: fp32 wherever it runs
-        assert e.model.dtype == torch.float32 and e.dtype_reason.key in ("engine.dtype_no_bf16", "engine.dtype_small")
+        assert e.model.dtype == torch.float32 and e.dtype_reason.key == "engine.dtype_checkpoint"
 
 
 @pytest.mark.parametrize("rows, in_features", [(1, 2 * GROUP), (3, 100), (16, 777), (5, 8), (4, 96), (16, 1024)])

@@ -56,9 +56,10 @@ WORDS = {
     "engine.calibrated_mkl_ms": ", with nn.Linear (MKL) {ms} ms",
     "engine.calibrated_onednn": "PyTorch ops with oneDNN linears",
     "engine.calibrated_mkl": "PyTorch ops with nn.Linear (MKL)",
-    "engine.dtype_no_bf16": "auto: no native bf16 here",
-    "engine.dtype_small": "auto: the largest matrix ({mib} MiB in fp32) fits in caches, bf16 would not pay",
-    "engine.dtype_calibrated": "auto: {flag}; calibrated at load, the largest matrix in bf16 {bf16} ms, fp32 {fp32} ms",
+    "engine.dtype_checkpoint": "auto: the checkpoint's saved dtype, {dtype}",
+    "engine.dtype_checkpoint_fp16": "auto: the checkpoint is saved in float16, which runs as bfloat16 on the CPU",
+    "engine.dtype_checkpoint_other": "auto: the checkpoint is saved in {dtype}, which runs as float32 on the CPU",
+    "engine.dtype_unsaved": "auto: the checkpoint names no dtype, float32",
     "engine.dtype_quantized": "auto: {method} weights run fastest in fp32 with the fused C ops (their products take "
                               "bf16 inputs)",
     "engine.no_cuda": "no CUDA GPU visible to this torch build",  # why a device is not available (minivlm/device.py)
