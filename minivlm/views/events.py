@@ -175,6 +175,17 @@ def _blocks(ids: list[int]) -> str:
     return f"block {ids[0]}" if len(ids) == 1 else f"blocks {', '.join(map(str, ids))}"
 
 
+def _state_line(f: dict) -> str:
+    """A speculating step of a model with recurrent state (state_after: the token whose state its slot keeps): the
+    state put back after the last accepted token, over the rejected guesses; "" for a model without such state."""
+    if f.get("state_after") is None:
+        return ""
+    rejected = len(f["draft"]) - f["accepted"]
+    if not rejected:
+        return f"; recurrent state after token {f['state_after']}: every guess kept, nothing rolled back"
+    return f"; recurrent state kept after token {f['state_after']}, {rejected} rejected guess(es) rolled back"
+
+
 def describe(ev: EngineEvent) -> str:
     """One event as a plain-English sentence, e.g. "req-3 filled block 41 (16/16) → stored under key 9f3a1c2b…"."""
     rid, f = ev.request_id, ev.fields
@@ -224,6 +235,7 @@ def describe(ev: EngineEvent) -> str:
         where = f"token {f['found_at']} ({'in the prompt' if f['in_prompt'] else 'in its answer'})"
         back = f"; slot{'s' * (len(f['given_back']) > 1)} {', '.join(map(str, f['given_back']))} given back" \
             if f["given_back"] else ""
+        back += _state_line(f)
         if f.get("method") == "mtp":  # the model's own head drafted them from its newest token
             return f"{rid}'s MTP head drafted {len(f['draft'])} token(s) from token {f['found_at']}; accepted " \
                    f"{f['accepted']}{back}"

@@ -67,6 +67,10 @@ def describe_in(ev, lang: str) -> str:
         where = t(lang, "ev.spec_prompt" if f["in_prompt"] else "ev.spec_answer", at=f["found_at"])
         back = t(lang, "ev.spec_back", s="s" * (len(f["given_back"]) > 1),
                  slots=", ".join(map(str, f["given_back"]))) if f["given_back"] else ""
+        if f.get("state_after") is not None:  # recurrent state: put back after the last accepted token
+            rejected = len(f["draft"]) - f["accepted"]
+            back += t(lang, "ev.spec_rolled_back" if rejected else "ev.spec_state_kept", at=f["state_after"],
+                      n=rejected)
         if f.get("method") == "mtp":  # the model's own head drafted them from its newest token
             return t(lang, "ev.speculated_mtp", rid=rid, n=len(f["draft"]), at=f["found_at"], accepted=f["accepted"],
                      back=back)

@@ -29,6 +29,10 @@ MESSAGES = {
     "ev.spec_prompt": ("token {at} (in the prompt)", "第 {at} 个 token（提示词中）"),
     "ev.spec_answer": ("token {at} (in its answer)", "第 {at} 个 token（它的回答中）"),
     "ev.spec_back": ("; slot{s} {slots} given back", "；槽位 {slots} 归还"),
+    "ev.spec_rolled_back": ("; recurrent state kept after token {at}, {n} rejected guess(es) rolled back",
+                            "；循环状态保留在第 {at} 个 token 之后，回滚了 {n} 个被拒绝的猜测"),
+    "ev.spec_state_kept": ("; recurrent state after token {at}: every guess kept, nothing rolled back",
+                           "；循环状态在第 {at} 个 token 之后：猜测全部接受，无需回滚"),
     "ev.not_speculated": ("{rid} does not speculate: the model's {kind} KV-cache group cannot hold guessed tokens "
                           "and give them back", "{rid} 不做推测解码：模型的 {kind} KV 缓存组不能暂存猜测的 token 再归还"),
     "ev.constrained": ("{rid}'s grammar allowed {allowed} of {vocab} tokens; it chose {text} (token {token})",

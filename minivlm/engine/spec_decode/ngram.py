@@ -130,12 +130,16 @@ class SpecRecorder:
             events.append(advance(seq, token, logprobs))
             if events[-1].finished:
                 break  # a guess that ends the answer (EOS, a stop string, a complete grammar): nothing after counts
-        self.record(seq, r, min(len(tokens) - 1, len(events)), bm.trim(seq))
+        self.record(seq, r, min(len(tokens) - 1, len(events)), bm.trim(seq), bm.rewinds)
         return events
 
-    def record(self, seq, r, accepted: int, freed_blocks: list[int]):
+    def record(self, seq, r, accepted: int, freed_blocks: list[int], rewinds: bool = True):
+        """The counters and the event. rewinds: every group can go back to an earlier token (the coordinator's); a
+        model with recurrent state cannot, so its slot kept the state after the last accepted token (the runner's
+        RecurrentBuilder.accepted): `state_after` names that token (None: nothing to roll back on this model)."""
         accepted = min(accepted, len(r.draft))
         self.stats.record(len(r.draft), accepted)
         self.events.emit("speculated", seq.request_id, draft=list(r.draft), found_at=r.draft_at, method=self.method,
                          in_prompt=r.draft_at < seq.num_prompt_tokens, accepted=accepted,
-                         given_back=list(r.slots[len(r.slots) - len(r.draft) + accepted:]), freed_blocks=freed_blocks)
+                         given_back=list(r.slots[len(r.slots) - len(r.draft) + accepted:]), freed_blocks=freed_blocks,
+                         state_after=None if rewinds else r.end - 1 + accepted)
