@@ -1,6 +1,7 @@
 """Continuous batching: admit waiting requests while blocks and budgets allow (prefill), otherwise advance
 every running request by one token (decode), preempting the newest by recompute when blocks run out. Each step's
-decisions come out as one immutable StepPlan (minivlm.engine.scheduling.plan); the scheduler writes no request progress."""
+decisions come out as one immutable StepPlan (minivlm.engine.scheduling.plan), each request's part written by
+runner_inputs.py; the scheduler writes no request progress."""
 from collections import deque
 
 from minivlm.engine.kv_cache.coordinator import KVCacheCoordinator
@@ -9,15 +10,10 @@ from minivlm.engine.encoder.encoder_cache import DEFAULT_ENCODER_CACHE_SIZE, Enc
 from minivlm.engine.event_log import EventLog
 from minivlm.engine.lifecycle import RequestRegistry
 from minivlm.engine.scheduling.plan import EncodeJob, NewRequestData, Preemption, ScheduledRequest, StepPlan, preemption_reason
+from minivlm.engine.scheduling.runner_inputs import image_runs, scheduled_request
 from minivlm.engine.sequence import Sequence
 from minivlm.engine.spec_decode.ngram import Speculator
 from minivlm.engine.scheduling.step_budget import AdaptiveTokenBudget
-from minivlm.inputs.image_layout import runs
-
-
-def image_runs(seq: Sequence) -> list[tuple[int, int]]:
-    """[a, b) of each run of image placeholder tokens in seq's prompt (one image, or one crop of it)."""
-    return runs(seq.token_types[:seq.num_prompt_tokens]) if seq.images else []
 
 
 class Scheduler:
@@ -76,29 +72,10 @@ class Scheduler:
         return plan, failed
 
     def _item(self, seq: Sequence) -> ScheduledRequest:
-        """seq's part of the plan, with the runner's inputs for its tokens [start, end) computed once."""
-        p = self._planned[seq.seq_id]
-        start, end = p["start"], p["end"]
-        kind = "decode" if seq.num_output_tokens > 0 and start == len(seq) - 1 else \
-            "prefill" if end == len(seq) else "chunk"
-        sample = end == len(seq)
-        draft = p.get("draft", ())
-        return ScheduledRequest(seq.seq_id, seq.request_id, start, end, sample, kind, hits=tuple(p.get("hits", ())),
-                                publishes=tuple(p["publishes"]), admitted=p.get("admitted", False),
-                                **self._inputs(seq, start, end, draft), draft=draft, draft_at=p.get("draft_at", -1),
-                                groups=self.bm.step_parts(seq, start, end + len(draft)))  # each group's, by its manager
-
-    def _inputs(self, seq: Sequence, start: int, end: int, draft: tuple = ()) -> dict:
-        """What the runner needs of seq's tokens [start, end) and its draft tokens after them: ids, positions,
-        where its image tokens are and their rows in the encoder cache's outputs (vision key, first row, rows)."""
-        k = len(draft)
-        image_at = tuple(i for i, t in enumerate(seq.token_types[start:end]) if t) if seq.images else ()
-        job = self._jobs.get(seq.seq_id)
-        spans = tuple((a, b) for a, b in image_runs(seq) if b > start and a < end) if self.whole_spans else ()
-        return {"token_ids": tuple(seq.token_ids[start:end]) + draft, "positions": seq.positions(start, end + k),
-                "spans": spans, "image_at": image_at,
-                "image_rows": tuple((seq.vision_keys[i], a, n) for i, a, n in seq.image_rows(start, end))
-                if image_at else (), "encode": job is not None and bool(job.todo)}
+        """seq's part of the plan (runner_inputs.py), with each KV-cache group's part, made by its manager."""
+        p, job = self._planned[seq.seq_id], self._jobs.get(seq.seq_id)
+        return scheduled_request(seq, p, self.bm.step_parts(seq, p["start"], p["end"] + len(p.get("draft", ()))),
+                                 job is not None and bool(job.todo), self.whole_spans)
 
     def _new_requests(self, batch: list[Sequence]) -> tuple[NewRequestData, ...]:
         """What the runner keeps of the batch's requests it has not been sent yet: sent once, until they leave."""
