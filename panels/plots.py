@@ -67,17 +67,22 @@ def kind_word(kind: str, lang: str = EN) -> str:
 
 def drafted_blocks(events, step: int, block_size: int, lang: str = EN) -> dict[int, str]:
     """Speculative decoding at `step`: each block that held guessed tokens in that step, with what became of its
-    guessed slots (accepted, or given back), from the step's plan and its `speculated` events."""
-    accepted = {e.request_id: e.accepted for e in events if e.step == step and e.kind == "speculated"}
+    guessed slots, from the step's plan and its `speculated` events: accepted; or rejected, its block freed with it
+    (the block held only rejected guesses: the event's freed_blocks); or rejected but written in a block the request
+    keeps, where its next tokens overwrite it."""
+    verdicts = {e.request_id: e for e in events if e.step == step and e.kind == "speculated"}
     out: dict[int, list[str]] = {}
     for e in events:
         if e.step != step or e.kind != "scheduled":
             continue
         for r in e.plan:
+            verdict = verdicts.get(r["request_id"])
+            accepted, freed = (verdict.accepted, set(verdict.freed_blocks)) if verdict else (0, set())
             for j, slot in enumerate(r.get("draft_slots", ())):
-                kept = j < accepted.get(r["request_id"], 0)
-                out.setdefault(slot // block_size, []).append(
-                    t(lang, "map.draft_kept" if kept else "map.draft_back", slot=slot, rid=r["request_id"]))
+                block = slot // block_size
+                said = "map.draft_kept" if j < accepted else "map.draft_freed" if block in freed else \
+                    "map.draft_overwritten"
+                out.setdefault(block, []).append(t(lang, said, slot=slot, rid=r["request_id"], block=block))
     return {b: "<br>".join(lines) for b, lines in out.items()}
 
 

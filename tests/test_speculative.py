@@ -208,7 +208,7 @@ def test_the_block_map_stars_the_blocks_that_held_guesses_and_says_what_became_o
     drafts = drafted_blocks(events, step, 16)
     assert set(drafts) == {s // 16 for s in slots}
     text = "<br>".join(drafts.values())
-    assert text.count("accepted") == verdict.accepted and text.count("given back") == len(slots) - verdict.accepted
+    assert text.count("accepted") == verdict.accepted and text.count("rejected") == len(slots) - verdict.accepted
     fig = block_map_figure(snap, drafts=drafts)
     assert [tr for tr in fig.data if tr.name == "guessed tokens this step"][0].text == tuple(drafts.values())
 

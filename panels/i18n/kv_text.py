@@ -130,7 +130,11 @@ MESSAGES = {
     "map.video_tokens": ("video tokens", "视频 token"),
     "map.drafts": ("guessed tokens this step", "本步猜测的 token"),
     "map.draft_kept": ("slot {slot}: {rid}'s guess, accepted", "槽位 {slot}：{rid} 的猜测，已接受"),
-    "map.draft_back": ("slot {slot}: {rid}'s guess, given back", "槽位 {slot}：{rid} 的猜测，已归还"),
+    "map.draft_freed": ("slot {slot}: {rid}'s guess, rejected: block {block} given back (it held only rejected "
+                        "guesses)", "槽位 {slot}：{rid} 的猜测，被拒绝：块 {block} 已归还（其中只有被拒绝的猜测）"),
+    "map.draft_overwritten": ("slot {slot}: {rid}'s guess, rejected: left in block {block}, which {rid} keeps; its "
+                              "next tokens overwrite it", "槽位 {slot}：{rid} 的猜测，被拒绝：留在 {rid} 保留的块 {block} "
+                              "中，它之后的 token 会覆盖它"),
     "map.ref_count": ("ref count (shared)", "引用计数（共享）"),
     "map.cached_legend": ("cached (free)", "已缓存（空闲）"),
     "map.free_legend": ("free", "空闲"),
