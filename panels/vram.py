@@ -6,30 +6,24 @@ shared-KV layers as a free row) and how many more requests it fits than a model 
 were full attention (chunked prefill: a sliding request holds its window plus one step's chunk)."""
 import gradio as gr
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from minivlm.budget import device_presets, estimate, gpus_needed, load_model_preset, model_preset_names, model_shape
+from minivlm.budget import (DEFAULT_SOFT_TOKENS, SOFT_TOKEN_BUDGETS, SOFT_TOKEN_FAMILIES, device_presets, estimate,
+                            gpus_needed, load_model_preset, model_preset_names, model_shape)
 from minivlm.budget.planner import MATRIX_VLMS, plan_matrix  # noqa: F401
 
-from panels.anatomy_figures import MARGIN_X, needs_width, text_px
 from panels.holder import EngineHolder, gpu
 from panels.page import header_widths
 from panels.i18n import EN, LANGUAGES, L, lang_of, t
-from panels.i18n.budget import limit_sentences, word
+from panels.i18n.budget import limit_sentences
+from panels.vram_figure import SEGMENTS, budget_figure, engine_parts, estimate_parts  # noqa: F401
 from panels.vram_tables import (breakdown_table, comparison, gpu_table, headline, matrix_cell, matrix_table,  # noqa: F401
                                 _fmt)
 from panels.i18n.errors import localize_error
 
 THIS_ENGINE = "this engine's model"
 CUSTOM = "custom size"
-SEGMENTS = [("LLM weights", "#1f77b4"), ("vision encoder", "#9467bd"), ("activations", "#ff7f0e"),
-            ("KV cache", "#2ca02c"), ("overhead", "#7f7f7f")]
 TP_SIZES = [1, 2, 4, 8]
-COLUMNS, SPACING, SUBPLOT_TITLE_FONT = [0.6, 0.4], 0.12, 13  # the plan's two bars: their widths, gap and titles
-AXIS_PX = 72  # a bar's tick labels ("0.015") and axis title ("GiB") beside it
 EXAMPLE_72B = ("Qwen2.5-VL-72B-Instruct", 4, 32768, 8)  # model, images per request, context, concurrent requests
-GIB = 2 ** 30
 # Picker titles per model_type, in the order the families are listed.
 FAMILY_TITLES = {"qwen3_vl": "Qwen3-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen2_vl": "Qwen2-VL", "smolvlm": "SmolVLM2",
                  "idefics3": "Idefics3", "internvl": "InternVL3.5", "qwen3_5": "Qwen3.5 (hybrid)",
@@ -45,58 +39,10 @@ def preset_choices(lang: str = EN) -> list[tuple[str, str]]:
     return [(t(lang, "vram.this_engine"), THIS_ENGINE)] + [(f"{FAMILY_TITLES.get(types[n], types[n])} · {n}", n) for n in ranked]
 
 
-def estimate_parts(est) -> list[int]:
-    """Bytes per bar segment of an estimate, in SEGMENTS order."""
-    return [est.text_weights_bytes, est.vision_weights_bytes, est.activation_peak_bytes, est.kv_cache_bytes,
-            est.overhead_bytes]
-
-
-def engine_parts(rep) -> list[int]:
-    """Bytes per bar segment of a MemoryReport (activations only where the device reports a peak)."""
-    held = rep.weights_bytes + rep.kv_cache_bytes
-    act = max(0, rep.peak_bytes - held) if rep.peak_bytes is not None else 0
-    return [rep.weights_bytes - rep.vision_weights_bytes, rep.vision_weights_bytes, act, rep.kv_cache_bytes, 0]
-
-
-def budget_figure(est_parts, eng_parts, memory_bytes: int, budget_bytes: int, device: str, engine_device: str,
-                  kv_tokens: tuple[int, int, str] | None = None, lang: str = EN):
-    """Two stacked bars (GiB), each on its own scale: the estimate per GPU against the device's memory and budget
-    lines, and what this engine holds now; below, when kv_tokens = (pool, demand, demand label) is given, the
-    workload's KV demand against the pool in tokens. Every label sits beside a bar or in the legend, never on one."""
-    rows = 2 if kv_tokens else 1
-    titles = [t(lang, "fig.estimate", device=device), t(lang, "fig.engine", device=engine_device)] + \
-        ([t(lang, "fig.kv")] if kv_tokens else [])
-    fig = make_subplots(rows=rows, cols=2, column_widths=COLUMNS, horizontal_spacing=SPACING, vertical_spacing=0.2,
-                        row_heights=[0.72, 0.28][:rows], specs=[[{}, {}]] + ([[{"colspan": 2}, None]] if kv_tokens
-                                                                             else []),
-                        subplot_titles=titles)
-    fig.update_annotations(font_size=SUBPLOT_TITLE_FONT)  # the subplot titles
-    # each subplot as wide as its title (and the axes' ticks and titles beside the bars), the KV row as wide as its
-    # labels and some bar: on a narrower screen the figure keeps that width and scrolls (panels/page.py)
-    need = max([text_px(title, SUBPLOT_TITLE_FONT) / (share * (1 - SPACING)) + 60
-                for title, share in zip(titles, COLUMNS)] + [AXIS_PX / SPACING])  # the gap: the right bar's axis
-    for col, parts in ((1, est_parts), (2, eng_parts)):
-        for (name, color), b in zip(SEGMENTS, parts):
-            name = word(lang, "seg", name)
-            fig.add_trace(go.Bar(name=name, x=[t(lang, "fig.memory")], y=[b / GIB],
-                                 marker_color=color, legendgroup=name, showlegend=col == 1,
-                                 hovertemplate=f"{name}: %{{y:.4f}} GiB<extra></extra>"), row=1, col=col)
-    fig.add_hline(memory_bytes / GIB, line=dict(color="gray", width=2), row=1, col=1, showlegend=True,
-                  name=t(lang, "fig.device_memory", gib=f"{memory_bytes / GIB:.1f}"))
-    fig.add_hline(budget_bytes / GIB, line=dict(color="red", dash="dash"), row=1, col=1, showlegend=True,
-                  name=t(lang, "fig.budget", gib=f"{budget_bytes / GIB:.1f}"))
-    if kv_tokens:
-        pool, demand, label = kv_tokens
-        bars = [label, t(lang, "fig.pool", n=f"{pool:,}")]
-        need = max(need, text_px(titles[2], SUBPLOT_TITLE_FONT), max(text_px(b, 12) for b in bars) + 160)
-        fig.add_trace(go.Bar(y=bars, x=[demand, pool], orientation="h",
-                             marker_color=["#d62728" if demand > pool else "#17becf", "#2ca02c"], showlegend=False,
-                             name=t(lang, "fig.demand_vs_pool"), hovertemplate="%{y}<extra></extra>"), row=2, col=1)
-        fig.update_xaxes(title_text=t(lang, "fig.tokens"), row=2, col=1)
-    fig.update_layout(barmode="stack", height=640 if kv_tokens else 420, margin=dict(l=10, r=10, t=40, b=10),
-                      legend=dict(orientation="h", yanchor="top", y=-0.12 if kv_tokens else -0.08, x=0))
-    fig.update_yaxes(title_text="GiB", row=1)
-    return needs_width(fig, need + MARGIN_X)
+def takes_soft_tokens(config) -> bool:
+    """Whether a model's images are sized by a soft-token budget (Gemma 4's max_soft_tokens): the tab's budget knob
+    shows for it only."""
+    return model_shape(config).family in SOFT_TOKEN_FAMILIES
 
 
 def base_device(name: str) -> str:
@@ -130,6 +76,8 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
     with gr.Row():
         width = gr.Number(1024, label=L("vram.width"), precision=0, minimum=1)
         height = gr.Number(768, label=L("vram.height"), precision=0, minimum=1)
+        soft = gr.Dropdown(list(SOFT_TOKEN_BUDGETS), value=DEFAULT_SOFT_TOKENS, label=L("vram.soft_tokens"),
+                           elem_id="vram-soft-tokens", visible=False)  # Gemma 4's max_soft_tokens, shown for it only
         images = gr.Slider(0, 8, value=1, step=1, label=L("vram.images"), elem_id="vram-images")
         context = gr.Number(4096, label=L("vram.context"), precision=0, minimum=1, elem_id="vram-context")
         seqs = gr.Slider(1, 256, value=8, step=1, label=L("vram.seqs"), elem_id="vram-seqs")
@@ -157,24 +105,27 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
                              elem_id="vram-breakdown")
 
     def workload(model_name, utilization, image_width, image_height, images_per_request, context_length,
-                 concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk=0) -> tuple:
+                 concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk=0, soft_tokens=None) -> tuple:
         config = holder.get().hf_config if model_name == THIS_ENGINE else model_name
         images = int(images_per_request) if model_name is None or model_shape(config).has_vision else 0  # text-only
         step = int(chunk or 0)  # chunked prefill's tokens per step; 0: off (a prefill is one step)
+        budget = int(soft_tokens) if soft_tokens and model_name is not None and takes_soft_tokens(config) else None
         return config, dict(dtype=weights_dtype, kv_dtype=kv_cache_dtype, max_model_len=int(context_length or 0),
                             num_seqs=int(concurrent_requests), images_per_request=images,
                             image_size=(int(image_width or 0), int(image_height or 0)),
                             gpu_memory_utilization=float(utilization), block_size=int(block_size),
-                            **(dict(enable_chunked_prefill=True, max_num_batched_tokens=step) if step > 0 else {}))
+                            **(dict(enable_chunked_prefill=True, max_num_batched_tokens=step) if step > 0 else {}),
+                            **(dict(max_soft_tokens=budget) if budget else {}))
 
     @gpu
     def calculate(model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
                   images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
-                  gpus=1, chunk=0, request: gr.Request = None):
+                  gpus=1, chunk=0, soft_tokens=None, request: gr.Request = None):
         lang = lang_of(request)
         report = holder.get().memory_report()  # inside the GPU function: on ZeroGPU the device exists only here
         config, work = workload(model_name, utilization, image_width, image_height, images_per_request,
-                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk)
+                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk,
+                                soft_tokens)
         where = {"device_memory_gb": float(custom_memory_gib or 0)} if device_name == CUSTOM else {"device": device_name}
         multi = device_name != CUSTOM and devices[device_name].get("gpus", 1) > 1  # the preset fixes the count
         try:
@@ -193,9 +144,11 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
             table
 
     def plan(model_name, utilization, image_width, image_height, images_per_request, context_length,
-             concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk=0, request: gr.Request = None):
+             concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk=0, soft_tokens=None,
+             request: gr.Request = None):
         config, work = workload(model_name, utilization, image_width, image_height, images_per_request,
-                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk)
+                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk,
+                                soft_tokens)
         try:
             return gpu_table(gpus_needed(config, **work), lang_of(request))
         except ValueError as e:
@@ -212,12 +165,13 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
 
     def video_row(model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
                   images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
-                  gpus, chunk, videos, seconds, sampled_fps, request: gr.Request = None):
+                  gpus, chunk, soft_tokens, videos, seconds, sampled_fps, request: gr.Request = None):
         """The workload above plus `videos` videos of `seconds` at `fps` per request, counted as the engine would."""
         if not videos:
             return ""
         config, work = workload(model_name, utilization, image_width, image_height, images_per_request,
-                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk)
+                                context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size, chunk,
+                                soft_tokens)
         where = {"device_memory_gb": float(custom_memory_gib or 0)} if device_name == CUSTOM else \
             {"device": device_name}
         multi = device_name != CUSTOM and devices[device_name].get("gpus", 1) > 1
@@ -236,11 +190,12 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
 
     def load(model_name, device_name, custom_memory_gib, utilization, image_width, image_height, images_per_request,
              context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size, gpus, chunk=0,
-             request: gr.Request = None):
+             soft_tokens=None, request: gr.Request = None):
         values = (model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
                   images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
-                  gpus, chunk)
-        return (*calculate(*values, request=request), plan(values[0], *values[3:12], chunk, request=request),
+                  gpus, chunk, soft_tokens)
+        return (*calculate(*values, request=request), plan(values[0], *values[3:12], chunk, soft_tokens,
+                                                           request=request),
                 matrix_plan(*values[3:12], chunk, request=request))
 
     def on_device(device_name, n_gpus):
@@ -262,31 +217,33 @@ def build(holder: EngineHolder, switch: gr.Radio | None = None):
         engine = holder.get()
         return engine.config.quantization or engine.memory_report().dtype if model_name == THIS_ENGINE else gr.skip()
     model.input(engine_weights, model, dtype, api_name=False, queue=False)
+    model.change(lambda m: gr.update(visible=takes_soft_tokens(holder.get().hf_config if m == THIS_ENGINE else m)),
+                 model, soft, api_name=False, queue=False)
     device.change(lambda d: gr.Number(visible=d == CUSTOM), device, memory_gb, api_name=False, queue=False)
     device.change(on_device, [device, tp], tp, api_name=False, queue=False)
     tp.change(on_gpus, [device, tp], device, api_name=False, queue=False)
     example.click(the_72b_question, None, [model, images, context, seqs, device, tp], api_name=False)
     inputs = [model, device, memory_gb, util, width, height, images, context, seqs, dtype, kv_dtype, block_size, tp,
-              chunk]
+              chunk, soft]
     outputs = [summary, figure, versus, breakdown]
     gr.on([c.change for c in inputs], calculate, inputs, outputs, api_name="vram", concurrency_id="vram",
           concurrency_limit=1, show_progress="hidden")
     video_inputs = inputs + [n_videos, video_s, video_fps]
     gr.on([c.change for c in video_inputs], video_row, video_inputs, video_summary, api_name="vram_video",
           concurrency_id="vram", show_progress="hidden")
-    plan_inputs = [model, util, width, height, images, context, seqs, dtype, kv_dtype, block_size, chunk]
+    plan_inputs = [model, util, width, height, images, context, seqs, dtype, kv_dtype, block_size, chunk, soft]
     gr.on([c.change for c in plan_inputs], plan, plan_inputs, gpus, api_name="vram_gpus", concurrency_id="vram",
           show_progress="hidden")
-    gr.on([c.change for c in plan_inputs[1:]], matrix_plan, plan_inputs[1:], matrix, api_name="vram_matrix",
+    gr.on([c.change for c in plan_inputs[1:-1]], matrix_plan, plan_inputs[1:-1], matrix, api_name="vram_matrix",
           concurrency_id="vram", show_progress="hidden")
     if switch is not None:  # the whole tab again, in the chosen language
         def relang(chosen, model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
                    images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype, block_size,
-                   gpus, chunk, videos, seconds, sampled_fps, request: gr.Request):
+                   gpus, chunk, soft_tokens, videos, seconds, sampled_fps, request: gr.Request):
             LANGUAGES.set(request, chosen)
             values = (model_name, device_name, custom_memory_gib, utilization, image_width, image_height,
                       images_per_request, context_length, concurrent_requests, weights_dtype, kv_cache_dtype,
-                      block_size, gpus, chunk)
+                      block_size, gpus, chunk, soft_tokens)
             return (gr.update(choices=preset_choices(chosen)), gr.update(choices=device_choices(devices, chosen)),
                     *load(*values, request=request), video_row(*values, videos, seconds, sampled_fps, request=request))
         switch.change(relang, [switch, *video_inputs], [model, device, *outputs, gpus, matrix, video_summary],

@@ -239,3 +239,48 @@ def test_gemma4_shared_kv_layers_are_a_free_row_in_both_languages(page, app):  #
         assert row[1] == "0.000"
     finally:
         context.close()
+
+
+@pytest.mark.slow  # a second page in Chinese: about half a minute on a loaded machine; CI runs it with -m slow
+def test_gemma4_soft_token_budget_knob_in_both_languages(page, app):  # noqa: F811 (fixture)
+    """The soft-token budget knob (Gemma 4's max_soft_tokens) shows for a Gemma 4 model only; each budget picked there
+    gives the verdict the tokens per 1024×768 image that transformers' Gemma 4 image processor counts under it, on
+    this English page and on a page a zh-CN browser opens, where the knob is labelled in Chinese."""
+    from PIL import Image
+    from transformers.models.gemma4 import Gemma4ImageProcessorPil
+    processor = Gemma4ImageProcessorPil(resample=0)
+
+    def hf(budget):
+        return processor(images=[Image.new("RGB", (1024, 768))], max_soft_tokens=budget)["num_soft_tokens_per_image"][0]
+
+    def pick(pg, budget, words):
+        choose(pg, "vram-soft-tokens", str(budget))
+        wait_for(pg, lambda: words.format(n=f"{hf(budget):,}") in pg.locator("#vram-headline").inner_text(),
+                 f"the tokens under {budget}")
+
+    knob = page.locator("#vram-soft-tokens")
+    open_tab(page, "VRAM budget")
+    choose(page, "vram-model", "Qwen2.5-VL · Qwen2.5-VL-3B-Instruct")
+    wait_for(page, lambda: not knob.is_visible(), "no knob for Qwen")
+    choose(page, "vram-model", "Gemma 4 (hybrid, shared KV) · gemma-4-E4B-it")
+    wait_for(page, knob.is_visible, "the knob for Gemma 4")
+    assert "soft tokens per image at most (max_soft_tokens)" in knob.inner_text()
+    wait_for(page, lambda: f"{hf(280):,} vision tokens per image" in page.locator("#vram-headline").inner_text(), "280")
+    for budget in (70, 1120):
+        pick(page, budget, "{n} vision tokens per image")
+    choose(page, "vram-model", "Qwen2.5-VL · Qwen2.5-VL-3B-Instruct")
+    wait_for(page, lambda: not knob.is_visible(), "the knob hidden again")
+    context = page.context.browser.new_context(locale="zh-CN", extra_http_headers={"Accept-Language": "zh-CN"},
+                                               viewport={"width": 1400, "height": 1000})
+    try:
+        zh = context.new_page()
+        zh.set_default_timeout(TIMEOUT_MS)
+        zh.goto(app[1])
+        zh.wait_for_selector("#chatbot")
+        open_tab(zh, "显存预算")
+        choose(zh, "vram-model", "Gemma 4 (hybrid, shared KV) · gemma-4-E4B-it")
+        wait_for(zh, zh.locator("#vram-soft-tokens").is_visible, "the knob on the Chinese page")
+        assert "Gemma 4：每张图片最多的软 token 数（max_soft_tokens）" in zh.locator("#vram-soft-tokens").inner_text()
+        pick(zh, 560, "每张图片 {n} 个视觉 token")
+    finally:
+        context.close()

@@ -128,6 +128,31 @@ def test_soft_tokens_equal_the_image_processor():
     assert image_plan("gemma-4-12B-it", 768, 1024).patches == 280  # merged 48-px patches, no encoder
 
 
+def test_a_soft_token_budget_sizes_each_image_as_the_processor_counts():
+    """estimate(..., max_soft_tokens=B), the VRAM tab's knob: each image's tokens are transformers' Gemma 4 image
+    processor's own count under B (num_soft_tokens_per_image), for every B it accepts, and the encoder sees B · 9
+    patches (the 12B: B merged patches); the workload grows with it; other values and other families are refused."""
+    from transformers.models.gemma4.image_processing_pil_gemma4 import _SUPPORTED_SOFT_TOKENS
+
+    from minivlm.budget import SOFT_TOKEN_BUDGETS
+    assert SOFT_TOKEN_BUDGETS == _SUPPORTED_SOFT_TOKENS
+    processor, needed = Gemma4ImageProcessorPil(resample=0), []
+    for budget in SOFT_TOKEN_BUDGETS:
+        hf = processor(images=[Image.new("RGB", (1024, 768))], max_soft_tokens=budget)["num_soft_tokens_per_image"][0]
+        est = estimate("gemma-4-E4B-it", device="L4", image_size=(1024, 768), max_soft_tokens=budget)
+        assert est.vision_tokens_per_image == hf and est.image_marker_tokens == 2, budget
+        assert image_plan("gemma-4-E4B-it", 768, 1024, max_soft_tokens=budget).patches == budget * 9
+        assert image_plan("gemma-4-12B-it", 768, 1024, max_soft_tokens=budget).patches == budget
+        needed.append(est.needed_tokens_per_request)
+    assert needed == sorted(needed) and len(set(needed)) == 5
+    assert estimate("gemma-4-E4B-it", device="L4").vision_tokens_per_image == \
+        estimate("gemma-4-E4B-it", device="L4", max_soft_tokens=280).vision_tokens_per_image  # the default
+    with pytest.raises(ValueError, match=r"max_soft_tokens must be one of \(70, 140, 280, 560, 1120\), got 100"):
+        estimate("gemma-4-E4B-it", device="L4", max_soft_tokens=100)
+    with pytest.raises(ValueError, match="max_soft_tokens is Gemma 4's soft-token budget per image; qwen2_5_vl has"):
+        estimate("Qwen2.5-VL-3B-Instruct", device="L4", max_soft_tokens=280)
+
+
 # ---- the engine's real allocation on the random Gemma 4 checkpoint -------------------------------------------------
 def engine_missing() -> str:
     if importlib.util.find_spec("tools.make_checkpoint_gemma4") is None:

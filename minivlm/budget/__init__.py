@@ -16,16 +16,17 @@ from minivlm.budget.params import parameter_count, text_params, vision_params
 from minivlm.budget.planner import GpuPlan, gpus_needed
 from minivlm.budget.shapes import (PRESET_DIR, QWEN_VL, SUPPORTED, TEXT_ONLY, TILED, ModelShape, hf_config,
                                    load_model_preset, model_preset_names, model_shape)
+from minivlm.budget.soft_tokens import DEFAULT_SOFT_TOKENS, SOFT_TOKEN_BUDGETS, SOFT_TOKEN_FAMILIES
 from minivlm.budget.tiling import TiledImage, internvl_tiles, smolvlm_tiles
 from minivlm.budget.vision_tokens import (FAMILY_PROCESSOR, ImagePlan, image_plan, image_processor_settings,
                                           smart_resize, tiled_processor_settings, vision_tokens)
 from minivlm.budget.weights import DTYPE_BYTES, dtype_name, kv_bytes_per_token
 
-__all__ = ["BudgetItem", "DEFAULT_OVERHEAD_BYTES", "DTYPE_BYTES", "Estimate", "FAMILY_PROCESSOR", "GpuPlan",
-           "GroupShape", "GroupSizes", "ImagePlan", "ModelShape", "PRESET_DIR", "QWEN_VL", "SUPPORTED", "TEXT_ONLY",
-           "TILED", "TiledImage", "device_memory", "device_presets", "dtype_name", "estimate", "gpus_needed",
-           "groups_from_specs", "hf_config", "image_plan", "image_processor_settings", "internvl_tiles",
-           "kv_bytes_per_token", "layer_groups", "load_device_preset", "load_model_preset", "model_preset_names",
-           "model_shape", "parameter_count", "prefill_peak", "size_groups", "smart_resize", "smolvlm_tiles",
-           "text_params", "tiled_processor_settings", "tiled_vision_peak", "vision_params", "vision_peak",
-           "vision_tokens"]
+__all__ = ["BudgetItem", "DEFAULT_OVERHEAD_BYTES", "DEFAULT_SOFT_TOKENS", "DTYPE_BYTES", "Estimate",
+           "FAMILY_PROCESSOR", "GpuPlan", "GroupShape", "GroupSizes", "ImagePlan", "ModelShape", "PRESET_DIR",
+           "QWEN_VL", "SOFT_TOKEN_BUDGETS", "SOFT_TOKEN_FAMILIES", "SUPPORTED", "TEXT_ONLY", "TILED", "TiledImage",
+           "device_memory", "device_presets", "dtype_name", "estimate", "gpus_needed", "groups_from_specs",
+           "hf_config", "image_plan", "image_processor_settings", "internvl_tiles", "kv_bytes_per_token",
+           "layer_groups", "load_device_preset", "load_model_preset", "model_preset_names", "model_shape",
+           "parameter_count", "prefill_peak", "size_groups", "smart_resize", "smolvlm_tiles", "text_params",
+           "tiled_processor_settings", "tiled_vision_peak", "vision_params", "vision_peak", "vision_tokens"]

@@ -140,12 +140,14 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
              weights_bytes=None, max_num_batched_tokens=None, text_tokens_per_request=512, overhead_bytes=None,
              attn_implementation="sdpa", tensor_parallel_size=None, videos_per_request=0, video_seconds=10.0,
              video_fps=2.0, video_size=None, enable_chunked_prefill=False, state_checkpoints=None,
-             state_dtype=STATE_DTYPE, speculative_config=None) -> Estimate:
+             state_dtype=STATE_DTYPE, speculative_config=None, max_soft_tokens=None) -> Estimate:
     """The memory plan of one deployment, per GPU (see the module doc for the num_blocks rule).
 
     image_size is each image's (width, height), as PIL's Image.size; the encoder peak is for one such image, and
     its tokens follow the family's own rule (vision_tokens.image_plan). images_per_request: default 1 for a VLM, 0
-    for a text-only model (which refuses images). min_pixels / max_pixels: Qwen-VL only.
+    for a text-only model (which refuses images). min_pixels / max_pixels: Qwen-VL only; max_soft_tokens: Gemma 4
+    only, its processor's soft-token budget per image (70, 140, 280, 560 or 1120; None: the saved processor's, else
+    280), which sets each image's tokens and the patches its encoder sees.
     dtype: float32 | bfloat16 | float16 | int8 | int4 (int weights compute in bfloat16); kv_dtype "auto" = the
     compute dtype, or a float type / fp8. max_num_batched_tokens (the step token budget of the prefill peak)
     defaults to max_model_len. weights_bytes replaces the predicted weights (of one GPU) with measured ones;
@@ -185,7 +187,8 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
     per_token = kv_bytes_per_token(s, kv_dtype, tp)
 
     width, height = image_size
-    plan = image_plan(model_config, height, width, min_pixels, max_pixels, cfg=cfg, shape=s) if s.has_vision else \
+    plan = image_plan(model_config, height, width, min_pixels, max_pixels, cfg=cfg, shape=s,
+                      max_soft_tokens=max_soft_tokens) if s.has_vision else \
         ImagePlan(0, 0, 0, 0, (0, 0))
     image_tokens = plan.vision_tokens
     video = video_plan(model_config, video_seconds, video_fps, *(video_size or image_size)) if videos_per_request \

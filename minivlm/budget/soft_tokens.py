@@ -6,6 +6,7 @@ import math
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # what transformers' Gemma 4 image processors accept
 DEFAULT_SOFT_TOKENS = 280
+SOFT_TOKEN_FAMILIES = ("gemma4", "gemma4_unified")  # the model types whose images this rule sizes
 GEMMA4_MARKERS = 2  # <start_of_image> and <end_of_image> around each image's soft tokens (Gemma4Processor)
 
 

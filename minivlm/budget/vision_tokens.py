@@ -145,13 +145,17 @@ def tiled_processor_settings(model_config, *, cfg=None, shape=None) -> dict:
 
 
 def image_plan(model_config, height: int, width: int, min_pixels=None, max_pixels=None, *, cfg=None,
-               shape=None) -> ImagePlan:
+               shape=None, max_soft_tokens=None) -> ImagePlan:
     """What one height x width image costs in the prompt and in the encoder, by the model family's own rule
-    (min_pixels / max_pixels: Qwen-VL only). cfg / shape: model_config already parsed (estimate parses it once)."""
+    (min_pixels / max_pixels: Qwen-VL only; max_soft_tokens: Gemma 4 only, the processor's knob of that name, one of
+    SOFT_TOKEN_BUDGETS; None: the saved processor's, else 280). cfg / shape: model_config already parsed (estimate
+    parses it once)."""
     cfg = cfg if cfg is not None else hf_config(model_config)
     family = cfg.model_type
     if family in TEXT_ONLY:
         raise ValueError(f"{family} is a text-only model: it takes no images")
+    if max_soft_tokens is not None and family not in GEMMA4:
+        raise ValueError(f"max_soft_tokens is Gemma 4's soft-token budget per image; {family} has no such setting")
     if family in QWEN_PATCHES:
         proc = image_processor_settings(model_config, min_pixels, max_pixels)
         factor = proc["patch_size"] * proc["merge_size"]
@@ -166,7 +170,7 @@ def image_plan(model_config, height: int, width: int, min_pixels=None, max_pixel
         side = s.vision_image_size
         return ImagePlan(tokens, GEMMA3_MARKERS, 1, (side // s.patch_size) ** 2, (side, side))
     if family in GEMMA4:  # resized into the soft-token budget; the encoder sees the whole budget's patches (padded)
-        budget = (_saved_processor(model_config) or {}).get("max_soft_tokens", DEFAULT_SOFT_TOKENS)
+        budget = max_soft_tokens or (_saved_processor(model_config) or {}).get("max_soft_tokens", DEFAULT_SOFT_TOKENS)
         resized = soft_token_size(height, width, s.patch_size, s.merge_size, budget)
         tokens = (resized[0] // s.patch_size) * (resized[1] // s.patch_size) // s.merge_size ** 2
         positions = budget * s.merge_size ** 2 if family == "gemma4" else budget  # ViT patches | merged patches

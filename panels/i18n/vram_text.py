@@ -12,6 +12,8 @@ MESSAGES = {
     "vram.util": ("gpu_memory_utilization", "gpu_memory_utilization（显存利用率）"),
     "vram.width": ("image width (px)", "图片宽度（像素）"),
     "vram.height": ("image height (px)", "图片高度（像素）"),
+    "vram.soft_tokens": ("Gemma 4: soft tokens per image at most (max_soft_tokens)",
+                         "Gemma 4：每张图片最多的软 token 数（max_soft_tokens）"),
     "vram.images": ("images per request", "每个请求的图片数"),
     "vram.context": ("context length (max_model_len)", "上下文长度（max_model_len）"),
     "vram.seqs": ("concurrent requests", "并发请求数"),
