@@ -58,6 +58,16 @@ def matrix_engines(matrix_checkpoints):
             for name, path in matrix_checkpoints.items()}
 
 
+@pytest.fixture(scope="session")
+def tiny_app_process(tmp_path_factory):
+    """`python app.py --num-blocks 256` (the shipped tiny model and its own pool), started as a process once for the
+    modules that talk to it as clients (test_app_client.py, test_openai_structured.py): a start imports torch,
+    gradio and transformers (10-20 s on 2 cores). A test that rebuilds its engine puts the start settings back."""
+    from tests.app_server import running_app
+    with running_app("--num-blocks", "256", log_path=str(tmp_path_factory.mktemp("app") / "app.log")) as url:
+        yield url
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The browser tests share one headless chromium (tests/app_server.py's shared_browser): close it last."""
     from tests.app_server import close_browsers

@@ -8,10 +8,10 @@ from gradio_client import Client, handle_file
 
 from minivlm import EngineConfig
 
-from tests.app_server import APP_MODEL, running_app
+from tests.app_server import APP_MODEL
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "examples")
-NUM_BLOCKS = 256  # room for the 3000-token stream that the Stop test interrupts
+NUM_BLOCKS = 256  # the session's app process (tiny_app_process): room for the 3000-token stream Stop interrupts
 SAMPLING = (16, 0.0, 1.0, 0, "")  # max tokens, temperature, top-p, top-k, seed (empty = the engine's)
 
 
@@ -35,9 +35,9 @@ def answer(history) -> str:
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory):
-    with running_app("--num-blocks", str(NUM_BLOCKS), log_path=str(tmp_path_factory.mktemp("app") / "app.log")) as u:
-        yield u
+def url(tiny_app_process):
+    """The session's `python app.py --num-blocks 256` (tests/conftest.py), shared with test_openai_structured.py."""
+    return tiny_app_process
 
 
 @pytest.fixture

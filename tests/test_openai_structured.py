@@ -19,7 +19,7 @@ from transformers.cli.serving.utils import _RESPONSE_TEMPLATE_FALLBACKS
 from minivlm.api.tool_calls import ToolCallStream, hermes_calls
 from minivlm.config import DEFAULT_MODEL
 from tests.api_app import MODEL, image_message, text_request
-from tests.app_server import APP_MODEL, running_app
+from tests.app_server import APP_MODEL
 
 COLOURS, SHAPES = ["red", "green", "blue", "yellow"], ["circle", "square", "triangle"]
 CLOSED = {"additionalProperties": False}  # OpenAI's strict mode asks it of every object (else a free key may follow)
@@ -53,9 +53,9 @@ PICTURE = image_message("three_shapes.png", "Describe the picture.")
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    with running_app(log_path=str(tmp_path_factory.mktemp("api") / "app.log")) as url:
-        yield url
+def app(tiny_app_process):
+    """The session's `python app.py` (tests/conftest.py), shared with test_app_client.py."""
+    return tiny_app_process
 
 
 @pytest.fixture(scope="module")
