@@ -167,7 +167,8 @@ def test_engine_greedy_matches_hf_generate(engine_results):
         assert engine_answers[q] == hf_answers[q], q
 
 
-def test_engine_answers_chinese_questions_in_chinese(engine_results_zh):
+@pytest.mark.slow  # 200 more scenes (and 60 HF generations below): the model's Chinese, not another engine path;
+def test_engine_answers_chinese_questions_in_chinese(engine_results_zh):  # the browser's zh chat stays (CI: -m slow)
     """Each trained form asked in Chinese, on scenes of the independent renderer, answered in the Chinese words."""
     table, answers = engine_results_zh
     low = {q: acc for q, (acc, _) in table.items() if acc < THRESHOLDS_ZH[q]}
@@ -177,6 +178,7 @@ def test_engine_answers_chinese_questions_in_chinese(engine_results_zh):
     assert all(a in ZH_POSITIONS.values() for a in answers["where"])
 
 
+@pytest.mark.slow  # as above: English keeps the engine = HF generate check in the default run
 def test_engine_greedy_matches_hf_generate_in_chinese(engine_results_zh):
     _, engine_answers = engine_results_zh
     types = ("is_there", "where", "describe_3")
