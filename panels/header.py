@@ -20,7 +20,10 @@ from panels.i18n.errors import localize_error
 HUB_MODELS = ["Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen3-VL-2B-Instruct",
               "Qwen/Qwen3-VL-4B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"]
 TINY = EngineConfig().model
-LOCAL_MODELS = {"tiny-qwen-vl": TINY}  # picker value -> directory: the page never sees a server path
+# the models shipped in assets/ (the second, a Qwen3.5 with recurrent state and an MTP head, once it is exported)
+SHIPPED = {name: os.path.join(os.path.dirname(TINY), name) for name in ("tiny-qwen-vl", "tiny-qwen3_5-vl")
+           if os.path.exists(os.path.join(os.path.dirname(TINY), name, "model.safetensors"))}
+LOCAL_MODELS = dict(SHIPPED)  # picker value -> directory: the page never sees a server path
 DEVICE_NOTES = {"mps": "header.less_tested"}  # a device kind's note (a message id)
 RETRY_AFTER_S = 5.0  # a widget's repeat of settings that just failed to load is not tried again within this
 COST_POLL_S = 3.0  # how often an editable header refreshes what a rebuild would end
@@ -44,10 +47,10 @@ def resolve_model(key: str) -> str:
 
 
 def model_choices(current: str, lang: str = EN) -> list[tuple[str, str]]:
-    """The shipped tiny model, the configured one if different, then real checkpoints from the hub."""
-    choices = [(t(lang, "header.shipped", name="tiny-qwen-vl"), "tiny-qwen-vl")]
+    """The shipped tiny models, the configured one if different, then real checkpoints from the hub."""
+    choices = [(t(lang, "header.shipped", name=name), name) for name in SHIPPED]
     key = model_key(current)
-    if key not in ("tiny-qwen-vl", *HUB_MODELS):
+    if key not in (*SHIPPED, *HUB_MODELS):
         choices.append((key, key))
     return choices + [(t(lang, "header.hub", name=m), m) for m in HUB_MODELS]
 
