@@ -62,7 +62,9 @@ WORDS = """() => {
 }"""
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "gemma3"])
+# Gemma 3's walk (sliding-window groups, pan-and-scan) runs with -m slow: the default run keeps Qwen3.5's walk through
+# the same tabs and views, and tests/test_group_views.py checks Gemma 3's drawn tables, anatomy and preset
+@pytest.fixture(scope="module", params=["qwen3_5", pytest.param("gemma3", marks=pytest.mark.slow)])
 def served(request, tmp_path_factory):
     from tools.make_checkpoint_gemma3 import make_gemma3_checkpoint
     from tools.make_checkpoint_qwen3_5 import make_qwen3_5_checkpoint
