@@ -10,7 +10,14 @@ embedding, the per-layer embedding table over vocab_size_per_layer_input with it
 and norm, the final norm. Towers: the ViT (patch projection without bias, a 2 x rows x width position table, blocks
 with q/k norms and four norms), or the 12B's patch embedder (LayerNorms, one dense, a factorized position table);
 then the projection into the text width. Audio (counted, not loaded by minivlm): the conformer of E2B / E4B, or
-the 12B's projection of raw waveform frames."""
+the 12B's projection of raw waveform frames.
+
+Over N GPUs (tensor_parallel.py, vLLM's Gemma 4 layout): q / gate / up / the experts' width and the per-layer-
+embedding projection split their outputs, o / down their inputs, k / v by the layer's own KV heads (a copy each
+where there are fewer than GPUs), both embedding tables the vocabulary; the router and the per-layer gate and
+projection are replicated. Counted as transformers and minivlm build the layers: vLLM itself also allocates a V
+projection on attention_k_eq_v layers and K / V ones on the shared layers (loading the keys into both), which this
+count leaves out."""
 from minivlm.budget.linears import LinearShape, column, row
 from minivlm.budget.shapes import ModelShape
 from minivlm.budget.tensor_parallel import kv_heads_per_gpu, split, vision_split, vocab_per_gpu
@@ -57,8 +64,10 @@ def gemma4_text_params(s: ModelShape, tp: int = 1) -> dict[str, int]:
     """The language model on one GPU by part (lm_head 0: Gemma ties it to the embedding)."""
     rows = vocab_per_gpu(s.vocab, tp)
     ple = 0
-    if s.ple_dim:  # the table (vocab-parallel like the embedding), its projection from the hidden state, its norm
-        ple = vocab_per_gpu(s.ple_vocab, tp) * s.layers * s.ple_dim + s.hidden * s.layers * s.ple_dim + s.ple_dim
+    if s.ple_dim:  # the table (vocab-parallel like the embedding), its projection from the hidden state (column-
+        # parallel: vLLM splits its layers x ple_dim outputs and gathers them), its norm
+        ple = vocab_per_gpu(s.ple_vocab, tp) * s.layers * s.ple_dim + s.ple_dim + \
+            column("per_layer_model_projection", s.layers * s.ple_dim, s.hidden, False, tp).params
     return {"embed_tokens": rows * s.hidden, "per_layer_embeddings": ple,
             "decoder_layers": sum(gemma4_layer_params(s, i, tp) for i in range(s.layers)),
             "final_norm": s.hidden, "lm_head": 0 if s.tied else rows * s.hidden}
