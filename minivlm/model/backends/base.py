@@ -51,8 +51,17 @@ WORDS = {
     "engine.decode_calibrated": "calibrated at load, a decode step: C kernels {c} ms, PyTorch ops with oneDNN linears "
                                 "{onednn} ms{mkl}",
     "engine.calibrated_int8": "calibrated at load, a decode step: the C kernels over int8 weights {gemv} ms, "
-                              "layer by layer with PyTorch's int8 kernel {torch} ms",
+                              "layer by layer with PyTorch's int8 kernel {torch} ms{rows}",
     "engine.calibrated_torch_int8": "PyTorch's int8 kernel was faster at load",
+    "engine.calibrated_rows": "{kernel} for the int8 decode rows was faster at load",
+    "engine.calibrated_int4": "calibrated at load, a decode step with the int8 lm_head's rows on PyTorch's int8 "
+                              "kernel {torch} ms{rows}; kept: {kernel}",
+    "engine.rows_times": "; layer by layer with gemv_int8.c {gemv}, with fbgemm's dynamic int8 linear {fbgemm}",
+    "engine.rows_ms": "{ms} ms",
+    "engine.rows_skipped": "not kept: {why}",
+    "engine.rows_torch": "PyTorch's int8 kernel",
+    "engine.rows_gemv": "gemv_int8.c (hand-written)",
+    "engine.rows_fbgemm": "fbgemm's dynamic int8 linear",
     "engine.calibrated_mkl_ms": ", with nn.Linear (MKL) {ms} ms",
     "engine.calibrated_onednn": "PyTorch ops with oneDNN linears",
     "engine.calibrated_mkl": "PyTorch ops with nn.Linear (MKL)",

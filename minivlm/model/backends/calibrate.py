@@ -72,30 +72,123 @@ def choose(kernels: Backend, decoder, kv_caches, block_size: int, timer=step_sec
     return chosen
 
 
+ROWS_TOLERANCE = 0.1  # nats: the largest |Δ logprob| over the exact path's top ROWS_TOP tokens that an int8 rows
+ROWS_TOP = 8           # kernel may add to the timed step's logits (PyTorch's kernel, bf16 inputs, is the exact one),
+ROWS_FACTOR = 1.5      # or this many times gemv_int8.c's (its rows in blocks of 32: llama.cpp's Q8_0 activations,
+# the engine's reference for int8 accuracy, kept whatever its error)
+
+
+def step_logits(backend, decoder, kv_caches, block_size: int) -> torch.Tensor:
+    """The log-probabilities of the timed step (step_seconds' input) through backend."""
+    blocks = torch.arange(-(-CONTEXT // block_size))[None]
+    meta = AttentionMetadata.build(torch.tensor([CONTEXT - 1]), [1], [CONTEXT], blocks, block_size, "cpu",
+                                   backend.attention)
+    with torch.inference_mode():
+        logits = backend.forward(decoder, decoder.embed_tokens(torch.tensor([0])), torch.full((3, 1), CONTEXT - 1),
+                                 kv_caches, meta, None, torch.tensor([0]))
+    return torch.log_softmax(logits.float().reshape(-1), -1)
+
+
+def use_rows(layers, rows: int, kernel=None) -> None:
+    """The int8 layers' decode rows (Int8Linear.small_rows) and the kernel that takes them (int8_rows.py)."""
+    from minivlm.model.backends import int8_rows
+    for m in layers:
+        m.small_rows, m.rows_kernel = rows, kernel or int8_rows.GEMV
+
+
+def time_rows(layers, backend, decoder, kv_caches, block_size: int, timer) -> tuple[dict, dict]:
+    """backend's step (layer by layer) timed with the int8 layers' decode rows on PyTorch's kernel ("torch") and on
+    each kernel of int8_rows.KINDS that runs here and keeps the step's logits close to PyTorch's (within
+    ROWS_TOLERANCE, or ROWS_FACTOR x gemv_int8.c's error): ({name: seconds}, {name: why not timed})."""
+    from minivlm.model.backends import int8_rows
+    from minivlm.model.backends.cpu_kernels import gemv
+    use_rows(layers, 0)
+    exact = step_logits(backend, decoder, kv_caches, block_size)
+    top = exact.topk(ROWS_TOP).indices
+    times, skipped, errors = {"torch": timer(backend, decoder, kv_caches, block_size)}, {}, {}
+    for kind in int8_rows.KINDS:  # GEMV first: its error bounds the others'
+        why = kind.available()
+        if why is None:
+            for m in layers:
+                kind.prepare(m)
+            use_rows(layers, gemv.MAX_ROWS, kind)
+            errors[kind.name] = (step_logits(backend, decoder, kv_caches, block_size)[top] - exact[top]).abs().max()
+            bound = max(ROWS_TOLERANCE, ROWS_FACTOR * errors.get("gemv", 0.0))
+            if kind is not int8_rows.GEMV and errors[kind.name] > bound:
+                why = f"|Δ logprob| {errors[kind.name]:.3f} > {bound:.3f}"
+            else:
+                times[kind.name] = timer(backend, decoder, kv_caches, block_size)
+        if why is not None:
+            skipped[kind.name] = why
+    return times, skipped
+
+
+def keep_rows(layers, name: str) -> None:
+    """The int8 layers' decode rows on the kernel named (int8_rows.KINDS' name, or "torch"); the others' copies
+    freed."""
+    from minivlm.model.backends import int8_rows
+    from minivlm.model.backends.cpu_kernels import gemv
+    kind = next((k for k in int8_rows.KINDS if k.name == name), None)
+    use_rows(layers, gemv.MAX_ROWS if kind else 0, kind)
+    for other in int8_rows.KINDS:
+        if other is not kind:
+            for m in layers:
+                other.release(m)
+
+
+def rows_said(times: dict, skipped: dict) -> Said:
+    """The rows kernels' times (or why not timed), gemv_int8.c's and fbgemm's, in words."""
+    each = {k: Said("engine.rows_ms", ms=f"{times[k] * 1e3:.2f}") if k in times else
+            Said("engine.rows_skipped", why=skipped.get(k, "-")) for k in ("gemv", "fbgemm")}
+    return Said("engine.rows_times", **each)
+
+
+def rows_name(name: str) -> Said:
+    return Said(f"engine.rows_{name}")
+
+
 def choose_int8(kernels: Backend, decoder, kv_caches, block_size: int, timer=step_seconds) -> Backend:
     """Quantized int8 weights in an fp32 engine: the C step over them (decode_layer_int8.c in one call, or gemv_int8.c
-    layer by layer where that is off) or the fused ops layer by layer around PyTorch's int8 kernel, whichever a timed
-    step says is faster by MARGIN; the backend's `calibration` says the times."""
+    layer by layer where that is off) or the fused ops layer by layer with the decode rows on PyTorch's int8 kernel,
+    gemv_int8.c or fbgemm's dynamic int8 linear (time_rows: each that runs here and keeps the logits), whichever a
+    timed step says is fastest (the C step unless another is MARGIN faster); the backend's `calibration` says the
+    times."""
     from minivlm.model.backends.cpu_kernels import gemv, gemv_int8
     from minivlm.model.backends.quantized import Int8Linear
     if os.environ.get(SWITCH, "1") == "0" or gemv_int8.KERNELS.get() is None:
         return kernels
     layers = [m for m in decoder.modules() if isinstance(m, Int8Linear)]
-
-    def use(rows: int):  # decode rows of the layer-by-layer path: gemv_int8.c (MAX_ROWS) or PyTorch's kernel (0)
-        for m in layers:
-            m.small_rows = rows
-    use(gemv.MAX_ROWS)
+    use_rows(layers, gemv.MAX_ROWS)
     if sum(m.qweight.numel() for m in layers) * 4 < MIN_BYTES:  # untimed, as choose(): a small model's step is
         return kernels  # overhead, which the one call wins by far (timed, a busy machine's noise could pick either)
     ours = timer(kernels, decoder, kv_caches, block_size)
     theirs_backend = kernels.layer_by_layer(Said("engine.calibrated_torch_int8"))
-    use(0)
-    theirs = timer(theirs_backend, decoder, kv_caches, block_size)
-    chosen = kernels if ours <= MARGIN * theirs else theirs_backend
-    use(gemv.MAX_ROWS if chosen is kernels else 0)
-    chosen.calibration = Said("engine.calibrated_int8", gemv=f"{ours * 1e3:.2f}", torch=f"{theirs * 1e3:.2f}")
+    times, skipped = time_rows(layers, theirs_backend, decoder, kv_caches, block_size, timer)
+    best = min(times, key=times.get)
+    chosen = kernels if ours <= MARGIN * times[best] else kernels.layer_by_layer(
+        Said("engine.calibrated_torch_int8") if best == "torch" else Said("engine.calibrated_rows",
+                                                                          kernel=rows_name(best)))
+    keep_rows(layers, "gemv" if chosen is kernels else best)
+    chosen.calibration = Said("engine.calibrated_int8", gemv=f"{ours * 1e3:.2f}", torch=f"{times['torch'] * 1e3:.2f}",
+                              rows=rows_said(times, skipped))
     return chosen
+
+
+def choose_int4(kernels: Backend, decoder, kv_caches, block_size: int, timer=step_seconds) -> Backend:
+    """Quantized int4 weights (PyTorch's int4 kernel layer by layer, the fused ops around it) and the int8 lm_head
+    (quantized.quantize): its decode rows on PyTorch's int8 kernel, gemv_int8.c or fbgemm (time_rows), the fastest
+    kept. A real vocabulary's lm_head (151,936 x 1,536 in int8: 233 MB) is more bytes than a small model's int4
+    layers, so its kernel sets much of a token's time; a small lm_head is not timed (PyTorch's kernel)."""
+    from minivlm.model.backends.quantized import Int8Linear
+    layers = [m for m in decoder.modules() if isinstance(m, Int8Linear)]
+    if os.environ.get(SWITCH, "1") == "0" or sum(m.qweight.numel() for m in layers) * 4 < MIN_BYTES:
+        return kernels
+    times, skipped = time_rows(layers, kernels, decoder, kv_caches, block_size, timer)
+    best = min(times, key=times.get)
+    keep_rows(layers, best)
+    kernels.calibration = Said("engine.calibrated_int4", kernel=rows_name(best), torch=f"{times['torch'] * 1e3:.2f}",
+                               rows=rows_said(times, skipped))
+    return kernels
 
 
 def choose_bf16(kernels: Backend, decoder, kv_caches, block_size: int, timer=step_seconds) -> Backend:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivlm.model.backends.cpu_kernels import gemv_int8
+from minivlm.model.backends import int8_rows
 
 METHODS = ("int8", "int4")
 GROUP = 128  # int4 group size (input channels per scale / zero point): PyTorch's kernel takes 32, 64, 128 or 256
@@ -67,10 +67,11 @@ def kernel_input(x: torch.Tensor, in_features: int, width: int) -> torch.Tensor:
 
 class Int8Linear(nn.Module):
     """y = x @ (q * scale).T + b, with q int8 [out, in] and one scale per output row; q's columns zero-padded to a
-    multiple of K_MULTIPLE where `in` is not one (`pad`). fp32 inputs of at most `small_rows` rows run gemv_int8.c (a
-    decode step; the calibration at load sets it where that is faster), the rest PyTorch's kernel, which takes x in
-    bf16."""
+    multiple of K_MULTIPLE where `in` is not one (`pad`). fp32 inputs of at most `small_rows` rows run `rows_kernel`
+    (a decode step: gemv_int8.c, or fbgemm's dynamic int8 linear; int8_rows.py; the calibration at load sets both
+    where that is faster), the rest PyTorch's kernel, which takes x in bf16."""
     small_rows = 0
+    rows_kernel = int8_rows.GEMV
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
         super().__init__()
@@ -86,8 +87,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and x.numel() <= self.small_rows * self.in_features:
-            return gemv_int8.linear(F.pad(x, (0, self.pad)) if self.pad else x, self.qweight, self.scales_f32,
-                                    self.bias)
+            return self.rows_kernel(self, x)
         y = torch.ops.aten._weight_int8pack_mm(kernel_input(x, self.in_features, self.qweight.shape[1]),
                                                self.qweight, self.scales)
         y = y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)

@@ -100,8 +100,8 @@ class CpuKernels(Hooks):
         quantization = getattr(model, "quantization", None)
         if quantization == "int8":  # which int8 kernel runs decode rows
             return calibrate.choose_int8(kernels, model.decoder, kv_caches, config.block_size)
-        if quantization:  # int4: the fused ops around PyTorch's kernel
-            return kernels
+        if quantization:  # int4: the fused ops around PyTorch's kernel; the int8 lm_head's decode rows timed
+            return calibrate.choose_int4(kernels, model.decoder, kv_caches, config.block_size)
         return calibrate.choose(kernels, model.decoder, kv_caches, config.block_size)
 
     def __init__(self, attention: Attention, decoder, no_one_call: str | None):
