@@ -146,7 +146,8 @@ class EngineCore(RequestProgress):
         if not any(j.todo for j in plan.encodes) and len(out.ran) == len(plan):  # whole, no tower: a clean measurement
             self.scheduler.observe(plan, self.clock() - start)
         events = self.update(plan, out, res, unwritten)
-        self.masks.ahead(out.sampled, self.live)  # the next step's masks fill while this step ends
+        spec = self.scheduler.speculator  # a speculating request's masks fill ahead along its next guesses
+        self.masks.ahead([*out.sampled, *out.spec], self.live, spec.upcoming if spec else None)  # as this step ends
         self._written = {}
         self._attach_snapshot([(s, ev) for s, ev in events if s.wants_snapshot], res)
         res.events += [(s, ev) for s, ev in events if ev.finished or self.requests.is_alive(s.seq_id)]

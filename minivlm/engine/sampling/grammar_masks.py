@@ -28,24 +28,35 @@ class BatchMasks:
     """One step's masks: bits [rows, words] int32 (bit t of a row: token t allowed). Request seq_ids[i] has one row,
     or, speculating (drafts[i] non-empty), one at its last token and one after each guess: row j is its grammar's mask
     after the guesses before j, as if those had been accepted (vLLM's spec-decode bitmask). row: seq_id -> its first
-    row; rows: seq_id -> (first row, rows)."""
+    row; rows: seq_id -> (first row, rows). marks: where each request stands (its length; default its matcher's
+    tokens taken), read on the step thread: a fill along guesses moves the matchers while it runs."""
 
     def __init__(self, seq_ids: list[int], matchers: list, drafts: list[tuple] | None = None,
-                 stops: list[frozenset] | None = None, ends: list[bool] | None = None):
+                 stops: list[frozenset] | None = None, ends: list[bool] | None = None, marks: list[int] | None = None):
         drafts = drafts or [()] * len(matchers)
         first = [0]
         for d in drafts:
             first.append(first[-1] + 1 + len(d))
         self.row = {seq_id: first[i] for i, seq_id in enumerate(seq_ids)}
         self.rows = {seq_id: (first[i], 1 + len(d)) for i, (seq_id, d) in enumerate(zip(seq_ids, drafts))}
-        self.key = [(seq_id, m.consumed, tuple(d)) for seq_id, m, d in zip(seq_ids, matchers, drafts)]  # whose state,
-        self.matchers, self.drafts = matchers, drafts  # after how many tokens, along which guesses
+        marks = marks if marks is not None else [m.consumed for m in matchers]
+        self.key = [(seq_id, at, tuple(d)) for seq_id, at, d in zip(seq_ids, marks, drafts)]  # whose state, where,
+        self.matchers, self.drafts = matchers, drafts  # along which guesses
         self.stops = stops or [frozenset()] * len(matchers)  # tokens its matcher is never fed (EOS)
         self.ends = ends or [True] * len(matchers)  # whether a stop token ends its answer (not ignore_eos)
         self.vocab_size = matchers[0].vocab_size
         self.bits = torch.empty(first[-1], matchers[0].words, dtype=torch.int32)
         self.errors: dict[int, BaseException] = {}  # row -> what its matcher raised (the row allows nothing)
         self.filling: Future | None = None  # the worker's fill, when it runs beside the forward
+        self.source: tuple | None = None  # (masks filled ahead along longer guesses, the rows these take of them)
+
+    def narrowed(self, masks: "BatchMasks") -> "BatchMasks":
+        """These masks taken from `masks`, filled ahead for the same requests at the same tokens along guesses of
+        which each of these is a prefix (the scheduler guesses fewer when the step's budget or free blocks are
+        short): its rows are copied when this fills, after that fill has ended."""
+        rows = [masks.row[seq_id] + j for seq_id, (_, n) in self.rows.items() for j in range(n)]
+        self.source = (masks, torch.tensor(rows))
+        return self
 
     def wait(self) -> "BatchMasks":
         """Every row filled: the worker's fill waited for, or (none) filled now, on this thread."""
@@ -64,6 +75,12 @@ class BatchMasks:
     def fill(self):
         """Each matcher's masks into its rows (the library writes them in place); a matcher that raises leaves its
         rows empty and its error for sampling (that request fails, the others sample)."""
+        if self.source is not None:  # narrowed: the rows of masks filled ahead, once their fill has ended
+            masks, rows = self.source
+            masks.wait()
+            self.bits.copy_(masks.bits[rows])
+            self.errors = {at: e for seq_id, at in self.row.items() if (e := masks.errors.get(masks.row[seq_id]))}
+            return
         for i, m in enumerate(self.matchers):
             at = self.row[self.key[i][0]]
             try:
@@ -133,31 +150,41 @@ class MaskFiller:
         self._lock = threading.Lock()
         self._ahead: BatchMasks | None = None  # the next step's masks, filling since the last step's update
 
-    def ahead(self, sampled, live: dict):
+    def ahead(self, sampled, live: dict, upcoming=None):
         """After a step's update ("ahead" mode): start filling the next step's masks of the requests it sampled for
-        (seq_ids; those still running with a grammar), which a decode step will sample for next."""
+        (seq_ids, speculating ones included; those still running with a grammar), which a decode step will sample for
+        next; upcoming(seq): the
+        guesses a speculating one will verify (the speculator's, of which the step takes a prefix), a row after each."""
         if self.mode != "ahead":
             return
         seqs = [s for i in sampled if (s := live.get(i)) is not None and s.matcher is not None]
         if seqs:
-            self._ahead = self._fill_beside(BatchMasks([s.seq_id for s in seqs], [s.matcher for s in seqs]))
+            self._ahead = self._fill_beside(self._masks(seqs, [tuple(upcoming(s)) if upcoming else () for s in seqs]))
+
+    def _masks(self, seqs: list, guesses: list[tuple]) -> BatchMasks:
+        return BatchMasks([s.seq_id for s in seqs], [s.matcher for s in seqs], guesses, [self.stops] * len(seqs),
+                          [not s.params.ignore_eos for s in seqs], [len(s) for s in seqs])
 
     def start(self, seqs, drafts: dict | None = None) -> BatchMasks | None:
         """The masks of seqs' grammars (the step's sampling requests that have one; drafts: seq_id -> the guesses a
         speculating one verifies, a row after each): those filled ahead if they are these requests' at their current
-        token, else started filling beside the forward or left for sampling to fill; None if no request has a
-        grammar."""
+        token (along these guesses, or longer ones whose rows these take), else started filling beside the forward or
+        left for sampling to fill; None if no request has a grammar."""
         seqs = [s for s in seqs if s.matcher is not None]
         guesses = [tuple((drafts or {}).get(s.seq_id, ())) for s in seqs]
         ahead, self._ahead = self._ahead, None
+        wanted = [(s.seq_id, len(s), d) for s, d in zip(seqs, guesses)]
         if ahead is not None:
-            if ahead.key == [(s.seq_id, s.matcher.consumed, d) for s, d in zip(seqs, guesses)]:
+            if ahead.key == wanted:
                 return ahead
+            filled = {seq_id: (at, d) for seq_id, at, d in ahead.key}  # in another order, or along longer guesses
+            if len(filled) == len(wanted) and all(seq_id in filled and filled[seq_id][0] == at and
+                                                  filled[seq_id][1][:len(d)] == d for seq_id, at, d in wanted):
+                return self._fill_beside(self._masks(seqs, guesses).narrowed(ahead))
             ahead.settle()  # not this step's: its fill must end before any of its matchers advances
         if not seqs:
             return None
-        masks = BatchMasks([s.seq_id for s in seqs], [s.matcher for s in seqs], guesses,
-                           [self.stops] * len(seqs), [not s.params.ignore_eos for s in seqs])
+        masks = self._masks(seqs, guesses)
         return masks if self.mode == "sampling" else self._fill_beside(masks)
 
     def _fill_beside(self, masks: BatchMasks) -> BatchMasks:

@@ -38,6 +38,11 @@ class MtpProposer:
         at, guesses = self.guesses.pop(seq_id, (-1, ()))
         return guesses if at == length else ()
 
+    def peek(self, seq_id: int, length: int) -> tuple[int, ...]:
+        """The guesses `draft` would give, left in place (for the grammar masks filled ahead along them)."""
+        at, guesses = self.guesses.get(seq_id, (-1, ()))
+        return guesses if at == length else ()
+
     def known(self, r, emitted: list[int]) -> list[int]:
         """seq's tokens after this step: its rows' own tokens, then the ones it emitted."""
         toks = self.tokens.setdefault(r.seq_id, [])

@@ -78,15 +78,30 @@ class Speculator:
             return None
         return next(g.kind for g in bm.managers if not getattr(g, "speculates", g.kind == "full_attention"))
 
+    def most(self, seq, budget: int | None = None) -> int:
+        """How many guesses seq may verify next: its max_tokens, max_model_len and the step's budget allowing."""
+        if seq.num_output_tokens == 0 or seq.num_computed != len(seq) - 1:
+            return 0
+        return min(self.config.num_speculative_tokens, seq.params.max_tokens - seq.num_output_tokens - 1,
+                   self.max_model_len - len(seq) - 1, budget - 1 if budget is not None else 1 << 30)
+
+    def upcoming(self, seq) -> tuple[int, ...]:
+        """The guesses seq's next step will verify, before the step's budget and free blocks cut them (`draft` takes
+        a prefix of these): its grammar's masks along them fill ahead (engine/sampling/grammar_masks.py)."""
+        k = self.most(seq)
+        if k <= 0:
+            return ()
+        if self.config.method == "mtp":
+            return self.proposer.peek(seq.seq_id, len(seq))[:k] if self.proposer is not None else ()
+        return tuple(propose(seq.token_ids, seq.token_types, self.config, k)[0])
+
     def draft(self, seq, budget: int | None, bm, others: int = 0) -> tuple[tuple[int, ...], int]:
-        p = seq.params
         if seq.num_output_tokens == 0 or seq.num_computed != len(seq) - 1:
             return (), -1
         if (reason := self.why_not(bm)) is not None:
             self.refuse(seq, reason)
             return (), -1
-        k = min(self.config.num_speculative_tokens, p.max_tokens - seq.num_output_tokens - 1,
-                self.max_model_len - len(seq) - 1, budget - 1 if budget is not None else 1 << 30)
+        k = self.most(seq, budget)
         if k <= 0:
             return (), -1
         if self.config.method == "mtp":  # the MTP head's guesses, made after the last step (none: no head)
