@@ -32,6 +32,8 @@ METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-o
            *(line for name in ("regex", "json") for line in (
                f"grammar mask per decode step, batch 8, tiny model ({name})",
                *(f"same ({name}), the masks filled {mode}" for mode in MaskFiller.MODES))),
+           "grammar mask per speculating decode step (n-gram, 4 guesses), batch 8, tiny model (regex), filled ahead",
+           "same (speculating), the masks filled at sampling",
            "single-stream decode, bf16 vs fp32", "single-stream decode, int8 vs fp32",
            "single-stream decode, int8, bf16 engine vs fp32", "single-stream decode, int4 vs fp32",
            "one busy process: single-stream decode vs HF generate",
