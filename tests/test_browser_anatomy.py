@@ -107,7 +107,8 @@ def test_kv_tab_shows_the_prefix_tree_and_paging(app, page, shots):
     page.locator("#kv-tree").screenshot(path=os.path.join(shots, "prefix_tree.png"))
 
 
-def test_anatomy_of_the_chats_last_request(app, page):
+@pytest.mark.slow  # two turns and a two-picture anatomy; the chat-to-anatomy path stays (test_browser_matrix.py,
+def test_anatomy_of_the_chats_last_request(app, page):  # test_browser_video.py); CI runs it with -m slow
     """#52: "Use the chat's last request" draws exactly the tokens the engine received for the chat's last answer:
     as many as that answer's num_prompt_tokens (the chat's statistics line, the engine's own count), not the next
     request (the answer and a new assistant header appended); the form's boxes then show that request's pictures and

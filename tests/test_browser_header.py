@@ -100,7 +100,8 @@ def test_a_launch_cut_off_by_a_rebuild_ends_with_a_message(app, page):
     page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('prefix cache: C')")
 
 
-@pytest.mark.parametrize("token", [None, TOKEN], ids=["no-token-set", "token-set"])
+@pytest.mark.parametrize("token", [pytest.param(None, marks=pytest.mark.slow), TOKEN],  # a second app and page
+                         ids=["no-token-set", "token-set"])  # for a hidden field: CI runs that one with -m slow
 def test_operator_token_on_a_shared_deployment(app, page, token):
     with app_in_process(64, shared=True, operator_token=token) as (holder, url):
         try:

@@ -74,7 +74,8 @@ def test_chat_then_anatomy_of_the_same_request(served, shots):
     page.screenshot(path=os.path.join(shots, "anatomy_tiled.png"), full_page=True)
 
 
-def test_launcher_fills_the_block_map(served, shots):
+@pytest.mark.parametrize("served", ["smolvlm", pytest.param("qwen3", marks=pytest.mark.slow)], indirect=True)
+def test_launcher_fills_the_block_map(served, shots):  # the text model's run (no tile marks) runs with -m slow
     name, holder, page = served
     open_tab(page, "KV blocks (live)")
     page.locator("#kv-launch").click()

@@ -239,7 +239,8 @@ def label_box_and_buttons(pg, block: str):
     return label, buttons
 
 
-@pytest.mark.parametrize("lang,theme", [("en", "light"), ("zh-CN", "dark")])
+@pytest.mark.parametrize("lang,theme", [("en", "light"),  # the Chinese walk (every tab again) runs with -m slow;
+                                        pytest.param("zh-CN", "dark", marks=pytest.mark.slow)])  # i18n's stays
 def test_phone_width_every_tab_one_tap_away_and_no_label_overlaps(app, page, shots, lang, theme):
     """#52 at 390 × 844, in English and in Chinese: every tab is in sight on the first screen and opens with one tap
     (no "…" menu); no label is cut off or lies over what it labels (the chat's over its first picture, the
