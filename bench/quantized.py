@@ -65,7 +65,8 @@ def measure(ctx, new_tokens: int = 48) -> list[Row]:
             rows.append(Row(f"single-stream decode, {name} vs fp32", r, fp32, "tok/s", r / fp32, "", None,
                             f"{mib:.0f} MiB of weights (fp32: {ctx.engine.memory_report().weights_bytes / 2**20:.0f}); "
                             f"greedy = fp32 on {same}/{new_tokens} tokens, max |Δ logprob| {worst:.3f} while equal; "
-                            f"{e.linear_backend}; decode: {e.decode_backend}"))
+                            f"{e.linear_backend}; decode: {e.decode_backend}"
+                            + (f"; {e.calibration}" if e.calibration else "")))  # which path this CPU kept, and why
         ctx.details["quantized"] = {"rates": rates, "skipped": skipped}
         return rows
     finally:
