@@ -116,14 +116,14 @@ def sweep(calls, xs) -> float:
     return time.perf_counter() - t
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=12, help="PEER_MODEL layers of distinct matrices (default 12)")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--slow", type=float, default=20.0,
                     help="drop a way whose first product takes this many times a read of its fp32 weight")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     linears = []
