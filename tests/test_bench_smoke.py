@@ -37,7 +37,8 @@ METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-o
            "single-stream decode, bf16 vs fp32", "single-stream decode, int8 vs fp32",
            "single-stream decode, int8, bf16 engine vs fp32", "single-stream decode, int4 vs fp32",
            "one busy process: single-stream decode vs HF generate",
-           "one busy process: engine on the free cores vs its thread count fixed"]
+           "one busy process: engine on the free cores vs its thread count fixed",
+           "engine step with an empty model (batch 1)", "engine step with an empty model (batch 16)"]
 
 
 @pytest.mark.slow  # every bench row on the tiny model, about a minute: CI runs it with -m slow
@@ -76,7 +77,7 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
                         "kv_events_overhead",
                         "long_context_8", "long_context_1", "hybrid_qwen3_5", "hybrid_gemma3",
                         "speculative copy-heavy (its answer repeats)", "speculative no n-gram found", "speculative hf",
-                        "structured_decode", "quantized", "busy_machine"}
+                        "structured_decode", "quantized", "busy_machine", "step_overhead"}
     assert all(r.same == "1/1" for r in rows if r.metric.startswith(("hybrid decode", "speculative decode, copy")))
     # Long context: 1,536-token prompts, the same greedy tokens as HF's batch; decode steps were timed and counted.
     long_rows = [r for r in rows if r.metric.startswith("long context") and "throughput" in r.metric]

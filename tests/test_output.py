@@ -56,6 +56,22 @@ def test_2000_multibyte_tokens_equal_the_full_decode_in_linear_work(tokenizer):
     assert counting.decoded <= 16 * len(ids), f"decoded {counting.decoded} ids for {len(ids)} tokens: not O(n)"
 
 
+def test_a_decode_step_asks_the_tokenizer_once_the_previous_token_is_looked_up(tokenizer):
+    """Each pushed token decodes its window (the previous token and itself) and the settled part, the previous token
+    alone: that one comes from the shared one-token cache, so the tokenizer is asked one call a token, not two, and the
+    text is still the full decode."""
+    ids = long_ids(tokenizer, 600)
+    counting = CountingTokenizer(tokenizer)
+    calls = []
+    counting.decode = lambda ids, **kw: calls.append(len(ids)) or tokenizer.decode(ids, **kw)
+    detok = IncrementalDetokenizer(counting, None)
+    streamed, _ = stream(detok, ids)
+    assert streamed == tokenizer.decode(ids, skip_special_tokens=True)
+    singles = sum(n == 1 for n in calls)
+    assert singles <= len(set(ids)), f"{singles} one-token decodes for {len(set(ids))} distinct tokens: not cached"
+    assert len(calls) < 1.5 * len(ids), f"{len(calls)} tokenizer calls for {len(ids)} tokens (2 a token uncached)"
+
+
 @pytest.mark.parametrize("stop", ["世界", "🙂 naïve", "ok. Le", "… ok"])
 def test_stop_strings_spanning_tokens_and_steps_cut_where_the_full_decode_would(tokenizer, stop):
     ids = tokenizer.encode("Intro: ") + long_ids(tokenizer)

@@ -133,9 +133,9 @@ class Sequence:
         parts = []
         if start < self.num_prompt_tokens:
             parts.append(self.prompt_positions[:, start:min(end, self.num_prompt_tokens)])
-        if end > self.num_prompt_tokens:
-            gen = torch.arange(max(start, self.num_prompt_tokens), end) + self.rope_delta
-            parts.append(gen.expand(3, -1))
+        if end > self.num_prompt_tokens:  # the same index in t, row and col
+            parts.append(torch.arange(max(start, self.num_prompt_tokens) + self.rope_delta, end + self.rope_delta)
+                         .expand(3, -1))
         return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     def append_token(self, token_id: int):

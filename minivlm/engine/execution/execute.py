@@ -30,7 +30,7 @@ def execute_model(runner, plan: StepPlan, live) -> RunnerOutput:
     jobs, took = isolate(alive(plan.encodes), runner.encode_images, out.fail("vision encode")) \
         if plan.encodes else ([], [])
     out.encoded = {j.seq_id: t for j, t in zip(jobs, took)}
-    out.lost = tuple({j.keys[i] for j in plan.encodes for i in j.todo} - set(runner.encoder_cache))
+    out.lost = tuple({j.keys[i] for j in plan.encodes for i in j.todo if j.keys[i] not in runner.encoder_cache})
     reqs = alive(plan)
     if not reqs:
         return out

@@ -1,9 +1,16 @@
 """The output path: sampled tokens -> text, stop strings, finish reasons, and the Output a caller receives.
 Text is decoded incrementally (a few tokens per step), so decoding a request of n tokens costs O(n) tokenizer work,
 not O(n²); each StreamEvent's `text` (the text so far, a str as the API promises) is still one copy per event."""
+import functools
+
 from minivlm.engine.outputs import Output, StreamEvent
 
 MAX_CHAR_TOKENS = 6  # a UTF-8 character is at most 4 bytes: a window this long that still ends mid-character is junk
+
+
+def one_token_text(tokenizer, size: int = 16384):
+    """A token's text alone (cached): what a decode step's settled window holds, the previous token."""
+    return functools.lru_cache(maxsize=size)(lambda token: tokenizer.decode([token], skip_special_tokens=True))
 
 
 class IncrementalDetokenizer:
@@ -12,8 +19,9 @@ class IncrementalDetokenizer:
     text waits. Stop strings are searched only where new text could complete one, and the last
     (longest stop - 1) characters are held back from streaming, so streamed deltas never need retracting."""
 
-    def __init__(self, tokenizer, stop: list[str] | None):
+    def __init__(self, tokenizer, stop: list[str] | None, token_text=None):
         self.tokenizer = tokenizer
+        self.token_text = token_text or one_token_text(tokenizer)  # the OutputProcessor's, shared by its requests
         self.stop = [s for s in stop or [] if s]
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.ids: list[int] = []
@@ -24,6 +32,8 @@ class IncrementalDetokenizer:
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
+        if len(ids) == 1:  # a decode step's settled window: half its decoding becomes a lookup
+            return self.token_text(ids[0])
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def push(self, token_id: int) -> bool:
@@ -66,9 +76,10 @@ class OutputProcessor:
 
     def __init__(self, tokenizer, eos_ids: set[int], max_model_len: int):
         self.tokenizer, self.eos_ids, self.max_model_len = tokenizer, eos_ids, max_model_len
+        self.token_text = one_token_text(tokenizer)
 
     def start(self, seq):
-        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.params.stop)
+        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.params.stop, self.token_text)
 
     def advance(self, seq, token: int, logprobs: dict | None) -> tuple[StreamEvent, str | None]:
         """Append a sampled token; returns its event and the finish reason (None while the request goes on)."""

@@ -1,6 +1,7 @@
 """The step plan: everything one scheduler step decided, as immutable plain data (vLLM's SchedulerOutput). The
 scheduler writes it, the runner executes it, EngineCore.update applies it, and the `scheduled` event carries it,
 so the log is the very object that drove the step."""
+import itertools
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -116,6 +117,9 @@ class EncodeJob:
     todo: tuple[int, ...] = ()            # the images whose outputs the tower (or the vision thread's job) gives now
 
 
+NO_ROWS = torch.zeros(0, dtype=torch.long)  # a step without image tokens (most decode steps): no tensor to build
+
+
 @dataclass(frozen=True, eq=False)
 class StepInputs:
     """The flat tensors of a step's forward that every group shares, built once from its requests (on the CPU; the
@@ -132,13 +136,12 @@ class StepInputs:
     def build(cls, reqs) -> "StepInputs":
         """From the requests' per-step data."""
         q_lens = [r.num_tokens for r in reqs]
-        offsets = torch.tensor([0] + q_lens).cumsum(0).tolist()
-        at = [offsets[n] + i for n, r in enumerate(reqs) for i in r.image_at]
+        ends = list(itertools.accumulate(q_lens))  # where each request's rows end in T
+        at = [end - q + i for r, q, end in zip(reqs, q_lens, ends) for i in r.image_at]
         return cls(torch.tensor([t for r in reqs for t in r.token_ids]), torch.cat([r.positions for r in reqs], dim=1),
-                   q_lens, [r.end + len(r.draft) for r in reqs], torch.tensor(at, dtype=torch.long),
+                   q_lens, [r.end + len(r.draft) for r in reqs], torch.tensor(at, dtype=torch.long) if at else NO_ROWS,
                    [run for r in reqs for run in r.image_rows],
-                   torch.tensor([row for n, r in enumerate(reqs) for row in range(offsets[n + 1] - r.num_logits,
-                                                                               offsets[n + 1])]))
+                   torch.tensor([row for r, end in zip(reqs, ends) for row in range(end - r.num_logits, end)]))
 
 
 @dataclass(frozen=True, eq=False)
