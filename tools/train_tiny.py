@@ -62,6 +62,8 @@ NEAR = 0.05  # a centre this close to a thirds cut (fraction of the canvas) is "
 
 def weights_at(step: int, args) -> dict:
     """The question-type mixture of this step."""
+    if getattr(args, "type_weights", None):  # a later stage's own mixture (tools/train_tiny_qwen3_5 --type-weights)
+        return args.type_weights
     if args.zh or args.zh_mixed:
         return ZH_WEIGHTS
     if args.init:

@@ -25,7 +25,7 @@ from minivlm.inputs.processor import load_processor
 from tools.tiny_qwen3_5 import MTPHead, copy_from_teacher, export, student_config
 from tools.tiny_qwen3_5_colour import PALETTE, colour_labels
 from tools.tiny_qwen3_5_probe import probe_all
-from tools.train_tiny import PATCH, make_batch
+from tools.train_tiny import PATCH, ZH_WEIGHTS, make_batch
 
 TEACHER = "assets/tiny-qwen-vl"
 
@@ -35,7 +35,8 @@ def data_args(args):
     shapes) with the stage-3 language shares."""
     return SimpleNamespace(seed=args.seed, batch_size=args.batch_size, init="distill", curriculum_steps=0,
                            focus_from=0, bind_from=0, shapes_ramp=0, kind_twins=args.kind_twins,
-                           near_cut=args.near_cut, zh=args.zh, zh_mixed=args.zh_mixed)
+                           near_cut=args.near_cut, zh=args.zh, zh_mixed=args.zh_mixed,
+                           type_weights=dict(ZH_WEIGHTS, **args.type_weights))
 
 
 def forward(student, mtp, batch, image_features, layers: list = None):
@@ -151,6 +152,9 @@ def main():
                    help="teacher weights copied in: all that maps, the vision tower and embedding only, or none")
     p.add_argument("--zh", type=float, default=0.45, help="share of chats asked wholly in Chinese")
     p.add_argument("--zh-mixed", type=float, default=0.15, help="share of chats drawing each turn's language")
+    p.add_argument("--type-weights", default={}, type=lambda s: {k: float(v) for k, v in
+                                                                 (kv.split("=") for kv in s.split(",") if kv)},
+                   help="question forms asked more or less than the stage-3 mixture, e.g. is_there=4,where=5")
     p.add_argument("--kind-twins", type=float, default=0.3)
     p.add_argument("--near-cut", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
