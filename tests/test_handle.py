@@ -22,6 +22,24 @@ def engine():
         yield e
 
 
+def run(coro):
+    """asyncio.run on a thread of its own: an event loop the session already runs in this thread (the shared
+    Playwright browser's) makes asyncio.run refuse here; an API server's loop is its own thread's too."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as e:  # re-raised in the test's thread, so pytest.raises sees it
+            box["error"] = e
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def question(i: int = 0) -> Request:
     return Request(prompt=f"What color is the shape? ({i})", request_id=f"handle-{i}")
 
@@ -42,7 +60,7 @@ def test_the_handle_iterates_sync_and_async_with_the_same_events(engine):
 
     async def read():
         return [(ev.delta, ev.finished) async for ev in engine.submit(question(), PARAMS)]
-    assert asyncio.run(read()) == sync
+    assert run(read()) == sync
     assert "".join(d for d, _ in sync) == expected.text and [f for _, f in sync].count(True) == 1 and sync[-1][1]
     assert handle.finished and settled(engine)
 
@@ -53,7 +71,7 @@ def test_two_async_readers_share_one_event_loop_and_one_batch(engine):
             return [ev async for ev in engine.submit(question(i), PARAMS)]
         return await asyncio.gather(read(1), read(2))
     since = engine.events()[-1].seq
-    one, two = asyncio.run(both())
+    one, two = run(both())
     assert len(one[-1].output.token_ids) == len(two[-1].output.token_ids) == 12
     steps = [ev.request_ids for ev in engine.events(since) if ev.kind == "scheduled"]
     assert any({"handle-1", "handle-2"} <= set(batch) for batch in steps)
@@ -74,7 +92,7 @@ def test_closing_the_handle_aborts_the_request_and_frees_its_blocks(engine):
         async for ev in handle:
             handle.abort()
         return ev
-    assert not asyncio.run(abort_async()).finished and settled(engine)
+    assert not run(abort_async()).finished and settled(engine)
 
 
 def test_a_refusal_raises_from_submit_before_anything_is_queued(engine):
@@ -91,7 +109,7 @@ def test_an_async_reader_never_hangs_on_a_loop_that_died_silently(engine, monkey
         return [ev async for ev in engine.submit(question(5), PARAMS)]
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="loop is not running"):
-        asyncio.run(read())
+        run(read())
     assert time.monotonic() - t0 < 5.0
     monkeypatch.undo()
     assert engine.generate(question(6), PARAMS).finish_reason == "length"  # a fresh loop serves again
