@@ -196,6 +196,7 @@ def close_toasts(page):
         close.click()
 
 
+@pytest.mark.slow  # test_browser_header_models keeps a refused load leaving the old engine serving in the default run
 def test_failed_hub_load_leaves_the_header_on_what_serves(app, page):
     """Bug: after a failed hub load the picker kept the hub id, so the next change retried it."""
     holder, _ = app
@@ -239,6 +240,7 @@ def test_inspector_names_the_unreadable_image(page, tmp_path):
     close_toasts(page)
 
 
+@pytest.mark.slow  # test_refusals / test_image_memory refuse pixel bombs in the default run; this walk is the UI's
 def test_a_pixel_bomb_is_refused_from_its_header_in_the_inspector_and_anatomy(app, page, tmp_path):
     """#24 item 4: a 144 MP PNG of a few KB was decoded whole by the inspector (gr.Image type="pil") before the
     64 MP check, and the anatomy tab showed a bare "Error"; both now refuse it in the engine's words."""

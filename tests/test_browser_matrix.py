@@ -36,7 +36,8 @@ def send(page, text: str, image: str | None = None) -> int:
     return int(re.search(r"prompt (\d+) tokens", page.locator("#chat-stats").inner_text()).group(1))
 
 
-def test_chat_then_anatomy_of_the_same_request(served, shots):
+@pytest.mark.parametrize("served", ["smolvlm", pytest.param("qwen3", marks=pytest.mark.slow)], indirect=True)
+def test_chat_then_anatomy_of_the_same_request(served, shots):  # the text model (no tiles) runs with -m slow
     name, holder, page = served
     tiled = name == "smolvlm"
     image = os.path.join(EXAMPLES_DIR, "three_shapes.png") if tiled else None
