@@ -33,6 +33,7 @@ def test_api_request_appears_in_the_kv_map(app, tmp_path):
             messages=image_message("red_circle.png"))
         request_id = next(iter(stream)).id.removeprefix("chatcmpl-")
         assert request_id.startswith("api-ann-")  # its label in the map says: the API, user ann
+        holder.get().pause()  # it holds its blocks while the page draws them (a loaded machine could finish it first)
         plot = page.wait_for_function("""(rid) => {
             const el = document.querySelector('#kv-map .js-plotly-plot');
             if (!el || !el.data || !el.data.some(t => t.name === rid)) return null;  // its legend entry
@@ -43,6 +44,7 @@ def test_api_request_appears_in_the_kv_map(app, tmp_path):
                                arg=request_id)
         page.screenshot(path=os.environ.get("MINIVLM_API_SHOT", str(tmp_path / "kv_api.png")), full_page=True)
         table = holder.get().snapshot().block_tables.get(request_id, [])
+        holder.get().resume()
     colour = request_color(request_id)
     cells = [(x, y) for y, row in enumerate(plot["z"]) for x, v in enumerate(row)
              if v is not None and v >= 3 and plot["scale"][2 * v][1] == colour]
