@@ -47,6 +47,21 @@ def wait_for(page, predicate, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@contextlib.contextmanager
+def chinese_page(page, url):
+    """A second page of the same browser, opened as a zh-CN browser opens it; closed on exit."""
+    context = page.context.browser.new_context(locale="zh-CN", extra_http_headers={"Accept-Language": "zh-CN"},
+                                               viewport={"width": 1400, "height": 1000})
+    try:
+        zh = context.new_page()
+        zh.set_default_timeout(TIMEOUT_MS)
+        zh.goto(url)
+        zh.wait_for_selector("#chatbot")
+        yield zh
+    finally:
+        context.close()
+
+
 def set_number(page, elem_id, value):
     box = page.locator(f"#{elem_id} input[type=number]").first
     box.fill(str(value))
@@ -228,17 +243,9 @@ def test_gemma4_shared_kv_layers_are_a_free_row_in_both_languages(page, app):  #
         return row
     row = check(page, "VRAM budget", "KV cache: shared-KV layers (free)", "20 shared-KV layers (free")
     assert row[1] == "0.000" and "20 layers (15–34)" in row[2]
-    context = page.context.browser.new_context(locale="zh-CN", extra_http_headers={"Accept-Language": "zh-CN"},
-                                               viewport={"width": 1400, "height": 1000})
-    try:
-        zh = context.new_page()
-        zh.set_default_timeout(TIMEOUT_MS)
-        zh.goto(app[1])
-        zh.wait_for_selector("#chatbot")
+    with chinese_page(page, app[1]) as zh:
         row = check(zh, "显存预算", "KV 缓存：共享 KV 层（不占内存）", "20 层共享 KV（不占内存")
         assert row[1] == "0.000"
-    finally:
-        context.close()
 
 
 @pytest.mark.slow  # a second page in Chinese: about half a minute on a loaded machine; CI runs it with -m slow
@@ -274,17 +281,9 @@ def test_gemma4_soft_token_budget_knob_in_both_languages(page, app):  # noqa: F8
         pick(page, budget, "{n} vision tokens per image")
     choose(page, "vram-model", "Qwen2.5-VL · Qwen2.5-VL-3B-Instruct")
     wait_for(page, lambda: not knob.is_visible(), "the knob hidden again")
-    context = page.context.browser.new_context(locale="zh-CN", extra_http_headers={"Accept-Language": "zh-CN"},
-                                               viewport={"width": 1400, "height": 1000})
-    try:
-        zh = context.new_page()
-        zh.set_default_timeout(TIMEOUT_MS)
-        zh.goto(app[1])
-        zh.wait_for_selector("#chatbot")
+    with chinese_page(page, app[1]) as zh:
         open_tab(zh, "显存预算")
         choose(zh, "vram-model", "Gemma 4 (hybrid, shared KV) · gemma-4-E4B-it")
         wait_for(zh, zh.locator("#vram-soft-tokens").is_visible, "the knob on the Chinese page")
         assert "Gemma 4：每张图片最多的软 token 数（max_soft_tokens）" in zh.locator("#vram-soft-tokens").inner_text()
         pick(zh, 560, "每张图片 {n} 个视觉 token")
-    finally:
-        context.close()
