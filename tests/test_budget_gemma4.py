@@ -153,6 +153,26 @@ def test_a_soft_token_budget_sizes_each_image_as_the_processor_counts():
         estimate("Qwen2.5-VL-3B-Instruct", device="L4", max_soft_tokens=280)
 
 
+
+@pytest.mark.parametrize("layout", ["preprocessor_config.json", "processor_config.json"])
+def test_a_checkpoints_saved_budget_sizes_every_gpu_plan(tmp_path, layout):
+    """A checkpoint dir whose saved image processor sets max_soft_tokens: estimate and every row of gpus_needed (the
+    VRAM tab's GPU table, which parses the config once) count its images at that budget, as HF's processor would."""
+    import json
+
+    from minivlm.budget import gpus_needed, load_model_preset
+    config = {k: v for k, v in load_model_preset("gemma-4-E4B-it").items() if not k.startswith("_")}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    saved = {"image_processor_type": "Gemma4ImageProcessor", "max_soft_tokens": 70, "patch_size": 16,
+             "pooling_kernel_size": 3}
+    (tmp_path / layout).write_text(json.dumps(saved if layout.startswith("pre") else {"image_processor": saved}))
+    hf = Gemma4ImageProcessorPil(resample=0)(images=[Image.new("RGB", (1024, 768))],
+                                              max_soft_tokens=70)["num_soft_tokens_per_image"][0]
+    assert estimate(str(tmp_path), device="L4", image_size=(1024, 768)).vision_tokens_per_image == hf
+    plans = gpus_needed(str(tmp_path), image_size=(1024, 768))
+    assert plans and {p.estimate.vision_tokens_per_image for p in plans} == {hf}
+    assert hf != estimate("gemma-4-E4B-it", device="L4", image_size=(1024, 768)).vision_tokens_per_image
+
 # ---- the engine's real allocation on the random Gemma 4 checkpoint -------------------------------------------------
 def engine_missing() -> str:
     if importlib.util.find_spec("tools.make_checkpoint_gemma4") is None:

@@ -140,7 +140,7 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
              weights_bytes=None, max_num_batched_tokens=None, text_tokens_per_request=512, overhead_bytes=None,
              attn_implementation="sdpa", tensor_parallel_size=None, videos_per_request=0, video_seconds=10.0,
              video_fps=2.0, video_size=None, enable_chunked_prefill=False, state_checkpoints=None,
-             state_dtype=STATE_DTYPE, speculative_config=None, max_soft_tokens=None) -> Estimate:
+             state_dtype=STATE_DTYPE, speculative_config=None, max_soft_tokens=None, cfg=None) -> Estimate:
     """The memory plan of one deployment, per GPU (see the module doc for the num_blocks rule).
 
     image_size is each image's (width, height), as PIL's Image.size; the encoder peak is for one such image, and
@@ -160,8 +160,10 @@ def estimate(model_config, dtype="bfloat16", kv_dtype="auto", max_model_len=4096
     max_model_len), state_checkpoints (saved recurrent states; None: 2 per request) and state_dtype (kv_groups).
     speculative_config (EngineConfig's): with method "mtp" the model's multi-token-prediction head is loaded and keeps
     K/V, so its weights and its layers' K/V per token are counted (Qwen3.5's mtp_num_hidden_layers; a config without
-    one is refused, as the engine refuses it); any other method, or None, adds nothing."""
-    cfg = hf_config(model_config)  # parsed once for the whole estimate
+    one is refused, as the engine refuses it); any other method, or None, adds nothing. cfg: model_config already
+    parsed by hf_config (a caller estimating many deployments of one model parses once; model_config itself still
+    names the preset or checkpoint dir whose saved processor settings size the images)."""
+    cfg = cfg if cfg is not None else hf_config(model_config)  # parsed once for the whole estimate
     s = model_shape(cfg)
     images_per_request = images_for(s, images_per_request)
     dtype = dtype_name(dtype)

@@ -22,7 +22,7 @@ class GpuPlan:
 def gpus_needed(model_config, devices=None, sizes=TENSOR_PARALLEL_SIZES, **workload) -> list[GpuPlan]:
     """For each device (default: every single-GPU CUDA preset) the smallest tensor_parallel_size in `sizes` at which
     estimate(model_config, **workload) fits; workload takes estimate's keyword arguments except the device."""
-    config = hf_config(model_config)  # parse once, not per estimate
+    config = hf_config(model_config)  # parse once, not per estimate; model_config still names the saved processor
     presets = device_presets()
     names = devices or [n for n, d in presets.items() if d["kind"] == "cuda" and d.get("gpus", 1) == 1]
     plans = []
@@ -30,7 +30,7 @@ def gpus_needed(model_config, devices=None, sizes=TENSOR_PARALLEL_SIZES, **workl
         plan = GpuPlan(name, None, None, "")
         for tp in sizes:
             try:
-                est = estimate(config, device=name, tensor_parallel_size=tp, **workload)
+                est = estimate(model_config, device=name, tensor_parallel_size=tp, cfg=config, **workload)
             except ValueError as e:  # this split is impossible (heads or MLP width do not divide)
                 plan.reason = str(e)
                 continue
