@@ -61,17 +61,19 @@ def forward(student, mtp, batch, image_features, layers: list = None):
     return lm_head(hidden), lm_head(drafted), hidden
 
 
-def losses(student, mtp, teacher, batch, captured, args, aux=None, kinds=None):
+def losses(student, mtp, teacher, batch, captured, args, aux=None, truth=None):
     """{term: loss}: answer CE, KL to the teacher on answer tokens, MTP CE on answer tokens two ahead; with
     --hidden-weight the layer-wise distance to the teacher's decoder (both 4 layers of width 128); with
     --deepstack-weight the `aux` head's relative error predicting the teacher's DeepStack tokens from the student's
-    final vision tokens; with --colour-weight a per-token colour CE on them (`kinds`: each token's shape kind)."""
+    final vision tokens; with --colour-weight a per-token colour CE on them, with --kind-weight the shape kind's and
+    with --cell-weight the 3 x 3 cell of its shape's centre (`truth`: train_signals.token_labels' rows)."""
     labels = batch.pop("labels")
     with torch.no_grad():
         taught = teacher(**batch, output_hidden_states=bool(args.hidden_weight))
     teacher_logits, layers = taught.logits, [] if args.hidden_weight else None
     features, zero = captured["tokens"], torch.zeros(())
-    deep = colour = zero
+    deep = colour = kind = cell = zero
+    kinds = truth[:, 0].long() if truth is not None else None
     if args.vision_lr > 0:  # the student's own (trained) tower
         features = torch.cat(student.model.get_image_features(batch["pixel_values"], batch["image_grid_thw"])
                              .pooler_output)
@@ -79,8 +81,14 @@ def losses(student, mtp, teacher, batch, captured, args, aux=None, kinds=None):
         target = torch.cat(captured["deepstack"], -1)
         deep = (aux["deepstack"](features) - target).pow(2).mean() / target.var()
     if args.colour_weight:  # and the colour itself, per token: the tower's final tokens lacked it (probe_vision_colour)
-        truth = colour_labels(batch["pixel_values"], kinds, PATCH)
-        colour = F.cross_entropy(aux["colour"](features), truth) if (truth != -100).any() else zero
+        labels_c = colour_labels(batch["pixel_values"], kinds, PATCH)
+        colour = F.cross_entropy(aux["colour"](features), labels_c) if (labels_c != -100).any() else zero
+    if args.kind_weight:  # which shape (or background) each token shows: "is there a ...?" needs kind and colour
+        kind = F.cross_entropy(aux["kind"](features), kinds)
+    if args.cell_weight:  # "where": the cell of the token's shape's centre, so one attention layer can read it off
+        inside = kinds < 3
+        cells = (3 * truth[:, 4]).long().clamp(max=2) * 3 + (3 * truth[:, 3]).long().clamp(max=2)
+        cell = F.cross_entropy(aux["cell"](features[inside]), cells[inside]) if inside.any() else zero
     logits, drafted, _ = forward(student, mtp, batch, features, layers)
     target = labels[:, 1:]
     keep = target != -100
@@ -96,7 +104,8 @@ def losses(student, mtp, teacher, batch, captured, args, aux=None, kinds=None):
         real = batch["attention_mask"].bool()
         hidden = sum(((s - t).pow(2).mean(-1) / t.pow(2).mean(-1).clamp(min=1e-6))[real].mean()
                      for s, t in zip(layers, taught.hidden_states[1:])) / len(layers)
-    return {"ce": ce, "kl": kl, "mtp": mtp_ce, "hidden": hidden, "deepstack": deep, "colour": colour}
+    return {"ce": ce, "kl": kl, "mtp": mtp_ce, "hidden": hidden, "deepstack": deep, "colour": colour, "kind": kind,
+            "cell": cell}
 
 
 def trained_state(student) -> dict:
@@ -141,6 +150,10 @@ def main():
                    help="with --vision-lr: aux loss, the teacher's DeepStack tokens predicted from the final ones")
     p.add_argument("--colour-weight", type=float, default=0.0,
                    help="with --vision-lr: aux CE, each in-shape final vision token's colour (tools/tiny_qwen3_5_colour)")
+    p.add_argument("--kind-weight", type=float, default=0.0,
+                   help="with --vision-lr: aux CE, each final vision token's shape kind (or background)")
+    p.add_argument("--cell-weight", type=float, default=0.0,
+                   help="with --vision-lr: aux CE, each in-shape final vision token's 3 x 3 cell of its shape's centre")
     p.add_argument("--vision-lr", type=float, default=0.0,
                    help="train the vision tower at this lr (0: frozen, the teacher's)")
     p.add_argument("--kd-weight", type=float, default=1.0, help="KL to the teacher's answer distributions")
@@ -170,7 +183,8 @@ def main():
         lambda m, i, out: captured.update(tokens=out.pooler_output, deepstack=out.deepstack_features))
     width = student.config.text_config.hidden_size  # the heads are not shipped: they only shape the tower's gradient
     aux = torch.nn.ModuleDict({"deepstack": torch.nn.Linear(width, width * len(
-        teacher.config.vision_config.deepstack_visual_indexes)), "colour": torch.nn.Linear(width, len(PALETTE))})
+        teacher.config.vision_config.deepstack_visual_indexes)), "colour": torch.nn.Linear(width, len(PALETTE)),
+        "kind": torch.nn.Linear(width, 4), "cell": torch.nn.Linear(width, 9)})  # new heads last: saved indices hold
     text = [q for n, q in student.named_parameters() if not n.startswith("model.visual.")] + list(mtp.parameters())
     groups = [{"params": text, "lr": args.lr}]
     if args.vision_lr > 0:
@@ -205,9 +219,10 @@ def main():
         for group, base in zip(opt.param_groups, [args.lr, args.vision_lr]):
             group["lr"] = base * lr_scale(step, args.warmup, args.steps)
         batch, token_truth, _ = make_batch(processor, step, data)
-        terms = losses(student, mtp, teacher, batch, captured, args, aux, token_truth[:, 0])
+        terms = losses(student, mtp, teacher, batch, captured, args, aux, token_truth)
         weights = {"ce": 1.0, "kl": args.kd_weight, "mtp": args.mtp_weight, "hidden": args.hidden_weight,
-                   "deepstack": args.deepstack_weight, "colour": args.colour_weight}
+                   "deepstack": args.deepstack_weight, "colour": args.colour_weight, "kind": args.kind_weight,
+                   "cell": args.cell_weight}
         opt.zero_grad(set_to_none=True)
         sum(weights[k] * v for k, v in terms.items()).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
