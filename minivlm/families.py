@@ -1,11 +1,11 @@
 """Every model family minivlm runs, and every fact that differs between them, in one registry: how an image becomes
 tokens (Qwen's native-resolution patches, or tiles plus a global view), positions (M-RoPE or 1-D), the decoder's
 attention details (looked up by the text model's own model_type), and the processor knobs a request may set."""
-import importlib.util
 from dataclasses import dataclass
 
 from transformers.models.gemma3 import Gemma3Config, Gemma3Processor
 from transformers.models.gemma4 import Gemma4Config, Gemma4Processor
+from transformers.models.gemma4_unified import Gemma4UnifiedConfig, Gemma4UnifiedProcessor
 from transformers.models.idefics3 import Idefics3Config, Idefics3Processor
 from transformers.models.internvl import InternVLConfig, InternVLProcessor
 from transformers.models.qwen2 import Qwen2Config
@@ -81,6 +81,27 @@ class Gemma4ImageOnlyProcessor(Gemma4Processor, ImagesAndTextOnly):
                          image_seq_length=image_seq_length, **kwargs)
 
 
+class Gemma4UnifiedImageOnlyProcessor(Gemma4UnifiedProcessor, ImagesAndTextOnly):
+    """Gemma 4 12B's processor for images and text, its image processor minivlm's plain-torch one
+    (minivlm.inputs.patches_gemma4_unified: transformers' exists only on torchvision)."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, image_seq_length: int = 280,
+                 **kwargs):
+        super().__init__(None, image_processor, tokenizer, None, chat_template=chat_template,
+                         image_seq_length=image_seq_length, **kwargs)
+
+    @staticmethod
+    def image_processor_of(model_dir: str):
+        from minivlm.inputs.patches_gemma4_unified import Gemma4UnifiedImageProcessorTorch
+        return Gemma4UnifiedImageProcessorTorch.from_pretrained(model_dir)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str, **kwargs):
+        """As ProcessorMixin's, with minivlm's image processor (AutoImageProcessor would want torchvision)."""
+        from minivlm.inputs.processor import load_processor
+        return load_processor(model_dir, "gemma4_unified")
+
+
 class SmolVLMImageOnlyProcessor(SmolVLMProcessor):
     """SmolVLM2 processor for images and text only. image_seq_len is named so from_pretrained passes the
     checkpoint's value (ProcessorMixin passes only named parameters; a missing one would silently default to 169)."""
@@ -142,6 +163,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            decoder="gemma3.Gemma3Decoder"),
     Family("gemma4", "Gemma 4", Gemma4Config, Gemma4ImageOnlyProcessor, "budget", False, ("max_soft_tokens",),
            decoder="gemma4.Gemma4Decoder"),
+    Family("gemma4_unified", "Gemma 4 12B", Gemma4UnifiedConfig, Gemma4UnifiedImageOnlyProcessor, "budget", False,
+           ("max_soft_tokens",), decoder="gemma4.Gemma4Decoder"),
     Family("smolvlm", "SmolVLM2", SmolVLMConfig, SmolVLMImageOnlyProcessor, "tiles", False,
            ("do_image_splitting", "max_image_size", "size"), tiling="grid"),
     Family("idefics3", "Idefics3 (SmolVLM)", Idefics3Config, Idefics3Processor, "tiles", False,
@@ -165,10 +188,6 @@ REFUSED = {
     "qwen3_5_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",
     "qwen3_next": "a mixture-of-experts decoder with Gated DeltaNet layers (minivlm's hybrid decoders have dense MLPs; "
                   "Qwen3.5 runs)",
-    "gemma4_unified": "Gemma 4 12B (gemma4_unified: raw 48x48 patches through an encoder-free embedder) is not built "
-                      "in minivlm, and its image processor exists only on transformers' torchvision backend"
-                      + ("" if importlib.util.find_spec("torchvision") else ", and torchvision is not installed here")
-                      + "; the dense gemma4 checkpoints (E2B, E4B) run",
     "gemma4_assistant": "Gemma 4's drafter (gemma4_assistant) is a speculative-decoding draft model, not a model to "
                         "serve on its own",
     "qwen3_vl_moe": "a mixture-of-experts decoder (minivlm's decoder has dense MLPs only)",

@@ -18,6 +18,7 @@ from minivlm.model.decoder import Decoder
 from minivlm.model.vision import VisionTower
 from minivlm.model.vision_gemma3 import Gemma3VisionTower
 from minivlm.model.vision_gemma4 import Gemma4VisionTower
+from minivlm.model.vision_gemma4_unified import Gemma4UnifiedPatchEmbedder
 from minivlm.model.vision_tiled import TiledVisionTower
 from minivlm.inputs.processor import load_processor
 FETCH_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer*"]
@@ -76,7 +77,8 @@ def load_state_dict(model_dir: str) -> dict[str, torch.Tensor]:
 
 
 # where each family keeps its vision half: Qwen's "visual." prefix is dropped, the others' module names are kept
-VISION_PREFIXES = ("visual.", "vision_model.", "connector.", "vision_tower.", "multi_modal_projector.", "embed_vision.")
+VISION_PREFIXES = ("visual.", "vision_model.", "connector.", "vision_tower.", "multi_modal_projector.", "embed_vision.",
+                   "vision_embedder.")  # the last: Gemma 4 12B's patch embedder, as its checkpoints name it
 UNSERVED_PREFIXES = ("audio_tower.", "embed_audio.")  # Gemma 4's audio half: audio input is refused, never run
 
 
@@ -170,6 +172,8 @@ class LoadedModel:
             return VisionTower(self.model_type, self.hf_config.vision_config, vision_sd, self.device, self.dtype)
         if self.family.images == "fixed":
             return Gemma3VisionTower(self.hf_config, vision_sd, self.device, self.dtype)
+        if self.model_type == "gemma4_unified":  # no encoder: merged patches through norms and one linear
+            return Gemma4UnifiedPatchEmbedder(self.hf_config, vision_sd, self.device, self.dtype)
         if self.family.images == "budget":
             return Gemma4VisionTower(self.hf_config, vision_sd, self.device, self.dtype)
         return TiledVisionTower(self.model_type, self.hf_config, vision_sd, self.device, self.dtype)

@@ -2,7 +2,7 @@
 + pixel shuffle + Llama, tiles + a global view), InternVL3.5 (InternViT + pixel-shuffle MLP + Qwen3 or Qwen2,
 448-px crops + a thumbnail, scaled down) and text-only Qwen2 / Qwen3, each saved by transformers with its processor;
 the CLI also makes the hybrid ones (tools/make_checkpoint_qwen3_5.py, tools/make_checkpoint_gemma3.py,
-tools/make_checkpoint_gemma4.py)."""
+tools/make_checkpoint_gemma4.py, tools/make_checkpoint_gemma4_unified.py)."""
 import json
 import os
 
@@ -112,6 +112,8 @@ CLI_FAMILIES = {
     "gemma3": "Gemma 3: sliding-window layers (window 24) and a global one, SigLIP, images attend both ways",
     "gemma4": "Gemma 4 (E2B-like): shared-KV layers, sliding + full layers with their own head sizes, per-layer "
               "embeddings, its variable-resolution tower (70 soft tokens), an audio tower (audio input refused)",
+    "gemma4_unified": "Gemma 4 12B-like: no vision encoder (merged 48-px patches through norms and one linear), "
+                      "sliding + full layers (keys as values), the last 4 sharing K/V, images both ways",
     "qwen2": "Qwen2 / Qwen2.5 text-only (no images)",
     "qwen3": "Qwen3 text-only (no images)",
 }
@@ -164,6 +166,10 @@ def main(argv=None) -> str:
     elif args.family == "gemma4":
         from tools.make_checkpoint_gemma4 import make_gemma4_checkpoint
         path = make_gemma4_checkpoint(args.out_dir, seed=args.seed, **({} if args.tie is None else {"tie": args.tie}))
+    elif args.family == "gemma4_unified":
+        from tools.make_checkpoint_gemma4_unified import make_gemma4_unified_checkpoint
+        path = make_gemma4_unified_checkpoint(args.out_dir, seed=args.seed,
+                                              **({} if args.tie is None else {"tie": args.tie}))
     else:
         path = make_matrix_checkpoint(args.family, args.out_dir, seed=args.seed, decoder=args.decoder,
                                       tie=bool(args.tie))

@@ -41,8 +41,9 @@ def load_processor(model_dir: str, model_type: str):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if family.processor_class is None:
         return tokenizer
+    own = getattr(family.processor_class, "image_processor_of", None)  # Gemma 4 12B: minivlm's own, no torchvision
     try:
-        image_processor = AutoImageProcessor.from_pretrained(model_dir, backend="pil")
+        image_processor = own(model_dir) if own else AutoImageProcessor.from_pretrained(model_dir, backend="pil")
     except (OSError, ValueError, TypeError):
         if family.images != "patches":
             raise

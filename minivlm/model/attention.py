@@ -13,14 +13,18 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
 
 
-def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None, spans) -> torch.Tensor:
+def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None, spans,
+            spans_past_window: bool = False) -> torch.Tensor:
     """Which keys each query sees [q, k], by absolute position: causal, OR both inside one span (Gemma 3's image
     runs see each other both ways), AND (sliding layers) at most window-1 positions back: HF's
-    AND(sliding_window, OR(causal, same-image-block))."""
+    AND(sliding_window, OR(causal, same-image-block)); with spans_past_window (Gemma 4 12B, as HF's
+    Gemma4UnifiedModel.forward masks it) OR(AND(causal, sliding_window), same-image-block)."""
     seen = k_pos[None, :] <= q_pos[:, None]
+    if window is not None and spans_past_window:
+        seen &= k_pos[None, :] > q_pos[:, None] - window
     for a, b in spans:
         seen |= ((q_pos >= a) & (q_pos < b))[:, None] & ((k_pos >= a) & (k_pos < b))[None, :]
-    if window is not None:
+    if window is not None and not spans_past_window:
         seen &= k_pos[None, :] > q_pos[:, None] - window
     return seen
 
@@ -58,19 +62,20 @@ class PagedAttention:
         masked = meta.window is not None or meta.spans is not None  # else the plain causal chunk, as always
         for i, (q_len, ctx) in enumerate(zip(meta.q_lens, meta.ctx_lens)):
             rows = slice(start, start + q_len)
-            extra = dict(window=meta.window, spans=meta.spans[i] if meta.spans else ()) if masked else {}
+            extra = dict(window=meta.window, spans=meta.spans[i] if meta.spans else (),
+                         spans_past_window=meta.spans_past_window) if masked else {}
             outs.append(self.chunk(q[rows], k[rows], v[rows], k_cache, v_cache, meta.block_tables[i], ctx, scale,
                                    **extra))
             start += q_len
         return torch.cat(outs, dim=0)
 
     def chunk(self, q, k, v, k_cache, v_cache, table, ctx: int, scale: float, window: int | None = None,
-              spans=()) -> torch.Tensor:
+              spans=(), spans_past_window: bool = False) -> torch.Tensor:
         """One sequence's new tokens q [q_len, heads, d]: the last q_len of its ctx tokens, causal (or as `visible`
         says, given a window or spans)."""
         q_len = q.shape[0]
         if window is not None or spans:
-            return self.masked_chunk(q, k, v, k_cache, v_cache, table, ctx, scale, window, spans)
+            return self.masked_chunk(q, k, v, k_cache, v_cache, table, ctx, scale, window, spans, spans_past_window)
         if ctx == q_len:  # nothing cached: the new K/V are the whole context
             ki, vi, mask, causal = k, v, None, True
         else:  # a cached prefix: read it back from this sequence's blocks
@@ -82,7 +87,8 @@ class PagedAttention:
                                            attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         return o[0].transpose(0, 1)
 
-    def masked_chunk(self, q, k, v, k_cache, v_cache, table, ctx: int, scale: float, window, spans):
+    def masked_chunk(self, q, k, v, k_cache, v_cache, table, ctx: int, scale: float, window, spans,
+                     spans_past_window: bool = False):
         """chunk() under a sliding window and/or bidirectional spans: keys from the oldest block any query of the
         chunk may see (a window's older blocks, maybe freed, are never read), the mask from `visible`."""
         q_len, bs = q.shape[0], k_cache.shape[1]
@@ -93,12 +99,17 @@ class PagedAttention:
                 raise ValueError(f"a prefill chunk ends at token {ctx}, inside the bidirectional span [{a}, {b}): "
                                  f"an image's tokens must be computed in one chunk (or come from the prefix cache)")
         lo = 0 if window is None else max(0, first - window + 1) // bs * bs  # block-aligned oldest visible key
+        if window is not None and spans_past_window and spans:  # an image's queries see its whole span
+            if min(a for a, _ in spans) < lo:  # begun in the cache past the window: those blocks may be gone
+                raise ValueError(f"a prefill chunk starts at token {first}, inside an image span that began more than "
+                                 f"the sliding window ({window}) before it: its blocks are not kept")
+            lo = min([lo] + [a // bs * bs for a, _ in spans])
         if ctx == q_len and lo == 0:  # nothing cached: the new K/V are the whole context
             ki, vi = k, v
         else:
             ki, vi = gather_kv(k_cache, table[lo // bs:], ctx - lo), gather_kv(v_cache, table[lo // bs:], ctx - lo)
         mask = visible(torch.arange(first, ctx, device=q.device), torch.arange(lo, ctx, device=q.device), window,
-                       spans)
+                       spans, spans_past_window)
         o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
                                            attn_mask=mask, scale=scale, enable_gqa=True)
         return o[0].transpose(0, 1)
@@ -129,6 +140,7 @@ class AttentionMetadata:
     scratch: dict = field(default_factory=dict)  # what a backend builds in the first layer and the others reuse
     window: int | None = None  # sliding-window group: a query sees the `window` tokens ending at itself (HF's rule)
     spans: list | None = None  # per sequence: [(a, b)] token ranges that see each other both ways (Gemma 3's images)
+    spans_past_window: bool = False  # a span's tokens see each other whole, past the window (Gemma 4 12B's images)
 
     @classmethod
     def build(cls, slots, q_lens: list[int], ctx_lens: list[int], tables: torch.Tensor, block_size: int, device,

@@ -11,7 +11,9 @@ What it adds to Gemma 3's sliding / full hybrid:
   a projection of the input embeddings and fed to every layer through a gate; image positions read the pad token's row.
   The ids come in as the forward's input_ids (every family's forward takes them; this one reads them).
 - Double-wide MLPs on the shared layers where use_double_wide_mlp says, and a final logit softcap.
-One layer (its norms, attention, MLP, per-layer gate and scalar) is gemma4_layers.py; this file stacks them."""
+Gemma 4 12B (gemma4_unified) runs this decoder too: no per-layer embeddings, and its images (under
+use_bidirectional_attention="vision") see each other both ways on every layer, as HF's Gemma4UnifiedModel.forward
+masks them. One layer (norms, attention, MLP, per-layer gate, scalar) is gemma4_layers.py; this file stacks them."""
 import torch
 from torch import nn
 
@@ -45,7 +47,7 @@ def shared_sources(cfg) -> list[int]:
 def check_config(cfg):
     """Refuse, naming the setting, what this decoder would compute differently from transformers' Gemma 4."""
     why = []
-    if cfg.enable_moe_block or cfg.num_experts:
+    if getattr(cfg, "enable_moe_block", False) or getattr(cfg, "num_experts", None):  # gemma4_unified has neither
         why.append(f"enable_moe_block={cfg.enable_moe_block}, num_experts={cfg.num_experts} (a mixture-of-experts "
                    f"block, e.g. Gemma 4 26B-A4B: minivlm builds dense MLPs only)")
     if cfg.hidden_activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
@@ -74,10 +76,13 @@ class Gemma4Decoder(nn.Module):
         self.sources = shared_sources(cfg)
         self.types = list(cfg.layer_types[:n])
         self.kinds = [SPEC_KIND[t] for t in self.types]
-        self.bidirectional_images = cfg.use_bidirectional_attention == "vision"  # then on sliding layers only
+        self.bidirectional_images = cfg.use_bidirectional_attention == "vision"
+        # gemma4: both ways on sliding layers only; gemma4_unified (HF's forward): on every layer
+        self.causal_full_layers = model_type != "gemma4_unified"
+        self.model_type = model_type
         self.layer_specs = [self.spec(i) for i in range(n)]
         self.embed_tokens = ScaledEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.ple = cfg.hidden_size_per_layer_input
+        self.ple = getattr(cfg, "hidden_size_per_layer_input", 0)  # gemma4_unified has no per-layer embeddings
         if self.ple:
             self.embed_tokens_per_layer = ScaledEmbedding(cfg.vocab_size_per_layer_input, n * self.ple)
             self.embed_tokens_per_layer.scale = self.ple ** 0.5
@@ -102,7 +107,6 @@ class Gemma4Decoder(nn.Module):
 
     def load_weights(self, state: dict, tied: bool, device, dtype):
         """Drop the shared layers' unread K/V weights, fuse q/k/v and gate/up, load strictly, make both RoPEs."""
-        from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
         state = dict(state)
         for i, src in enumerate(self.sources):
             if src != i:
@@ -110,7 +114,7 @@ class Gemma4Decoder(nn.Module):
                     for part in ("weight", "bias"):
                         state.pop(f"layers.{i}.self_attn.{name}.{part}", None)
         load_strictly(self, fuse(state), tied, device, dtype)
-        rotary = Gemma4TextRotaryEmbedding(self.cfg)  # transformers' own inverse frequencies per layer type
+        rotary = rotary_class(self.model_type)(self.cfg)  # transformers' own inverse frequencies per layer type
         self.inv_freq = {t: getattr(rotary, f"{t}_inv_freq").to(device) for t in set(self.types)}
         self.rope_scale = {t: getattr(rotary, f"{t}_attention_scaling") for t in set(self.types)}
 
@@ -143,7 +147,8 @@ class Gemma4Decoder(nn.Module):
                              "row of embeds")
         ple = self.per_layer_inputs(input_ids, embeds) if self.ple else None
         ropes = {t: self.rope(t, positions[0], embeds.dtype) for t in self.inv_freq}
-        metas = causal_full_layers(metas) if self.bidirectional_images else metas
+        if self.bidirectional_images:
+            metas = causal_full_layers(metas) if self.causal_full_layers else spans_past_window(metas)
         x, step_kv = embeds, {}
         for i, layer in enumerate(self.layers):
             src = self.sources[i]
@@ -164,6 +169,15 @@ class Gemma4Decoder(nn.Module):
         logits = self.lm_head(hidden)
         cap = self.cfg.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def rotary_class(model_type: str) -> type:
+    """transformers' rotary embedding of the model type (gemma4_unified's is its own class, the same algorithm)."""
+    if model_type == "gemma4_unified":
+        from transformers.models.gemma4_unified.modeling_gemma4_unified import Gemma4UnifiedTextRotaryEmbedding
+        return Gemma4UnifiedTextRotaryEmbedding
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
+    return Gemma4TextRotaryEmbedding
 
 
 def sequences(metas: dict) -> int:
@@ -191,6 +205,18 @@ def causal_full_layers(metas: dict) -> dict:
         return metas
     parts = [(rows, dataclasses.replace(p, spans=None)) for rows, p in full.parts] if full.parts else full.parts
     return {**metas, "full_attention": dataclasses.replace(full, spans=None, parts=parts)}
+
+
+def spans_past_window(metas: dict) -> dict:
+    """gemma4_unified under use_bidirectional_attention='vision': HF's forward ORs the same-image mask onto every
+    layer's causal one, the sliding layers' included, so an image's tokens see each other whole, past the window."""
+    import dataclasses
+    sliding = metas.get("sliding_window")
+    if sliding is None or sliding.spans is None:
+        return metas
+    parts = [(rows, dataclasses.replace(p, spans_past_window=True)) for rows, p in sliding.parts] \
+        if sliding.parts else sliding.parts
+    return {**metas, "sliding_window": dataclasses.replace(sliding, spans_past_window=True, parts=parts)}
 
 
 def fuse(state: dict) -> dict:

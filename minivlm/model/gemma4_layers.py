@@ -88,7 +88,7 @@ class Gemma4Layer(nn.Module):
         self.pre_feedforward_layernorm = ScaleNorm(hidden, eps)
         self.post_feedforward_layernorm = ScaleNorm(hidden, eps)
         self.register_buffer("layer_scalar", torch.ones(1))  # in the checkpoint
-        self.per_layer = bool(cfg.hidden_size_per_layer_input)
+        self.per_layer = bool(getattr(cfg, "hidden_size_per_layer_input", 0))  # none in gemma4_unified
         if self.per_layer:
             self.per_layer_input_gate = nn.Linear(hidden, cfg.hidden_size_per_layer_input, bias=False)
             self.per_layer_projection = nn.Linear(cfg.hidden_size_per_layer_input, hidden, bias=False)
