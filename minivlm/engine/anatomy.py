@@ -77,6 +77,7 @@ class Anatomy:
     rope_delta: int                   # decode position = sequence length + rope_delta
     notes: list[str] = field(default_factory=list)
     images_as: str = "patches"        # how the family turns an image into tokens: patches | tiles | fixed | none
+    encoder: bool = True              # a vision encoder runs (Gemma 4 12B: none, one linear over raw patches)
     mrope: bool = True                # 3-axis M-RoPE positions (else 1-D)
 
 
@@ -176,6 +177,8 @@ def budget_images(engine, seq, sizes) -> tuple[list[ImageAnatomy], dict]:
     return images, owner
 
 
+NO_ENCODER = ("no vision encoder: each soft token is one merged patch's raw pixels through LayerNorms and one linear "
+              "(Gemma 4 12B's patch embedder), so key C holds its patch grid and soft-token budget")
 IMAGE_LAYOUTS = {"patches": qwen_images, "tiles": tiled_images, "fixed": fixed_images, "budget": budget_images}
 
 
@@ -201,5 +204,7 @@ def build_anatomy(engine, request: Request) -> Anatomy:
             parents[s] = key
         blocks.append(BlockAnatomy(i, start, end, full, keys, inputs,
                                    block_kind(seq.token_types[start:end], holds_video(video_spans(seq), start, end))))
-    return Anatomy(tokens, images, blocks, bs, engine.config.cache_strategy, seq.rope_delta,
-                   [n for im in seq.images for n in im.notes], family.images, family.mrope)
+    encoder = getattr(model.vision, "has_encoder", True)
+    notes = [n for im in seq.images for n in im.notes] + ([] if encoder or not seq.images else [NO_ENCODER])
+    return Anatomy(tokens, images, blocks, bs, engine.config.cache_strategy, seq.rope_delta, notes, family.images,
+                   family.mrope, encoder)

@@ -26,6 +26,7 @@ class ImageSpan:
     grid_thw: tuple | None            # Qwen: (t, h, w) in patches
     tiles: tuple | None               # tiled families: (rows, cols) of crops; None when the image was not split
     thumbnail: bool                   # a global view / thumbnail follows the crops
+    layout: tuple = ()                # what else of its layout shapes its KV, for key C (Gemma 4: its patch grid)
 
 
 def _longest_edge(value, name: str) -> int:
@@ -196,6 +197,13 @@ def gemma3_spans(processor, found: list[tuple[int, int]], sizes: list[tuple[int,
     return spans
 
 
+def patch_grid(xy) -> tuple:
+    """("patch_grid", rows, cols, patches) of one image's patch positions [budget, 2] ((x, y); padding (-1, -1)):
+    where its patches sit, which the position table (Gemma 4 12B) or the tower's 2-D RoPE reads."""
+    real = xy[(xy >= 0).all(-1)]
+    return (("patch_grid", int(real[:, 1].max()) + 1, int(real[:, 0].max()) + 1, len(real)),)
+
+
 ROW_COL = re.compile(r"<row_(\d+)_col_(\d+)>")
 
 
@@ -208,7 +216,8 @@ def locate_images(family, processor, out, types: list[int], sizes: list[tuple[in
     if family.images == "fixed":
         return gemma3_spans(processor, found, sizes, call)
     if family.images == "budget":  # Gemma 4: one run of soft tokens per image, one row of pixel_values each
-        return [ImageSpan(s, e, e - s, 1, None, None, False) for s, e in found]
+        return [ImageSpan(s, e, e - s, 1, None, None, False, patch_grid(xy))
+                for (s, e), xy in zip(found, out["image_position_ids"])]
     if family.tiling == "crops":
         ip, per = processor.image_processor, processor.image_seq_length
         lo, hi = call.get("min_patches", ip.min_patches), call.get("max_patches", ip.max_patches)

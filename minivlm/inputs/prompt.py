@@ -135,7 +135,7 @@ def build_prompt(family, processor, messages: list[dict], mm_kwargs: dict | None
     if len(spans) != len(loaded):
         raise Refused("invalid_image", "the processor laid out {laid} images for {n} given", reason="image_layout",
                       laid=len(spans), n=len(loaded))
-    images = [ImageInfo(content_hash(im), sp.grid_thw, sp.start, sp.num_tokens, settings, notes, sp.end,
+    images = [ImageInfo(content_hash(im), sp.grid_thw, sp.start, sp.num_tokens, settings + sp.layout, notes, sp.end,
                         sp.pixel_rows, sp.tiles, sp.thumbnail) for (im, notes), sp in zip(loaded, spans)]
     pixels = out.get("pixel_values") if loaded else None
     mask = out.get("pixel_attention_mask", out.get("image_position_ids")) if loaded else None
