@@ -8,7 +8,7 @@ Run in a separate venv that has torchvision (same transformers and torch):
 The CUDA build of torchvision (the only one the local registry has) loads without its compiled ops on a CPU torch;
 its image transforms are torch's own and need none, so two of the ops' names are declared before import (its fake
 kernels register against them). Stored per image size and soft-token budget: the token count, the patch positions,
-the first merged patch, the real pixel rows' sha256 (the pixels themselves are up to 1120 x 6912 floats an image)
+the first merged patch's top pixel row, the real pixel rows' sha256 (the pixels themselves are up to 1120 x 6912 floats an image)
 and the padding rows' largest value."""
 import hashlib
 import sys
@@ -49,7 +49,7 @@ def outputs(processor) -> dict:
             pixels = got["pixel_values"][0].numpy()
             out[f"{key}/num_soft_tokens"] = np.array(n)
             out[f"{key}/image_position_ids"] = got["image_position_ids"][0].numpy().astype(np.int16)  # small
-            out[f"{key}/first_patch"] = pixels[0]
+            out[f"{key}/first_patch"] = pixels[0, :48 * 3]  # its top pixel row, to read when a hash differs
             out[f"{key}/sha256"] = np.array(digest(pixels[:n]))  # the real rows; the padding rows must be zeros:
             out[f"{key}/padding_max"] = np.array(float(np.abs(pixels[n:]).max(initial=0.0)))
     return out
