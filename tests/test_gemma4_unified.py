@@ -57,6 +57,14 @@ def test_image_requests_single_batched_and_from_the_prefix_cache_equal_hf(path, 
     assert again.num_cached_tokens > one.num_prompt_tokens // 2 and again.token_ids == one.token_ids
 
 
+def test_sixteen_token_chunks_equal_hf(path):
+    """Chunked prefill, 16 tokens a step: a chunk never ends inside an image, so the 60-token image runs whole in a
+    chunk after cached text (its queries reach back to the image's first token, the text's to the window)."""
+    with engine(path, enable_chunked_prefill=True, max_num_batched_tokens=16) as e:
+        out = e.generate(WIDE, greedy())
+    assert gap_to_hf(path, WIDE, out) <= TOL
+
+
 def test_hf_sees_an_image_whole_past_the_window(path):
     """The reference itself: HF's logits change when it is not told where the image is (so both-ways attention, past
     the window, is really exercised by the test above)."""
@@ -113,10 +121,12 @@ def test_audio_input_is_refused_by_name(served):
 
 def test_the_calculator_counts_the_patch_embedder_and_no_tower(path, served):
     """The VRAM calculator's vision part is the patch embedder alone (no blocks), equal to the module transformers
-    builds and to the engine's loaded bytes; its weights are the engine's (fp32, the audio embedder not loaded)."""
+    builds and to the engine's loaded bytes; its weights are the engine's (fp32, the audio embedder not loaded); its
+    KV groups are the engine's pools, the shared layers at 0 bytes and the full layers' one KV head (keys as values)."""
     from transformers import AutoModelForImageTextToText
 
     from minivlm.budget import estimate, hf_config, model_shape, vision_params
+    from minivlm.budget.kv_groups import SHARED, layer_groups, size_groups
     from minivlm.budget.params import audio_params
     config = hf_config(path)
     with torch.device("meta"):
@@ -130,6 +140,15 @@ def test_the_calculator_counts_the_patch_embedder_and_no_tower(path, served):
                    device_memory_bytes=2 ** 40, weights_bytes=report.weights_bytes)
     assert est.predicted_weights_bytes == report.weights_bytes
     assert est.num_parameters - sum(audio_params(s).values()) == report.weights_bytes // 4
+    c = served.config
+    sizes = size_groups(layer_groups(path), "float32", None, c.block_size, c.max_num_seqs,
+                        c.max_num_batched_tokens or c.max_model_len, c.enable_chunked_prefill, c.max_model_len,
+                        num_blocks=report.num_blocks)
+    assert {g["kind"]: (g["size"], g["bytes"]) for g in report.groups if g["bytes"]} == \
+        {g.shape.kind: (g.blocks, g.bytes) for g in sizes.groups if g.bytes}
+    assert report.kv_cache_bytes == sizes.total_bytes and sizes.group(SHARED).bytes == 0
+    full = next(g for g in report.groups if g["kind"] == "full_attention")
+    assert full["layers"] == [5] and full["bytes"] == 2 * full["size"] * c.block_size * 1 * 20 * 4
 
 
 def test_the_cli_writes_the_published_layout(tmp_path):
