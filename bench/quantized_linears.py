@@ -5,7 +5,8 @@ one decode row (M=1) through each, interleaved so machine noise lands on each al
 repeats as GB/s of weight bytes read (each way's own bytes: int4 ones half of int8's) and the token time it implies
 (ms for the sweep). Candidates that do not run on this CPU say why instead of a figure.
 
-int4: PyTorch's `_weight_int4pack_mm_for_cpu` (bf16 rows; the engine's Int4Linear), PyTorch's
+int4: PyTorch's `_weight_int4pack_mm_for_cpu` (bf16 rows; the engine's Int4Linear), gemv_int4.c (the engine's
+hand-written int4 x Q8 tiles of its one-call decode step: fp32 rows quantized to int8 blocks inside), PyTorch's
 `_dyn_quant_matmul_4bit` (int8 rows x int4; KleidiAI on ARM, a reference loop elsewhere), torchao's CPU configs
 (Int4WeightOnlyConfig, Int8DynamicActivationIntxWeightConfig) where `torchao` imports, the engine's
 Int4Linear as a decode step calls it (`minivlm.model.backends.quantized`).
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from minivlm.model.backends import quantized
-from minivlm.model.backends.cpu_kernels import gemv_int8
+from minivlm.model.backends.cpu_kernels import gemv_int4, gemv_int8
 
 from bench.workload import PEER_MODEL
 
@@ -54,8 +55,13 @@ def int4_candidates(linears):
         packed = torch.ops.aten._dyn_quant_pack_4bit_weight(((w[:, 1::2] << 4) | w[:, ::2]).to(torch.uint8),
                                                             torch.rand(n, k // group), None, group, k, n)
         return (lambda x: torch.ops.aten._dyn_quant_matmul_4bit(x, packed, group, k, n), n * k // 2)
-    return {"torch int4pack (engine Int4Linear)": engine, "torch int4pack kernel alone": raw,
-            "torch _dyn_quant_matmul_4bit": dyn_quant, **torchao_candidates(4)}
+    def c_int4(lin):  # the engine's int4 x Q8 tiles (int4_weights.h), the same quantized weights as Int4Linear's
+        q = quantized.Int4Linear(lin, torch.float32)
+        return (lambda x: gemv_int4.linear(x, q.c_nibbles, q.c_sm, q.group), nbytes(q.c_nibbles, q.c_sm))
+    out = {"torch int4pack (engine Int4Linear)": engine, "torch int4pack kernel alone": raw}
+    if gemv_int4.KERNELS.get() is not None:
+        out[f"gemv_int4.c (engine, q8 rows, {gemv_int4.path()})"] = c_int4
+    return {**out, "torch _dyn_quant_matmul_4bit": dyn_quant, **torchao_candidates(4)}
 
 
 def int8_candidates(linears):

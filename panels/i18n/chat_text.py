@@ -207,8 +207,10 @@ ENGINE_ZH = {
     "engine.calibrated_int8": "加载时校准，一个解码步：int8 权重上的 C 内核 {gemv} ms，逐层用 PyTorch 的 int8 内核 {torch} ms{rows}",
     "engine.calibrated_torch_int8": "加载时 PyTorch 的 int8 内核更快",
     "engine.calibrated_rows": "加载时 int8 解码行用 {kernel} 更快",
-    "engine.calibrated_int4": "加载时校准，一个解码步，int8 lm_head 的解码行用 PyTorch 的 int8 内核 {torch} ms{rows}；"
-                              "采用：{kernel}",
+    "engine.calibrated_int4": "加载时校准，一个解码步：int4 权重上的 C 内核 {c}，逐层用 PyTorch 的 int4 内核 {torch} ms"
+                              "{lm_head}",
+    "engine.calibrated_int4_rows": "；int8 lm_head 的解码行用 PyTorch 的 int8 内核 {torch} ms{rows}；采用：{kernel}",
+    "engine.calibrated_torch_int4": "加载时 PyTorch 的 int4 内核更快",
     "engine.rows_times": "；逐层用 gemv_int8.c {gemv}，用 fbgemm 的动态 int8 线性层 {fbgemm}",
     "engine.rows_ms": "用时 {ms} ms",
     "engine.rows_skipped": "未采用：{why}",

@@ -54,8 +54,11 @@ WORDS = {
                               "layer by layer with PyTorch's int8 kernel {torch} ms{rows}",
     "engine.calibrated_torch_int8": "PyTorch's int8 kernel was faster at load",
     "engine.calibrated_rows": "{kernel} for the int8 decode rows was faster at load",
-    "engine.calibrated_int4": "calibrated at load, a decode step with the int8 lm_head's rows on PyTorch's int8 "
-                              "kernel {torch} ms{rows}; kept: {kernel}",
+    "engine.calibrated_int4": "calibrated at load, a decode step: the C kernels over int4 weights {c}, layer by "
+                              "layer with PyTorch's int4 kernel {torch} ms{lm_head}",
+    "engine.calibrated_int4_rows": "; the int8 lm_head's rows on PyTorch's int8 kernel {torch} ms{rows}; kept: "
+                                   "{kernel}",
+    "engine.calibrated_torch_int4": "PyTorch's int4 kernel was faster at load",
     "engine.rows_times": "; layer by layer with gemv_int8.c {gemv}, with fbgemm's dynamic int8 linear {fbgemm}",
     "engine.rows_ms": "{ms} ms",
     "engine.rows_skipped": "not kept: {why}",

@@ -174,21 +174,79 @@ def choose_int8(kernels: Backend, decoder, kv_caches, block_size: int, timer=ste
     return chosen
 
 
+def int4_step_errors(kernels: Backend, torch_backend: Backend, decoder, kv_caches, block_size: int) -> tuple:
+    """The largest |Δ logprob| over the top ROWS_TOP tokens against the exact step (the same int4 weights dequantized
+    to fp32, fp32 inputs: Int4Linear.exact) of (the C step, that exact step with its inputs rounded to int8 blocks as
+    the C step rounds them): what the C kernels lose, and what the Q8 rounding alone (llama.cpp's Q4 x Q8 way, the
+    engine's reference for quantized inputs as gemv_int8.c is for int8) loses. The int8 lm_head on PyTorch's kernel
+    in all three."""
+    from minivlm.model.backends.quantized import Int4Linear, Int8Linear
+    use_rows([m for m in decoder.modules() if isinstance(m, Int8Linear)], 0)
+    int4 = [m for m in decoder.modules() if isinstance(m, Int4Linear)]
+    logits = {}
+    try:
+        for mode in ("fp32", "q8"):
+            for m in int4:
+                m.exact = mode
+            logits[mode] = step_logits(torch_backend, decoder, kv_caches, block_size)
+    finally:
+        for m in int4:
+            m.exact = None
+    exact = logits["fp32"]
+    top = exact.topk(ROWS_TOP).indices
+    return tuple(float((lp[top] - exact[top]).abs().max())
+                 for lp in (step_logits(kernels, decoder, kv_caches, block_size), logits["q8"]))
+
+
 def choose_int4(kernels: Backend, decoder, kv_caches, block_size: int, timer=step_seconds) -> Backend:
-    """Quantized int4 weights (PyTorch's int4 kernel layer by layer, the fused ops around it) and the int8 lm_head
-    (quantized.quantize): its decode rows on PyTorch's int8 kernel, gemv_int8.c or fbgemm (time_rows), the fastest
-    kept. A real vocabulary's lm_head (151,936 x 1,536 in int8: 233 MB) is more bytes than a small model's int4
-    layers, so its kernel sets much of a token's time; a small lm_head is not timed (PyTorch's kernel)."""
-    from minivlm.model.backends.quantized import Int8Linear
+    """Quantized int4 weights in an fp32 engine: the C step over them (decode_layer_int4.c in one call: the nibbles
+    times the rows quantized to int8 blocks, int4_weights.h) or the fused ops layer by layer around PyTorch's int4
+    kernel (`_weight_int4pack_mm_for_cpu`, the only maintained one on x86), whichever a timed step says is faster;
+    the C step only where its top-ROWS_TOP log-probabilities stay within ROWS_TOLERANCE, or ROWS_FACTOR x what the
+    Q8 rounding of the inputs alone costs, of the exact step's (int4_step_errors: the same weights, fp32 inputs; the
+    int8 choice's gate, with the Q8 reference in gemv_int8.c's place). Then the int8 lm_head (quantized.quantize): its decode rows on PyTorch's int8 kernel,
+    gemv_int8.c or fbgemm (time_rows, on the layer-by-layer step), the fastest kept. A real vocabulary's lm_head
+    (151,936 x 1,536 in int8: 233 MB) is more bytes than a small model's int4 layers, so its kernel sets much of a
+    token's time. A small model is not timed: the C step where it passes the check (its one call wins by far), its
+    lm_head's rows on gemv_int8.c. Where PyTorch's kernel is kept the C step's copy of the weights is freed."""
+    from minivlm.model.backends.cpu_kernels import gemv
+    from minivlm.model.backends.quantized import Int4Linear, Int8Linear
     layers = [m for m in decoder.modules() if isinstance(m, Int8Linear)]
-    if os.environ.get(SWITCH, "1") == "0" or sum(m.qweight.numel() for m in layers) * 4 < MIN_BYTES:
+    int4 = [m for m in decoder.modules() if isinstance(m, Int4Linear)]
+    if os.environ.get(SWITCH, "1") == "0":
         return kernels
-    times, skipped = time_rows(layers, kernels, decoder, kv_caches, block_size, timer)
-    best = min(times, key=times.get)
-    keep_rows(layers, best)
-    kernels.calibration = Said("engine.calibrated_int4", kernel=rows_name(best), torch=f"{times['torch'] * 1e3:.2f}",
-                               rows=rows_said(times, skipped))
-    return kernels
+    torch_backend = kernels.layer_by_layer(Said("engine.calibrated_torch_int4")) if kernels.one_call else kernels
+    c_why = None
+    if kernels.one_call:
+        error, q8 = int4_step_errors(kernels, torch_backend, decoder, kv_caches, block_size)
+        bound = max(ROWS_TOLERANCE, ROWS_FACTOR * q8)
+        if error > bound:
+            c_why = f"|Δ logprob| {error:.3f} > {bound:.3f}"
+    c_ok = kernels.one_call and c_why is None
+    weights = 4 * (sum(m.in_features * m.out_features for m in int4) + sum(m.qweight.numel() for m in layers))
+    if weights < MIN_BYTES:  # untimed, as choose_int8: the one call where it passed, gemv_int8.c for the lm_head
+        use_rows(layers, gemv.MAX_ROWS if c_ok else 0)
+        chosen = kernels if c_ok else torch_backend
+    else:
+        lm_head = ""
+        if sum(m.qweight.numel() for m in layers) * 4 >= MIN_BYTES:  # a small lm_head: PyTorch's kernel, untimed
+            times, skipped = time_rows(layers, torch_backend, decoder, kv_caches, block_size, timer)
+            best = min(times, key=times.get)
+            keep_rows(layers, best)
+            lm_head = Said("engine.calibrated_int4_rows", torch=f"{times['torch'] * 1e3:.2f}",
+                           rows=rows_said(times, skipped), kernel=rows_name(best))
+        else:
+            use_rows(layers, 0)
+        theirs = timer(torch_backend, decoder, kv_caches, block_size)
+        ours = timer(kernels, decoder, kv_caches, block_size) if c_ok else None
+        chosen = kernels if c_ok and ours < theirs else torch_backend
+        c = Said("engine.rows_ms", ms=f"{ours * 1e3:.2f}") if ours is not None else \
+            Said("engine.rows_skipped", why=c_why or kernels.decode)
+        chosen.calibration = Said("engine.calibrated_int4", c=c, torch=f"{theirs * 1e3:.2f}", lm_head=lm_head)
+    if chosen is not kernels or not kernels.one_call:
+        for m in int4:
+            m.release_c()
+    return chosen
 
 
 def choose_bf16(kernels: Backend, decoder, kv_caches, block_size: int, timer=step_seconds) -> Backend:

@@ -17,7 +17,10 @@ place), which PyTorch's ops cost more than the products here.
           15.4 and PyTorch's kernel 13.4
     int4  asymmetric, one scale and zero point per group of GROUP input channels (64 or 32 where GROUP does not
           divide the width); PyTorch's packed layout,
-          torch.ops.aten._weight_int4pack_mm_for_cpu
+          torch.ops.aten._weight_int4pack_mm_for_cpu, or for decode steps the one-call C step over the same values
+          as nibbles (decode_layer_int4.c, int4_weights.h: inputs in int8 blocks of 32, integer dot products; widths
+          a multiple of 64) where the load's calibration finds it faster; that copy is kept beside PyTorch's
+          (prompts run PyTorch's kernel), freed where PyTorch's is kept
 
 Both are the CPU's: on CUDA and MPS the option is refused (PyTorch ships no weight-only int8 CUDA matmul of this
 form; bitsandbytes / torchao would be the way there).
@@ -36,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivlm.model.backends import int8_rows
+from minivlm.model.backends.cpu_kernels import gemv_int4
 
 METHODS = ("int8", "int4")
 GROUP = 128  # int4 group size (input channels per scale / zero point): PyTorch's kernel takes 32, 64, 128 or 256
@@ -122,8 +126,19 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_zeros", torch.stack([scale[..., 0], zero[..., 0]], -1).transpose(0, 1)
                              .contiguous().to(torch.bfloat16))  # [width / group, rows, 2]
         self.bias = linear.bias
+        self.c_nibbles = self.c_sm = None  # the same weights for the C decode step (int4_weights.h), where it fits
+        if width == inp and gemv_int4.fits(inp, self.group):  # freed by the calibration where PyTorch's is kept
+            s, z = (t[:out, :, 0].to(torch.bfloat16).float() for t in (scale, zero))  # the kernel's numbers
+            self.c_nibbles, self.c_sm = gemv_int4.pack(q[:out], s, z - 8 * s)
+
+    exact = None  # the calibration's reference steps: "fp32" or "q8" (inputs in int8 blocks), times c_dequantized()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.exact:
+            rows = x.reshape(-1, self.in_features).float()
+            rows = gemv_int4.q8_round(rows).float() if self.exact == "q8" else rows
+            y = F.linear(rows, self.c_dequantized(), self.bias)
+            return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         width = self.scales_zeros.shape[0] * self.group
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(kernel_input(x, self.in_features, width), self.qweight,
                                                        self.group, self.scales_zeros)
@@ -136,6 +151,14 @@ class Int4Linear(nn.Module):
         eye = torch.eye(width, dtype=torch.bfloat16)
         w = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, self.group, self.scales_zeros)
         return w.float().t()[:self.out_features, :self.in_features]
+
+    def c_dequantized(self) -> torch.Tensor:
+        """The fp32 weight the C step multiplies by: q * scale + minimum from its copy (gemv_int4.pack's layout)."""
+        return gemv_int4.unpack(self.c_nibbles, self.c_sm, self.group)
+
+    def release_c(self):
+        """Free the C step's copy (the calibration kept PyTorch's kernel)."""
+        self.c_nibbles = self.c_sm = None
 
 
 def quantize(decoder: nn.Module, method: str, device, dtype: torch.dtype) -> int:

@@ -17,7 +17,7 @@ from minivlm.model.backends.in_place import InPlaceAttention
 def start():
     """Build every kernel on background threads (the loader: they compile while the weights load)."""
     for kernels in (gemv.KERNELS, gemv_int8.KERNELS, paged_cpu.KERNELS, decode_ops.KERNELS, decode_layer.KERNELS,
-                    decode_layer.KERNELS_INT8):
+                    decode_layer.KERNELS_INT8, decode_layer.KERNELS_INT4):
         kernels.start()
 
 
@@ -94,13 +94,13 @@ class CpuKernels(Hooks):
             why = off("MINIVLM_PAGED_CPU", paged_cpu.KERNELS) or "the attention is not paged_decode.c"
         if why is None and kind is None:
             why = Said("engine.no_dense_weights")
-        if why is None and kind == "int8":  # int8 layers: their own build
-            why = off("MINIVLM_DECODE_LAYER", decode_layer.KERNELS_INT8)
+        if why is None and kind in ("int8", "int4"):  # quantized layers: their own build
+            why = off("MINIVLM_DECODE_LAYER", decode_layer.kernels_of(kind))
         kernels = cls(attention, model.decoder, why)
         quantization = getattr(model, "quantization", None)
         if quantization == "int8":  # which int8 kernel runs decode rows
             return calibrate.choose_int8(kernels, model.decoder, kv_caches, config.block_size)
-        if quantization:  # int4: the fused ops around PyTorch's kernel; the int8 lm_head's decode rows timed
+        if quantization:  # int4: the C step over int4 weights or the fused ops around PyTorch's kernel
             return calibrate.choose_int4(kernels, model.decoder, kv_caches, config.block_size)
         return calibrate.choose(kernels, model.decoder, kv_caches, config.block_size)
 

@@ -14,11 +14,13 @@
 #define omp_get_num_threads() 1
 #define omp_get_thread_num() 0
 #endif
-#ifndef DECODE_LAYERS  /* decode_layer_int8.c / _bf16.c include this file with int8 or bf16 weights */
+#ifndef DECODE_LAYERS  /* decode_layer_int8.c / _int4.c / _bf16.c include this file with other weights */
 #define DECODE_LAYERS decode_layers_f32
 #endif
 #include "team_barrier.c"
+#ifndef GEMV_INT4  /* int4_weights.h brings its own gemv_team */
 #include "gemv.c"
+#endif
 #include "paged_decode.c"
 #include "decode_ops.c"
 
@@ -66,7 +68,12 @@ static void attention_team(const Layer *L, float *qkv, int64_t width, const floa
 /* gate_up's rows j and intermediate + j computed by the same thread, so SiLU(gate) * up follows at once. */
 static void gate_up_silu_team(const float *h, const GEMV_W *w, const float *scale, float *gu, float *act,
                               int64_t rows, int64_t inter, int64_t n) {
-#ifdef GEMV_Q8_X  /* int8 weights: int8 h (q8_activations.h), blocks of Q8_NR */
+#if defined(GEMV_INT4)  /* int4 weights: h quantized once for both halves (int4_weights.h) */
+    const I4X hq = i4_quantize(h, rows, n);
+    const int64_t B = I4_NR;
+#define GATE_UP_BLOCK(o, cnt) i4_block(hq, w, 0, gu, rows, 2 * inter, n, o, cnt)
+    (void)scale;
+#elif defined(GEMV_Q8_X)  /* int8 weights: int8 h (q8_activations.h), blocks of Q8_NR */
     const int q8 = n % Q8_BLOCK == 0;
     const Q8X hq = q8 ? q8_quantize(h, rows, n) : (Q8X){0, 0};
     const int64_t B = q8 ? Q8_NR : block_rows(rows);

@@ -21,11 +21,13 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = LazyKernels(os.path.join(_HERE, "decode_layer.c"), {"decode_layers_f32": _ARGS})
 KERNELS_INT8 = LazyKernels(os.path.join(_HERE, "decode_layer_int8.c"), {"decode_layers_int8": _ARGS})  # int8 layers
 KERNELS_BF16 = LazyKernels(os.path.join(_HERE, "decode_layer_bf16.c"), {"decode_layers_bf16": _ARGS})  # bf16 ones
+KERNELS_INT4 = LazyKernels(os.path.join(_HERE, "decode_layer_int4.c"), {"decode_layers_int4": _ARGS})  # int4 layers
 KERNELS_INT8_BF16 = LazyKernels(os.path.join(_HERE, "decode_layer_int8_bf16.c"),
                                 {"decode_layers_int8_bf16": _ARGS})  # int8 layers over a bf16 engine's pool
 # by the layers' weights (layer_struct) and the pool's dtype: the build and its function
 BUILDS = {("f32", torch.float32): (KERNELS, "decode_layers_f32"),
           ("int8", torch.float32): (KERNELS_INT8, "decode_layers_int8"),
+          ("int4", torch.float32): (KERNELS_INT4, "decode_layers_int4"),
           ("bf16", torch.bfloat16): (KERNELS_BF16, "decode_layers_bf16"),
           ("int8", torch.bfloat16): (KERNELS_INT8_BF16, "decode_layers_int8_bf16")}
 
@@ -36,6 +38,10 @@ class Layer(ctypes.Structure):  # decode_layer.c's Layer, field for field
                [(name, _i) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")] + \
                [(name, ctypes.c_float) for name in ("eps", "qk_eps", "scale")] + \
                [(name, _p) for name in ("qkv_scale", "o_scale", "gate_up_scale", "down_scale")]  # int8 only
+
+
+class Int4W(ctypes.Structure):  # int4_weights.h's Int4W: a matrix's nibbles, group scales and minima, group size
+    _fields_ = [("q", _p), ("sm", _p), ("group", _i)]
 
 
 _ONE_EACH = [torch.arange(1, rows + 1) for rows in range(gemv.MAX_ROWS + 1)]  # a decode step's seq_ends, made once
@@ -80,6 +86,13 @@ def _int8(linear) -> tuple[torch.Tensor, torch.Tensor] | None:
         q.shape[1] == linear.in_features else None
 
 
+def _int4(linear) -> Int4W | None:
+    """The C step's view of a quantized.Int4Linear (its nibble copy: Int4Linear.c_nibbles), else None (a layer
+    whose width or group the kernels do not take, or whose copy the calibration freed)."""
+    q, sm = getattr(linear, "c_nibbles", None), getattr(linear, "c_sm", None)
+    return Int4W(q.data_ptr(), sm.data_ptr(), linear.group) if q is not None and sm is not None else None
+
+
 def _bf16(linear) -> torch.Tensor | None:
     """The bf16 [out, in] weight of a bf16 engine's nn.Linear, else None."""
     w = getattr(linear, "weight", None)
@@ -94,19 +107,21 @@ def f32_copy(t: torch.Tensor | None) -> torch.Tensor | None:
 
 def _matrices(layer) -> tuple[list, list, str] | None:
     """The layer's four matrices (qkv, o, gate_up, down) as the C call reads them, their int8 scales, and their
-    kind: all dense fp32 ("f32"), all int8 (with scales) or all bf16; else None."""
+    kind: all dense fp32 ("f32"), all int8 (with scales), all int4 (Int4W structs) or all bf16; else None."""
     attn, mlp = layer.self_attn, layer.mlp
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     mats, scales, kind = [_dense(m) for m in linears], [None] * 4, "f32"
     if any(m is None for m in mats) and all(_int8(m) for m in linears):
         (mats, scales), kind = zip(*(_int8(m) for m in linears)), "int8"
+    elif any(m is None for m in mats) and all(_int4(m) for m in linears):
+        mats, kind = [_int4(m) for m in linears], "int4"  # the scales are in each Int4W
     elif any(m is None for m in mats) and all(_bf16(m) is not None for m in linears):
         mats, kind = [_bf16(m) for m in linears], "bf16"
     return (mats, scales, kind) if all(m is not None for m in mats) else None
 
 
 def weights_kind(decoder) -> str | None:
-    """"f32", "int8" or "bf16" where every layer's matrices are of that kind, else None (no C step)."""
+    """"f32", "int8", "int4" or "bf16" where every layer's matrices are of that kind, else None (no C step)."""
     kinds = {found[2] if found else None for found in map(_matrices, decoder.layers)}
     return kinds.pop() if len(kinds) == 1 else None
 
@@ -114,8 +129,11 @@ def weights_kind(decoder) -> str | None:
 def layer_struct(layer, kept: list) -> Layer:
     """The layer's weights and shape for the C call (the weights never move after load); a bf16 engine's norms and
     biases as fp32 copies, appended to `kept` (whoever holds the struct keeps them alive)."""
-    attn = layer.self_attn
-    mats, scales, _ = _matrices(layer)
+    attn, down = layer.self_attn, layer.mlp.down_proj
+    mats, scales, kind = _matrices(layer)
+    if kind == "int4":  # the structs the layer's pointers point to, kept alive with the rest
+        kept.extend(mats)
+        mats = [ctypes.addressof(m) for m in mats]
 
     def floats(t):  # a small vector as fp32
         copy = f32_copy(t)
@@ -124,10 +142,11 @@ def layer_struct(layer, kept: list) -> Layer:
         kept.append(copy)
         return _ptr(copy)
     norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.q_norm is not None else (None, None)
+    ptr = (lambda m: m) if kind == "int4" else _ptr
     return Layer(floats(layer.input_layernorm.weight), floats(layer.post_attention_layernorm.weight),
-                 *map(floats, norms), _ptr(mats[0]), floats(attn.qkv_proj.bias), _ptr(mats[1]),
-                 floats(attn.o_proj.bias), _ptr(mats[2]), _ptr(mats[3]), mats[3].shape[0], attn.heads,
-                 attn.kv_heads, attn.head_dim, mats[3].shape[1], layer.input_layernorm.eps,
+                 *map(floats, norms), ptr(mats[0]), floats(attn.qkv_proj.bias), ptr(mats[1]),
+                 floats(attn.o_proj.bias), ptr(mats[2]), ptr(mats[3]), down.out_features, attn.heads,
+                 attn.kv_heads, attn.head_dim, down.in_features, layer.input_layernorm.eps,
                  attn.q_norm.eps if attn.q_norm is not None else 0.0, attn.head_dim ** -0.5, *map(_ptr, scales))
 
 
@@ -158,7 +177,7 @@ class StepWeights:
 
 
 def kernels_of(kind: str, pool_dtype: torch.dtype = torch.float32) -> LazyKernels | None:
-    """The build that runs layers of this kind (fp32, int8 or bf16 weights) over a pool of pool_dtype; None if none
+    """The build that runs layers of this kind (fp32, int8, int4 or bf16 weights) over a pool of pool_dtype; None if none
     does."""
     build = BUILDS.get((kind, pool_dtype))
     return build[0] if build else None
