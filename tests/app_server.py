@@ -9,6 +9,10 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APP_MODEL = os.environ.get("MINIVLM_APP_MODEL")  # default: the app's own default, the shipped tiny model
+# the session's public deployment (tests/conftest.py's shared_app_process): its pool, operator token and API keys
+SHARED_NUM_BLOCKS = 128
+SHARED_ADMIN_TOKEN = "operator-secret-for-tests"
+SHARED_API_KEYS = "class-key,teacher-key"
 
 
 class AppUrl(str):
@@ -82,6 +86,14 @@ def app_in_process(num_blocks: int, shared: bool = False, operator_token: str | 
     finally:
         demo.close()
         holder.engine.close()
+
+
+def keep_shot(target, shots: str, name: str, **options):
+    """A screenshot of `target` (a page or a locator) for people to look at, as shots/name: taken only when
+    $MINIVLM_SCREENSHOTS asks for them (docs/screenshots to refresh the README's). No test reads these files, and a
+    full page costs seconds on 2 cores, so the default run draws none; the checks that read pixels take their own."""
+    if os.environ.get("MINIVLM_SCREENSHOTS"):
+        target.screenshot(path=os.path.join(shots, name), **options)
 
 
 _PLAYWRIGHT: list = []  # the session's one Playwright driver, started on first use

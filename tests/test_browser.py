@@ -1,6 +1,7 @@
 """The app in a real browser (Debian's chromium, headless, driven by Playwright): chat with an uploaded image, the
 KV block map against the engine's own snapshots, the inspector's false hit, the VRAM presets. Screenshots of each
-tab go to $MINIVLM_SCREENSHOTS (docs/screenshots to refresh the README's), else to the test's tmp dir."""
+tab go to $MINIVLM_SCREENSHOTS (docs/screenshots to refresh the README's) when it is set (tests/app_server.py's
+keep_shot: none is taken without it)."""
 import os
 import re
 import shutil
@@ -13,7 +14,7 @@ from minivlm import EngineConfig, Request, SamplingParams
 
 from panels.holder import EXAMPLES_DIR
 from panels.plots import block_cell, request_color
-from tests.app_server import APP_MODEL, app_in_process, browser_page
+from tests.app_server import APP_MODEL, app_in_process, browser_page, keep_shot
 
 pytestmark = pytest.mark.browser
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -65,7 +66,7 @@ def test_chat_streams_the_right_answer(page, shots):
     bot = page.locator("#chatbot .message-row.bot-row, #chatbot [data-testid=bot]").last
     assert bot.inner_text().strip() == "blue"
     page.locator("#chatbot .user-row img, #chatbot [data-testid=user] img").first.wait_for()  # the uploaded image
-    page.screenshot(path=os.path.join(shots, "chat.png"), full_page=True)
+    keep_shot(page, shots, "chat.png", full_page=True)
 
 
 def shared_frame(page) -> dict:
@@ -141,7 +142,7 @@ def test_block_map_matches_engine_snapshot(app, page, shots):
     page.wait_for_function(SHOWN_STEP_IS_SLIDER_VALUE)
     time.sleep(2.5)  # the live timer (1 s) fires meanwhile: an idle engine must not draw over the replayed step
     assert page.evaluate(SHOWN_STEP_IS_SLIDER_VALUE)
-    page.screenshot(path=os.path.join(shots, "kv_blocks.png"), full_page=True)
+    keep_shot(page, shots, "kv_blocks.png", full_page=True)
 
 
 def results_row(page, strategy):
@@ -160,7 +161,7 @@ def test_inspector_preset_shows_false_hit_under_a_only(page, shots):
     a, c = results_row(page, "A"), results_row(page, "C")
     assert int(a[3]) > 0 and int(c[3]) == 0  # false hits
     assert c[6] == "blue" and a[6] == "red"  # answer for image 2: right under C, the red circle's under A
-    page.screenshot(path=os.path.join(shots, "cache_inspector.png"), full_page=True)
+    keep_shot(page, shots, "cache_inspector.png", full_page=True)
 
 
 def kv_blocks_in(headline: str) -> int | None:
@@ -181,7 +182,7 @@ def test_vram_preset_changes_the_numbers(page, shots):
         time.sleep(0.2)
     after = kv_blocks_in(headline.inner_text())
     assert after > 3 * before > 0  # 80 GB against the 24 GB L4 the tab starts with
-    page.screenshot(path=os.path.join(shots, "vram.png"), full_page=True)
+    keep_shot(page, shots, "vram.png", full_page=True)
 
 
 def toast_text(page) -> str:

@@ -11,6 +11,7 @@ from minivlm.inputs.images import load_image
 
 from panels.anatomy import BLUE, EXAMPLES, RED, pixel_range, pixels_kwargs
 from panels.anatomy_keys import DIFFERENT, SAME
+from tests.app_server import keep_shot
 from tests.test_browser import app, open_tab, page, shots  # noqa: F401  (the same served app and browser page)
 
 pytestmark = pytest.mark.browser
@@ -62,7 +63,7 @@ def test_anatomy_tab_shows_the_engine_anatomy(app, page, shots):
     full = sum(b.full for b in a.blocks)
     assert colors["A"][:full] == [rgb(SAME)] * full  # red and blue circle: the same A keys
     assert colors["B"][:full] == colors["C"][:full] == [rgb(DIFFERENT)] * full
-    page.screenshot(path=os.path.join(shots, "anatomy.png"), full_page=True)
+    keep_shot(page, shots, "anatomy.png", full_page=True)
 
     # the same image at a smaller max_pixels: fewer tokens, C's keys change, B's keys stay where the tokens match
     page.locator("#anat-img2 button[aria-label='Remove Image']").click()
@@ -104,7 +105,7 @@ def test_kv_tab_shows_the_prefix_tree_and_paging(app, page, shots):
     title = page.evaluate("document.querySelector('#kv-tree .js-plotly-plot').layout.title.text")
     assert f"{len(nodes)} blocks a lookup finds" in title and "1 branch point" in title
     assert "Paged vs contiguous" in page.locator("#kv-summary").inner_text()
-    page.locator("#kv-tree").screenshot(path=os.path.join(shots, "prefix_tree.png"))
+    keep_shot(page.locator("#kv-tree"), shots, "prefix_tree.png")
 
 
 @pytest.mark.slow  # two turns and a two-picture anatomy; the chat-to-anatomy path stays (test_browser_matrix.py,

@@ -16,7 +16,7 @@ from PIL import Image, ImageDraw
 from minivlm.views.events import replay
 from panels.group_replay import group_frame
 from panels.holder import EXAMPLES_DIR
-from tests.app_server import app_in_process, browser_page
+from tests.app_server import app_in_process, browser_page, keep_shot
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, shots  # noqa: F401
 from tests.test_browser_header_models import errors_on_page
 from tests.test_browser_matrix import send
@@ -82,7 +82,7 @@ def test_status_line_and_a_chat_with_a_picture(served, shots):
         GROUP[name][1] in status
     send(page, "What color is the shape?", os.path.join(EXAMPLES_DIR, "red_circle.png"))
     page.locator("#chatbot .user-row img, #chatbot [data-testid=user] img").first.wait_for()
-    page.screenshot(path=os.path.join(shots, f"hybrid_chat_{name}.png"), full_page=True)
+    keep_shot(page, shots, f"hybrid_chat_{name}.png", full_page=True)
 
 
 def test_the_kv_tab_draws_each_group_at_the_maps_step(served, shots):
@@ -113,7 +113,7 @@ def test_the_kv_tab_draws_each_group_at_the_maps_step(served, shots):
         assert re.search(r"recurrent state after \d+ tokens saved in slot \d+",
                          page.locator("#kv-decisions").inner_text() + page.locator("#kv-groups").inner_text())
     assert "KV-cache groups this run" in page.locator("#kv-summary").inner_text()
-    page.screenshot(path=os.path.join(shots, f"hybrid_kv_{name}.png"), full_page=True)
+    keep_shot(page, shots, f"hybrid_kv_{name}.png", full_page=True)
 
 
 def wide_scene(path: str) -> str:
@@ -148,7 +148,7 @@ def test_anatomy_draws_with_no_error(served, shots, tmp_path):
         assert re.search(r"\d+×\d+ patches of 16 px · 2×2 merge", grid), grid
         assert len(page.evaluate(f"{PLOT.format('anat-rope')}.data")) == 3
     assert not errors_on_page(page), errors_on_page(page)
-    page.screenshot(path=os.path.join(shots, f"hybrid_anatomy_{name}.png"), full_page=True)
+    keep_shot(page, shots, f"hybrid_anatomy_{name}.png", full_page=True)
 
 
 @pytest.mark.slow  # ~25 s for both families; the default run's readable test covers the phone and the dark theme
@@ -203,4 +203,4 @@ def test_the_inspectors_hybrid_preset_fools_key_a(served, shots):
     assert word in note.inner_text()
     assert page.locator("#insp-img1 img").count() and page.locator("#insp-img2 img").count()  # the pair it ran
     page.wait_for_function("document.querySelector('#insp-blocks .js-plotly-plot')?.data?.length > 0")
-    page.screenshot(path=os.path.join(shots, f"hybrid_inspector_{name}.png"), full_page=True)
+    keep_shot(page, shots, f"hybrid_inspector_{name}.png", full_page=True)

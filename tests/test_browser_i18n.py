@@ -2,7 +2,7 @@
 navigator.language) gets the whole page in Chinese: the chat (a question answered, its statistics line), the KV tab
 (pause, launch, step: the decision log in Chinese) and the VRAM tab; no English text of the catalogue is left on the
 page, every Chinese glyph is drawn with a CJK font (no boxes), and the header's switch turns the page to English and
-back. Screenshots go to $MINIVLM_SCREENSHOTS (else the test's tmp dir): zh_chat.png, zh_kv.png, zh_vram.png."""
+back. Screenshots go to $MINIVLM_SCREENSHOTS when it is set: zh_chat.png, zh_kv.png, zh_vram.png."""
 import os
 import re
 
@@ -10,7 +10,7 @@ import pytest
 
 from panels.holder import EXAMPLES_DIR
 from panels.i18n import CATALOGUE, EN, ZH, t
-from tests.app_server import app_in_process, browser_page
+from tests.app_server import app_in_process, browser_page, keep_shot
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
 
 pytestmark = pytest.mark.browser
@@ -86,7 +86,7 @@ def test_the_chat_in_chinese(page, shots):
     assert page.locator("#chatbot [data-testid=bot]").last.inner_text().strip() == "蓝色"  # answered in Chinese
     assert page.locator("#chat-input textarea").get_attribute("aria-label") == t(ZH, "chat.input_aria")
     page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('运行于')")
-    page.screenshot(path=os.path.join(shots, "zh_chat.png"), full_page=True)
+    keep_shot(page, shots, "zh_chat.png", full_page=True)
     assert not untranslated(page), untranslated(page)
     fonts = cjk_fonts_of(page, "#chat-stats")
     assert any("CJK" in f or " SC" in f for f in fonts), fonts  # Noto Sans CJK SC from fonts-noto-cjk
@@ -113,7 +113,7 @@ def test_the_kv_tab_in_chinese_with_its_decision_log(page, shots):
     assert title.startswith(f"第 {step.group(1)} 步的 KV 池"), title
     page.get_by_role("button", name=t(ZH, "kv.resume")).click()
     page.wait_for_function("document.querySelector('#kv-summary')?.innerText.includes('完成 6 个')")
-    page.screenshot(path=os.path.join(shots, "zh_kv.png"), full_page=True)
+    keep_shot(page, shots, "zh_kv.png", full_page=True)
     assert not untranslated(page), untranslated(page)
     assert any("CJK" in f or " SC" in f for f in cjk_fonts_of(page, "#kv-map .gtitle")), "the plot's title font"
 
@@ -125,7 +125,7 @@ def test_the_vram_tab_in_chinese(page, shots):
     titles = page.evaluate("[...document.querySelectorAll('#vram-plot .annotation-text')].map(a => a.textContent)")
     assert any(x.startswith("本引擎当前") for x in titles), titles
     page.wait_for_function("document.querySelector('#vram-gpus')?.innerText.includes('最少需要')")
-    page.screenshot(path=os.path.join(shots, "zh_vram.png"), full_page=True)
+    keep_shot(page, shots, "zh_vram.png", full_page=True)
     assert not untranslated(page), untranslated(page)
 
 

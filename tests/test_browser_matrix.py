@@ -8,7 +8,7 @@ import re
 import pytest
 
 from panels.holder import EXAMPLES_DIR
-from tests.app_server import app_in_process, browser_page
+from tests.app_server import app_in_process, browser_page, keep_shot
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, open_tab, shots  # noqa: F401
 
 pytestmark = pytest.mark.browser
@@ -43,7 +43,7 @@ def test_chat_then_anatomy_of_the_same_request(served, shots):  # the text model
     image = os.path.join(EXAMPLES_DIR, "three_shapes.png") if tiled else None
     prompt_tokens = send(page, "Describe the picture." if tiled else "Hello, how are you?", image)
     if not tiled:
-        page.screenshot(path=os.path.join(shots, "chat_text.png"), full_page=True)
+        keep_shot(page, shots, "chat_text.png", full_page=True)
     open_tab(page, "Anatomy")  # it first draws its own form's request (longer or shorter than the conversation)
     page.wait_for_function("/\\d+ prompt tokens/.test(document.querySelector('#anat-summary').innerText)")
     page.wait_for_function(f"{PLOT.format('anat-strip')}?.data?.[1]?.hovertext?.length > 0")
@@ -72,7 +72,7 @@ def test_chat_then_anatomy_of_the_same_request(served, shots):  # the text model
     grid_title = page.evaluate(f"{PLOT.format('anat-grid')}.layout.title.text")
     assert re.search(r"\d×\d crops of 64 px \+ a global view", grid_title), grid_title
     assert "1-D RoPE: every token" in rope_title
-    page.screenshot(path=os.path.join(shots, "anatomy_tiled.png"), full_page=True)
+    keep_shot(page, shots, "anatomy_tiled.png", full_page=True)
 
 
 @pytest.mark.parametrize("served", ["smolvlm", pytest.param("qwen3", marks=pytest.mark.slow)], indirect=True)
@@ -88,7 +88,7 @@ def test_launcher_fills_the_block_map(served, shots):  # the text model's run (n
         return el.data.filter(t => t.name && t.name.endsWith('tokens')).map(t => t.x.length); }}""").json_value()
     if name == "smolvlm":
         assert sum(marked) > 0  # blocks holding tile tokens are marked
-        page.screenshot(path=os.path.join(shots, "kv_tiled.png"), full_page=True)
+        keep_shot(page, shots, "kv_tiled.png", full_page=True)
     else:
         assert sum(marked) == 0
     page.wait_for_function("document.querySelector('#kv-summary')?.innerText.includes('finished')", timeout=240_000)

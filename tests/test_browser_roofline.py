@@ -12,6 +12,7 @@ import pytest
 from minivlm.budget.roofline import model_costs
 from panels.i18n import ZH, t
 from panels.roofline_figure import num
+from tests.app_server import keep_shot
 from tests.test_browser import served_app_and_page, shots  # noqa: F401 (fixtures)
 from tests.test_browser_readable import PHONE, measure, settle
 from tests.test_browser_ui import new_page, open_tab
@@ -82,7 +83,7 @@ def test_the_roofline_predicts_measures_and_explains(app, page, shots):  # noqa:
              for r in range(len(said))]
     rates = sorted(value(gflop) / value(ms) * 1e3 for gflop, ms in cells)
     assert len(plotted) == len(rates) and all(close(a, b) for a, b in zip(rates, sorted(plotted))), (rates, plotted)
-    page.screenshot(path=os.path.join(shots, "roofline.png"), full_page=True)
+    keep_shot(page, shots, "roofline.png", full_page=True)
     settle(page, "#roof-plot")
     assert measure(page, "#roof-plot", shots, "light_roofline") == {}  # the light theme: words readable, none cut
 

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from panels.i18n import ZH, t
+from tests.app_server import keep_shot
 from tests.test_browser import served_app_and_page, shots  # noqa: F401 (a fixture)
 from tests.test_browser_readable import PHONE, measure, open_tab, settle
 from tests.test_browser_ui import new_page
@@ -58,7 +59,7 @@ def test_two_runs_side_by_side_from_the_keyboard(app, page, shots):  # noqa: F81
     table = page.locator("#tl-table").inner_text()
     assert "A: chunked prefill off" in table and "B: chunked prefill on" in table and "6 / 6" in table
     assert holder.get().snapshot().last_event_seq == served_before  # the served engine never saw the load
-    page.screenshot(path=os.path.join(shots, "timeline.png"), full_page=True)
+    keep_shot(page, shots, "timeline.png", full_page=True)
     fill(page, "n", 500)  # past the limit: refused, naming it
     page.locator("#tl-run").click()
     page.get_by_text("N (requests) must be between 1 and 32").first.wait_for()

@@ -8,7 +8,7 @@ import pytest
 from minivlm import Request
 
 from panels.holder import EXAMPLES_DIR
-from tests.app_server import app_in_process, browser_page
+from tests.app_server import app_in_process, browser_page, keep_shot
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, open_tab, shots  # noqa: F401
 from tests.test_browser_anatomy import strip_points, wait_for_summary
 
@@ -61,4 +61,4 @@ def test_clip_in_chat_then_its_anatomy(app, page, shots):  # noqa: F811
     expected = [a.tokens[video.start + p * per_pair].position[0] for p in range(3)]
     assert [row[0] for row in t_panel] == expected, "the t heatmap's rows are the frame pairs' t ids"
     assert len(set(expected)) == 3  # t moves from pair to pair (Qwen2.5-VL: by seconds x tokens_per_second)
-    page.locator("#anat-grid").screenshot(path=os.path.join(shots, "anatomy_video.png"))
+    keep_shot(page.locator("#anat-grid"), shots, "anatomy_video.png")

@@ -13,6 +13,7 @@ import pytest
 from minivlm.budget import estimate, gpus_needed, image_plan
 from minivlm.budget.planner import plan_matrix
 from panels.vram import matrix_cell
+from tests.app_server import keep_shot
 from tests.test_browser import TIMEOUT_MS, app, open_tab, page, shots  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
@@ -113,7 +114,7 @@ def test_vram_tab_explains_and_plans(page, shots):  # noqa: F811 (fixture)
     rows = {r[0]: r[1] for r in table_rows(page, "#vram-gpus")}
     assert {k: rows.get(k) for k in expected} == expected
     assert page.evaluate(LABELS_ON_BARS) == 0
-    page.screenshot(path=os.path.join(shots, "vram.png"), full_page=True)
+    keep_shot(page, shots, "vram.png", full_page=True)
 
     page.locator("#vram-tp label", has_text="2").click()  # half the GPUs: the device follows, the weights do not fit
     wait_for(page, lambda: "leave no room for the KV cache" in headline.inner_text(), "the memory sentence")
