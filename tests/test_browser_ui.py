@@ -1,13 +1,19 @@
 """The page as people see it, in a real browser (Debian's chromium, headless, Playwright), #24 items 11, 12, 13, 15:
 every tab readable in the dark theme (the figures follow it: no white paper, their words light), at phone width
 (400 px: the header folds, the block map's cells and ref-count discs stay apart, no modebar over a title), the
-lesson's 16-block pool (the whole legend shows, whole-step ticks, preemptions marked), accessible names.
-Screenshots (looked at when changing the page): $MINIVLM_SCREENSHOTS or the test's tmp dir, ui_*.png."""
+lesson's 16-block pool (the whole legend shows, whole-step ticks, preemptions marked), accessible names, and an
+HTTP API request's blocks in the KV map (the app serves the API on the page's port).
+Screenshots (looked at when changing the page): ui_*.png in $MINIVLM_SCREENSHOTS when it is set."""
 import os
 import re
+import time
 
+import openai
 import pytest
-from tests.app_server import app_in_process
+
+from panels.plots import block_cell, request_color
+from tests.api_app import MODEL, image_message
+from tests.app_server import app_in_process, keep_shot
 from tests.test_browser import SHOWN_STEP, TIMEOUT_MS, served_app_and_page
 
 pytestmark = pytest.mark.browser
@@ -132,7 +138,7 @@ def show_every_tab(pg, shots: str, name: str):
         found = pg.evaluate(CONTRAST, [scope, WORDS + ", #anatomy-keys-table *"])
         if found["bad"] or found["opaque"]:
             problems[tab] = found
-        pg.screenshot(path=os.path.join(shots, f"ui_{name}_{tab.split()[0].lower()}.png"), full_page=True)
+        keep_shot(pg, shots, f"ui_{name}_{tab.split()[0].lower()}.png", full_page=True)
     return problems
 
 
@@ -189,7 +195,7 @@ def test_phone_width_folds_the_header_and_keeps_the_map_readable(app, page, shot
     ref-count discs that never touch, and no modebar covers a title."""
     pg = new_page(page, app[1], PHONE[0], height=PHONE[1])
     try:
-        pg.screenshot(path=os.path.join(shots, "ui_phone_chat.png"), full_page=True)
+        keep_shot(pg, shots, "ui_phone_chat.png", full_page=True)
         pg.wait_for_function("!document.querySelector('#engine-settings > button.label-wrap.open')")  # folded
         tabs = tabs_in_sight(pg)
         assert len(tabs) == 7 and all(tab["inside"] for tab in tabs), tabs  # was ~1,400 px down, then 3 in a menu
@@ -209,8 +215,8 @@ def test_phone_width_folds_the_header_and_keeps_the_map_readable(app, page, shot
                 plot.hover()  # a tap: where plotly shows its modebar
                 bar = plot.locator(".modebar").bounding_box() if plot.locator(".modebar").is_visible() else None
                 assert bar is None or not overlaps(bar, plot.locator(".gtitle").bounding_box())
-        pg.locator("#kv-map").screenshot(path=os.path.join(shots, "ui_phone_kv_map.png"))
-        pg.screenshot(path=os.path.join(shots, "ui_phone_kv.png"), full_page=True)
+        keep_shot(pg.locator("#kv-map"), shots, "ui_phone_kv_map.png")
+        keep_shot(pg, shots, "ui_phone_kv.png", full_page=True)
     finally:
         pg.context.close()
 
@@ -254,7 +260,7 @@ def test_phone_width_every_tab_one_tap_away_and_no_label_overlaps(app, page, sho
         tabs = tabs_in_sight(pg)
         assert len(tabs) == 7 and all(tab["inside"] for tab in tabs), tabs  # Chat ... VRAM, Timeline, Roofline
         assert not pg.get_by_label("More tabs").is_visible()
-        pg.screenshot(path=os.path.join(shots, f"ui_phone_{lang}_{theme}.png"))
+        keep_shot(pg, shots, f"ui_phone_{lang}_{theme}.png")
         pg.locator("#chat-examples button.gallery-item").first.click()
         pg.wait_for_function("document.querySelector('#chat-input textarea')?.value.length > 0")  # the example is in
         pg.locator("#chat-input textarea").press("Enter")
@@ -276,15 +282,20 @@ def test_phone_width_every_tab_one_tap_away_and_no_label_overlaps(app, page, sho
                 for block in ("#anat-img1", "#anat-img2"):
                     label, buttons = label_box_and_buttons(pg, block)
                     assert buttons and not any(overlaps(label, b) for b in buttons), (block, label, buttons)
-            pg.screenshot(path=os.path.join(shots, f"ui_phone_{lang}_{theme}_{tab_id}.png"), full_page=True)
+            keep_shot(pg, shots, f"ui_phone_{lang}_{theme}_{tab_id}.png", full_page=True)
         assert english == [], english
     finally:
         pg.context.close()
 
 
-def test_the_default_map_has_no_empty_band(app, page):
-    """#24 item 13, the 256-block map: its cells fill the plot area (no band under the title or over the legend)
-    and the legend sits inside the figure."""
+def test_after_a_run_the_map_has_no_empty_band_and_every_view_counts_the_same_cached_blocks(app, page):
+    """One real run (8 requests over three pictures) on a desktop page, then two checks of what it drew:
+    #24 item 13, the 256-block map: its cells fill the plot area (no band under the title or over the legend)
+    and the legend sits inside the figure;
+    #52: equal prompts computed in the same step leave copies of a block under one key, which no lookup finds; the
+    rebuild note above the tabs, the KV tab's summary and the prefix tree count the prefix cache alike: the blocks a
+    lookup finds (engine.prefix_tree()), of which the free ones are the summary's and the map's "cached"."""
+    holder = app[0]
     pg = new_page(page, app[1], 1400)
     try:
         open_tab(pg, "KV blocks (live)")
@@ -293,20 +304,7 @@ def test_the_default_map_has_no_empty_band(app, page):
         assert abs(geo["cells"]["height"] - geo["height"]) <= 2, geo
         assert geo["cells"]["y"] - (geo["title"]["y"] + geo["title"]["height"]) < 50
         assert all(inside(entry, geo["svg"]) for entry in geo["legend"])
-    finally:
-        pg.context.close()
 
-
-def test_the_header_the_kv_summary_and_the_tree_count_the_same_cached_blocks(app, page):
-    """#52: after a real run (8 requests over three pictures: equal prompts computed in the same step leave copies
-    of a block under one key, which no lookup finds), the rebuild note above the tabs, the KV tab's summary and the
-    prefix tree count the prefix cache alike: the blocks a lookup finds (engine.prefix_tree()), of which the free
-    ones are the summary's and the map's "cached"."""
-    holder = app[0]
-    pg = new_page(page, app[1], 1400)
-    try:
-        open_tab(pg, "KV blocks (live)")
-        launch_and_wait(pg, 8, 24)
         engine = holder.get()
         nodes, snap = engine.prefix_tree(), engine.snapshot()
         found = {n.block_id for n in nodes}
@@ -324,6 +322,51 @@ def test_the_header_the_kv_summary_and_the_tree_count_the_same_cached_blocks(app
                              arg=len(nodes))  # what a rebuild would empty: the same blocks
     finally:
         pg.context.close()
+
+
+def test_an_api_request_appears_in_the_kv_map(app, page):
+    """An HTTP API request in the real browser's KV map (the module's app serves the API on its port): while an
+    `openai` client streams from the app, the KV tab of a fresh page shows its blocks under its api-… label; when
+    the client hangs up, the engine aborts it and frees them."""
+    holder, url = app
+    client = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=120)
+    pg = new_page(page, url, 1400)
+    try:
+        open_tab(pg, "KV blocks (live)")
+        pg.locator("#kv-map .js-plotly-plot").wait_for()
+        stream = client.chat.completions.create(  # a long answer: it decodes while the page polls the engine
+            model=MODEL, max_tokens=3900, stream=True, user="ann", extra_body={"ignore_eos": True},
+            messages=image_message("red_circle.png"))
+        request_id = next(iter(stream)).id.removeprefix("chatcmpl-")
+        assert request_id.startswith("api-ann-")  # its label in the map says: the API, user ann
+        holder.get().pause()  # it holds its blocks while the page draws them (a loaded machine could finish it first)
+        try:
+            plot = pg.wait_for_function("""(rid) => {
+                const el = document.querySelector('#kv-map .js-plotly-plot');
+                if (!el || !el.data || !el.data.some(t => t.name === rid)) return null;  // its legend entry
+                return {z: el.data[0].z, scale: el.data[0].colorscale, cols: el.layout.meta.cols,
+                        hover: el.data[0].text.flat().filter(t => t.includes(rid)).length};
+            }""", arg=request_id).json_value()
+            pg.wait_for_function("(rid) => document.querySelector('#kv-table')?.innerText.includes(rid)",
+                                 arg=request_id)
+            if os.environ.get("MINIVLM_API_SHOT"):
+                pg.screenshot(path=os.environ["MINIVLM_API_SHOT"], full_page=True)
+            table = holder.get().snapshot().block_tables.get(request_id, [])
+        finally:
+            holder.get().resume()
+    finally:
+        pg.context.close()
+    colour = request_color(request_id)
+    cells = [(x, y) for y, row in enumerate(plot["z"]) for x, v in enumerate(row)
+             if v is not None and v >= 3 and plot["scale"][2 * v][1] == colour]
+    assert len(cells) == plot["hover"] > 0  # its cells are drawn in its colour and name it on hover
+    assert table and set(cells) <= {block_cell(b, plot["cols"]) for b in table}  # blocks it holds (and keeps)
+    stream.response.close()  # the client hangs up mid-answer: the engine aborts the request and frees its blocks
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (request_id in holder.get().snapshot().block_tables):
+        time.sleep(0.1)
+    snap = holder.get().snapshot()
+    assert request_id not in snap.block_tables and all(b.ref_count == 0 for b in snap.blocks)
 
 
 def inside(a: dict, b: dict) -> bool:
@@ -374,7 +417,7 @@ def test_the_lessons_16_block_pool(page, shots):
                 return [...el.querySelectorAll('.scatterlayer .trace')[k].querySelectorAll('.point')]
                     .map((p) => p.getBoundingClientRect().width); }""")
             assert marks and min(marks) >= 8, marks
-            pg.screenshot(path=os.path.join(shots, "ui_lesson_kv.png"), full_page=True)
+            keep_shot(pg, shots, "ui_lesson_kv.png", full_page=True)
             box = pg.locator("#kv-step input[type=number]")
             first = int(pg.locator("#kv-step input[type=range]").get_attribute("min")) + 1
             box.fill(str(first))
