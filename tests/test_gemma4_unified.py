@@ -65,6 +65,23 @@ def test_sixteen_token_chunks_equal_hf(path):
     assert gap_to_hf(path, WIDE, out) <= TOL
 
 
+def test_a_hit_never_ends_inside_an_image_that_began_before_its_window(path):
+    """The sliding group's blocks from 7 on are evicted after a first run: the longest hit it could serve would end
+    inside the image (block 7, token 56), whose first token lies before that point's window; the rest of the image
+    would then need blocks given back, so the hit stops where the image's start is still in the window (3 blocks), and
+    the answer equals HF's."""
+    with engine(path) as e:
+        e.generate(WIDE, greedy(2))
+        a = e.anatomy(WIDE)
+        sliding = e.core.block_manager.sliding
+        for block in a.blocks[7:]:
+            sliding.key_to_block.pop(block.keys[e.config.cache_strategy], None)
+        out = e.generate(WIDE, greedy())
+    image = a.images[0]
+    assert image.start < 3 * 8 < 7 * 8 < image.end and out.num_cached_tokens == 3 * 8
+    assert gap_to_hf(path, WIDE, out) <= TOL
+
+
 def test_hf_sees_an_image_whole_past_the_window(path):
     """The reference itself: HF's logits change when it is not told where the image is (so both-ways attention, past
     the window, is really exercised by the test above)."""

@@ -44,6 +44,8 @@ class EngineCore(RequestProgress):
         self.events = EventLog(config.event_log_size)
         caching = config.cache_strategy != "none"
         self.block_manager = coordinator.build(self.pool, config.block_size, caching, self.events)  # every group
+        if getattr(model.decoder, "spans_past_window", False):  # Gemma 4 12B: no hit may end inside such an image
+            self.block_manager.sliding.spans_reach_back = True
         self.requests = RequestRegistry()  # every admitted, unfinished request; its status moves only there
         self.snapshots = SnapshotBuilder(self.block_manager, model.text_config.num_hidden_layers)
         # with the adaptive budget the tower runs in the time each step leaves of its allowance; else beside the steps

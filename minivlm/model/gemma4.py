@@ -79,6 +79,7 @@ class Gemma4Decoder(nn.Module):
         self.bidirectional_images = cfg.use_bidirectional_attention == "vision"
         # gemma4: both ways on sliding layers only; gemma4_unified (HF's forward): on every layer
         self.causal_full_layers = model_type != "gemma4_unified"
+        self.spans_past_window = self.bidirectional_images and not self.causal_full_layers  # a hit never ends inside
         self.model_type = model_type
         self.layer_specs = [self.spec(i) for i in range(n)]
         self.embed_tokens = ScaledEmbedding(cfg.vocab_size, cfg.hidden_size)

@@ -1,5 +1,6 @@
 """The sliding-window group's manager (coordinator.py explains the groups and their one interface)."""
 from minivlm.engine.kv_cache.full_attention import FullAttentionManager
+from minivlm.inputs.image_layout import runs
 
 
 class SlidingWindowManager(FullAttentionManager):
@@ -27,10 +28,22 @@ class SlidingWindowManager(FullAttentionManager):
 
     def longest_hit(self, seq, n: int) -> int:
         """The most blocks <= n of seq's prefix this group can serve: those inside the window before the hit point
-        must be cached (older ones are never read)."""
-        while n > 0 and not all(self._cached(seq, i) for i in range(self.first_needed(n * self.block_size), n)):
+        must be cached (older ones are never read), and (spans_reach_back) it does not end inside an image that
+        began before that window."""
+        while n > 0 and (not all(self._cached(seq, i) for i in range(self.first_needed(n * self.block_size), n))
+                         or self._inside_far_image(seq, n * self.block_size)):
             n -= 1
         return n
+
+    spans_reach_back = False  # Gemma 4 12B: an image's tokens see its first one past the window (set by the engine)
+
+    def _inside_far_image(self, seq, p: int) -> bool:
+        """Token p is inside an image whose first token lies before p's window: the image's rest would read blocks
+        this group gave back."""
+        if not self.spans_reach_back or not seq.images:
+            return False
+        first = self.first_needed(p) * self.block_size
+        return any(a < p < b and a < first for a, b in runs(seq.token_types[:seq.num_prompt_tokens]))
 
     def _cached(self, seq, i: int) -> bool:
         b = self.key_to_block.get(seq.block_keys[i]) if i < len(seq.block_keys) else None
