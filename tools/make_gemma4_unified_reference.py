@@ -8,8 +8,8 @@ Run in a separate venv that has torchvision (same transformers and torch):
 The CUDA build of torchvision (the only one the local registry has) loads without its compiled ops on a CPU torch;
 its image transforms are torch's own and need none, so two of the ops' names are declared before import (its fake
 kernels register against them). Stored per image size and soft-token budget: the token count, the patch positions,
-the first merged patch's top pixel row, the real pixel rows' sha256 (the pixels themselves are up to 1120 x 6912 floats an image)
-and the padding rows' largest value."""
+the first merged patch's top pixel row, the real pixel rows' sha256 (the pixels themselves are up to 1120 x 6912
+floats an image) and the padding rows' largest value."""
 import hashlib
 import sys
 

@@ -26,7 +26,8 @@ def merged_patches(image: torch.Tensor, side: int) -> tuple[torch.Tensor, torch.
 
 
 def resized(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """uint8 [3, H, W] at (height, width): torch's antialiased bicubic kernel on uint8 (torchvision's resize runs it)."""
+    """uint8 [3, H, W] at (height, width): torch's antialiased bicubic kernel on uint8 (torchvision's resize calls
+    it)."""
     if tuple(image.shape[-2:]) == size:
         return image
     return torch.nn.functional.interpolate(image[None].contiguous(), size=size, mode="bicubic", align_corners=False,

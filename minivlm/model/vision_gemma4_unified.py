@@ -3,9 +3,10 @@ Gemma4UnifiedVisionEmbedder takes each merged 48 x 48 patch's raw pixels through
 LayerNorm, adds the factorized position table's rows of its x and of its y, a LayerNorm, then an unweighted RMSNorm
 and the projection into the text width; Gemma4UnifiedModel.get_image_features drops the padding patches. Both are
 hosted here in a module that holds only the embedder (no decoder, no audio embedder). The checkpoint names its
-parts as the original release did (vision_embedder.patch_dense, embed_vision.embedding_projection, ...): transformers'
-own renaming for this model type (conversion_mapping.py) maps them to the module's names. Each image is one row of pixel_values: its merged patches padded to
-the budget, its patch positions beside it ((-1, -1): padding), as for gemma4's tower (vision_gemma4.py)."""
+parts as the original release did (vision_embedder.patch_dense, embed_vision.embedding_projection, ...):
+transformers' own renaming for this model type (conversion_mapping.py) maps them to the module's names. Each image
+is one row of pixel_values: its merged patches padded to the budget, its patch positions beside it ((-1, -1):
+padding), as for gemma4's tower (vision_gemma4.py)."""
 import torch
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 from transformers.models.gemma4_unified.modeling_gemma4_unified import (Gemma4UnifiedModel,
@@ -40,7 +41,7 @@ def renamed(state_dict: dict) -> dict:
 class Gemma4UnifiedPatchEmbedder:
     """Images (one pixel row each, their merged patches' positions as the layout's mask) -> per-image embeddings, one
     row per real merged patch, in the order of their placeholder tokens."""
-    has_encoder = False  # what turns pixels into tokens is one linear and norms (the Anatomy tab and the VRAM tab say so)
+    has_encoder = False  # pixels become tokens through one linear and norms (the Anatomy tab says so)
 
     def __init__(self, config, state_dict: dict, device, dtype):
         self.module = load_module(Gemma4UnifiedVision, config, renamed(state_dict), device, dtype)
