@@ -81,7 +81,8 @@ def test_bad_knobs_are_refused_with_a_message(name, knobs, message, matrix_engin
     assert engine.generate(Request(prompt="Hi", images=[PICTURE]), PARAMS).token_ids  # still serving
 
 
-@pytest.mark.parametrize("model_type, why", [("qwen3_5_moe", "mixture-of-experts"), ("gemma4_unified", "Gemma 4 12B"), ("llava", "minivlm runs")])
+@pytest.mark.parametrize("model_type, why", [("qwen3_5_moe", "mixture-of-experts"),
+                                             ("gemma4_assistant", "draft model"), ("llava", "minivlm runs")])
 def test_unsupported_architectures_are_refused_saying_why(tmp_path, model_type, why):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(ValueError, match=f"unsupported architecture '{model_type}'.*{why}"):
