@@ -16,6 +16,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (torch_chunk_gated_delt
 from minivlm.model.attention import AttentionMetadata
 from minivlm.model.cache_spec import CacheSpec, StateMetadata
 from minivlm.model.decoder import MLP, OffsetRMSNorm, fuse_projections, load_strictly
+from minivlm.model.delta_rule_steps import gated_delta_steps
 from minivlm.model.qwen3_5_mtp import Qwen3_5MTP, mtp_layers
 from minivlm.model.rope import MRotaryEmbedding, rotate_partially
 
@@ -125,17 +126,25 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(core.reshape(x.shape[0], self.value_size))
 
     def verify(self, qkv, g, beta, state, slot: torch.Tensor, out: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
-        """A speculating sequence's L tokens (its last one, then its guesses) one at a time, with a decode's own
-        arithmetic (so its accepted tokens are bit for bit those of decoding without guesses): out gets each token's
-        output; returns the slot's (conv, delta-rule) state after each token but the last, from which the engine
-        copies the one after the last accepted token back into the slot (engine/execution/group_metadata.py). The
-        slot is left holding the state after all L (every guess accepted: nothing to copy)."""
-        kept, L = [], qkv.shape[0]
-        for t in range(L):
-            out[t] = self.advance(qkv[None, t:t + 1], g[None, t:t + 1], beta[None, t:t + 1], state, slot)[0, 0]
-            if t < L - 1:
-                kept.append(tuple(s[slot][0] for s in state))  # indexing by a tensor copies (and stays on device)
-        return kept
+        """A speculating sequence's L tokens (its last one, then its guesses) with a decode's own arithmetic, token
+        by token where it matters (so its accepted tokens are bit for bit those of decoding without guesses): the
+        conv once over all L (each output column reads only its own window: the same numbers as L calls), the delta
+        rule a token at a time (model/delta_rule_steps.py). out gets each token's output; returns the slot's (conv,
+        delta-rule) state after each token but the last, from which the engine copies the one after the last
+        accepted token back into the slot (engine/execution/group_metadata.py). The slot is left holding the state
+        after all L (every guess accepted: nothing to copy)."""
+        conv_state, rule_state = state
+        L, keep = qkv.shape[0], self.kernel - 1
+        seen = torch.cat((conv_state[slot].to(qkv.dtype), qkv.T[None]), dim=-1)  # [1, conv_dim, keep + L]
+        convs = seen[0].to(conv_state.dtype)  # after token t the conv keeps columns t+1 .. t+keep
+        conv_state[slot] = convs[None, :, L:]
+        mixed = F.silu(F.conv1d(seen.to(self.conv1d.weight.dtype), self.conv1d.weight, groups=self.conv_dim))
+        q, k, v = mixed[0].to(qkv.dtype).T.split([self.key_size, self.key_size, self.value_size], dim=-1)
+        o, rules = gated_delta_steps(q.reshape(L, self.k_heads, self.k_dim), k.reshape(L, self.k_heads, self.k_dim),
+                                     v.reshape(L, self.v_heads, self.v_dim), g, beta, rule_state[slot][0])
+        out.copy_(o)
+        rule_state[slot] = rules[-1][None].to(rule_state.dtype)
+        return [(convs[:, t + 1:t + 1 + keep], rules[t]) for t in range(L - 1)]
 
     def advance(self, qkv, g, beta, state, slots: torch.Tensor) -> torch.Tensor:
         """B sequences of L tokens each ([B, L, ...]) from their slots' states: the conv, then the delta rule; the
@@ -207,6 +216,7 @@ class Qwen3_5Decoder(nn.Module):
         self.mtp_specs = [CacheSpec("full_attention", kv_heads=text_cfg.num_key_value_heads,
                                     head_dim=text_cfg.head_dim)] * mtp_layers(text_cfg)
         self.hidden = None  # the last forward's final hidden states [T, hidden], kept only with an MTP head
+        self.rope = None  # and its rotary tables (cos, sin [T, 1, rotary_dim]): the head's rows sit at its positions
         rope = text_cfg.rope_parameters
         if rope.get("rope_type", "default") != "default":
             raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported (only default M-RoPE)")
@@ -247,7 +257,7 @@ class Qwen3_5Decoder(nn.Module):
             x = layer(x, cos, sin, kv_caches[i], attention, rows)
         x = self.norm(x)
         if self.mtp is not None:
-            self.hidden = x  # the MTP head reads them after sampling (engine/spec_decode/mtp.py)
+            self.hidden, self.rope = x, (cos, sin)  # the MTP head reads them after sampling (engine/spec_decode/mtp.py)
         return x if last is None else self.compute_logits(x[last])
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

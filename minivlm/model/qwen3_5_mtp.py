@@ -55,7 +55,8 @@ def dense_attention(attn, x, cos, sin, kv: list) -> torch.Tensor:
     q, gate = qg.view(T, h, 2 * d).chunk(2, dim=-1)
     q, k = rotate_partially(attn.q_norm(q), cos, sin), rotate_partially(attn.k_norm(k.view(T, n_kv, d)), cos, sin)
     kv[0], kv[1] = torch.cat((kv[0], k.to(kv[0].dtype))), torch.cat((kv[1], v.view(T, n_kv, d).to(kv[1].dtype)))
-    keys, values = kv[0].to(q.dtype).repeat_interleave(h // n_kv, 1), kv[1].to(q.dtype).repeat_interleave(h // n_kv, 1)
-    o = F.scaled_dot_product_attention(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
-                                       scale=d ** -0.5)  # the last row sees everything before it
-    return attn.o_proj(o.transpose(0, 1).reshape(T, -1) * torch.sigmoid(gate.reshape(T, -1)))
+    # 4-D with the heads grouped by SDPA itself: no expanded copy of K/V (3-D inputs take SDPA's slow math path)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kv[0].to(q.dtype).transpose(0, 1)[None],
+                                       kv[1].to(q.dtype).transpose(0, 1)[None], scale=d ** -0.5,
+                                       enable_gqa=True)  # the last row sees everything before it
+    return attn.o_proj(o[0].transpose(0, 1).reshape(T, -1) * torch.sigmoid(gate.reshape(T, -1)))

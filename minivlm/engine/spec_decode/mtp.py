@@ -10,6 +10,8 @@ import logging
 
 import torch
 
+from minivlm.model.attention import gather_kv
+
 log = logging.getLogger("minivlm")
 
 
@@ -62,7 +64,8 @@ class MtpProposer:
         if self.step is None or self.decoder.hidden is None:
             return
         embeds, positions, meta = self.step
-        hidden, self.step, self.decoder.hidden = self.decoder.hidden, None, None
+        (cos, sin), hidden = self.decoder.rope, self.decoder.hidden
+        self.step = self.decoder.hidden = self.decoder.rope = None
         spec, sampled = out.spec or {}, out.sampled or {}
         next_ids, reuse, wanted, row = [], [], [], 0
         for r in ran:
@@ -83,8 +86,7 @@ class MtpProposer:
         at = torch.tensor(reuse, device=embeds.device)
         shifted = torch.cat((embeds[1:], embeds[:1]))
         nxt = torch.where(at[:, None], shifted.to(nxt.dtype), nxt)
-        cos, sin = self.decoder.rotary(positions, embeds.dtype)
-        h = self.mtp(nxt, hidden, cos[:, None], sin[:, None], self.caches, meta)
+        h = self.mtp(nxt, hidden, cos, sin, self.caches, meta)  # the rows at the forward's own positions
         if not wanted:
             return
         rows = torch.tensor([w[1] for w in wanted], device=h.device)
@@ -100,18 +102,15 @@ class MtpProposer:
         its paged K/V of positions [0, length - 1) and the rows before it (dense)."""
         if self.k < 2:
             return []
-        table = self.table_of(seq_id)
-        n = length - 1  # positions whose head K/V are in the pool
-        idx = torch.arange(n, device=h.device)
-        blocks = torch.tensor(table, device=h.device)[idx // self.block_size]
-        slots = blocks * self.block_size + idx % self.block_size
-        past = [[k.view(-1, *k.shape[2:])[slots], v.view(-1, *v.shape[2:])[slots]] for k, v in self.caches]
+        table = torch.tensor(self.table_of(seq_id), device=h.device)
+        past = [[gather_kv(k, table, length - 1), gather_kv(v, table, length - 1)]  # positions with head K/V
+                for k, v in self.caches]
+        ahead = pos[:, None] + torch.arange(1, self.k, device=h.device)  # text positions: every axis moves on
+        cos, sin = self.decoder.rotary(ahead, h.dtype)
         out = []
-        for j in range(1, self.k):
-            p = (pos + j).view(3, 1)  # text positions: every axis moves on by one
-            cos, sin = self.decoder.rotary(p, h.dtype)
+        for j in range(self.k - 1):
             e = self.decoder.embed_tokens(torch.tensor([tok], device=h.device))
-            h = self.mtp.dense_step(e, h, cos[:, None], sin[:, None], past)
+            h = self.mtp.dense_step(e, h, cos[j:j + 1, None], sin[j:j + 1, None], past)
             lg = self.decoder.compute_logits(h)[0]
             self.logits[seq_id].append(lg)
             tok = int(lg.argmax(-1))
