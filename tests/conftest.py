@@ -60,12 +60,29 @@ def matrix_engines(matrix_checkpoints):
 
 @pytest.fixture(scope="session")
 def tiny_app_process(tmp_path_factory):
-    """`python app.py --num-blocks 256` (the shipped tiny model and its own pool), started as a process once for the
-    modules that talk to it as clients (test_app_client.py, test_openai_structured.py): a start imports torch,
-    gradio and transformers (10-20 s on 2 cores). A test that rebuilds its engine puts the start settings back."""
+    """`python app.py --num-blocks 256 --allowed-media-domains 127.0.0.1` (the shipped tiny model and its own pool;
+    the API may fetch images from this machine only), started as a process once for the modules that talk to it as
+    clients (test_app_classroom.py, test_app_client.py, test_image_memory.py, test_openai_api.py,
+    test_openai_structured.py): a start imports torch, gradio and transformers (10-20 s on 2 cores). A test that
+    rebuilds its engine puts the start settings back; one that pauses it resumes it."""
     from tests.app_server import running_app
-    with running_app("--num-blocks", "256", log_path=str(tmp_path_factory.mktemp("app") / "app.log")) as url:
+    with running_app("--num-blocks", "256", "--allowed-media-domains", "127.0.0.1",
+                     log_path=str(tmp_path_factory.mktemp("app") / "app.log")) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def shared_app_process(tmp_path_factory):
+    """`python app.py --shared` as a public deployment runs it (tests/app_server.py's SHARED_*: a 128-block pool,
+    uploads of 1 MB at most kept 2 s, an operator token in $MINIVLM_ADMIN_TOKEN and two API keys in
+    $MINIVLM_API_KEY), started as a process once for test_openai_serving.py and test_shared_deployment.py (a start
+    costs 10-20 s on 2 cores); yields (url, log path). A test that rebuilds its engine puts the start settings back."""
+    from tests.app_server import SHARED_ADMIN_TOKEN, SHARED_API_KEYS, SHARED_NUM_BLOCKS, running_app
+    log = str(tmp_path_factory.mktemp("shared") / "app.log")
+    with running_app("--num-blocks", str(SHARED_NUM_BLOCKS), "--shared", "--max-file-size", "1mb", "--upload-ttl", "2",
+                     log_path=log, env={"MINIVLM_ADMIN_TOKEN": SHARED_ADMIN_TOKEN,
+                                        "MINIVLM_API_KEY": SHARED_API_KEYS}) as url:
+        yield url, log
 
 
 def pytest_sessionfinish(session, exitstatus):

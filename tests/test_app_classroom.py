@@ -1,4 +1,4 @@
-"""A classroom's engine, shared by every page (python app.py, started as a process, driven by gradio_client): a
+"""A classroom's engine, shared by every page (python app.py, the session's app process, driven by gradio_client): a
 pause by one page is said in the others' chats and KV tabs and any page resumes it; a picture-less or untrained
 question gets a hint, not an unexplained guess; a long answer reaches the page in coalesced updates."""
 import json
@@ -8,7 +8,7 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from tests.app_server import APP_MODEL, running_app
+from tests.app_server import APP_MODEL
 from tests.test_app_client import SAMPLING, image
 
 pytestmark = pytest.mark.skipif(APP_MODEL is not None, reason="the hints are the shipped tiny model's")
@@ -16,9 +16,9 @@ PAUSED = "The engine is paused for step-through"
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory):
-    with running_app("--num-blocks", "64", log_path=str(tmp_path_factory.mktemp("app") / "app.log")) as u:
-        yield u
+def url(tiny_app_process):
+    """The session's app process (tests/conftest.py): a classroom's engine is any engine every page shares."""
+    return tiny_app_process
 
 
 def texts(history) -> list[str]:

@@ -1,4 +1,4 @@
-"""Pixel bombs on every route of the running app (python app.py, a process of its own), measured in that process's
+"""Pixel bombs on every route of the running app (python app.py, the session's app process), measured in that process's
 own peak RSS (/proc VmHWM, reset before each request) and by the wall clock: eight 62 MP one-bit PNGs in one
 request (a few KB each, under the per-image limit) and one 144 MP PNG go to the chat, the cache inspector, the
 anatomy tab and the HTTP API. Each is refused from the image headers in under a second, with the same message and
@@ -18,7 +18,6 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 from minivlm.inputs.image_limits import MAX_IMAGE_BYTES
-from tests.app_server import running_app
 from tests.test_app_client import answer, ask
 
 GROWTH_MB = 300
@@ -60,9 +59,10 @@ def bombs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    with running_app("--num-blocks", "96", log_path=str(tmp_path_factory.mktemp("mem") / "app.log")) as url:
-        yield url
+def app(tiny_app_process):
+    """The session's app process (tests/conftest.py; its pid is the one measured): growth is measured from the
+    resident size before each request, so what earlier modules left in it does not count."""
+    return tiny_app_process
 
 
 @pytest.fixture(scope="module")

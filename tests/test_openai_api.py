@@ -14,7 +14,7 @@ from PIL import Image
 
 from panels.holder import EXAMPLES_DIR
 from tests.api_app import MODEL, data_url, image_message, text_request
-from tests.app_server import APP_MODEL, running_app
+from tests.app_server import APP_MODEL
 
 
 @pytest.fixture(scope="module")
@@ -28,11 +28,10 @@ def media_server():
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    """The app as users start it, with the API open (no key) and 127.0.0.1 as the one allowed media domain."""
-    with running_app("--allowed-media-domains", "127.0.0.1",
-                     log_path=str(tmp_path_factory.mktemp("api") / "app.log")) as url:
-        yield url
+def app(tiny_app_process):
+    """The app as users start it (the session's process, tests/conftest.py), with the API open (no key) and
+    127.0.0.1 as the one allowed media domain."""
+    return tiny_app_process
 
 
 @pytest.fixture(scope="module")

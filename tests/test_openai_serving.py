@@ -17,16 +17,10 @@ ANSWERS = {"red_circle.png": ("What color is the shape?", "red"), "blue_circle.p
 
 
 @pytest.fixture(scope="module")
-def shared_app_with_key(tmp_path_factory, monkeypatch_module):
-    monkeypatch_module.setenv("MINIVLM_API_KEY", "class-key,teacher-key")
-    with running_app("--shared", log_path=str(tmp_path_factory.mktemp("api") / "shared.log")) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as mp:
-        yield mp
+def shared_app_with_key(shared_app_process):
+    """The session's `python app.py --shared` (tests/conftest.py), started with MINIVLM_API_KEY=class-key,teacher-key
+    (also test_shared_deployment.py's app)."""
+    return shared_app_process[0]
 
 
 def test_key_protects_the_api_and_each_key_and_user_gets_its_own_cache(shared_app_with_key):

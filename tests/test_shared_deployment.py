@@ -1,4 +1,4 @@
-"""A public deployment (python app.py --shared, started as a process) attacked through its public API the way a
+"""A public deployment (python app.py --shared, the session's process: tests/conftest.py) attacked through its public API the way a
 visitor can reach it: gradio_client and raw HTTP. Every reconfiguring call is refused with a clear message and the
 shared engine stays as it was: its settings, its pool, its cache. The operator's token still works."""
 import json
@@ -13,11 +13,11 @@ from gradio_client.exceptions import AppError
 
 from minivlm import EngineConfig
 
-from tests.app_server import APP_MODEL, running_app
+from tests.app_server import APP_MODEL, SHARED_ADMIN_TOKEN, SHARED_NUM_BLOCKS
 from tests.test_app_client import ask, image
 
-NUM_BLOCKS = 128
-TOKEN = "operator-secret-for-tests"
+NUM_BLOCKS = SHARED_NUM_BLOCKS
+TOKEN = SHARED_ADMIN_TOKEN
 REFUSED = "This is a shared deployment: its engine configuration belongs to the operator and was not changed"
 QUESTION = ("How many shapes are there?", ["three_shapes.png"])
 MODEL = APP_MODEL or EngineConfig().model
@@ -28,11 +28,9 @@ def cached_tokens(stats: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    log = str(tmp_path_factory.mktemp("shared") / "app.log")
-    with running_app("--num-blocks", str(NUM_BLOCKS), "--shared", "--max-file-size", "1mb", "--upload-ttl", "2",
-                     log_path=log, env={"MINIVLM_ADMIN_TOKEN": TOKEN}) as url:
-        yield url, log
+def app(shared_app_process):
+    """(url, log path) of the session's `python app.py --shared` (also test_openai_serving.py's API-key app)."""
+    return shared_app_process
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +42,20 @@ def alice(app):
     return client
 
 
+@pytest.fixture(scope="module")
+def onlooker(app):
+    """A visitor who only looks (never launches nor asks): a session without a run of its own, whatever test ran."""
+    return Client(app[0], verbose=False)
+
+
 @pytest.fixture
-def before(app, alice):
+def before(app, alice, onlooker):
     """The engine's status line and settings before an attack; afterwards they must be the same and Alice's
     prompt must still come from the cache."""
     state = alice.predict(api_name="/engine_status")
     yield state
     assert alice.predict(api_name="/engine_status") == state
-    shared_view = Client(app[0], verbose=False).predict(api_name="/kv_snapshot")[2]  # a session without a run of its own
+    shared_view = onlooker.predict(api_name="/kv_snapshot")[2]  # a session without a run of its own
     # the shared pool as totals only, never its blocks (#24 item 7)
     assert "Shared engine, totals only" in shared_view and f" of {NUM_BLOCKS} blocks in use" in shared_view
     assert cached_tokens(ask(alice, *QUESTION)[2]) > 0
