@@ -140,7 +140,7 @@ class LoadedModel:
         tied = bool(getattr(self.hf_config, "tie_word_embeddings", False) or getattr(text_cfg, "tie_word_embeddings", False))
         with torch.device("meta"):  # no random init of weights we are about to overwrite
             self.decoder = decoder_class(self.family)(self.model_type, text_cfg, tied)
-        if hasattr(self.decoder, "placeholder_ids"):  # Gemma 4: the tokens whose per-layer embedding is the pad's
+        if hasattr(self.decoder, "placeholder_ids"):  # Gemma 4: the tokens that embed as the pad token (HF does)
             ids = (getattr(self.hf_config, f"{m}_token_id", None) for m in ("image", "video", "audio"))
             self.decoder.placeholder_ids = tuple(i for i in ids if i is not None)
         if getattr(config.speculative_config, "method", None) != "mtp" and hasattr(self.decoder, "drop_mtp"):

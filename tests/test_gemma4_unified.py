@@ -82,6 +82,23 @@ def test_a_hit_never_ends_inside_an_image_that_began_before_its_window(path):
     assert gap_to_hf(path, WIDE, out) <= TOL
 
 
+@pytest.mark.slow
+def test_a_ten_block_pool_preempts_and_still_equals_hf(path):
+    """An image request and a text one fit 10 blocks of 16 at admission, not once each has decoded 30 tokens: the
+    newest is preempted, recomputed, and both equal HF (30 fp32 decode steps: measured max |Δ| 1.2e-5, bound 1e-4,
+    the issue's; the same without preemption)."""
+    from minivlm import Engine, EngineConfig
+    a = ask(scene(60, 60, (220, 30, 30)), text="Colour?")
+    b = Request(messages=[{"role": "user", "content": "Hello, how are you? The quick brown fox jumps."}])
+    with Engine(EngineConfig(model=path, device="cpu", dtype="float32", block_size=16, num_blocks=10,
+                             max_model_len=160)) as e:
+        outs = e.generate([a, b], greedy(30))
+        kinds = [ev.kind for ev in e.events()]
+    assert "preempted" in kinds
+    for request, out in zip((a, b), outs):
+        assert gap_to_hf(path, request, out) <= 1e-4
+
+
 def test_hf_sees_an_image_whole_past_the_window(path):
     """The reference itself: HF's logits change when it is not told where the image is (so both-ways attention, past
     the window, is really exercised by the test above)."""

@@ -82,7 +82,7 @@ class Gemma4Decoder(nn.Module):
         self.spans_past_window = self.bidirectional_images and not self.causal_full_layers  # a hit never ends inside
         self.model_type = model_type
         self.layer_specs = [self.spec(i) for i in range(n)]
-        self.embed_tokens = ScaledEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = PlaceholdersAsPad(cfg.vocab_size, cfg.hidden_size, cfg.pad_token_id)
         self.ple = getattr(cfg, "hidden_size_per_layer_input", 0)  # gemma4_unified has no per-layer embeddings
         if self.ple:
             self.embed_tokens_per_layer = ScaledEmbedding(cfg.vocab_size_per_layer_input, n * self.ple)
@@ -95,8 +95,16 @@ class Gemma4Decoder(nn.Module):
         if tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.pad_id = cfg.pad_token_id
-        self.placeholder_ids: tuple[int, ...] = ()  # image / video / audio tokens (set by the loader from the config)
         self.inv_freq = {}
+
+    @property
+    def placeholder_ids(self) -> tuple[int, ...]:
+        """The image / video / audio token ids (set by the loader from the config): they embed as the pad token."""
+        return self.embed_tokens.placeholder_ids
+
+    @placeholder_ids.setter
+    def placeholder_ids(self, ids):
+        self.embed_tokens.placeholder_ids = tuple(ids)
 
     def spec(self, i: int) -> CacheSpec:
         """Layer i's CacheSpec: its own K/V (sliding or full, with its type's head size), or none (shared)."""
@@ -170,6 +178,21 @@ class Gemma4Decoder(nn.Module):
         logits = self.lm_head(hidden)
         cap = self.cfg.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+class PlaceholdersAsPad(ScaledEmbedding):
+    """Token embeddings in which the image / video / audio placeholder ids read the pad token's row, as HF's
+    Gemma4Model / Gemma4UnifiedModel embed them: an image's rows are then overwritten by its embeddings, but a
+    placeholder id the model generates (a random one does) keeps the pad's row."""
+
+    def __init__(self, vocab: int, hidden: int, pad_id: int):
+        super().__init__(vocab, hidden)
+        self.pad_id, self.placeholder_ids = pad_id, ()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.placeholder_ids:
+            ids = torch.where(torch.isin(ids, torch.tensor(self.placeholder_ids, device=ids.device)), self.pad_id, ids)
+        return super().forward(ids)
 
 
 def rotary_class(model_type: str) -> type:
