@@ -94,7 +94,8 @@ static I4X i4_quantize(const float *x, int64_t rows, int64_t in) {
     return (I4X){q, d, sum};
 }
 
-/* One x row (xq, its block scales xd and sums xs) against N weight rows from `row`: a group at a time, the blocks'
+/* (k >> 5: k is never negative, and a shift spares the sign fix-up a signed division costs in the inner loop.)
+   One x row (xq, its block scales xd and sums xs) against N weight rows from `row`: a group at a time, the blocks'
    products summed in floats with their input scales (acc_g), then times each row's group scale (acc). */
 static inline __attribute__((always_inline)) void i4_tile(const int8_t *xq, const float *xd, const float *xs,
                                                           const Int4W *w, int64_t row, const float *bias, float *y,
@@ -112,12 +113,12 @@ static inline __attribute__((always_inline)) void i4_tile(const int8_t *xq, cons
         for (int b = 0; b < N; b++) accg[b] = _mm512_setzero_ps();
         for (int64_t k = g * G; k < (g + 1) * G; k += I4_CHUNK) {
             const __m512i xv = _mm512_loadu_si512(xq + k);  /* two blocks: lanes 0-7 the first, 8-15 the second */
-            const __m512 dv = _mm512_insertf32x8(_mm512_set1_ps(xd[k / 32]), _mm256_set1_ps(xd[k / 32 + 1]), 1);
+            const __m512 dv = _mm512_insertf32x8(_mm512_set1_ps(xd[k >> 5]), _mm256_set1_ps(xd[(k >> 5) + 1]), 1);
             for (int b = 0; b < N; b++) {
-                const uint8_t *p = wq + b * rb + k / 2;
+                const uint8_t *p = wq + b * rb + (k >> 1);
                 if (!(k & 127)) {  /* a cache line a row in the next tile's rows, one on the tile's stream */
                     __builtin_prefetch(p + N * rb + I4_AHEAD, 0, 0);
-                    __builtin_prefetch(wq + k / 2 * N + b * 64 + I4_STREAM, 0, 0);
+                    __builtin_prefetch(wq + (k >> 1) * N + b * 64 + I4_STREAM, 0, 0);
                 }
                 /* the chunk in both halves, the upper half shifted to its high nibbles: the 64 weights in order */
                 __m512i wv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
@@ -144,12 +145,12 @@ static inline __attribute__((always_inline)) void i4_tile(const int8_t *xq, cons
         for (int64_t k = g * G; k < (g + 1) * G; k += I4_CHUNK) {
             const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + k));
             const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + k + 32));
-            const __m256 d0 = _mm256_broadcast_ss(xd + k / 32), d1 = _mm256_broadcast_ss(xd + k / 32 + 1);
+            const __m256 d0 = _mm256_broadcast_ss(xd + (k >> 5)), d1 = _mm256_broadcast_ss(xd + (k >> 5) + 1);
             for (int b = 0; b < N; b++) {
-                const uint8_t *p = wq + b * rb + k / 2;
+                const uint8_t *p = wq + b * rb + (k >> 1);
                 if (!(k & 127)) {
                     __builtin_prefetch(p + N * rb + I4_AHEAD, 0, 0);
-                    __builtin_prefetch(wq + k / 2 * N + b * 64 + I4_STREAM, 0, 0);
+                    __builtin_prefetch(wq + (k >> 1) * N + b * 64 + I4_STREAM, 0, 0);
                 }
                 const __m256i v = _mm256_loadu_si256((const __m256i *)p);
                 const __m256i w0 = _mm256_and_si256(v, low), w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
@@ -175,13 +176,13 @@ static inline __attribute__((always_inline)) void i4_tile(const int8_t *xq, cons
         for (int64_t g = 0; g < ng; g++) {
             float accg = 0.f, xsum = 0.f;
             for (int64_t k = g * G; k < (g + 1) * G; k += I4_CHUNK) {
-                const uint8_t *p = wq + b * rb + k / 2;
+                const uint8_t *p = wq + b * rb + (k >> 1);
                 int32_t s0 = 0, s1 = 0;
                 for (int j = 0; j < 32; j++) {
                     s0 += (p[j] & 15) * xq[k + j];
                     s1 += (p[j] >> 4) * xq[k + 32 + j];
                 }
-                accg += (float)s0 * xd[k / 32] + (float)s1 * xd[k / 32 + 1];
+                accg += (float)s0 * xd[k >> 5] + (float)s1 * xd[(k >> 5) + 1];
             }
             for (int64_t blk = g * G / 32; blk < (g + 1) * G / 32; blk++) xsum += xs[blk];
             acc += accg * sm[b * ng * 2 + 2 * g];
