@@ -11,7 +11,7 @@ from bench.timing import Row, median, spread
 
 TINY_QWEN3_5 = os.environ.get("MINIVLM_TINY_QWEN3_5", os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny-qwen3_5-vl"))
-K = 3  # the fastest of k = 1, 2, 3 side by side on the step-5750 export (1.41x, 1.63x, 1.75x at load 9)
+K = 3  # the fastest of k = 1, 2, 3 side by side (step 6750, load 3: 1.29-1.38x, 1.36-1.57x, 1.52-1.67x)
 SEED = 9_400_000  # scenes disjoint from training's, eval_tiny's and the tests'
 
 
