@@ -20,8 +20,10 @@ def test_the_reference_path_is_small_and_loads_no_c_code():
     lines = sum(len(open(f, encoding="utf-8").readlines()) for f in files)
     # 613 lines for the dense families after #39; #41 added two hybrid decoders (Qwen3.5, Gemma 3: ~380 lines),
     # Gemma's tower, the cache specs and the window / span masks; #54 Gemma 4 (its decoder with shared-KV layers and
-    # per-layer embeddings, its tower: ~360 lines) and #55 Qwen3.5's MTP head (~60)
-    assert lines <= 1700, lines
+    # per-layer embeddings, its tower: ~360 lines) and #55 Qwen3.5's MTP head (~60); then Gemma 4 12B (its
+    # encoder-free embedder, images that see each other past the window, placeholders as pad: ~120) and the MTP
+    # verify's delta rule kept per token (~50)
+    assert lines <= 1900, lines
     for f in files:
         text = open(f, encoding="utf-8").read()
         assert "ctypes" not in text and "c_build" not in text and "backends import" not in text, f
