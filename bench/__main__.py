@@ -17,7 +17,7 @@ from bench import results, results_page, steal
 from bench import (busy_machine, chunked_prefill, events_overhead, hybrid_decode, kv_events_overhead, long_context,
                    memory, panel_overhead, peer_llamacpp, prefix_cache, quantized, single_stream, speculative,
                    structured_decode, throughput, timeline_overhead)
-from bench import step_overhead
+from bench import speculative_mtp, step_overhead
 from bench.report import machine, text_table
 from bench.workload import (BENCH_MODEL, SMOKE_MODEL, build_checkpoint, hf_generate, load_hf, make_engine,
                             mixed_requests, param_count)
@@ -29,7 +29,7 @@ MEASUREMENTS = {"throughput": throughput.measure, "single_stream": single_stream
                 "chunked_prefill": chunked_prefill.measure,
                 "kv_events": kv_events_overhead.measure, "long_context": long_context.measure,
                 "hybrid_decode": hybrid_decode.measure, "speculative": speculative.measure,
-                "structured_decode": structured_decode.measure, "quantized": quantized.measure,
+                "speculative_mtp": speculative_mtp.measure, "structured_decode": structured_decode.measure, "quantized": quantized.measure,
                 "busy_machine": busy_machine.measure, "step_overhead": step_overhead.measure}
 PEERS = {"llamacpp": peer_llamacpp.measure}  # other engines on the same checkpoint: run only when asked (--peer)
 GROUPS = list(MEASUREMENTS) + ["peer " + name for name in PEERS]  # the order of the rows on the results page

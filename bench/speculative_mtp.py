@@ -51,6 +51,8 @@ def measure(ctx, n: int = 8, new_tokens: int = 64, ks=(K,)) -> list[Row]:
     for k in ks:
         engines[k] = Engine(EngineConfig(model=TINY_QWEN3_5, device="cpu", dtype="float32",
                                          speculative_config={"method": "mtp", "num_speculative_tokens": k}))
+    if ctx.smoke:  # the code path, not a figure: two short descriptions
+        n, new_tokens = 2, 24
     requests = descriptions(n)
     rates, same, counts = {k: [] for k in engines}, dict.fromkeys(ks, True), {k: (0, 0, 0) for k in ks}
     try:
@@ -99,7 +101,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     TINY_QWEN3_5 = args.model
-    ctx = SimpleNamespace(repeats=args.repeats, details={})
+    ctx = SimpleNamespace(repeats=args.repeats, details={}, smoke=False)
     print(f"load average before: {os.getloadavg()}")
     for row in measure(ctx, ks=[int(k) for k in args.k.split(",")]):
         print(f"{row.metric}: {row.engine:.1f} vs {row.baseline:.1f} {row.unit} = {row.ratio:.2f}x "

@@ -29,6 +29,7 @@ METRICS = ["varied: throughput vs HF one-by-one", "varied: ceiling = HF one-by-o
            "hybrid decode vs HF generate: Qwen3.5", "hybrid decode vs HF generate: Gemma 3",
            "speculative decode, copy-heavy (its answer repeats): on vs off", "speculative decode, no n-gram found: on vs off",
            "HF prompt lookup, text request: on vs off",
+           "MTP speculation k=3, tiny Qwen3.5 descriptions: on vs off",
            *(line for name in ("regex", "json") for line in (
                f"grammar mask per decode step, batch 8, tiny model ({name})",
                *(f"same ({name}), the masks filled {mode}" for mode in MaskFiller.MODES))),
@@ -77,8 +78,11 @@ def test_bench_runs_end_to_end_on_a_tiny_model(tmp_path):
                         "kv_events_overhead",
                         "long_context_8", "long_context_1", "hybrid_qwen3_5", "hybrid_gemma3",
                         "speculative copy-heavy (its answer repeats)", "speculative no n-gram found", "speculative hf",
+                        "speculative mtp k=3",
                         "structured_decode", "quantized", "busy_machine", "step_overhead"}
-    assert all(r.same == "1/1" for r in rows if r.metric.startswith(("hybrid decode", "speculative decode, copy")))
+    assert all(r.same == "1/1" for r in rows if r.metric.startswith(("hybrid decode", "speculative decode, copy",
+                                                                      "MTP speculation")))
+    assert details["speculative mtp k=3"]["accepted"] > 0  # the trained head's guesses are taken
     # Long context: 1,536-token prompts, the same greedy tokens as HF's batch; decode steps were timed and counted.
     long_rows = [r for r in rows if r.metric.startswith("long context") and "throughput" in r.metric]
     assert [r.same for r in long_rows] == ["8/8", "1/1"]

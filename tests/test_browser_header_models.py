@@ -190,3 +190,24 @@ def test_switching_models_clears_the_chat_and_shows_the_models_examples(app, pag
     finally:
         page.locator("#strategy-picker").get_by_label("C", exact=True).check()
         page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('prefix cache: C')")
+
+
+def test_the_shipped_qwen3_5_is_picked_from_the_list_and_answers(app, page):
+    """#55 item 4: the second shipped model is one of the picker's own options; picked there (a click, as a person
+    would) the engine serves the hybrid Qwen3.5 and the tiny scenes' question gets the trained answer."""
+    from panels.header import SHIPPED
+    if "tiny-qwen3_5-vl" not in SHIPPED:
+        pytest.skip("assets/tiny-qwen3_5-vl is not exported")
+    holder, _ = app
+    tiny = holder.config.model
+    page.locator("#model-picker input").click()
+    page.get_by_role("option", name="tiny-qwen3_5-vl (shipped, offline)").click()
+    try:
+        page.wait_for_function("document.querySelector('#engine-status')?.innerText.includes('(qwen3_5) on')")
+        assert holder.config.model == SHIPPED["tiny-qwen3_5-vl"]
+        open_tab(page, "Chat")
+        ask(page)
+        assert page.locator("#chatbot [data-testid=bot]").last.inner_text().strip() == "blue"
+    finally:
+        load_from_header(page, tiny, None)
+        page.wait_for_function("/\\(qwen3_vl\\) on/.test(document.querySelector('#engine-status')?.innerText)")
