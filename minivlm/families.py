@@ -82,24 +82,13 @@ class Gemma4ImageOnlyProcessor(Gemma4Processor, ImagesAndTextOnly):
 
 
 class Gemma4UnifiedImageOnlyProcessor(Gemma4UnifiedProcessor, ImagesAndTextOnly):
-    """Gemma 4 12B's processor for images and text, its image processor minivlm's plain-torch one
-    (minivlm.inputs.patches_gemma4_unified: transformers' exists only on torchvision)."""
+    """Gemma 4 12B's processor for images and text; minivlm.inputs.processor gives it minivlm's plain-torch image
+    processor (transformers' exists only on torchvision), so build it with load_processor, not from_pretrained."""
 
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, image_seq_length: int = 280,
                  **kwargs):
         super().__init__(None, image_processor, tokenizer, None, chat_template=chat_template,
                          image_seq_length=image_seq_length, **kwargs)
-
-    @staticmethod
-    def image_processor_of(model_dir: str):
-        from minivlm.inputs.patches_gemma4_unified import Gemma4UnifiedImageProcessorTorch
-        return Gemma4UnifiedImageProcessorTorch.from_pretrained(model_dir)
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str, **kwargs):
-        """As ProcessorMixin's, with minivlm's image processor (AutoImageProcessor would want torchvision)."""
-        from minivlm.inputs.processor import load_processor
-        return load_processor(model_dir, "gemma4_unified")
 
 
 class SmolVLMImageOnlyProcessor(SmolVLMProcessor):

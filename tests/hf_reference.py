@@ -6,7 +6,7 @@ import functools
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from minivlm.inputs.processor import PROCESSORS  # also registers the image-only processors (no torchvision needed)
+from minivlm.inputs.processor import PROCESSORS, load_processor  # also registers the image-only processors (no torchvision needed)
 
 
 TEXT_ONLY = ("qwen2", "qwen3")
@@ -27,6 +27,8 @@ def hf_processor(path: str):
     if is_text_only(path):
         return AutoTokenizer.from_pretrained(path)
     model_type = AutoConfig.from_pretrained(path).model_type
+    if model_type == "gemma4_unified":  # its image processor needs torchvision: minivlm's, checked against the stored
+        return load_processor(path, model_type)  # output of transformers' own in test_gemma4_unified
     if model_type in PROCESSORS:  # transformers' processor minus its video slot (published configs name the full one)
         return PROCESSORS[model_type][1].from_pretrained(path)
     return AutoProcessor.from_pretrained(path)

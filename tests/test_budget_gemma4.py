@@ -15,7 +15,7 @@ from transformers.models.gemma4 import Gemma4ImageProcessorPil
 from minivlm.budget import estimate, hf_config, image_plan, model_shape, parameter_count, text_params, vision_params
 from minivlm.budget.kv_groups import SHARED, GroupShape, layer_groups, size_groups
 from minivlm.budget.params import audio_params
-from minivlm.budget.soft_tokens import soft_tokens
+from minivlm.inputs.soft_tokens import soft_tokens
 
 PRESETS = ["gemma-4-E2B-it", "gemma-4-E4B-it", "gemma-4-12B-it", "gemma-4-26B-A4B-it", "gemma-4-31B-it"]
 # Figures Google's model card states, in billions as rounded there, and the part of the model each one counts: the

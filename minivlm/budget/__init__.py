@@ -16,7 +16,7 @@ from minivlm.budget.params import parameter_count, text_params, vision_params
 from minivlm.budget.planner import GpuPlan, gpus_needed
 from minivlm.budget.shapes import (PRESET_DIR, QWEN_VL, SUPPORTED, TEXT_ONLY, TILED, ModelShape, hf_config,
                                    load_model_preset, model_preset_names, model_shape)
-from minivlm.budget.soft_tokens import DEFAULT_SOFT_TOKENS, SOFT_TOKEN_BUDGETS, SOFT_TOKEN_FAMILIES
+from minivlm.inputs.soft_tokens import DEFAULT_SOFT_TOKENS, SOFT_TOKEN_BUDGETS, SOFT_TOKEN_FAMILIES
 from minivlm.budget.tiling import TiledImage, internvl_tiles, smolvlm_tiles
 from minivlm.budget.vision_tokens import (FAMILY_PROCESSOR, ImagePlan, image_plan, image_processor_settings,
                                           smart_resize, tiled_processor_settings, vision_tokens)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from minivlm.budget.shapes import QWEN_PATCHES, TEXT_ONLY, hf_config, load_model_preset, model_shape
 from minivlm.budget.shapes_gemma4 import GEMMA4
-from minivlm.budget.soft_tokens import DEFAULT_SOFT_TOKENS, GEMMA4_MARKERS, soft_token_size
+from minivlm.inputs.soft_tokens import DEFAULT_SOFT_TOKENS, GEMMA4_MARKERS, soft_token_size
 from minivlm.budget.tiling import internvl_tiles, smolvlm_tiles
 
 # Image processor defaults of the published Qwen-VL checkpoints' preprocessor_config.json, per family (kept here,

@@ -12,7 +12,7 @@ from transformers.image_processing_utils import BaseImageProcessor, BatchFeature
 from transformers.image_utils import PILImageResampling
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorKwargs
 
-from minivlm.budget.soft_tokens import SOFT_TOKEN_BUDGETS, soft_token_size
+from minivlm.inputs.soft_tokens import SOFT_TOKEN_BUDGETS, soft_token_size
 
 
 def merged_patches(image: torch.Tensor, side: int) -> tuple[torch.Tensor, torch.Tensor]:

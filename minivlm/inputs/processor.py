@@ -8,9 +8,11 @@ from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
 from minivlm.families import FAMILIES, get_family
+from minivlm.inputs.patches_gemma4_unified import Gemma4UnifiedImageProcessorTorch
 from minivlm.inputs.video_patches import video_settings
 
 PROCESSORS = {name: (f.config_class, f.processor_class) for name, f in FAMILIES.items() if f.processor_class}
+OWN_IMAGE_PROCESSORS = {"gemma4_unified": Gemma4UnifiedImageProcessorTorch}  # transformers' needs torchvision
 
 
 def register_processors():
@@ -41,9 +43,10 @@ def load_processor(model_dir: str, model_type: str):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if family.processor_class is None:
         return tokenizer
-    own = getattr(family.processor_class, "image_processor_of", None)  # Gemma 4 12B: minivlm's own, no torchvision
+    own = OWN_IMAGE_PROCESSORS.get(model_type)
     try:
-        image_processor = own(model_dir) if own else AutoImageProcessor.from_pretrained(model_dir, backend="pil")
+        image_processor = own.from_pretrained(model_dir) if own else \
+            AutoImageProcessor.from_pretrained(model_dir, backend="pil")
     except (OSError, ValueError, TypeError):
         if family.images != "patches":
             raise
