@@ -206,5 +206,5 @@ def build_anatomy(engine, request: Request) -> Anatomy:
                                    block_kind(seq.token_types[start:end], holds_video(video_spans(seq), start, end))))
     encoder = getattr(model.vision, "has_encoder", True)
     notes = [n for im in seq.images for n in im.notes] + ([] if encoder or not seq.images else [NO_ENCODER])
-    return Anatomy(tokens, images, blocks, bs, engine.config.cache_strategy, seq.rope_delta, notes, family.images,
-                   family.mrope, encoder)
+    return Anatomy(tokens, images, blocks, bs, engine.config.cache_strategy, seq.rope_delta, notes,
+                   images_as=family.images, mrope=family.mrope, encoder=encoder)
