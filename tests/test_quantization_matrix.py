@@ -35,7 +35,10 @@ from tests.test_quantization import DRIFT_AT_BOUND, INT8_BOUND
 from tools.quantization_matrix import CASES, run_in_subprocess, table
 
 BOUNDS = {"int8": INT8_BOUND}
-EXACT_RATIO = 2  # x the dequantized model's own bf16 drift (above: the tiny checkpoint measured 0.57 and 1.0)
+# x the dequantized model's own bf16 drift (above: the tiny checkpoint measured 0.57 and 1.0); int4's one-call C step
+# (#57) rounds each product's input to Q8 blocks as int8's rows do, besides its bf16 output: 2.17 d on the random
+# Qwen2 checkpoint; a wrong layout or group measured 2.5-18 d (above), so this bound sits at the least of those
+EXACT_RATIO = {"int8": 2, "int4": 2.5}
 # the default run: Gemma 3 with the widths that crashed (padding, both methods, both dtypes); each case is ~15-70 s
 # on 2 cores, so the issue's hybrid family (Qwen3.5, whose dequantized weights test_quantization.py checks in the
 # default run) and the rest run with -m slow (the whole matrix: some ten minutes)
@@ -53,7 +56,7 @@ def allowed(rows: list[dict], row: dict) -> float:
 
 def allowed_exact(row: dict) -> float:
     d = row["exact_drift"]  # the dequantized model's bf16 engine against its fp32 one
-    return EXACT_RATIO * d + (d if row["dtype"] == "bfloat16" else 0.0)
+    return EXACT_RATIO[row["method"]] * d + (d if row["dtype"] == "bfloat16" else 0.0)
 
 
 def padded_by_the_kernels_rules(widths) -> int:
