@@ -13,7 +13,7 @@ import torch
 
 from minivlm import Request
 from minivlm.refusals import Refused
-from tests.gemma4_requests import TEXT, TWO, WIDE, ask, engine, gap_to_hf, greedy, scene
+from tests.gemma4_requests import BLOCK, TEXT, TWO, WIDE, ask, engine, gap_to_hf, greedy, scene
 from tools.make_checkpoint_gemma4_unified import SLIDING_WINDOW, make_gemma4_unified_checkpoint
 from tools.make_gemma4_unified_reference import BUDGETS, SIZES, outputs
 
@@ -56,6 +56,25 @@ def test_image_requests_single_batched_and_from_the_prefix_cache_equal_hf(path, 
         assert gap_to_hf(path, request, out) <= TOL
     assert again.num_cached_tokens > one.num_prompt_tokens // 2 and again.token_ids == one.token_ids
 
+
+
+def test_turn_two_with_a_new_image_reuses_every_full_block_it_shares_and_equals_hf(path, served):
+    """A chat's second turn (turn 1, its answer, a new image and question): its hit is every full block of the longest
+    token prefix it shares with what turn 1 computed (turn 1's image began before the window, but the hit ends past
+    it, never inside), and its answer equals HF's."""
+    first = WIDE.to_messages()
+    with nullcontext(served) as e:  # the module's engine
+        one = e.generate(WIDE, greedy())
+        new = [{"type": "image", "image": scene(90, 60, (40, 70, 220))}, {"type": "text", "text": "And this one?"}]
+        two = Request(messages=first + [{"role": "assistant", "content": one.text}, {"role": "user", "content": new}])
+        before, after = e.anatomy(WIDE).tokens, e.anatomy(two).tokens
+        out = e.generate(two, greedy())
+    computed = [t.token_id for t in before] + one.token_ids[:-1]  # the last answer token's K/V were never written
+    shared = next((i for i, (a, b) in enumerate(zip(computed, [t.token_id for t in after])) if a != b),
+                  min(len(computed), len(after)))
+    assert shared >= one.num_prompt_tokens  # turn 1 whole (a random answer's text may tokenize anew)
+    assert out.num_cached_tokens == shared // BLOCK * BLOCK
+    assert gap_to_hf(path, two, out) <= TOL
 
 def test_sixteen_token_chunks_equal_hf(path):
     """Chunked prefill, 16 tokens a step: a chunk never ends inside an image, so the 60-token image runs whole in a
