@@ -29,7 +29,8 @@ MEASUREMENTS = {"throughput": throughput.measure, "single_stream": single_stream
                 "chunked_prefill": chunked_prefill.measure,
                 "kv_events": kv_events_overhead.measure, "long_context": long_context.measure,
                 "hybrid_decode": hybrid_decode.measure, "speculative": speculative.measure,
-                "speculative_mtp": speculative_mtp.measure, "structured_decode": structured_decode.measure, "quantized": quantized.measure,
+                "speculative_mtp": speculative_mtp.measure, "structured_decode": structured_decode.measure,
+                "quantized": quantized.measure,
                 "busy_machine": busy_machine.measure, "step_overhead": step_overhead.measure}
 PEERS = {"llamacpp": peer_llamacpp.measure}  # other engines on the same checkpoint: run only when asked (--peer)
 GROUPS = list(MEASUREMENTS) + ["peer " + name for name in PEERS]  # the order of the rows on the results page
