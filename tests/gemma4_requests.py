@@ -3,6 +3,7 @@
 20, per-layer embeddings, a 24-token window that every prompt outgrows), one engine of it per test module, the
 requests they send, and the gap of an engine output to HF's teacher-forced log-probabilities."""
 import pytest
+import torch
 from PIL import Image
 
 from minivlm import Engine, EngineConfig, Request, SamplingParams
@@ -58,3 +59,14 @@ def gap_to_hf(path, request, out) -> float:
     assert ref.argmax(-1).tolist() == out.token_ids
     assert all(len(d) >= 5 for d in out.logprobs)
     return max(abs(ref[i, t].item() - lp) for i, d in enumerate(out.logprobs) for t, lp in d.items())
+
+
+def bf16_gaps(path, request) -> tuple[float, float]:
+    """The bf16 engine's answer: max |Δ| of its top-5 logprobs from HF fp32's, and HF bf16's own max |Δ| there."""
+    with engine(path, dtype="bfloat16") as e:
+        out = e.generate(request, greedy(8))
+    fp32 = teacher_forced_logprobs(path, request, out.token_ids, torch.float32)
+    bf16 = teacher_forced_logprobs(path, request, out.token_ids, torch.bfloat16)
+    pairs = [(i, t, lp) for i, d in enumerate(out.logprobs) for t, lp in d.items()]
+    return (max(abs(lp - fp32[i, t].item()) for i, t, lp in pairs),
+            max(abs(bf16[i, t].item() - fp32[i, t].item()) for i, t, _ in pairs))

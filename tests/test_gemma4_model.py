@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from minivlm import Engine, EngineConfig, Request
-from tests.gemma4_requests import (BLOCK, TEXT, TOL, TWO, WIDE, ask, engine, gap_to_hf, greedy, path,  # noqa: F401
-                                   scene, served)
-from tests.hf_reference import teacher_forced_logprobs
+from tests.gemma4_requests import (BLOCK, TEXT, TOL, TWO, WIDE, ask, bf16_gaps, engine, gap_to_hf, greedy,  # noqa: F401
+                                   path, scene, served)
 from tools.make_checkpoint_gemma4 import SLIDING_WINDOW, make_gemma4_checkpoint
 
 
@@ -129,13 +128,7 @@ def test_bf16_errs_as_hf_bf16_does(path):
     """In bf16 the engine's top-5 logprobs differ from HF fp32's by what HF bf16's differ (measured: ratio 0.90-1.00
     on these three requests; bound 1.15, tests/test_bf16_drift.py's margin)."""
     for request in (WIDE, TWO, TEXT):
-        with engine(path, dtype="bfloat16") as e:
-            out = e.generate(request, greedy(8))
-        fp32 = teacher_forced_logprobs(path, request, out.token_ids, torch.float32)
-        bf16 = teacher_forced_logprobs(path, request, out.token_ids, torch.bfloat16)
-        pairs = [(i, t, lp) for i, d in enumerate(out.logprobs) for t, lp in d.items()]
-        ours = max(abs(lp - fp32[i, t].item()) for i, t, lp in pairs)
-        theirs = max(abs(bf16[i, t].item() - fp32[i, t].item()) for i, t, _ in pairs)
+        ours, theirs = bf16_gaps(path, request)
         assert ours <= 1.15 * theirs, (ours, theirs)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from minivlm import Request
 from minivlm.refusals import Refused
-from tests.gemma4_requests import BLOCK, TEXT, TWO, WIDE, ask, engine, gap_to_hf, greedy, scene
+from tests.gemma4_requests import BLOCK, TEXT, TWO, WIDE, ask, bf16_gaps, engine, gap_to_hf, greedy, scene
 from tools.make_checkpoint_gemma4_unified import SLIDING_WINDOW, make_gemma4_unified_checkpoint
 from tools.make_gemma4_unified_reference import BUDGETS, SIZES, outputs
 
@@ -122,15 +122,8 @@ def test_a_ten_block_pool_preempts_and_still_equals_hf(path):
 def test_bf16_errs_as_hf_bf16_does(path):
     """In bf16 the engine's top-5 logprobs differ from HF fp32's by what HF bf16's differ (measured: ratio 0.82-1.04
     on these three requests; bound 1.15, tests/test_bf16_drift.py's margin)."""
-    from tests.hf_reference import teacher_forced_logprobs
     for request in (WIDE, TWO, TEXT):
-        with engine(path, dtype="bfloat16") as e:
-            out = e.generate(request, greedy(8))
-        fp32 = teacher_forced_logprobs(path, request, out.token_ids, torch.float32)
-        bf16 = teacher_forced_logprobs(path, request, out.token_ids, torch.bfloat16)
-        pairs = [(i, t, lp) for i, d in enumerate(out.logprobs) for t, lp in d.items()]
-        ours = max(abs(lp - fp32[i, t].item()) for i, t, lp in pairs)
-        theirs = max(abs(bf16[i, t].item() - fp32[i, t].item()) for i, t, _ in pairs)
+        ours, theirs = bf16_gaps(path, request)
         assert ours <= 1.15 * theirs, (ours, theirs)
 
 

@@ -130,13 +130,19 @@ def add_unused_shared_kv(out_dir: str, config, seed: int):
 
 def make_gemma4_checkpoint(out_dir: str, seed: int = 0, **kwargs) -> str:
     """Write a random-weight Gemma 4 checkpoint to out_dir (kwargs: build_gemma4's)."""
+    return write_checkpoint(out_dir, seed, build_gemma4, randomize_gemma4, "Gemma4Processor", **kwargs)
+
+
+def write_checkpoint(out_dir: str, seed: int, build, randomize, processor_class: str, **kwargs) -> str:
+    """Build (tokenizer -> model class, config, processor), randomize and save a Gemma 4 family checkpoint, the
+    shared layers' unused K/V weights added as published checkpoints carry them."""
     import torch
     torch.manual_seed(seed)
     tokenizer = gemma4_tokenizer()
-    model_cls, config, processor = build_gemma4(tokenizer, **kwargs)
-    model = randomize_gemma4(model_cls(config).eval())
+    model_cls, config, processor = build(tokenizer, **kwargs)
+    model = randomize(model_cls(config).eval())
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     add_unused_shared_kv(out_dir, config, seed)
-    save_gemma_files(out_dir, tokenizer, processor, "Gemma4Processor", "<turn|>")
+    save_gemma_files(out_dir, tokenizer, processor, processor_class, "<turn|>")
     return out_dir

@@ -11,10 +11,8 @@ merged 3 x 3 (48 x 48 x 3 = 6912 raw pixels each) through norms and one linear t
 factorized position table, 70 soft tokens at most per image; the audio embedder (raw 640-sample frames) is present,
 as the 12B config carries one (audio input is refused). The image processor is minivlm's plain-torch one, saved under
 transformers' class name (Gemma4UnifiedImageProcessor), as a published checkpoint names it."""
-import os
 
-from tools.make_checkpoint_gemma3 import save_gemma_files
-from tools.make_checkpoint_gemma4 import GEMMA4_TOKENS, add_unused_shared_kv, gemma4_tokenizer
+from tools.make_checkpoint_gemma4 import GEMMA4_TOKENS, write_checkpoint
 
 # torch and transformers are imported where used, so that a command line listing families answers at once
 
@@ -78,13 +76,5 @@ def randomize_gemma4_unified(model):
 
 def make_gemma4_unified_checkpoint(out_dir: str, seed: int = 0, **kwargs) -> str:
     """Write a random-weight Gemma 4 12B checkpoint to out_dir (kwargs: build_gemma4_unified's)."""
-    import torch
-    torch.manual_seed(seed)
-    tokenizer = gemma4_tokenizer()
-    model_cls, config, processor = build_gemma4_unified(tokenizer, **kwargs)
-    model = randomize_gemma4_unified(model_cls(config).eval())
-    os.makedirs(out_dir, exist_ok=True)
-    model.save_pretrained(out_dir)
-    add_unused_shared_kv(out_dir, config, seed)
-    save_gemma_files(out_dir, tokenizer, processor, "Gemma4UnifiedProcessor", "<turn|>")
-    return out_dir
+    return write_checkpoint(out_dir, seed, build_gemma4_unified, randomize_gemma4_unified, "Gemma4UnifiedProcessor",
+                            **kwargs)
